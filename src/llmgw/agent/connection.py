@@ -1,0 +1,419 @@
+"""The agent's stream to the control plane: dial, register, serve commands, reconnect.
+
+`Connection.run()` loops forever. One *pass* tries each server address in turn;
+an address fails when the connection is refused, when the server refuses the
+stream (any gRPC error before `Registered`: a standby naming its leader, a
+PERMISSION_DENIED node id, a failed TLS handshake), or when no `Registered`
+arrives within the connect timeout; the next address is tried at once. Only
+when every address has just failed does the loop sleep a full-jitter backoff;
+a registration resets it. After a registered stream ends, the next pass starts
+at once from the address *after* the one that served it (see `run_pass`). With
+one address that is simply "dial it again". Failures that need an operator
+(TLS on one side only, a refused certificate or node id) and a standby's
+refusal are logged as warnings that say what to do (`refusal.py`).
+
+With `tls`, the channel is TLS with this node's client certificate, and the
+server's certificate must verify against the CA and carry the dialled host.
+HTTP/2 keepalive pings notice a server that stopped answering (a frozen
+process, a vanished host) on an established stream within
+keepalive_time + keepalive_timeout seconds.
+
+While registered, the agent sends a heartbeat every interval the server gave,
+every shard transition as a ShardStatus, and one CommandResult per command.
+Each Register carries the current report of every shard (running ones, and
+stopped or failed ones the server has not been told about yet), so transitions
+that happen while disconnected are not lost and running engines are adopted.
+
+Commands run concurrently. StartShard is answered once the process is spawned
+(readiness follows as ShardStatus), StopShard and DrainShard once the process
+is gone, RemoveWeights once the files are. A command interrupted by a dropped
+stream still completes on the node, but its CommandResult is not resent; the
+next Register shows the outcome.
+
+Not guaranteed: exactly-once delivery (a ShardStatus may repeat across a
+reconnect; the latest `since_unix` wins).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from llmgw.agent import wire
+from llmgw.agent.backoff import Backoff
+from llmgw.agent.errors import CommandError, ConnectError
+from llmgw.agent.feed import StatusFeed
+from llmgw.agent.hardware import Hardware
+from llmgw.agent.refusal import explain, is_standby
+from llmgw.agent.settings import ConnectionSettings
+from llmgw.agent.shard import ShardReport
+from llmgw.agent.supervisor import Supervisor
+from llmgw.pki import TlsMaterial
+from llmgw.proto import agent_pb2, agent_pb2_grpc
+
+log = logging.getLogger("llmgw.agent.connection")
+
+_Call = grpc.aio.StreamStreamCall[agent_pb2.AgentMessage, agent_pb2.ServerMessage]
+_Outgoing = agent_pb2.AgentMessage | ShardReport
+
+
+class _StreamBroken(Exception):
+    """A write failed: the stream is gone (ends the session, not the agent)."""
+
+
+def describe_rpc_error(exc: grpc.aio.AioRpcError) -> str:
+    details = exc.details() or ""
+    return f"{exc.code().name}: {details}" if details else exc.code().name
+
+
+def channel_options(settings: ConnectionSettings) -> list[tuple[str, int]]:
+    options = [
+        # A fresh subchannel per attempt: the process-wide pool would keep a failed
+        # address in gRPC's own reconnect backoff (up to 2 minutes) and fail our
+        # attempts instantly long after the server is back.
+        ("grpc.use_local_subchannel_pool", 1),
+        ("grpc.enable_retries", 0),
+    ]
+    if settings.keepalive_time_seconds is not None:
+        options += [
+            ("grpc.keepalive_time_ms", int(settings.keepalive_time_seconds * 1000)),
+            ("grpc.keepalive_timeout_ms", int(settings.keepalive_timeout_seconds * 1000)),
+            ("grpc.http2.ping_timeout_ms", int(settings.keepalive_timeout_seconds * 1000)),
+            ("grpc.keepalive_permit_without_calls", 1),
+            # No cap on pings between data frames: a frozen server sends nothing, and
+            # that is exactly when the pings must go on. The agent listener allows a
+            # ping a second (agentsvc.server.SERVER_OPTIONS), so no "too_many_pings".
+            ("grpc.http2.max_pings_without_data", 0),
+        ]
+    return options
+
+
+# The longest wait between passes while a standby answers (see `run`).
+STANDBY_RETRY_SECONDS = 1.0
+
+
+class Connection:
+    """Keeps this node registered with one of the control-plane servers, forever."""
+
+    def __init__(
+        self,
+        *,
+        addresses: Sequence[str],
+        identity: wire.NodeIdentity,
+        supervisor: Supervisor,
+        feed: StatusFeed,
+        hardware: Hardware,
+        backoff: Backoff,
+        settings: ConnectionSettings,
+        tls: TlsMaterial | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        if not addresses:
+            raise ValueError("Connection needs at least one server address")
+        self._addresses = tuple(addresses)
+        self._first = 0  # index of the address the next pass starts with
+        self._credentials = (
+            None
+            if tls is None
+            else grpc.ssl_channel_credentials(
+                root_certificates=tls.ca, private_key=tls.key, certificate_chain=tls.cert
+            )
+        )
+        self._identity = identity
+        self._supervisor = supervisor
+        self._feed = feed
+        self._hardware = hardware
+        self._backoff = backoff
+        self._settings = settings
+        self._sleep = sleep
+        self._options = channel_options(settings)
+        self._sequence = 0
+        self._live_outbox: asyncio.Queue[_Outgoing] | None = None  # of a registered stream
+        # A standby refused this agent since it last registered. Sticky, because
+        # the same standby may answer a racing write with INTERNAL instead.
+        self._saw_standby = False
+
+    async def run(self) -> None:
+        """Dial, serve, redial; returns only by cancellation."""
+        while True:
+            if not await self.run_pass():
+                delay = self._backoff.next_delay()
+                if self._saw_standby:
+                    # A standby answered: a control plane is up and a takeover is at
+                    # most one lease TTL away, so keep the retries short. Wrapping the
+                    # uniform draw into [0, 1 s) keeps a fleet's retries spread out.
+                    delay %= STANDBY_RETRY_SECONDS
+                log.info("retrying the control plane in %.2fs", delay)
+                await self._sleep(delay)
+
+    async def flush(self, *, grace: float) -> None:
+        """Wait (up to `grace` seconds) until a registered stream has sent all it queued.
+
+        Used on shutdown, so that the last shard reports reach the control plane
+        before the stream is cancelled. Returns at once when disconnected.
+        """
+        outbox = self._live_outbox
+        if outbox is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                await outbox.join()
+
+    async def run_pass(self) -> bool:
+        """Try each address in turn until one registers and its stream ends.
+
+        True when a stream was registered (and has ended since); False when every
+        address failed before registration. A pass starts at `self._first`
+        (the first address given, until a stream has been served) and wraps round.
+        """
+        count = len(self._addresses)
+        failures: list[str] = []  # those not already logged as a warning of their own
+        for step in range(count):
+            index = (self._first + step) % count
+            address = self._addresses[index]
+            try:
+                await self._session(address)
+            except ConnectError as exc:
+                if exc.notable:
+                    more = step + 1 < count
+                    log.warning("%s%s", exc, "; trying the next server" if more else "")
+                else:
+                    log.debug("control plane %s", exc)
+                    failures.append(str(exc))
+                continue
+            # The stream this address served has ended. Start the next pass at the
+            # address after it: a stream usually ends because that server died or
+            # is shutting down, and the next address (a standby about to take over,
+            # or already leading) answers at once, where redialling the dead one
+            # could cost a whole connect timeout (a host that vanished answers
+            # nothing). A leader that merely restarted is reached one refusal later.
+            self._first = (index + 1) % count
+            return True
+        if failures:
+            explained = count - len(failures)
+            log.warning(
+                "no control plane reachable (%d of %d addresses%s): %s",
+                len(failures),
+                count,
+                f"; {explained} more refused as logged above" if explained else "",
+                "; ".join(failures),
+            )
+        return False
+
+    async def _session(self, address: str) -> None:
+        channel = (
+            grpc.aio.insecure_channel(address, options=self._options)
+            if self._credentials is None
+            else grpc.aio.secure_channel(address, self._credentials, options=self._options)
+        )
+        call: _Call | None = None
+        try:
+            stub = agent_pb2_grpc.AgentServiceStub(channel)  # type: ignore[no-untyped-call]
+            call = stub.Connect()
+            outbox: asyncio.Queue[_Outgoing] = asyncio.Queue()
+            # Subscribe before the snapshot: a transition after it is queued and sent
+            # once registered, so the server never misses one.
+            with self._feed.subscribe(outbox.put_nowait):
+                shards = self._supervisor.reports()
+                registered = await self._register(address, call, shards)
+                self._backoff.reset()
+                self._saw_standby = False
+                for report in shards:
+                    if report.state.terminal:
+                        self._supervisor.forget(report)
+                await self._serve(address, call, registered, outbox)
+        finally:
+            if call is not None:
+                call.cancel()
+            await channel.close()
+
+    async def _register(
+        self, address: str, call: _Call, shards: list[ShardReport]
+    ) -> agent_pb2.Registered:
+        message = wire.register(self._identity, await self._hardware.report(), shards)
+        timeout = self._settings.connect_timeout_seconds
+        try:
+            async with asyncio.timeout(timeout):
+                try:
+                    await call.write(message)
+                except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+                    # The server refused the stream before reading (a standby). The
+                    # call's status says why (e.g. which server leads), except when the
+                    # write raced the refusal: gRPC then reports INTERNAL instead.
+                    raise self._refused(
+                        address,
+                        await call.code(),
+                        await call.details(),
+                        await call.trailing_metadata(),
+                    ) from exc
+                answer = await call.read()
+        except TimeoutError as exc:
+            raise ConnectError(address, f"no Registered answer within {timeout:g}s") from exc
+        except grpc.aio.AioRpcError as exc:
+            raise self._refused(
+                address, exc.code(), exc.details(), exc.trailing_metadata()
+            ) from exc
+        if not isinstance(answer, agent_pb2.ServerMessage):
+            raise ConnectError(address, "the server ended the stream without answering Register")
+        if not answer.HasField("registered"):
+            raise ConnectError(
+                address,
+                f"the server's first message was {answer.WhichOneof('kind')}, not Registered",
+            )
+        return answer.registered
+
+    def _refused(
+        self,
+        address: str,
+        code: grpc.StatusCode,
+        details: str | None,
+        metadata: Iterable[tuple[str, object]] | None,
+    ) -> ConnectError:
+        standby = is_standby(metadata)
+        self._saw_standby = self._saw_standby or standby
+        refusal = explain(
+            address,
+            code,
+            details or "",
+            tls=self._credentials is not None,
+            standby=standby,
+        )
+        return ConnectError(
+            address,
+            f"{code.name}: {details}" if details else code.name,
+            message=refusal.message,
+            notable=refusal.notable,
+        )
+
+    async def _serve(
+        self,
+        address: str,
+        call: _Call,
+        registered: agent_pb2.Registered,
+        outbox: asyncio.Queue[_Outgoing],
+    ) -> None:
+        interval = registered.heartbeat_interval_seconds
+        if interval <= 0:
+            interval = self._settings.default_heartbeat_seconds
+        log.info(
+            "registered as %s with %s (leader %s, server %s); heartbeat every %gs",
+            self._identity.node_id,
+            address,
+            registered.leader_id or "?",
+            registered.server_version or "?",
+            interval,
+        )
+        commands: set[asyncio.Task[None]] = set()
+        self._live_outbox = outbox
+        try:
+            async with asyncio.TaskGroup() as group:
+                writer = group.create_task(self._write_loop(call, outbox))
+                beats = group.create_task(self._heartbeat_loop(outbox, interval))
+                await self._read_loop(address, call, outbox, group, commands)
+                for task in (writer, beats, *commands):
+                    task.cancel()
+        except* _StreamBroken as broken:
+            log.warning("stream to %s broke: %s", address, broken.exceptions[0])
+        finally:
+            self._live_outbox = None
+
+    async def _read_loop(
+        self,
+        address: str,
+        call: _Call,
+        outbox: asyncio.Queue[_Outgoing],
+        group: asyncio.TaskGroup,
+        commands: set[asyncio.Task[None]],
+    ) -> None:
+        while True:
+            try:
+                message = await call.read()
+            except grpc.aio.AioRpcError as exc:
+                if "ping timeout" in (exc.details() or ""):
+                    log.warning(
+                        "stream to %s ended: the server stopped answering (no answer to a "
+                        "keepalive ping within %gs; %s)",
+                        address,
+                        self._settings.keepalive_timeout_seconds,
+                        describe_rpc_error(exc),
+                    )
+                else:
+                    log.warning("stream to %s ended: %s", address, describe_rpc_error(exc))
+                return
+            if not isinstance(message, agent_pb2.ServerMessage):
+                log.warning("the control plane at %s closed the stream", address)
+                return
+            command = self._command(message)
+            if command is None:
+                continue
+            task = group.create_task(self._answer(message.command_id, command, outbox))
+            commands.add(task)
+            task.add_done_callback(commands.discard)
+
+    def _command(
+        self, message: agent_pb2.ServerMessage
+    ) -> Coroutine[Any, Any, object] | CommandError | None:
+        kind = message.WhichOneof("kind")
+        log.info("command %s: %s", message.command_id or "-", kind)
+        supervisor = self._supervisor
+        if kind == "start_shard":
+            return supervisor.start(message.start_shard.spec)
+        if kind == "stop_shard":
+            stop = message.stop_shard
+            return supervisor.stop(stop.shard_id, grace=stop.grace_seconds)
+        if kind == "drain_shard":
+            drain = message.drain_shard
+            return supervisor.stop(drain.shard_id, grace=drain.grace_seconds, drain=True)
+        if kind == "remove_weights":
+            return supervisor.remove_weights(message.remove_weights.path)
+        if kind == "registered":
+            log.warning("ignoring a second Registered on an established stream")
+            return None
+        return CommandError(
+            f"unknown command {kind or '(empty)'!r}; this agent knows StartShard, StopShard, "
+            "DrainShard and RemoveWeights"
+        )
+
+    async def _answer(
+        self,
+        command_id: str,
+        command: Coroutine[Any, Any, object] | CommandError,
+        outbox: asyncio.Queue[_Outgoing],
+    ) -> None:
+        error: str | None = None
+        try:
+            if isinstance(command, CommandError):
+                raise command
+            await command
+        except CommandError as exc:
+            error = str(exc)
+            log.warning("command %s refused: %s", command_id or "-", error)
+        finally:
+            if not isinstance(command, CommandError):
+                command.close()  # a no-op once awaited; cancelled before starting, it never was
+        outbox.put_nowait(wire.command_result(command_id, error))
+
+    async def _write_loop(self, call: _Call, outbox: asyncio.Queue[_Outgoing]) -> None:
+        while True:
+            item = await outbox.get()
+            message = wire.status_message(item) if isinstance(item, ShardReport) else item
+            try:
+                await call.write(message)
+            except (grpc.RpcError, asyncio.InvalidStateError) as exc:
+                raise _StreamBroken(f"write failed: {exc!r}") from exc
+            outbox.task_done()
+            if isinstance(item, ShardReport) and item.state.terminal:
+                self._supervisor.forget(item)
+
+    async def _heartbeat_loop(self, outbox: asyncio.Queue[_Outgoing], interval: float) -> None:
+        while True:
+            usage = await self._hardware.usage()
+            self._sequence += 1
+            outbox.put_nowait(wire.heartbeat(self._sequence, usage))
+            await self._sleep(interval)

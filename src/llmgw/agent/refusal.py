@@ -1,0 +1,94 @@
+"""Why a control-plane address refused this agent, in words an operator can act on.
+
+gRPC reports every failure to connect as UNAVAILABLE with a free-text detail.
+`explain` recognises the ones that need a person (TLS on one side only, a
+certificate the other side does not accept, a node id the server refuses) or
+that are routine in a cluster (a standby naming its leader), and turns them
+into one sentence that says what happened and what to do. The patterns are
+what grpcio 1.6x-1.8x reports; an unrecognised failure keeps gRPC's own text.
+
+Not guaranteed: the diagnosis. A plaintext agent and an agent whose
+certificate the server rejects both see only "Socket closed"; the message
+says "probably".
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import grpc
+
+# Trailing metadata the control plane sends with an admission refusal (the
+# server's agentsvc.servicer.REFUSED_METADATA_KEY; the two packages share no code).
+REFUSED_METADATA_KEY = "llmgw-refused"
+REFUSED_STANDBY = "standby"
+
+_VERIFY = re.compile(r"CERTIFICATE_VERIFY_FAILED: ([^:]+)")
+TLS_FLAGS = "--tls-ca/--tls-cert/--tls-key"
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """`message` names the address; `notable` when it deserves a warning of its own."""
+
+    message: str
+    notable: bool
+
+
+def is_standby(metadata: Iterable[tuple[str, object]] | None) -> bool:
+    """Whether the trailing metadata marks an admission refusal (a standby)."""
+    return any(
+        key == REFUSED_METADATA_KEY and value in (REFUSED_STANDBY, REFUSED_STANDBY.encode())
+        for key, value in metadata or ()
+    )
+
+
+def explain(
+    address: str, code: grpc.StatusCode, details: str, *, tls: bool, standby: bool
+) -> Refusal:
+    """One sentence for a failure before `Registered`; see the module docstring."""
+    host = address.rpartition(":")[0].strip("[]")
+    # Told by the metadata, not by the text: a transport error's text may name a
+    # host called "standby-1" too.
+    if standby:
+        return Refusal(f"{address} is a standby: {details}", notable=True)
+    if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+        return Refusal(f"the server at {address} refused this agent: {details}", notable=True)
+    if code != grpc.StatusCode.UNAVAILABLE:
+        return Refusal(f"{address}: {code.name}: {details}" if details else code.name, False)
+    if "Socket closed" in details or "Connection reset" in details:
+        if not tls:
+            return Refusal(
+                f"the server at {address} refused the connection; it probably requires TLS: "
+                f"start the agent with {TLS_FLAGS}",
+                notable=True,
+            )
+        return Refusal(
+            f"the server at {address} closed the connection during the TLS handshake; it "
+            "probably does not accept this agent's certificate (issued by another CA, or not a "
+            "node certificate): use a certificate from `llmgw certs issue --node NAME` with the "
+            "server's CA",
+            notable=True,
+        )
+    if tls and "WRONG_VERSION_NUMBER" in details:
+        return Refusal(
+            f"the server at {address} does not speak TLS (its agent listener is plaintext): "
+            f"configure agent_tls on the server, or start the agent without {TLS_FLAGS}",
+            notable=True,
+        )
+    if tls and "Hostname Verification Check failed" in details:
+        return Refusal(
+            f"the certificate of the server at {address} is not valid for {host!r}: dial a "
+            f"name it carries, or reissue it with `llmgw certs issue --server {host}`",
+            notable=True,
+        )
+    if tls and (match := _VERIFY.search(details)):
+        return Refusal(
+            f"the server at {address} presented a certificate that --tls-ca does not accept "
+            f"({match.group(1).strip()}): the server's agent_tls.cert must come from `llmgw "
+            f"certs issue --server {host}` with the same CA as this agent's",
+            notable=True,
+        )
+    return Refusal(f"{address}: {code.name}: {details}" if details else code.name, False)

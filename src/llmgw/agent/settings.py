@@ -1,0 +1,88 @@
+"""The agent's tunables, grouped by the object that uses them.
+
+Defaults are chosen for real GPU nodes; tests shorten them. None of these come
+from the control plane except the heartbeat interval, which `Registered` sets.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ConnectionSettings(BaseModel):
+    """How the agent dials the control plane and keeps the stream alive."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    connect_timeout_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="Time from dialling an address to its Registered answer before the next "
+        "address is tried; long enough for a loaded server, short enough that a dead one "
+        "does not hold up the list.",
+    )
+    default_heartbeat_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="Heartbeat interval when Registered gives none (0); the server normally "
+        "sets it.",
+    )
+    keepalive_time_seconds: float | None = Field(
+        default=5.0,
+        gt=0,
+        description="HTTP/2 keepalive ping interval on an established stream, so that a "
+        "server that stopped answering (a frozen process, a host that vanished without "
+        "closing TCP) is left within about ten seconds instead of TCP's ~15 minutes, before "
+        "a standby's lease takeover (15 s by default) is done. The agent listener accepts "
+        "a ping a second; keep this above 1 s. None turns keepalive pings off.",
+    )
+    keepalive_timeout_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="How long a ping may go unanswered before the stream is declared dead "
+        "and the agent dials the next server; gRPC answers pings in its core, so a busy "
+        "but live server answers in milliseconds.",
+    )
+
+
+class SupervisorSettings(BaseModel):
+    """How engine processes are watched and stopped."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    probe_interval_loading_seconds: float = Field(
+        default=0.1,
+        gt=0,
+        description="Readiness probe interval until the engine first answers: small, because "
+        "a waiting request is served as soon as the shard is reported ready (this gap was "
+        "most of an activation's overhead at 0.25 s; a loopback GET every 0.1 s costs "
+        "nothing).",
+    )
+    probe_interval_ready_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="Probe interval once ready; only to notice an engine that stopped "
+        "answering (the router has its own health checks).",
+    )
+    probe_timeout_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        description="One probe's deadline; a busy engine may answer slowly, a hung one never.",
+    )
+    ready_failures_before_loading: int = Field(
+        default=3,
+        ge=1,
+        description="Consecutive failed probes before a ready shard is reported loading "
+        "again; one slow answer under load is not an outage.",
+    )
+    output_lines: int = Field(
+        default=200,
+        ge=1,
+        description="Engine output lines kept per shard for the failure report.",
+    )
+    default_grace_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        description="SIGTERM-to-SIGKILL time when a command gives 0 (proto3's unset) and on "
+        "agent shutdown; vLLM and SGLang exit within a few seconds of SIGTERM.",
+    )

@@ -1,0 +1,121 @@
+"""Building the agent's protobuf messages from its own values, in one place.
+
+Pure functions, no I/O. Not guaranteed: anything about the server's reading of
+them; see proto/llmgw/agent/v1/agent.proto for the field meanings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmgw.agent.flags import PortRange
+from llmgw.agent.hardware import GpuUsage, HardwareReport
+from llmgw.agent.shard import ShardReport, ShardState
+from llmgw.proto import agent_pb2
+
+_STATES = {
+    ShardState.STARTING: agent_pb2.SHARD_STATE_STARTING,
+    ShardState.LOADING: agent_pb2.SHARD_STATE_LOADING,
+    ShardState.READY: agent_pb2.SHARD_STATE_READY,
+    ShardState.DRAINING: agent_pb2.SHARD_STATE_DRAINING,
+    ShardState.STOPPED: agent_pb2.SHARD_STATE_STOPPED,
+    ShardState.FAILED: agent_pb2.SHARD_STATE_FAILED,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class NodeIdentity:
+    """What Register says about the node apart from hardware and shards."""
+
+    node_id: str
+    hostname: str
+    agent_version: str
+    labels: Mapping[str, str]
+    fabric: Mapping[str, str]
+    port_range: PortRange
+    weights_dir: Path
+
+
+def shard_status(report: ShardReport) -> agent_pb2.ShardStatus:
+    status = agent_pb2.ShardStatus(
+        shard_id=report.shard_id,
+        model=report.model,
+        state=_STATES[report.state],
+        message=report.message,
+        pid=report.pid,
+        endpoint_url=report.endpoint_url,
+        exit_code=report.exit_code or 0,
+        since_unix=report.since,
+        output_tail=report.output_tail,
+    )
+    status.spec.CopyFrom(report.spec)
+    return status
+
+
+def hardware(report: HardwareReport) -> agent_pb2.Hardware:
+    return agent_pb2.Hardware(
+        gpus=[
+            agent_pb2.Gpu(
+                index=gpu.index,
+                uuid=gpu.uuid,
+                name=gpu.name,
+                memory_total_bytes=gpu.memory_total_bytes,
+                memory_free_bytes=gpu.memory_free_bytes,
+            )
+            for gpu in report.gpus
+        ],
+        cpu_count=report.cpu_count,
+        memory_total_bytes=report.memory_total_bytes,
+        weights_disk_free_bytes=report.weights_disk_free_bytes,
+        gpu_source=report.gpu_source,
+    )
+
+
+def register(
+    identity: NodeIdentity, machine: HardwareReport, shards: Iterable[ShardReport]
+) -> agent_pb2.AgentMessage:
+    return agent_pb2.AgentMessage(
+        register=agent_pb2.Register(
+            node_id=identity.node_id,
+            hostname=identity.hostname,
+            agent_version=identity.agent_version,
+            hardware=hardware(machine),
+            labels=dict(identity.labels),
+            fabric=dict(identity.fabric),
+            running_shards=[shard_status(report) for report in shards],
+            port_range_start=identity.port_range.start,
+            port_range_end=identity.port_range.end,
+            weights_dir=str(identity.weights_dir),
+        )
+    )
+
+
+def heartbeat(sequence: int, usage: Iterable[GpuUsage]) -> agent_pb2.AgentMessage:
+    return agent_pb2.AgentMessage(
+        heartbeat=agent_pb2.Heartbeat(
+            sequence=sequence,
+            gpus=[
+                agent_pb2.GpuUsage(
+                    index=gpu.index,
+                    utilization_percent=gpu.utilization_percent,
+                    memory_used_bytes=gpu.memory_used_bytes,
+                    memory_free_bytes=gpu.memory_free_bytes,
+                )
+                for gpu in usage
+            ],
+        )
+    )
+
+
+def status_message(report: ShardReport) -> agent_pb2.AgentMessage:
+    return agent_pb2.AgentMessage(shard_status=shard_status(report))
+
+
+def command_result(command_id: str, error: str | None) -> agent_pb2.AgentMessage:
+    return agent_pb2.AgentMessage(
+        command_result=agent_pb2.CommandResult(
+            command_id=command_id, ok=error is None, error=error or ""
+        )
+    )

@@ -1,0 +1,68 @@
+"""Who a request is made by, as the rest of the router sees it: a `Principal`.
+
+A principal is built once per cached key (not per request) from the stored
+`ApiKey`: its id and name, the models it may use, whether it is an admin key, and
+its `KeyLimits` for the limiter. In open mode every request gets `ANONYMOUS`.
+
+Not guaranteed: that a principal is current. It is a snapshot of the key when it
+was read; the authenticator replaces it when the key changes in the store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmgw.auth.errors import ModelNotAllowed
+from llmgw.limits import KeyLimits
+from llmgw.store import ApiKey
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """The caller of one request.
+
+    `key_id` is None in open mode. `models` None means every model. `limits` is
+    None in open mode (nothing to limit) and a `KeyLimits` (possibly unlimited)
+    for every key.
+    """
+
+    key_id: str | None
+    name: str
+    models: frozenset[str] | None
+    is_admin: bool
+    limits: KeyLimits | None
+
+    def may_use(self, model: str) -> bool:
+        """True when this caller may send requests for `model`."""
+        return self.models is None or model in self.models
+
+    def check_model(self, model: str) -> None:
+        """Raise `ModelNotAllowed` (403) unless this caller may use `model`."""
+        if self.models is None or model in self.models:
+            return
+        allowed = ", ".join(sorted(self.models)) or "none"
+        raise ModelNotAllowed(
+            f"API key {self.name!r} may not use model {model!r}; it may use: {allowed}. "
+            "Ask an administrator to extend the key's models"
+        )
+
+
+ANONYMOUS = Principal(key_id=None, name="anonymous", models=None, is_admin=False, limits=None)
+
+
+def principal_for(key: ApiKey) -> Principal:
+    """The principal of a stored key; `ValueError` if its stored limits are unusable."""
+    limits = KeyLimits(
+        key_id=key.id,
+        rpm=key.rpm,
+        tpm=key.tpm,
+        budget_tokens=key.budget_tokens,
+        budget_period=key.budget_period,
+    )
+    return Principal(
+        key_id=key.id,
+        name=key.name,
+        models=frozenset(key.models) if key.models is not None else None,
+        is_admin=key.is_admin,
+        limits=limits,
+    )

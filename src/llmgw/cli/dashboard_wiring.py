@@ -1,0 +1,168 @@
+"""Adapters from the control plane to the dashboard's sources (`llmgw.web.DashboardSources`).
+
+The dashboard may not import the control plane (they are siblings in the
+layers), so the composition root hands it callables. The reads return exactly
+what the admin API's routes return (the same view functions); the actions call
+the same services and turn the control plane's exceptions into the
+dashboard's `ActionError`, with the status the admin API gives for each.
+
+Not guaranteed: that these stay in step with `llmgw.control.adminapi` by
+themselves; the admin API's route bodies are not shared code, so a change
+there (a new field in a model's view) must be made here too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from llmgw.auth import KeyService
+from llmgw.control.adminapi import node_view
+from llmgw.control.catalog import (
+    Catalog,
+    CatalogError,
+    CatalogModel,
+    InvalidModel,
+    UnknownModel,
+    model_to_dict,
+    parse_model,
+)
+from llmgw.control.inventory import Inventory, UnknownNode
+from llmgw.control.leadership.views import LeaderSource, leader_view
+from llmgw.control.reconciler.views import ModelControlService
+from llmgw.store import StoreError, StoreUnavailable, UsageRepository
+from llmgw.web import ActionError, DashboardSources, HistorySource
+
+Json = dict[str, Any]
+
+
+def _catalog_error(exc: CatalogError) -> ActionError:
+    if isinstance(exc, InvalidModel):
+        return ActionError(exc.message, status=400)
+    if isinstance(exc, UnknownModel):
+        return ActionError(exc.message, status=404)
+    # ModelExists, NameTaken, ReadOnlyModel, NoStore: the admin API's 409s.
+    return ActionError(exc.message, status=409)
+
+
+def _store_error(exc: StoreError) -> ActionError:
+    status = 503 if isinstance(exc, StoreUnavailable) else 500
+    return ActionError(f"the store refused the change: {exc}", status=status)
+
+
+class _Models:
+    """The catalog routes' reads and writes, as the dashboard needs them."""
+
+    def __init__(self, *, catalog: Catalog, control: ModelControlService) -> None:
+        self._catalog = catalog
+        self._control = control
+
+    def view(self, model: CatalogModel, status: Json | None = None) -> Json:
+        # As `model_routes` shows a model: its spec, where it lives, its live state.
+        if status is None:
+            status = self._control.status(model.name)
+        return {**model_to_dict(model), "source": model.source, "status": status}
+
+    def listing(self) -> Json:
+        statuses = self._control.statuses()
+        return {
+            "models": [self.view(m, statuses.get(m.name)) for m in self._catalog.models()],
+            "skipped": [{"name": n, "reason": r} for n, r in self._catalog.skipped().items()],
+        }
+
+    def one(self, name: str) -> Json | None:
+        model = self._catalog.get(name)
+        return None if model is None else self.view(model)
+
+    def placement(self, name: str) -> Json:
+        return self._control.explain(self._catalog.resolve(name) or name)
+
+    async def add(self, spec: object) -> Json:
+        try:
+            return self.view(await self._catalog.add(parse_model(spec, source="store")))
+        except CatalogError as exc:
+            raise _catalog_error(exc) from exc
+        except StoreError as exc:
+            raise _store_error(exc) from exc
+
+    async def replace(self, name: str, spec: object) -> Json:
+        canonical = self._catalog.resolve(name) or name
+        if isinstance(spec, dict):
+            given = spec.setdefault("name", canonical)
+            if given not in (name, canonical):
+                raise ActionError(
+                    f"the model names {given!r} but this is {canonical!r}'s page; a model "
+                    "cannot be renamed (add the new name, then remove the old one)"
+                )
+            spec["name"] = canonical
+        try:
+            return self.view(await self._catalog.replace(name, parse_model(spec, source="store")))
+        except CatalogError as exc:
+            raise _catalog_error(exc) from exc
+        except StoreError as exc:
+            raise _store_error(exc) from exc
+
+    async def remove(self, name: str) -> Json:
+        try:
+            try:
+                model = await self._catalog.remove(name)
+            except UnknownModel:
+                if name not in self._catalog.skipped():
+                    raise
+                reason = await self._catalog.discard(name)
+                return {"name": name, "discarded": True, "reason": reason}
+        except CatalogError as exc:
+            raise _catalog_error(exc) from exc
+        except StoreError as exc:
+            raise _store_error(exc) from exc
+        return {**model_to_dict(model), "source": model.source}
+
+    async def activate(self, name: str) -> Json:
+        canonical = self._catalog.resolve(name)
+        if canonical is None:
+            raise _catalog_error(UnknownModel(name))
+        return await self._control.activate(canonical)
+
+
+def dashboard_sources(
+    *,
+    inventory: Inventory,
+    catalog: Catalog,
+    model_control: ModelControlService,
+    keys: KeyService,
+    usage: UsageRepository,
+    leadership: LeaderSource,
+    history: HistorySource,
+    wall_clock: Callable[[], datetime],
+) -> DashboardSources:
+    """The dashboard's sources over the server's real objects."""
+    models = _Models(catalog=catalog, control=model_control)
+
+    def nodes() -> list[Json]:
+        return [node_view(n, inventory.heartbeat_age(n)) for n in inventory.nodes()]
+
+    def set_draining(node_id: str, draining: bool) -> Json:
+        try:
+            node = inventory.set_draining(node_id, draining)
+        except UnknownNode as exc:
+            raise ActionError(str(exc), status=404) from exc
+        return node_view(node, inventory.heartbeat_age(node))
+
+    return DashboardSources(
+        nodes=nodes,
+        models=models.listing,
+        model=models.one,
+        placement=models.placement,
+        events=model_control.events,
+        leader=lambda: leader_view(leadership.info()),
+        set_draining=set_draining,
+        add_model=models.add,
+        replace_model=models.replace,
+        remove_model=models.remove,
+        activate=models.activate,
+        keys=keys,
+        usage=usage,
+        history=history,
+        wall_clock=wall_clock,
+    )

@@ -1,0 +1,492 @@
+"""The gateway process's composition root: every long-lived object is built here.
+
+The metrics registry, endpoint pool, upstream client, prober, proxy and apps are
+constructed here and handed to each other as keyword arguments. Shutdown order
+on SIGTERM/SIGINT: stop accepting, let in-flight requests finish (up to the
+grace period), cancel background loops, close the upstream pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import signal
+import socket
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import uvloop
+from prometheus_client import CollectorRegistry
+
+from llmgw import __version__
+from llmgw.auth import Authenticator, KeyAuthenticator, KeyService, OpenAuthenticator
+from llmgw.cli.control_wiring import ControllerActivator, PoolPublisher
+from llmgw.cli.dashboard_wiring import dashboard_sources
+from llmgw.cli.serving import BoundListener, QuietServer, make_server
+from llmgw.config import ServerConfig
+from llmgw.control.adminapi import event_routes, model_routes, node_routes
+from llmgw.control.agentsvc import (
+    AgentListener,
+    AgentListenerError,
+    AgentServicer,
+    run_sweeper,
+    serve_agents,
+)
+from llmgw.control.catalog import Catalog, CatalogError, model_from_config
+from llmgw.control.inventory import FleetMetrics, Inventory
+from llmgw.control.leadership import (
+    LEASE_NAME,
+    LeaderMetrics,
+    Leadership,
+    StorePublisher,
+    follow_endpoints,
+    leader_routes,
+    published,
+    sync_demand,
+)
+from llmgw.control.reconciler.controller import Controller
+from llmgw.control.reconciler.views import ModelControlService
+from llmgw.lifecycle import guard
+from llmgw.limits import Limiter, LimitMetrics
+from llmgw.metrics import MetricsHistory, RouterMetrics
+from llmgw.router.admin import create_admin_app, create_metrics_app
+from llmgw.router.admin_keys import admin_guard, key_routes
+from llmgw.router.app import RouterApp
+from llmgw.router.balancer import Balancer
+from llmgw.router.endpoints import EjectionPolicy, EndpointPool, EndpointSpec
+from llmgw.router.health import HealthProber
+from llmgw.router.proxy import Proxy
+from llmgw.router.upstream import Upstream
+from llmgw.store import Store, StoreError, open_store, store_url, utc_now
+from llmgw.usage import RetentionPruner, UsageRecorder
+from llmgw.web import create_admin_portal, create_dashboard_routes
+
+log = logging.getLogger("llmgw.server")
+
+GRACE_SECONDS = 30.0
+
+
+DEFAULT_DATA_DIR = "~/.local/share/llmgw"
+PRUNE_INTERVAL = 3600.0
+AGENT_COMMAND_TIMEOUT = (
+    30.0  # how long a node gets to answer a command (stop/drain add their grace)
+)
+SWEEP_INTERVAL = 1.0
+AGENT_STOP_GRACE = 5.0
+# Engines (uvicorn) drop idle keep-alive connections after 5 s; ours retire sooner.
+UPSTREAM_IDLE_SECONDS = 4.0
+# A standby reads the leader's published endpoints this often.
+FOLLOW_INTERVAL = 0.5
+# Demand (requests, activity) is shared through the store this often.
+DEMAND_INTERVAL = 1.0
+# Models added through another server's admin API are seen within this long.
+CATALOG_POLL_INTERVAL = 2.0
+
+
+async def _lead(
+    epoch: int,
+    controller: Controller,
+    publisher: StorePublisher,
+    store: Store,
+    agents: AgentServicer,
+) -> None:
+    """The leader-only tasks of one term; cancelled when the lease is lost."""
+    try:
+        expected = await published(store.leadership)
+    except StoreError as exc:
+        log.warning("cannot read what the previous leader published: %s", exc)
+        expected = {}
+    try:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(guard("reconciler", controller.run(expected=expected)))
+            group.create_task(guard("endpoint publisher", publisher.run(epoch)))
+    finally:
+        # Agents must move to the new leader: a standby holding their streams
+        # would keep nodes the leader cannot command.
+        await agents.close_all("this server no longer leads the control plane")
+
+
+async def _poll_catalog(catalog: Catalog) -> None:
+    """Models added or removed through another server's admin API come into force here."""
+    while True:
+        await asyncio.sleep(CATALOG_POLL_INTERVAL)
+        try:
+            await catalog.load()
+        except (CatalogError, StoreError) as exc:
+            log.warning("cannot reload the catalog from the store (keeping it): %s", exc)
+
+
+def _agent_address(cfg: ServerConfig) -> str:
+    """Where agents reach this server, for standbys to name when they refuse an agent."""
+    if cfg.control.advertise_agent_address:
+        return cfg.control.advertise_agent_address
+    if cfg.agent_listen is None:
+        return ""
+    host = cfg.agent_listen.host
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.getfqdn()
+    return f"[{host}]:{cfg.agent_listen.port}" if ":" in host else f"{host}:{cfg.agent_listen.port}"
+
+
+class StartupError(Exception):
+    """The gateway cannot start; the message says why and what to do."""
+
+
+class NothingToServe(StartupError):
+    """No endpoints and no catalog models: a usage error, not a failure."""
+
+
+async def _load_catalog(cfg: ServerConfig, store: Store, config_file: str | None) -> Catalog:
+    """The catalog from the config file plus the store; stored models that no
+    longer validate are skipped with a warning rather than stopping the server."""
+    try:
+        catalog = Catalog(
+            repo=store.catalog,
+            config_models=[model_from_config(m, source="config") for m in cfg.models],
+            config_file=config_file,
+        )
+        warnings = await catalog.load()
+    except (CatalogError, StoreError) as exc:
+        raise StartupError(f"cannot load the model catalog: {exc}") from exc
+    for warning in warnings:
+        log.warning("%s", warning)
+    return catalog
+
+
+def run_gateway(
+    cfg: ServerConfig, listeners: list[BoundListener], *, config_file: str | None = None
+) -> None:
+    """Serve until SIGTERM or SIGINT, then shut down gracefully."""
+    try:
+        url = store_url(Path(cfg.data_dir or DEFAULT_DATA_DIR).expanduser(), cfg.store)
+    except StoreError as exc:
+        raise StartupError(str(exc)) from exc
+    uvloop.run(_run(cfg, listeners, url, config_file))
+
+
+async def _open_store(url: str) -> Store:
+    try:
+        store = await open_store(url)
+    except StoreError as exc:
+        raise StartupError(f"cannot open the store: {exc}") from exc
+    try:
+        await store.upgrade()
+    except StoreError as exc:
+        await store.close()
+        raise StartupError(f"cannot migrate the store {store.url}: {exc}") from exc
+    return store
+
+
+async def _run(
+    cfg: ServerConfig, listeners: list[BoundListener], url: str, config_file: str | None
+) -> None:
+    store = await _open_store(url)
+    try:
+        await _serve(cfg, listeners, store, config_file)
+    finally:
+        await store.close()
+
+
+async def _serve(
+    cfg: ServerConfig, listeners: list[BoundListener], store: Store, config_file: str | None
+) -> None:
+    loop = asyncio.get_running_loop()
+    clock = loop.time
+    registry = CollectorRegistry()
+    metrics = RouterMetrics(registry=registry)
+    health = cfg.router.health
+    pool = EndpointPool(
+        policy=EjectionPolicy(health.failure_threshold, health.ejection_base, health.ejection_max),
+        clock=clock,
+    )
+    publisher = PoolPublisher(
+        sink=pool,
+        static=[EndpointSpec(e.id, e.url, tuple(e.models), e.health_path) for e in cfg.endpoints],
+    )
+    publisher.publish_static()
+    catalog = await _load_catalog(cfg, store, config_file)
+    if not cfg.endpoints and not catalog.models():
+        raise NothingToServe(
+            "nothing to serve: add an engine with --endpoint ID=URL=MODEL "
+            "(e.g. --endpoint gpu1=http://127.0.0.1:8000=llama-3-8b), an `endpoints:` list "
+            "or a `models:` catalog in the file given to --config"
+        )
+    metrics.watch_endpoints(pool.snapshots)
+    timeouts = cfg.router.timeouts
+    upstream = Upstream(connect_timeout=timeouts.connect, idle_timeout=UPSTREAM_IDLE_SECONDS)
+    inventory = Inventory(
+        clock=clock,
+        wall_clock=utc_now,
+        unreachable_after=cfg.control.unreachable_after,
+        lost_after=cfg.control.lost_after,
+    )
+    FleetMetrics(registry=registry, inventory=inventory)
+    server_id = f"{socket.gethostname()}:{os.getpid()}"
+    leadership = Leadership(
+        store=store.leadership,
+        server_id=server_id,
+        agent_address=_agent_address(cfg),
+        ttl=cfg.control.lease_ttl,
+        clock=clock,
+        wall_clock=utc_now,
+    )
+    LeaderMetrics(registry=registry, leadership=leadership)
+    store_publisher = StorePublisher(
+        local=publisher, store=store.leadership, lease_name=LEASE_NAME, on_fenced=leadership.lost
+    )
+    agents = AgentServicer(
+        inventory=inventory,
+        heartbeat_interval=cfg.control.heartbeat_interval,
+        leader_id=server_id,
+        server_version=__version__,
+        command_timeout=AGENT_COMMAND_TIMEOUT,
+        registry=registry,
+        require_identity=cfg.agent_tls is not None,
+        admission=leadership.admission,
+    )
+    control = cfg.control
+    controller = Controller(
+        catalog=catalog,
+        inventory=inventory,
+        dispatcher=agents,
+        publisher=store_publisher,
+        clock=clock,
+        wall_clock=utc_now,
+        policy=control.placement,
+        interval=control.reconcile_interval,
+        retry_base=control.retry_base,
+        retry_max=control.retry_max,
+        activation_timeout=control.activation_timeout,
+        stop_grace=control.stop_grace,
+        # Agents reconnect within about one unreachable window after a restart.
+        startup_grace=control.unreachable_after,
+        # Replicas Ready under the previous leader are given up like a lost node's.
+        adoption_grace=control.lost_after,
+        leading=leadership.is_leader,
+    )
+    proxy = Proxy(
+        pool=pool,
+        balancer=Balancer(clock=clock, rng=random.Random()),
+        upstream=upstream,
+        metrics=metrics,
+        config=cfg.router,
+        clock=clock,
+        activator=ControllerActivator(controller=controller),
+        activation_keepalive=control.activation_keepalive,
+    )
+    prober = HealthProber(
+        pool=pool, upstream=upstream, interval=health.interval, timeout=health.timeout
+    )
+    authenticator: Authenticator
+    key_authenticator: KeyAuthenticator | None = None
+    if cfg.auth.mode == "open":
+        authenticator = OpenAuthenticator()
+        log.warning(
+            "AUTH IS OFF (auth.mode: open): anyone who can reach %s may use every model "
+            "without a key; use this on a trusted network only",
+            cfg.listen,
+        )
+    else:
+        authenticator = key_authenticator = KeyAuthenticator(
+            keys=store.keys,
+            clock=clock,
+            wall_clock=utc_now,
+            refresh_interval=cfg.auth.refresh_interval,
+        )
+    limiter = Limiter(
+        clock=clock,
+        wall_clock=utc_now,
+        budget_source=store.usage,
+        redis_url=cfg.limits.redis_url,
+        metrics=LimitMetrics(registry=registry),
+    )
+    usage = UsageRecorder(
+        repo=store.usage,
+        registry=registry,
+        queue_size=cfg.usage.queue_size,
+        batch_size=cfg.usage.batch_size,
+        flush_interval=cfg.usage.flush_interval,
+    )
+    pruner = RetentionPruner(
+        repo=store.usage,
+        retention=timedelta(days=cfg.usage.retention_days),
+        interval=PRUNE_INTERVAL,
+        wall_clock=utc_now,
+    )
+    model_control = ModelControlService(controller=controller)
+    key_service = KeyService(keys=store.keys, wall_clock=utc_now)
+    history = MetricsHistory(sample=metrics.totals, clock=clock)
+    admin_app = create_admin_app(
+        pool=pool,
+        registry=registry,
+        clock=clock,
+        on_demand=lambda: [m.name for m in catalog.models() if m.activation],
+        extra_routes=[
+            *key_routes(service=key_service, usage=store.usage, wall_clock=utc_now),
+            *node_routes(inventory=inventory, remove_weights=agents.remove_weights),
+            *model_routes(catalog=catalog, control=model_control),
+            *event_routes(source=model_control),
+            *leader_routes(leadership=leadership),
+            *create_dashboard_routes(
+                sources=dashboard_sources(
+                    inventory=inventory,
+                    catalog=catalog,
+                    model_control=model_control,
+                    keys=key_service,
+                    usage=store.usage,
+                    leadership=leadership,
+                    history=history,
+                    wall_clock=utc_now,
+                )
+            ),
+        ],
+    )
+    admin_portal = create_admin_portal(
+        users=store.users,
+        sessions=store.sessions,
+        # Unguarded: the portal itself has checked the caller's session.
+        admin_app=admin_app,
+        session_ttl=cfg.auth.session_ttl,
+        slowdown_after=cfg.auth.login_slowdown_after,
+        slowdown_max=cfg.auth.login_slowdown_max,
+        clock=clock,
+        wall_clock=utc_now,
+        # Over plain HTTP a Secure cookie would never come back.
+        secure_cookies=cfg.api_tls is not None,
+    )
+    apps: dict[str, Any] = {
+        "API": RouterApp(
+            proxy=proxy,
+            pool=pool,
+            metrics=metrics,
+            authenticator=authenticator,
+            limiter=limiter,
+            usage=usage,
+            max_body_bytes=cfg.router.max_body_bytes,
+            clock=clock,
+            wall_clock=utc_now,
+            started_at=int(time.time()),
+            admin_portal=admin_portal,
+        ),
+        "admin": admin_guard(admin_app, authenticator=authenticator),
+        "metrics": create_metrics_app(registry=registry),
+    }
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    hosts = {"API": cfg.listen.host, "admin": cfg.admin_listen.host}
+    if cfg.metrics_listen is not None:
+        hosts["metrics"] = cfg.metrics_listen.host
+    await limiter.start()
+    agent_listener: AgentListener | None = None
+    try:
+        if cfg.agent_listen is not None:
+            try:
+                agent_listener = await serve_agents(
+                    servicer=agents,
+                    host=cfg.agent_listen.host,
+                    port=cfg.agent_listen.port,
+                    tls=cfg.agent_tls,
+                )
+            except AgentListenerError as exc:
+                raise StartupError(str(exc)) from exc
+            log.info("agent listener on %s:%d", cfg.agent_listen.host, agent_listener.port)
+        async with asyncio.TaskGroup() as group:
+            background = [
+                group.create_task(guard("health prober", prober.run())),
+                group.create_task(guard("usage pruner", pruner.run())),
+                group.create_task(
+                    guard(
+                        "leadership",
+                        leadership.run(
+                            lead=lambda epoch: _lead(
+                                epoch, controller, store_publisher, store, agents
+                            ),
+                            follow=lambda: follow_endpoints(
+                                store=store.leadership,
+                                apply=controller.apply_followed,
+                                interval=FOLLOW_INTERVAL,
+                            ),
+                        ),
+                    )
+                ),
+                group.create_task(
+                    guard(
+                        "demand sync",
+                        sync_demand(
+                            store=store.leadership,
+                            demand=controller.demand,
+                            server_id=server_id,
+                            leading=leadership.is_leader,
+                            on_remote=controller.wake,
+                            interval=DEMAND_INTERVAL,
+                        ),
+                    )
+                ),
+                group.create_task(guard("catalog poller", _poll_catalog(catalog))),
+                group.create_task(guard("metrics history", history.run())),
+                group.create_task(
+                    guard(
+                        "node sweeper",
+                        run_sweeper(
+                            inventory=inventory, interval=SWEEP_INTERVAL, sleep=asyncio.sleep
+                        ),
+                    )
+                ),
+            ]
+            if key_authenticator is not None:
+                background.append(
+                    group.create_task(guard("key cache refresher", key_authenticator.run()))
+                )
+            usage_task = group.create_task(guard("usage writer", usage.run()))
+            servers: list[QuietServer] = []
+            server_tasks = []
+            for listener in listeners:
+                server = make_server(
+                    apps[listener.name], graceful_seconds=GRACE_SECONDS, tls=listener.tls
+                )
+                servers.append(server)
+                server_tasks.append(
+                    group.create_task(
+                        guard(f"{listener.name} listener", server.serve([listener.sock]))
+                    )
+                )
+                log.info("%s listener on %s", listener.name, listener.url(hosts[listener.name]))
+            if catalog.models():
+                log.info(
+                    "control plane: %d models in the catalog (%s), %d static endpoints; store %s",
+                    len(catalog.models()),
+                    ", ".join(m.name for m in catalog.models()),
+                    len(cfg.endpoints),
+                    store.url,
+                )
+            else:
+                log.info(
+                    "router-only mode: %d endpoints serving %s; store %s",
+                    len(cfg.endpoints),
+                    ", ".join(pool.models()),
+                    store.url,
+                )
+            await stop.wait()
+            log.info("shutting down: no new connections, finishing in-flight requests")
+            for server in servers:
+                server.should_exit = True
+            # uvicorn's serve() returns once its connections are drained or the grace ends.
+            await asyncio.gather(*server_tasks)
+            # Every answered request is queued by now: write them all before leaving.
+            await usage.close()
+            await usage_task
+            for task in background:
+                task.cancel()
+    finally:
+        # After the HTTP listeners drained: end the agent streams (agents reconnect
+        # by themselves, their engines keep running), then close the clients.
+        if agent_listener is not None:
+            await agent_listener.stop(AGENT_STOP_GRACE)
+        await limiter.close()
+        await upstream.close()
+    log.info("stopped")

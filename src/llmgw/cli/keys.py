@@ -1,0 +1,380 @@
+"""`llmgw keys`: create, list, update, revoke and rotate API keys in the store.
+
+Every command opens the store given by --data-dir/--store, applies pending
+migrations, does its one change through `KeyService`, and closes the store.
+A secret is printed once, by `create` and `rotate`; `list` and `update` never
+show secrets or hashes, only the prefix that identifies a key. `update` changes
+only what its flags name; a `--no-...` flag (or `--all-models`,
+`--never-expires`) clears a limit.
+
+Not guaranteed: that routers see a change at once. Each router process picks up
+an update, revoke or rotate at its next poll, within a few seconds.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Annotated, TypeVar
+
+import typer
+
+from llmgw.cli.storeopts import (
+    DEFAULT_DATA_DIR,
+    BadInput,
+    DataDirOption,
+    JsonOption,
+    StoreOption,
+    fail,
+    format_time,
+    parse_time,
+    print_json,
+    render_table,
+    run_with_store,
+)
+
+if TYPE_CHECKING:
+    from llmgw.auth import KeyInputError, KeyService
+    from llmgw.store import ApiKey, Keep, Store
+
+T = TypeVar("T")
+
+keys_app = typer.Typer(
+    name="keys",
+    help="Manage API keys: create, list, update, revoke, rotate.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+FLAGS = {
+    "name": "--name",
+    "models": "--models",
+    "rpm": "--rpm",
+    "tpm": "--tpm",
+    "budget_tokens": "--budget-tokens",
+    "period": "--period",
+    "expires_at": "--expires",
+    "is_admin": "--admin",
+    "ref": "REF",
+}
+SECRET_WARNING = "store it now; it cannot be shown again"
+TABLE_HEADERS = ["ID", "NAME", "PREFIX", "MODELS", "LIMITS", "EXPIRES", "STATE"]
+
+RefArgument = Annotated[
+    str, typer.Argument(help="The key's id, name or prefix (as `llmgw keys list` shows).")
+]
+
+
+def _service(store: Store) -> KeyService:
+    from llmgw.auth import KeyService
+
+    return KeyService(keys=store.keys, wall_clock=_now)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _bad(exc: KeyInputError) -> BadInput:
+    return BadInput(exc.render(FLAGS))
+
+
+@keys_app.command("create")
+def create(
+    name: Annotated[str, typer.Option("--name", help="A name people recognise the key by.")],
+    models: Annotated[
+        str | None,
+        typer.Option("--models", help="Comma-separated models the key may use [default: all]."),
+    ] = None,
+    rpm: Annotated[
+        int | None, typer.Option("--rpm", help="Requests per minute [default: unlimited].")
+    ] = None,
+    tpm: Annotated[
+        int | None, typer.Option("--tpm", help="Tokens per minute [default: unlimited].")
+    ] = None,
+    budget_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--budget-tokens", help="Tokens per --period (prompt + completion) [default: none]."
+        ),
+    ] = None,
+    period: Annotated[
+        str | None, typer.Option("--period", help="Budget period: day or month (UTC).")
+    ] = None,
+    expires: Annotated[
+        str | None,
+        typer.Option(
+            "--expires",
+            help="Expiry: YYYY-MM-DD (midnight UTC), an ISO datetime (UTC), or a duration "
+            "from now such as 90d [default: never].",
+        ),
+    ] = None,
+    admin: Annotated[
+        bool, typer.Option("--admin", help="Allow the key to use the admin API.")
+    ] = False,
+    json_out: JsonOption = False,
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    store: StoreOption = None,
+) -> None:
+    """Create an API key and print its secret, once."""
+    model_list = models.split(",") if models is not None else None
+    expires_at = parse_time_or_fail("--expires", expires, future=True)
+
+    async def action(opened: Store) -> tuple[ApiKey, str]:
+        from llmgw.auth import KeyInputError
+
+        try:
+            return await _service(opened).create(
+                name=name,
+                models=model_list,
+                rpm=rpm,
+                tpm=tpm,
+                budget_tokens=budget_tokens,
+                period=period,
+                expires_at=expires_at,
+                is_admin=admin,
+            )
+        except KeyInputError as exc:
+            raise _bad(exc) from None
+
+    key, secret = run_with_store(data_dir, store, action)
+    _print_secret(key, secret, json_out=json_out, verb="created")
+
+
+@keys_app.command("list")
+def list_keys(
+    include_revoked: Annotated[bool, typer.Option("--all", help="Include revoked keys.")] = False,
+    json_out: JsonOption = False,
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    store: StoreOption = None,
+) -> None:
+    """List API keys (never their secrets)."""
+    from llmgw.auth.views import key_view
+
+    async def action(opened: Store) -> list[ApiKey]:
+        return await _service(opened).list(include_revoked=include_revoked)
+
+    keys = run_with_store(data_dir, store, action)
+    now = _now()
+    if json_out:
+        print_json([key_view(key, now) for key in keys])
+        return
+    if not keys:
+        typer.echo("no keys" + ("" if include_revoked else " (--all includes revoked ones)"))
+        return
+    typer.echo(render_table(TABLE_HEADERS, [_row(key, now) for key in keys]))
+
+
+@keys_app.command("update")
+def update(
+    ref: RefArgument,
+    name: Annotated[str | None, typer.Option("--name", help="A new name.")] = None,
+    models: Annotated[
+        str | None,
+        typer.Option("--models", help="Comma-separated models the key may use from now on."),
+    ] = None,
+    all_models: Annotated[
+        bool, typer.Option("--all-models", help="Let the key use every model.")
+    ] = False,
+    rpm: Annotated[int | None, typer.Option("--rpm", help="Requests per minute.")] = None,
+    no_rpm: Annotated[bool, typer.Option("--no-rpm", help="No requests-per-minute limit.")] = False,
+    tpm: Annotated[int | None, typer.Option("--tpm", help="Tokens per minute.")] = None,
+    no_tpm: Annotated[bool, typer.Option("--no-tpm", help="No tokens-per-minute limit.")] = False,
+    budget_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--budget-tokens",
+            help="Tokens per --period (prompt + completion); keeps the key's period "
+            "unless --period is given.",
+        ),
+    ] = None,
+    period: Annotated[
+        str | None,
+        typer.Option("--period", help="Budget period: day or month (UTC); needs a budget."),
+    ] = None,
+    no_budget: Annotated[
+        bool, typer.Option("--no-budget", help="No token budget (clears its period too).")
+    ] = False,
+    expires: Annotated[
+        str | None,
+        typer.Option(
+            "--expires",
+            help="Expiry: YYYY-MM-DD (midnight UTC), an ISO datetime (UTC), or a duration "
+            "from now such as 90d.",
+        ),
+    ] = None,
+    never_expires: Annotated[
+        bool, typer.Option("--never-expires", help="The key never expires.")
+    ] = False,
+    admin: Annotated[
+        bool | None,
+        typer.Option(
+            "--admin/--no-admin",
+            help="Allow the key to use the admin API, or stop allowing it.",
+            show_default=False,
+        ),
+    ] = None,
+    json_out: JsonOption = False,
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    store: StoreOption = None,
+) -> None:
+    """Change an API key's name, models, limits, expiry or admin flag; its secret stays."""
+    for given, flag, cleared, clear_flag in (
+        (models is not None, "--models", all_models, "--all-models"),
+        (rpm is not None, "--rpm", no_rpm, "--no-rpm"),
+        (tpm is not None, "--tpm", no_tpm, "--no-tpm"),
+        (budget_tokens is not None, "--budget-tokens", no_budget, "--no-budget"),
+        (period is not None, "--period", no_budget, "--no-budget"),
+        (expires is not None, "--expires", never_expires, "--never-expires"),
+    ):
+        if given and cleared:
+            fail(f"{flag} sets what {clear_flag} clears; give one of the two")
+    given_any = (name, models, rpm, tpm, budget_tokens, period, expires, admin)
+    if all(v is None for v in given_any) and not (
+        all_models or no_rpm or no_tpm or no_budget or never_expires
+    ):
+        fail(
+            "nothing to change: give at least one of --name, --models/--all-models, "
+            "--rpm/--no-rpm, --tpm/--no-tpm, --budget-tokens/--period/--no-budget, "
+            "--expires/--never-expires, --admin/--no-admin"
+        )
+    model_list = models.split(",") if models is not None else None
+    expires_at = parse_time_or_fail("--expires", expires, future=True)
+
+    async def action(opened: Store) -> ApiKey:
+        from llmgw.auth import KeyInputError
+
+        try:
+            return await _service(opened).update(
+                ref,
+                name=_given(name),
+                models=_change(model_list, clear=all_models),
+                rpm=_change(rpm, clear=no_rpm),
+                tpm=_change(tpm, clear=no_tpm),
+                budget_tokens=_change(budget_tokens, clear=no_budget),
+                period=_change(period, clear=no_budget),
+                expires_at=_change(expires_at, clear=never_expires),
+                is_admin=_given(admin),
+            )
+        except KeyInputError as exc:
+            raise _bad(exc) from None
+
+    key = run_with_store(data_dir, store, action)
+    if json_out:
+        from llmgw.auth.views import key_view
+
+        print_json(key_view(key, _now()))
+        return
+    typer.echo(f"updated key {key.id} ({key.name!r}); routers apply it within a few seconds")
+    typer.echo(render_table(TABLE_HEADERS, [_row(key, _now())]))
+
+
+@keys_app.command("revoke")
+def revoke(
+    ref: RefArgument,
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    store: StoreOption = None,
+) -> None:
+    """Revoke an API key; every router refuses it within a few seconds."""
+
+    async def action(opened: Store) -> tuple[ApiKey, bool]:
+        service = _service(opened)
+        key = await _resolve(service, ref)
+        if key.revoked:
+            return key, False
+        return await service.revoke(key.id), True
+
+    key, changed = run_with_store(data_dir, store, action)
+    if changed:
+        typer.echo(f"revoked key {key.id} ({key.name!r}); routers refuse it within a few seconds")
+    else:
+        typer.echo(
+            f"key {key.id} ({key.name!r}) was already revoked at {format_time(key.revoked_at)} UTC"
+        )
+
+
+@keys_app.command("rotate")
+def rotate(
+    ref: RefArgument,
+    json_out: JsonOption = False,
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    store: StoreOption = None,
+) -> None:
+    """Give an API key a new secret (same id, name and limits) and print it, once."""
+
+    async def action(opened: Store) -> tuple[ApiKey, str]:
+        service = _service(opened)
+        key = await _resolve(service, ref)
+        return await service.rotate(key.id)
+
+    key, secret = run_with_store(data_dir, store, action)
+    _print_secret(key, secret, json_out=json_out, verb="rotated")
+    if not json_out:
+        typer.echo("the old secret stops working within a few seconds")
+
+
+def parse_time_or_fail(flag: str, value: str | None, *, future: bool) -> datetime | None:
+    """`parse_time` for an optional flag, exiting with `error:` on a bad value."""
+    if value is None:
+        return None
+    try:
+        return parse_time(flag, value, now=_now(), future=future)
+    except BadInput as exc:
+        fail(str(exc))
+
+
+async def _resolve(service: KeyService, ref: str) -> ApiKey:
+    from llmgw.auth import KeyInputError
+
+    try:
+        return await service.resolve(ref)
+    except KeyInputError as exc:
+        raise _bad(exc) from None
+
+
+def _print_secret(key: ApiKey, secret: str, *, json_out: bool, verb: str) -> None:
+    from llmgw.auth.views import key_view
+
+    if json_out:
+        print_json({**key_view(key, _now()), "secret": secret})
+        return
+    typer.echo(f"{verb} key {key.id} ({key.name!r})")
+    typer.echo(f"secret: {secret}")
+    typer.echo(SECRET_WARNING)
+
+
+def _given(value: T | None) -> T | Keep:
+    """What `KeyService.update` takes for a flag that cannot clear: its value or KEEP."""
+    from llmgw.store import KEEP
+
+    return value if value is not None else KEEP
+
+
+def _change(value: T | None, *, clear: bool) -> T | Keep | None:
+    """What `KeyService.update` takes for a flag and its `--no-...`: value, None or KEEP."""
+    return None if value is None and clear else _given(value)
+
+
+def _row(key: ApiKey, now: datetime) -> list[str]:
+    from llmgw.auth.views import key_state
+
+    return [
+        key.id,
+        key.name,
+        key.prefix + "…",
+        ",".join(key.models) if key.models is not None else "*",
+        _limits(key),
+        format_time(key.expires_at, "never"),
+        key_state(key, now) + (", admin" if key.is_admin else ""),
+    ]
+
+
+def _limits(key: ApiKey) -> str:
+    parts = []
+    if key.rpm is not None:
+        parts.append(f"rpm={key.rpm}")
+    if key.tpm is not None:
+        parts.append(f"tpm={key.tpm}")
+    if key.budget_tokens is not None:
+        parts.append(f"budget={key.budget_tokens}/{key.budget_period}")
+    return " ".join(parts) or "-"

@@ -1,0 +1,67 @@
+"""The `llmgw` command: a typer app whose sub-commands live one module each."""
+
+from __future__ import annotations
+
+import typer
+
+from llmgw import __version__
+from llmgw.cli import agent as agent_cmd
+from llmgw.cli import certs as certs_cmd
+from llmgw.cli import db as db_cmd
+from llmgw.cli import keys as keys_cmd
+from llmgw.cli import models as models_cmd
+from llmgw.cli import nodes as nodes_cmd
+from llmgw.cli import server as server_cmd
+from llmgw.cli import sim as sim_cmd
+from llmgw.cli import status as status_cmd
+from llmgw.cli import up as up_cmd
+from llmgw.cli import usage as usage_cmd
+from llmgw.cli import users as users_cmd
+
+app = typer.Typer(
+    name="llmgw",
+    help=(
+        "llmgw: one OpenAI-compatible endpoint in front of a self-hosted GPU fleet.\n\n"
+        "Start the gateway with `llmgw server`, or a simulated engine for tests and "
+        "demos with `llmgw sim`."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.command()
+def version() -> None:
+    """Print the llmgw version."""
+    typer.echo(f"llmgw {__version__}")
+
+
+app.command(
+    name="server",
+    help="Run the gateway: the OpenAI-compatible API, the admin listener and metrics.",
+)(server_cmd.server)
+app.command(
+    name="sim",
+    help="Run a simulated OpenAI-compatible engine (for tests, benchmarks and demos).",
+)(sim_cmd.sim)
+app.command(
+    name="agent",
+    help="Run the node agent: dial out to the control plane and run engines on command.",
+)(agent_cmd.agent)
+app.add_typer(keys_cmd.keys_app, name="keys")
+app.add_typer(users_cmd.users_app, name="users")
+app.command(name="usage")(usage_cmd.usage)
+app.add_typer(db_cmd.db_app, name="db")
+app.add_typer(nodes_cmd.nodes_app, name="nodes")
+app.add_typer(certs_cmd.certs_app, name="certs")
+app.add_typer(models_cmd.models_app, name="models")
+app.command(name="status")(status_cmd.status)
+app.command(
+    name="up",
+    help="Quickstart: the gateway, a local agent and two models on this machine.",
+)(up_cmd.up)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,559 @@
+"""`llmgw models`: list, show, add, remove, explain and activate catalog models (admin API).
+
+Talks HTTP to a running server's admin listener, like `llmgw nodes` (same
+`--admin` / `--admin-key` / `--admin-config` options, resolved flag, then
+environment, then config file, then default; same `error: ...` lines and exit
+codes: 1 when the admin API cannot be reached or fails, 2 for bad input, an
+unknown model or a model the server refuses). `activate` starts a replica and
+follows it on stderr (`llmgw.cli.activation`). `add` takes one model from a YAML or JSON
+file (`--file`, the shape of one `models:` entry of the config file) or builds a
+one-profile model from flags; the server validates it, so its errors name the
+model, the profile and the field. `explain` and `add --dry-run` show, per
+profile, the nodes that fit and why each other node does not.
+Imports only typer and the standard library at the top (yaml and httpx when a
+command runs), so `llmgw --help` stays fast.
+
+Not guaranteed: a stable text layout; scripts should use `--json`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import quote
+
+import typer
+
+from llmgw.cli.activation import activate_model
+from llmgw.cli.adminclient import (
+    EXIT_BAD_INPUT,
+    AdminConfigOption,
+    AdminKeyOption,
+    AdminOption,
+    PollOption,
+    fail,
+    request,
+    resolve_admin,
+)
+from llmgw.cli.storeopts import JsonOption, print_json, render_table
+
+models_app = typer.Typer(
+    name="models",
+    help="See and change the model catalog: list, show, add, remove, explain, activate.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+ModelArgument = Annotated[
+    str, typer.Argument(help="The model's name or an alias, as `llmgw models list` shows.")
+]
+
+
+def _model_path(name: str, suffix: str = "") -> str:
+    if not name.strip():
+        fail("MODEL must not be empty", EXIT_BAD_INPUT)
+    return f"/admin/api/models/{quote(name, safe='')}{suffix}"
+
+
+# ---- reading a model from a file or flags ----
+
+
+def read_model_file(path: Path) -> dict[str, Any]:
+    """One model from a YAML or JSON file; `error: PATH: ...` (exit 2) when it is not one."""
+    import yaml
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        fail(f"{path}: file not found", EXIT_BAD_INPUT)
+    except OSError as exc:
+        fail(f"{path}: cannot read the file: {exc.strerror}", EXIT_BAD_INPUT)
+    try:
+        data = yaml.safe_load(text)  # JSON is YAML too
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        fail(f"{path}: not valid YAML or JSON{where}: {problem}", EXIT_BAD_INPUT)
+    if isinstance(data, dict) and set(data) == {"models"}:
+        fail(
+            f"{path}: this is a `models:` list; give one model, the shape of one entry "
+            "of that list (name, weights, profiles, ...)",
+            EXIT_BAD_INPUT,
+        )
+    if not isinstance(data, dict):
+        fail(
+            f"{path}: the file must hold one model as a mapping (name, weights, profiles, "
+            f"...), not {type(data).__name__}",
+            EXIT_BAD_INPUT,
+        )
+    return data
+
+
+def _number_or_text(value: str) -> int | float | str:
+    """'300' as 300 and '-1' as -1, so the JSON reads naturally; '5m' stays text."""
+    with contextlib.suppress(ValueError):
+        return int(value)
+    try:
+        return float(value)
+    except ValueError:
+        return value
+
+
+def model_from_flags(
+    *,
+    name: str | None,
+    weights: str | None,
+    engine: str | None,
+    gpus: int | None,
+    gpu_memory: str | None,
+    engine_args: list[str],
+    min_replicas: int | None,
+    max_replicas: int | None,
+    keep_alive: str | None,
+    aliases: list[str],
+    activation: bool,
+    target_in_flight: int | None = None,
+    scale_down_delay: str | None = None,
+) -> dict[str, Any]:
+    """A one-profile model from `add`'s flags; unset flags keep the server's defaults."""
+    missing = [
+        flag
+        for flag, value in (("--name", name), ("--weights", weights), ("--engine", engine))
+        if not value
+    ]
+    if missing:
+        fail(
+            f"give {', '.join(missing)} (or --file with a whole model); e.g. llmgw models add "
+            "--name llama-3-8b --weights meta-llama/Meta-Llama-3-8B-Instruct --engine vllm "
+            "--gpus 1",
+            EXIT_BAD_INPUT,
+        )
+    profile: dict[str, Any] = {"engine": engine}
+    if gpus is not None:
+        profile["gpus"] = gpus
+    if gpu_memory is not None:
+        profile["gpu_memory"] = gpu_memory
+    if engine_args:
+        profile["engine_args"] = engine_args
+    model: dict[str, Any] = {"name": name, "weights": weights, "profiles": [profile]}
+    if aliases:
+        model["aliases"] = aliases
+    if min_replicas is not None:
+        model["min_replicas"] = min_replicas
+    if max_replicas is not None:
+        model["max_replicas"] = max_replicas
+    if keep_alive is not None:
+        model["keep_alive"] = _number_or_text(keep_alive)
+    if not activation:
+        model["activation"] = False
+    if target_in_flight is not None:
+        model["target_in_flight"] = target_in_flight
+    if scale_down_delay is not None:
+        model["scale_down_delay"] = _number_or_text(scale_down_delay)
+    return model
+
+
+# ---- formatting ----
+
+
+def _gib(value: int) -> str:
+    return f"{value / (1 << 30):g} GiB" if value else "any"
+
+
+def _keep_alive(value: float) -> str:
+    if value < 0:
+        return "pinned"
+    if value == 0:
+        return "0 (unload when idle)"
+    if value % 3600 == 0:
+        return f"{value / 3600:g}h"
+    if value % 60 == 0:
+        return f"{value / 60:g}m"
+    return f"{value:g}s"
+
+
+def _scaling(model: dict[str, Any]) -> str:
+    target = model.get("target_in_flight")
+    if not target:
+        return "min replicas, or one while in use"
+    delay = float(model.get("scale_down_delay", 60))
+    return (
+        f"one replica per {target} requests in flight, down after {_keep_alive(delay)} "
+        "of lower load"
+    )
+
+
+def _pairs(mapping: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(mapping.items())) or "-"
+
+
+def _status(model: dict[str, Any]) -> dict[str, Any]:
+    status = model.get("status")
+    return status if isinstance(status, dict) else {}
+
+
+def _replicas(model: dict[str, Any]) -> str:
+    status = _status(model)
+    ready, desired = status.get("ready_replicas"), status.get("desired_replicas")
+    if ready is None and desired is None:
+        return "-"
+    return f"{ready if ready is not None else '-'}/{desired if desired is not None else '-'}"
+
+
+def _profiles_summary(model: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{p['name']} ({p['engine']}, {p['gpus']} GPU)"
+        if p["gpus"]
+        else f"{p['name']} ({p['engine']}, CPU)"
+        for p in model["profiles"]
+    )
+
+
+def _list_table(models: list[dict[str, Any]]) -> str:
+    rows = [
+        [
+            m["name"],
+            m.get("source", "-"),
+            str(_status(m).get("state", "-")),
+            _replicas(m),
+            f"{m['min_replicas']}-{m['max_replicas']}",
+            _keep_alive(m["keep_alive"]),
+            _profiles_summary(m),
+            ",".join(m["aliases"]) or "-",
+        ]
+        for m in models
+    ]
+    headers = ["MODEL", "SOURCE", "STATE", "READY", "REPLICAS", "KEEP ALIVE", "PROFILES", "ALIASES"]
+    return render_table(headers, rows, right=frozenset({3}))
+
+
+def _show_text(model: dict[str, Any]) -> str:
+    status = _status(model)
+    lines = [
+        f"model:       {model['name']} ({model.get('source', '-')})",
+        f"aliases:     {', '.join(model['aliases']) or '-'}",
+        f"weights:     {model['weights']}",
+        f"replicas:    {model['min_replicas']} to {model['max_replicas']}",
+        f"keep alive:  {_keep_alive(model['keep_alive'])}",
+        f"scaling:     {_scaling(model)}",
+        f"activation:  {'on request' if model['activation'] else 'off (operator starts it)'}",
+        f"state:       {status.get('state', '-')} ({_replicas(model)} ready)",
+        "",
+        "profiles (in order of preference):",
+    ]
+    for index, p in enumerate(model["profiles"]):
+        gpus = (
+            f"{p['gpus']} x {_gib(p['gpu_memory'])}"
+            + (f" {p['gpu_kind']}" if p.get("gpu_kind") else "")
+            + (
+                f", tensor parallel {p['tensor_parallel_size']}"
+                if p["tensor_parallel_size"]
+                else ""
+            )
+            if p["gpus"]
+            else "none (CPU)"
+        )
+        lines += [
+            f"  {index + 1}. {p['name']}: {p['engine']}",
+            f"     GPUs:    {gpus}",
+            f"     labels:  {_pairs(p['labels'])}",
+            f"     args:    {' '.join(p['engine_args']) or '-'}",
+        ]
+        if p["env"]:
+            lines.append(f"     env:     {_pairs(p['env'])}")
+        if p["gpu_memory_utilization"]:
+            lines.append(f"     memory:  {p['gpu_memory_utilization']:g} of each GPU")
+    replicas = status.get("replicas")
+    if isinstance(replicas, list) and replicas:
+        rows = [
+            [
+                str(r.get("id", "-")),
+                str(r.get("node", "-")),
+                str(r.get("state", "-")),
+                ",".join(str(g) for g in r.get("gpus") or []) or "-",
+                str(r.get("endpoint_url") or "-"),
+            ]
+            for r in replicas
+        ]
+        table = render_table(["REPLICA", "NODE", "STATE", "GPUS", "ENDPOINT"], rows)
+        lines += ["", "replicas:", *("  " + line for line in table.splitlines())]
+    for key, label in (("last_failure", "last failure"), ("unplaceable", "unplaceable")):
+        value = status.get(key)
+        if isinstance(value, dict):
+            value = value.get("summary") or value.get("message")
+        if value:
+            lines += ["", f"{label}: {value}"]
+    return "\n".join(lines)
+
+
+def explain_text(explanation: dict[str, Any]) -> str:
+    """Per profile: the nodes that fit, and each rejected node with its reason."""
+    name = explanation.get("model", "?")
+    placement = explanation.get("placement")
+    if isinstance(placement, dict):
+        gpus = ",".join(str(g) for g in placement.get("gpus") or []) or "none"
+        head = (
+            f"model {name}: the next replica goes to node {placement.get('node')} "
+            f"(profile {placement.get('profile')}, GPUs {gpus})"
+        )
+    elif explanation.get("placeable"):
+        head = f"model {name}: placeable"
+    else:
+        head = f"model {name}: no node can take a replica now"
+    lines = [head]
+    for verdict in explanation.get("profiles") or []:
+        fits = verdict.get("fits") or []
+        rejected = verdict.get("rejected") or []
+        lines += ["", f"profile {verdict.get('profile')}:"]
+        lines.append(f"  fits:     {', '.join(fits) if fits else 'no node'}")
+        if rejected:
+            lines.append("  rejected:")
+            width = max(len(str(r.get("node"))) for r in rejected)
+            lines += [f"    {str(r.get('node')).ljust(width)}  {r.get('reason')}" for r in rejected]
+    summary = explanation.get("summary")
+    if summary and summary != head:
+        lines += ["", str(summary)]
+    return "\n".join(lines)
+
+
+# ---- commands ----
+
+
+@models_app.command("list")
+def list_models(
+    json_out: JsonOption = False,
+    admin: AdminOption = None,
+    admin_key: AdminKeyOption = None,
+    admin_config: AdminConfigOption = None,
+) -> None:
+    """List the catalog: source, state, ready replicas, keep-alive, profiles, aliases."""
+    body = request("GET", resolve_admin(admin, admin_key, admin_config), "/admin/api/models")
+    models: list[dict[str, Any]] = body["models"]
+    skipped: list[dict[str, Any]] = body.get("skipped") or []
+    if json_out:
+        print_json(body)
+        return
+    if models:
+        typer.echo(_list_table(models))
+    else:
+        typer.echo(
+            "no models: declare them under `models:` in the config file, or `llmgw models add`"
+        )
+    for entry in skipped:
+        typer.echo(f"skipped stored model {entry['name']}: {entry['reason']}", err=True)
+
+
+@models_app.command("show")
+def show(
+    name: ModelArgument,
+    json_out: JsonOption = False,
+    admin: AdminOption = None,
+    admin_key: AdminKeyOption = None,
+    admin_config: AdminConfigOption = None,
+) -> None:
+    """Show one model: its profiles, scaling rules and replicas."""
+    model = request("GET", resolve_admin(admin, admin_key, admin_config), _model_path(name))
+    if json_out:
+        print_json(model)
+        return
+    typer.echo(_show_text(model))
+
+
+@models_app.command("add")
+def add(
+    file: Annotated[
+        Path | None,
+        typer.Option(
+            "--file",
+            "-f",
+            help="YAML or JSON file with one model (the shape of a `models:` entry).",
+            show_default=False,
+        ),
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Model name clients send.")] = None,
+    weights: Annotated[
+        str | None, typer.Option(help="Local path, GGUF file or hub id of the weights.")
+    ] = None,
+    engine: Annotated[
+        str | None, typer.Option(help="vllm, sglang, llamacpp or sim.", show_default=False)
+    ] = None,
+    gpus: Annotated[int | None, typer.Option(help="GPUs per replica.", show_default=False)] = None,
+    gpu_memory: Annotated[
+        str | None,
+        typer.Option(help="Free memory each GPU needs, e.g. 24GiB.", show_default=False),
+    ] = None,
+    engine_arg: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--engine-arg", help="Extra engine argument (repeatable).", show_default=False
+        ),
+    ] = None,
+    min_replicas: Annotated[
+        int | None, typer.Option(help="Replicas kept even when idle (0).", show_default=False)
+    ] = None,
+    max_replicas: Annotated[
+        int | None, typer.Option(help="Most replicas under load (1).", show_default=False)
+    ] = None,
+    keep_alive: Annotated[
+        str | None,
+        typer.Option(help="Idle time before scale-down: 300, 5m, 1h; -1 pins.", show_default=False),
+    ] = None,
+    target_in_flight: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Scale on load: one replica per this many requests in flight, up to "
+            "--max-replicas (off).",
+            show_default=False,
+        ),
+    ] = None,
+    scale_down_delay: Annotated[
+        str | None,
+        typer.Option(
+            help="How long load must stay lower before load replicas stop: 60, 90s, 5m (60).",
+            show_default=False,
+        ),
+    ] = None,
+    alias: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--alias", help="Another name for the model (repeatable).", show_default=False
+        ),
+    ] = None,
+    no_activation: Annotated[
+        bool, typer.Option("--no-activation", help="Never start the model on a request.")
+    ] = False,
+    replace: Annotated[
+        bool, typer.Option("--replace", help="Replace the stored model of that name.")
+    ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Only show where the model would go; store nothing."),
+    ] = False,
+    json_out: JsonOption = False,
+    admin: AdminOption = None,
+    admin_key: AdminKeyOption = None,
+    admin_config: AdminConfigOption = None,
+) -> None:
+    """Add a model to the catalog (kept in the server's store), or replace one."""
+    flags = (
+        name, weights, engine, gpus, gpu_memory, min_replicas, max_replicas, keep_alive,
+        target_in_flight, scale_down_delay,
+    )  # fmt: skip
+    flags_given = any(v is not None for v in flags) or bool(engine_arg or alias or no_activation)
+    if file is not None:
+        if flags_given:
+            fail(
+                "give either --file or the model flags (--name, --weights, ...), not both",
+                EXIT_BAD_INPUT,
+            )
+        model = read_model_file(file)
+    else:
+        model = model_from_flags(
+            name=name,
+            weights=weights,
+            engine=engine,
+            gpus=gpus,
+            gpu_memory=gpu_memory,
+            engine_args=engine_arg or [],
+            min_replicas=min_replicas,
+            max_replicas=max_replicas,
+            keep_alive=keep_alive,
+            aliases=alias or [],
+            activation=not no_activation,
+            target_in_flight=target_in_flight,
+            scale_down_delay=scale_down_delay,
+        )
+    if dry_run and replace:
+        fail("--dry-run stores nothing, so --replace means nothing with it", EXIT_BAD_INPUT)
+    prefix = f"{file}: " if file is not None else ""
+    if dry_run:
+        path, method = "/admin/api/placement/dry-run", "POST"
+    elif replace:
+        target = model.get("name")
+        if not isinstance(target, str) or not target:
+            fail(f"{prefix}the model has no name, so there is nothing to replace", EXIT_BAD_INPUT)
+        path, method = _model_path(target), "PUT"
+    else:
+        path, method = "/admin/api/models", "POST"
+    answer = request(
+        method, resolve_admin(admin, admin_key, admin_config), path, json_body=model, prefix=prefix
+    )
+    if json_out:
+        print_json(answer)
+    elif dry_run:
+        typer.echo(explain_text(answer))
+    else:
+        verb = "replaced" if replace else "added"
+        typer.echo(f"model {answer['name']} {verb}: it is kept in the server's store")
+
+
+@models_app.command("remove")
+def remove(
+    name: ModelArgument,
+    json_out: JsonOption = False,
+    admin: AdminOption = None,
+    admin_key: AdminKeyOption = None,
+    admin_config: AdminConfigOption = None,
+) -> None:
+    """Remove a model added through the API; its replicas are stopped."""
+    answer = request("DELETE", resolve_admin(admin, admin_key, admin_config), _model_path(name))
+    if json_out:
+        print_json(answer)
+    elif answer.get("discarded"):
+        typer.echo(f"stored model {answer['name']} discarded (it was skipped: {answer['reason']})")
+    else:
+        typer.echo(f"model {answer['name']} removed from the catalog; its replicas will stop")
+
+
+@models_app.command("explain")
+def explain(
+    name: ModelArgument,
+    json_out: JsonOption = False,
+    admin: AdminOption = None,
+    admin_key: AdminKeyOption = None,
+    admin_config: AdminConfigOption = None,
+) -> None:
+    """Explain placement: per profile, the nodes that fit and why the others do not."""
+    answer = request(
+        "GET", resolve_admin(admin, admin_key, admin_config), _model_path(name, "/placement")
+    )
+    if json_out:
+        print_json(answer)
+        return
+    typer.echo(explain_text(answer))
+
+
+@models_app.command("activate")
+def activate(
+    name: ModelArgument,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            min=0.1, help="Seconds to wait for a ready replica before giving up (exit 1)."
+        ),
+    ] = 600.0,
+    json_out: JsonOption = False,
+    admin: AdminOption = None,
+    admin_key: AdminKeyOption = None,
+    admin_config: AdminConfigOption = None,
+    poll_interval: PollOption = 0.5,
+) -> None:
+    """Start a replica now and wait until it is ready, showing its progress on stderr.
+
+    Ends with "model X is ready (N replicas) after T s" (exit 0), or the reason
+    the server gives and the engine's last output (exit 1). --json prints the
+    model's final status on stdout.
+    """
+    target = resolve_admin(admin, admin_key, admin_config)
+    activate_model(
+        target,
+        name,
+        _model_path(name),
+        timeout=timeout,
+        poll=poll_interval,
+        json_out=json_out,
+    )

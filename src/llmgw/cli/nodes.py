@@ -1,0 +1,331 @@
+"""`llmgw nodes`: list, show, drain, undrain GPU nodes and remove weights through the admin API.
+
+Talks HTTP to a running server's admin listener: `--admin`, LLMGW_ADMIN_URL,
+admin_url in the admin config file, or http://127.0.0.1:9090 (see
+`llmgw.cli.adminclient`); reach a remote one by SSH tunnel, or pass an admin
+key when it is not loopback. Failures are one `error: ...` line on stderr and
+an exit code: 1 when the admin API cannot be reached or fails (or a drain
+does not finish in time), 2 for bad input, an unknown node or a request the
+node refuses. Progress goes to stderr, so `--json` output on stdout stays
+clean. Imports only typer and the standard library at the top (httpx when a
+command runs), so `llmgw --help` stays fast.
+
+Not guaranteed: a stable text layout for tables; scripts should use `--json`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import datetime
+from typing import Annotated, Any
+from urllib.parse import quote
+
+import typer
+
+from llmgw.cli.adminclient import (
+    EXIT_BAD_INPUT,
+    AdminConfigOption,
+    AdminKeyOption,
+    AdminOption,
+    PollOption,
+    fail,
+    request,
+    resolve_admin,
+)
+from llmgw.cli.drainwait import shards_before_drain, wait_for_drain
+from llmgw.cli.progress import Progress
+from llmgw.cli.storeopts import JsonOption, format_time, print_json, render_table
+
+# The server gives a node 30 s to answer a command; removing a large tree takes a while.
+REMOVE_TIMEOUT_SECONDS = 60.0
+
+nodes_app = typer.Typer(
+    name="nodes",
+    help="See the GPU nodes the agents registered and manage them: list, show, drain, undrain, "
+    "remove-weights.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+NodeArgument = Annotated[str, typer.Argument(help="The node's id, as `llmgw nodes list` shows.")]
+
+
+def _node_path(node_id: str) -> str:
+    if not node_id.strip():
+        fail("NODE must not be empty", EXIT_BAD_INPUT)
+    return f"/admin/api/nodes/{quote(node_id, safe='')}"
+
+
+# ---- formatting ----
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m ago"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f}h ago"
+    return f"{seconds / 86400:.0f}d ago"
+
+
+def _gib(value: int | None) -> str:
+    return "-" if value is None else f"{value / (1 << 30):.1f} GiB"
+
+
+def _pairs(mapping: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(mapping.items())) or "-"
+
+
+def _time(text: str | None) -> str:
+    return format_time(datetime.fromisoformat(text) if text else None)
+
+
+def _state(node: dict[str, Any]) -> str:
+    flags = [node["state"]]
+    if node["draining"]:
+        flags.append("draining")
+    if not node["connected"]:
+        flags.append("disconnected")
+    return ", ".join(flags)
+
+
+def _shard_counts(node: dict[str, Any]) -> str:
+    counts = Counter(shard["state"] for shard in node["shards"])
+    return ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "-"
+
+
+def _gpu_summary(node: dict[str, Any]) -> tuple[str, str]:
+    gpus = node["gpus"]
+    if not gpus:
+        return "-", "-"
+    in_use = sum(1 for gpu in gpus if gpu["in_use"])
+    names = Counter(gpu["name"] for gpu in gpus)
+    kinds = ", ".join(f"{n}x {name}" for name, n in names.most_common())
+    return f"{in_use}/{len(gpus)}", kinds
+
+
+def _list_table(nodes: list[dict[str, Any]]) -> str:
+    rows = []
+    for node in nodes:
+        used, kinds = _gpu_summary(node)
+        rows.append(
+            [
+                node["id"],
+                _state(node),
+                node["hostname"],
+                used,
+                kinds,
+                _shard_counts(node),
+                _age(node["heartbeat_age_seconds"]),
+                _pairs(node["labels"]),
+            ]
+        )
+    headers = ["NODE", "STATE", "HOST", "GPUS USED", "GPU", "SHARDS", "HEARTBEAT", "LABELS"]
+    return render_table(headers, rows, right=frozenset({3}))
+
+
+def _show_text(node: dict[str, Any]) -> str:
+    lines = [
+        f"node:       {node['id']} ({node['hostname']})",
+        f"state:      {_state(node)}",
+        f"agent:      {node['agent_version']}",
+        f"heartbeat:  {_age(node['heartbeat_age_seconds'])} "
+        f"({_time(node['last_heartbeat_at'])} UTC)",
+        f"registered: {_time(node['registered_at'])} UTC",
+        f"cpu, ram:   {node['cpu_count']} CPUs, {_gib(node['memory_total_bytes'])}",
+        f"weights:    {node['weights_dir'] or '-'} ({_gib(node['weights_disk_free_bytes'])} free)",
+        f"ports:      {node['port_range'][0]}-{node['port_range'][1]}",
+        f"labels:     {_pairs(node['labels'])}",
+        f"fabric:     {_pairs(node['fabric'])}",
+        "",
+        f"GPUs ({node['gpu_source']}):",
+    ]
+    if node["gpus"]:
+        gpu_rows = [
+            [
+                str(gpu["index"]),
+                gpu["name"],
+                _gib(gpu["memory_total_bytes"]),
+                _gib(gpu["memory_used_bytes"]),
+                "-" if gpu["utilization_percent"] is None else f"{gpu['utilization_percent']:.0f}%",
+                "yes" if gpu["in_use"] else "no",
+            ]
+            for gpu in node["gpus"]
+        ]
+        table = render_table(
+            ["IDX", "NAME", "MEMORY", "USED", "UTIL", "ASSIGNED"], gpu_rows, right=frozenset({0})
+        )
+        lines += ["  " + line for line in table.splitlines()]
+    else:
+        lines.append("  none")
+    lines += ["", "shards:"]
+    if node["shards"]:
+        shard_rows = [
+            [
+                shard["id"],
+                shard["model"],
+                shard["engine"] or "-",
+                shard["state"],
+                ",".join(str(i) for i in shard["gpu_indices"]) or "-",
+                str(shard["pid"]) if shard["pid"] is not None else "-",
+                shard["endpoint_url"] or "-",
+                _time(shard["since"]),
+            ]
+            for shard in node["shards"]
+        ]
+        headers = ["ID", "MODEL", "ENGINE", "STATE", "GPUS", "PID", "ENDPOINT", "SINCE (UTC)"]
+        lines += ["  " + line for line in render_table(headers, shard_rows).splitlines()]
+        for shard in node["shards"]:
+            if shard["message"] or shard["output_tail"]:
+                exit_code = shard["exit_code"]
+                status = shard["message"] or shard["state"]
+                if exit_code is not None:
+                    status += f" (exit code {exit_code})"
+                lines += ["", f"  {shard['id']}: {status}"]
+                lines += ["    | " + line for line in shard["output_tail"]]
+    else:
+        lines.append("  none")
+    return "\n".join(lines)
+
+
+# ---- commands ----
+
+
+@nodes_app.command("list")
+def list_nodes(
+    json_out: JsonOption = False,
+    admin: AdminOption = None,
+    admin_key: AdminKeyOption = None,
+    admin_config: AdminConfigOption = None,
+) -> None:
+    """List the nodes: state, GPUs in use, shards, last heartbeat."""
+    nodes: list[dict[str, Any]] = request(
+        "GET", resolve_admin(admin, admin_key, admin_config), "/admin/api/nodes"
+    )["nodes"]
+    if json_out:
+        print_json(nodes)
+        return
+    if not nodes:
+        typer.echo("no nodes: no agent has registered with this server since it started")
+        return
+    typer.echo(_list_table(nodes))
+
+
+@nodes_app.command("show")
+def show(
+    node_id: NodeArgument,
+    json_out: JsonOption = False,
+    admin: AdminOption = None,
+    admin_key: AdminKeyOption = None,
+    admin_config: AdminConfigOption = None,
+) -> None:
+    """Show one node: hardware, labels, each GPU and each shard."""
+    node = request("GET", resolve_admin(admin, admin_key, admin_config), _node_path(node_id))
+    if json_out:
+        print_json(node)
+        return
+    typer.echo(_show_text(node))
+
+
+@nodes_app.command("drain")
+def drain(
+    node_id: NodeArgument,
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait",
+            help="Follow the drain until no replica is left on the node, showing each "
+            "replacement coming up elsewhere and each old replica stopping.",
+        ),
+    ] = False,
+    timeout: Annotated[
+        float,
+        typer.Option(min=0.1, help="With --wait: seconds to wait before giving up (exit 1)."),
+    ] = 600.0,
+    json_out: JsonOption = False,
+    admin: AdminOption = None,
+    admin_key: AdminKeyOption = None,
+    admin_config: AdminConfigOption = None,
+    poll_interval: PollOption = 0.5,
+) -> None:
+    """Mark a node draining: no new work goes to it, and its replicas move elsewhere.
+
+    The reconciler starts a replacement on another node for each replica, then
+    drains the old one once the replacement is ready. --json prints the node;
+    with --wait, an object with the node, drained (true/false), the replicas
+    moved and what remains (with the reason).
+    """
+    target = resolve_admin(admin, admin_key, admin_config)
+    known = shards_before_drain(target) if wait else set()
+    node = request("POST", target, _node_path(node_id) + "/drain")
+    if wait:
+        wait_for_drain(
+            target, node["id"], known=known, timeout=timeout, poll=poll_interval, json_out=json_out
+        )
+        return
+    if json_out:
+        print_json(node)
+        return
+    typer.echo(
+        f"node {node['id']} is draining: no new work is placed on it, and its replicas move "
+        f"elsewhere (`llmgw nodes drain {node['id']} --wait` follows that)"
+    )
+
+
+@nodes_app.command("undrain")
+def undrain(
+    node_id: NodeArgument,
+    json_out: JsonOption = False,
+    admin: AdminOption = None,
+    admin_key: AdminKeyOption = None,
+    admin_config: AdminConfigOption = None,
+) -> None:
+    """Clear a node's draining mark: new work may be placed on it again."""
+    node = request(
+        "POST", resolve_admin(admin, admin_key, admin_config), _node_path(node_id) + "/undrain"
+    )
+    if json_out:
+        print_json(node)
+        return
+    typer.echo(f"node {node['id']} is no longer draining: new work may be placed on it")
+
+
+@nodes_app.command("remove-weights")
+def remove_weights(
+    node_id: NodeArgument,
+    path: Annotated[
+        str,
+        typer.Argument(
+            help="File or directory to delete, inside the node's weights directory "
+            "(relative to it, or absolute)."
+        ),
+    ],
+    json_out: JsonOption = False,
+    admin: AdminOption = None,
+    admin_key: AdminKeyOption = None,
+    admin_config: AdminConfigOption = None,
+) -> None:
+    """Delete model weights on a node, to free its disk.
+
+    The node's agent refuses paths outside its weights directory and weights a
+    running replica uses (stop or move the replica first). A path that is
+    already absent counts as removed.
+    """
+    target = resolve_admin(admin, admin_key, admin_config)
+    if not path.strip():
+        fail("PATH must not be empty", EXIT_BAD_INPUT)
+    route = _node_path(node_id) + "/weights/remove"
+    progress = Progress()
+    progress.say(f"asking node {node_id} to remove {path} ...")
+    answer = request(
+        "POST", target, route, json_body={"path": path}, timeout=REMOVE_TIMEOUT_SECONDS
+    )
+    if json_out:
+        print_json(answer)
+    typer.echo(
+        f"node {answer['node']} removed {answer['path']} (or it was already gone) "
+        f"after {progress.elapsed():.1f} s",
+        err=json_out,
+    )

@@ -1,0 +1,117 @@
+"""Running several ASGI apps on pre-bound sockets in one event loop.
+
+Sockets are bound before anything starts, so "address already in use" is a
+clear CLI error naming the flag, not a log line from deep inside uvicorn.
+Signals are handled by the caller, once, for every server of the process.
+A listener with `tls` (certificate and key files, checked by `check_tls`
+before binding) serves HTTPS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import ssl
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+
+from llmgw.config import ListenAddress
+
+
+class ListenError(Exception):
+    """A listener could not be bound; the message names the flag and address."""
+
+
+@dataclass(frozen=True, slots=True)
+class TLSFiles:
+    cert: str
+    key: str
+
+
+@dataclass(slots=True)
+class BoundListener:
+    name: str
+    flag: str
+    sock: socket.socket
+    tls: TLSFiles | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self.sock.getsockname()[1])
+
+    def url(self, host: str) -> str:
+        shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+        if ":" in shown:
+            shown = f"[{shown}]"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://{shown}:{self.port}"
+
+
+def check_tls(field: str, tls: TLSFiles) -> None:
+    """Load the certificate and key once, so a bad file is a ListenError naming `field`."""
+    for name, path in (("cert", tls.cert), ("key", tls.key)):
+        if not os.path.isfile(path):
+            raise ListenError(
+                f"{field}.{name}: {path} does not exist; give the PEM files from your CA "
+                "or `llmgw certs issue --server HOST`"
+            )
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(tls.cert, tls.key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ListenError(
+            f"{field}: cannot use certificate {tls.cert} with key {tls.key}: "
+            f"{getattr(exc, 'reason', None) or exc}; they must be PEM files, and the key "
+            "must belong to the certificate"
+        ) from exc
+
+
+def bind(
+    name: str, flag: str, address: ListenAddress, *, tls: TLSFiles | None = None
+) -> BoundListener:
+    family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address.host, address.port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise ListenError(
+            f"cannot listen on {address} for the {name} listener ({flag}): "
+            f"{exc.strerror or exc}; choose another address with {flag} HOST:PORT"
+        ) from exc
+    sock.setblocking(False)
+    return BoundListener(name, flag, sock, tls)
+
+
+class QuietServer(uvicorn.Server):
+    """A uvicorn server that leaves signal handling to the process."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def make_server(app: Any, *, graceful_seconds: float, tls: TLSFiles | None = None) -> QuietServer:
+    config = uvicorn.Config(
+        app,
+        http="httptools",
+        loop="none",
+        lifespan="off",
+        access_log=False,
+        log_config=None,
+        server_header=False,
+        date_header=False,
+        timeout_graceful_shutdown=int(graceful_seconds),
+        timeout_keep_alive=30,
+        backlog=2048,
+        proxy_headers=False,
+        ssl_certfile=tls.cert if tls is not None else None,
+        ssl_keyfile=tls.key if tls is not None else None,
+    )
+    return QuietServer(config)

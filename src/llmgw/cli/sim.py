@@ -1,0 +1,126 @@
+"""`llmgw sim`: the simulated engine's options, served with uvicorn.
+
+The wiring lives in `llmgw.cli.sim_wiring`, imported only when the command runs.
+
+Not guaranteed: a graceful drain beyond `--shutdown-grace`. On SIGTERM uvicorn
+gives open connections that long (1 s by default: stalled streams never finish
+on their own) and then closes them.
+"""
+
+import math
+from typing import Annotated
+
+import typer
+
+
+def sim(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    model: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--model",
+            help="Served model name; repeat for several. The first is the default. "
+            "[default: sim-model]",
+            show_default=False,
+        ),
+    ] = None,
+    load_time: Annotated[
+        float, typer.Option(min=0.0, help="Seconds before /health turns 200 (503 before).")
+    ] = 0.0,
+    prefill_per_token: Annotated[
+        float, typer.Option(min=0.0, help="Prefill seconds per prompt token not in the cache.")
+    ] = 0.0002,
+    itl: Annotated[float, typer.Option(min=0.0, help="Base inter-token latency, seconds.")] = 0.01,
+    itl_per_running: Annotated[
+        float, typer.Option(min=0.0, help="Extra inter-token seconds per running sequence.")
+    ] = 0.0005,
+    max_running: Annotated[
+        int, typer.Option(min=1, help="Sequences running at once; more queue FIFO.")
+    ] = 64,
+    block_size: Annotated[int, typer.Option(min=1, help="Tokens per prefix-cache block.")] = 16,
+    cache_blocks: Annotated[
+        int, typer.Option(min=0, help="Prefix-cache capacity in blocks (0: no cache).")
+    ] = 4096,
+    output_tokens: Annotated[
+        int, typer.Option(min=1, help="Completion length when a request sets no max_tokens.")
+    ] = 16,
+    embedding_dim: Annotated[int, typer.Option(min=1, help="Embedding vector length.")] = 64,
+    seed: Annotated[int, typer.Option(help="Seed of the generated text and error draws.")] = 0,
+    zero_delay: Annotated[
+        bool,
+        typer.Option(
+            "--zero-delay", help="No timing model at all: no sleeps, no queue (benchmarks)."
+        ),
+    ] = False,
+    error_rate: Annotated[
+        float,
+        typer.Option(
+            min=0.0, max=1.0, help="Fraction of inference requests answered with an error."
+        ),
+    ] = 0.0,
+    error_status: Annotated[
+        int, typer.Option(min=400, max=599, help="HTTP status of injected errors.")
+    ] = 500,
+    crash_after: Annotated[
+        int | None,
+        typer.Option(min=0, help="Exit abruptly when inference request N+1 arrives."),
+    ] = None,
+    stall_after_tokens: Annotated[
+        int | None,
+        typer.Option(min=0, help="Generations stop sending after N tokens, connection kept open."),
+    ] = None,
+    slow_start: Annotated[
+        float,
+        typer.Option(min=0.0, help="Seconds every inference request waits before answering."),
+    ] = 0.0,
+    shutdown_grace: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="Seconds in-flight requests get to finish after SIGTERM (real engines "
+            "finish them; 1 s keeps tests with stalled streams quick).",
+        ),
+    ] = 1.0,
+) -> None:
+    """Run a simulated OpenAI-compatible engine."""
+    import uvicorn
+    from prometheus_client import CollectorRegistry
+
+    from llmgw.cli.sim_wiring import build_app
+    from llmgw.sim.faults import FaultSettings
+    from llmgw.sim.settings import SimSettings
+
+    settings = SimSettings(
+        models=tuple(model) if model else ("sim-model",),
+        load_time=load_time,
+        prefill_per_token=prefill_per_token,
+        itl=itl,
+        itl_per_running=itl_per_running,
+        max_running=max_running,
+        block_size=block_size,
+        cache_blocks=cache_blocks,
+        output_tokens=output_tokens,
+        embedding_dim=embedding_dim,
+        seed=seed,
+        zero_delay=zero_delay,
+    )
+    faults = FaultSettings(
+        error_rate=error_rate,
+        error_status=error_status,
+        crash_after=crash_after,
+        stall_after_tokens=stall_after_tokens,
+        slow_start=slow_start,
+    )
+    app = build_app(settings, faults=faults, registry=CollectorRegistry(auto_describe=False))
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=math.ceil(shutdown_grace),
+    )

@@ -1,0 +1,180 @@
+"""`llmgw usage`: a usage report from the store's hourly roll-ups.
+
+Filters by key (id, name or prefix), model and time window, and groups by any
+of hour, key and model. Reads only the roll-ups, so it stays fast and still
+covers hours whose raw records have been pruned.
+
+Not guaranteed: sub-hour resolution. `--since` is rounded down to its hour (that
+hour is included) and an hour is included if it starts before `--until`.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from llmgw.cli.storeopts import (
+    DEFAULT_DATA_DIR,
+    BadInput,
+    DataDirOption,
+    JsonOption,
+    StoreOption,
+    fail,
+    format_time,
+    parse_time,
+    print_json,
+    render_table,
+    run_with_store,
+)
+
+if TYPE_CHECKING:
+    from llmgw.store import Store, UsageDimension, UsageRow
+
+DIMENSIONS: tuple[UsageDimension, ...] = ("hour", "key", "model")
+NO_KEY = "(no key)"
+
+
+def usage(
+    key: Annotated[
+        str | None, typer.Option("--key", help="Only this key (id, name or prefix).")
+    ] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Only this model.")] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            "--since",
+            help="Start: YYYY-MM-DD, an ISO datetime (UTC), or a duration ago such as 24h "
+            "or 7d [default: everything recorded].",
+        ),
+    ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option("--until", help="End, in the same forms as --since [default: now]."),
+    ] = None,
+    by: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--by",
+            help="Group by hour, key and/or model; repeat or comma-separate [default: key,model].",
+        ),
+    ] = None,
+    json_out: JsonOption = False,
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    store: StoreOption = None,
+) -> None:
+    """Show tokens, requests and errors per key and model (or hour)."""
+    from llmgw.usage.views import usage_row_view
+
+    now = datetime.now(UTC)
+    try:
+        group_by = _dimensions(by)
+        start = parse_time("--since", since, now=now) if since is not None else None
+        end = parse_time("--until", until, now=now) if until is not None else None
+    except BadInput as exc:
+        fail(str(exc))
+    if start is not None and end is not None and start >= end:
+        fail(f"--since ({format_time(start)} UTC) must be before --until ({format_time(end)} UTC)")
+
+    async def action(opened: Store) -> tuple[list[UsageRow], dict[str, str]]:
+        from llmgw.auth import KeyService
+
+        key_id = None
+        if key is not None:
+            service = KeyService(keys=opened.keys, wall_clock=lambda: now)
+            key_id = (await service.resolve(key)).id
+        rows = await opened.usage.query(
+            key_id=key_id, model=model, since=start, until=end, group_by=group_by
+        )
+        names = {}
+        if "key" in group_by and rows:
+            names = {k.id: k.name for k in await opened.keys.list(include_revoked=True)}
+        return rows, names
+
+    rows, names = run_with_store(data_dir, store, action)
+    if json_out:
+        print_json([usage_row_view(row, group_by, names) for row in rows])
+        return
+    if not rows:
+        typer.echo("no usage recorded" + _window(start, end))
+        return
+    typer.echo(_table(rows, group_by, names))
+
+
+def _dimensions(by: list[str] | None) -> tuple[UsageDimension, ...]:
+    if not by:
+        return ("key", "model")
+    wanted: list[str] = []
+    for value in by:
+        for part in value.split(","):
+            name = part.strip().lower()
+            if name not in DIMENSIONS:
+                raise BadInput(f"--by {part.strip()!r}: use hour, key or model")
+            if name not in wanted:
+                wanted.append(name)
+    return tuple(d for d in DIMENSIONS if d in wanted)
+
+
+def _window(start: datetime | None, end: datetime | None) -> str:
+    if start is None and end is None:
+        return ""
+    parts = []
+    if start is not None:
+        parts.append(f"since {format_time(start)} UTC")
+    if end is not None:
+        parts.append(f"until {format_time(end)} UTC")
+    return " " + " ".join(parts)
+
+
+def _key_label(key_id: str | None, names: dict[str, str]) -> str:
+    if key_id is None:
+        return NO_KEY
+    name = names.get(key_id)
+    return f"{key_id} ({name})" if name else key_id
+
+
+def _table(
+    rows: list[UsageRow], group_by: tuple[UsageDimension, ...], names: dict[str, str]
+) -> str:
+    headers = [d.upper() for d in group_by]
+    headers += ["REQUESTS", "ERRORS", "PROMPT", "COMPLETION", "TOTAL", "MEAN MS"]
+    cells: list[list[str]] = []
+    for row in rows:
+        group = {
+            "hour": format_time(row.hour),
+            "key": _key_label(row.key_id, names),
+            "model": row.model or "",
+        }
+        cells.append([group[d] for d in group_by] + _numbers(row))
+    if len(rows) > 1 and group_by:
+        total = _total(rows)
+        cells.append(["TOTAL"] + [""] * (len(group_by) - 1) + _numbers(total))
+    numeric = frozenset(range(len(group_by), len(headers)))
+    return render_table(headers, cells, right=numeric)
+
+
+def _numbers(row: UsageRow) -> list[str]:
+    return [
+        str(row.requests),
+        str(row.errors),
+        str(row.prompt_tokens),
+        str(row.completion_tokens),
+        str(row.total_tokens),
+        f"{row.mean_latency_ms:.0f}",
+    ]
+
+
+def _total(rows: list[UsageRow]) -> UsageRow:
+    from llmgw.store import UsageRow
+
+    return UsageRow(
+        hour=None,
+        key_id=None,
+        model=None,
+        requests=sum(r.requests for r in rows),
+        errors=sum(r.errors for r in rows),
+        prompt_tokens=sum(r.prompt_tokens for r in rows),
+        completion_tokens=sum(r.completion_tokens for r in rows),
+        latency_ms_sum=sum(r.latency_ms_sum for r in rows),
+    )

@@ -1,0 +1,490 @@
+"""The catalog's models and profiles as they are written: the `models:` section and API bodies.
+
+`ModelConfig` and `ProfileConfig` hold every validation rule of a catalog model
+that needs nothing but the model itself: names, replica counts, durations and
+sizes, GPU counts. The same models validate the config file's `models:` entries,
+admin API bodies, `llmgw models add` and what the store kept, so a rule is
+written once. Rules that need to know the engines (is `engine` a known one, does
+it need GPUs, does it accept these arguments) are checked one layer up, by
+`llmgw.control.catalog.validate`, which turns a `ModelConfig` into the catalog's
+`CatalogModel`; this package cannot import the engines.
+
+Messages of rules that involve several fields start with the model or profile
+they are about ("model 'llama': max_replicas (1) is below min_replicas (2)"),
+because a config loader prints them after a field path with list indices only.
+`scope` builds that prefix, so the catalog can recognise and re-word it.
+
+Not guaranteed: that the weights exist, that the GPU kind or the labels match
+any node, or that the engine starts; placement and the agent find those out.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any, NoReturn
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
+PROFILE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+_NAME = re.compile(NAME_PATTERN)
+_PROFILE_NAME = re.compile(PROFILE_NAME_PATTERN)
+_NAME_RULE = (
+    "must be 1-128 letters, digits, '.', '_', ':', '/' or '-', starting with a letter or digit"
+)
+
+PIN = -1.0
+"""`keep_alive` that keeps a model running once started (never scaled to zero)."""
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_DURATION = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)", re.IGNORECASE)
+_SIZE_UNITS = {
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 1 << 10,
+    "MIB": 1 << 20,
+    "GIB": 1 << 30,
+    "TIB": 1 << 40,
+}
+
+# Strict: `true` is not 1 and "2" is not a count, in a config file or an API body.
+StrictCount = Annotated[int, Strict()]
+# Strict: `true` is not 1 and "0.9" is not a number, in a config file or an API body.
+StrictFraction = Annotated[float, Strict()]
+
+
+def scope(model: str | None = None, profile: str | None = None) -> str:
+    """The prefix naming what a message is about: "model 'llama', profile 'tp1'"."""
+    parts = []
+    if model is not None:
+        parts.append(f"model {model!r}")
+    if profile is not None:
+        parts.append(f"profile {profile!r}")
+    return ", ".join(parts)
+
+
+def _about(scope_text: str, message: str) -> str:
+    return f"{scope_text}: {message}" if scope_text else message
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from a number or a duration string ("300", "300s", "5m", "1h30m", "-1").
+
+    -1 means pinned; any other negative, infinite or non-numeric value raises
+    ValueError saying what is accepted.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a duration; give seconds (300), '5m', or -1 to pin")
+    seconds: float
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().lower()
+        if re.fullmatch(r"-?\d+(?:\.\d+)?", text):
+            seconds = float(text)
+        elif _DURATION.fullmatch(text):
+            seconds = sum(
+                float(number) * _DURATION_UNITS[unit]
+                for number, unit in _DURATION_PART.findall(text)
+            )
+        else:
+            raise ValueError(
+                f"{value!r} is not a duration; give seconds (300) or a number with a unit "
+                "ms, s, m, h or d ('300s', '5m', '1h30m'), or -1 to pin the model"
+            )
+    else:
+        raise ValueError(
+            f"{value!r} is not a duration; give seconds (300), '5m', or -1 to pin the model"
+        )
+    if not math.isfinite(seconds):
+        raise ValueError(f"{value!r} is not finite; give -1 to keep the model running forever")
+    if seconds < 0 and seconds != PIN:
+        raise ValueError(
+            f"{value!r} is negative; give 0 or more seconds, or exactly -1 to pin the model"
+        )
+    return seconds
+
+
+def parse_size(value: object) -> int:
+    """Bytes from an integer or a size with a unit ("24GiB", "80GB", "512MiB", "1024B").
+
+    GB is 10^9 bytes and GiB 2^30, as GPU vendors and tools use them; a string
+    without a unit is refused because "24" could mean either.
+    """
+    if isinstance(value, bool | float):
+        raise ValueError(f"{value!r} is not a size; give bytes as an integer, or e.g. '24GiB'")
+    if isinstance(value, int):
+        size = value
+    elif isinstance(value, str):
+        match = _SIZE.fullmatch(value.strip())
+        if match is None:
+            raise ValueError(
+                f"{value!r} is not a size with a unit; give e.g. '24GiB', '80GB' or '512MiB' "
+                "(GiB = 2^30 bytes, GB = 10^9), or bytes as an integer"
+            )
+        number, unit = match.groups()
+        size = int(float(number) * _SIZE_UNITS[unit.upper()])
+    else:
+        raise ValueError(f"{value!r} is not a size; give bytes as an integer, or e.g. '24GiB'")
+    if size < 0:
+        raise ValueError(f"{value!r} is negative; give 0 (any GPU) or a size such as '24GiB'")
+    return size
+
+
+def _raise(where: str, message: str) -> NoReturn:
+    raise ValueError(_about(where, message))
+
+
+def _check_mapping(value: dict[str, str], what: str) -> dict[str, str]:
+    for key in value:
+        if not key.strip() or key != key.strip():
+            raise ValueError(f"{what} name {key!r} is empty or has surrounding spaces")
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ProfileConfig(_Strict):
+    """One way to serve a model: an engine, its arguments and what one replica needs."""
+
+    name: str = Field(
+        description=(
+            "Names the profile in placement explanations and replica views. Defaults to "
+            "the engine name, which is unique enough for the common one-profile model; "
+            "give names when a model has two profiles with the same engine."
+        ),
+    )
+    engine: str = Field(
+        description=(
+            "The engine that serves the model: vllm, sglang, llamacpp or sim. Required: "
+            "there is no engine that suits every model and node."
+        ),
+    )
+    engine_args: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Extra command-line arguments for the engine, appended as given. Empty by "
+            "default: llmgw sets the model, address, port and parallelism itself."
+        ),
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra environment for the engine process; empty: the agent's own is enough.",
+    )
+    gpus: StrictCount = Field(
+        default=0,
+        ge=0,
+        description=(
+            "GPUs per replica, all on one node. 0 by default, for CPU engines (llamacpp, "
+            "sim); vllm and sglang need at least 1."
+        ),
+    )
+    gpu_memory: int = Field(
+        default=0,
+        description=(
+            "Free memory each of the replica's GPUs must have: bytes, or a size such as "
+            "'24GiB' or '80GB'. 0 by default: any GPU will do, the engine finds out."
+        ),
+    )
+    gpu_kind: str | None = Field(
+        default=None,
+        description=(
+            "Case-insensitive part of the GPU name ('H100', 'L40S') the replica must run "
+            "on. Unset by default: any kind of GPU."
+        ),
+    )
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "Node labels (or fabric labels) a node must have, with these values, to run "
+            "the replica. Empty by default: every node qualifies."
+        ),
+    )
+    tensor_parallel_size: StrictCount = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Tensor-parallel ranks of one replica, one per GPU. 0 by default, meaning "
+            "one per GPU of the replica (1 without GPUs), which is what vLLM and SGLang "
+            "need on one node; set 1 to give llama.cpp several GPUs."
+        ),
+    )
+    gpu_memory_utilization: StrictFraction = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description=(
+            "Fraction (0, 1] of each GPU's memory the engine may use. 0 by default: the "
+            "engine's own default (0.9 for vLLM), which suits a GPU the replica has alone."
+        ),
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_name(cls, data: Any) -> Any:
+        engine = data.get("engine") if isinstance(data, dict) else None
+        if isinstance(data, dict) and data.get("name") is None and isinstance(engine, str):
+            return {**data, "name": engine}
+        return data
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not _PROFILE_NAME.match(value):
+            raise ValueError(
+                f"{value!r} is not a profile name: 1-64 letters, digits, '.', '_' or '-', "
+                "starting with a letter or digit"
+            )
+        return value
+
+    @field_validator("engine")
+    @classmethod
+    def _check_engine(cls, value: str) -> str:
+        if not value.strip() or value != value.strip():
+            raise ValueError(
+                f"{value!r} is empty or has surrounding spaces; give the engine's name, e.g. vllm"
+            )
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _check_env(cls, value: dict[str, str]) -> dict[str, str]:
+        return _check_mapping(value, "variable")
+
+    @field_validator("labels")
+    @classmethod
+    def _check_labels(cls, value: dict[str, str]) -> dict[str, str]:
+        return _check_mapping(value, "label")
+
+    @field_validator("gpu_memory", mode="before")
+    @classmethod
+    def _parse_gpu_memory(cls, value: object) -> int:
+        return parse_size(value)
+
+    @field_validator("gpu_memory")
+    @classmethod
+    def _memory_needs_gpus(cls, value: int, info: ValidationInfo) -> int:
+        gpus = info.data.get("gpus")
+        if value > 0 and gpus == 0:
+            raise ValueError(
+                _about(
+                    scope(profile=info.data.get("name")),
+                    "gpu_memory is set but gpus is 0; give the replica GPUs, or remove "
+                    "gpu_memory for a CPU engine",
+                )
+            )
+        return value
+
+    @field_validator("gpu_kind")
+    @classmethod
+    def _check_gpu_kind(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        if not value.strip():
+            raise ValueError("is empty; give part of the GPU name (e.g. 'H100'), or leave it out")
+        if info.data.get("gpus") == 0:
+            raise ValueError(
+                _about(
+                    scope(profile=info.data.get("name")),
+                    f"gpu_kind {value!r} is set but gpus is 0; give the replica GPUs, or "
+                    "remove gpu_kind for a CPU engine",
+                )
+            )
+        return value.strip()
+
+    @field_validator("tensor_parallel_size")
+    @classmethod
+    def _check_tensor_parallel(cls, value: int, info: ValidationInfo) -> int:
+        gpus = info.data.get("gpus")
+        if not isinstance(gpus, int) or value <= max(1, gpus):
+            return value
+        where = scope(profile=info.data.get("name"))
+        if gpus == 0:
+            _raise(
+                where,
+                f"tensor_parallel_size {value} needs GPUs but gpus is 0; each rank runs on "
+                "its own GPU, so set gpus too (or leave tensor_parallel_size at 0)",
+            )
+        _raise(
+            where,
+            f"tensor_parallel_size ({value}) is more than gpus ({gpus}); each rank runs on "
+            f"its own GPU, so give at most {gpus} (0 means one per GPU)",
+        )
+
+
+class ModelConfig(_Strict):
+    """A model clients can ask for: its names, weights, profiles and scaling rules."""
+
+    name: str = Field(
+        description=(
+            "The name clients send as `model`. Required, and unique among all names and "
+            "aliases in the catalog."
+        ),
+    )
+    aliases: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Other names clients may send for this model (e.g. 'gpt-4o' for a drop-in "
+            "replacement). None by default: most models have one name."
+        ),
+    )
+    weights: str = Field(
+        description=(
+            "Where the engine loads the model from: a local path, a GGUF file or a hub "
+            "id. Required: there is nothing sensible to guess."
+        ),
+    )
+    profiles: list[ProfileConfig] = Field(
+        min_length=1,
+        description=(
+            "Ways to serve the model, in order of preference: placement tries the first "
+            "and falls back to the next when no node fits. At least one."
+        ),
+    )
+    min_replicas: StrictCount = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Replicas kept running even when idle. 0 by default: GPUs are scarce, and "
+            "an idle model is started again by the next request (activation)."
+        ),
+    )
+    max_replicas: StrictCount = Field(
+        default=1,
+        ge=1,
+        description=(
+            "Most replicas placed under load (see target_in_flight). 1 by default, so "
+            "that one busy model does not take the whole fleet unless asked to."
+        ),
+    )
+    keep_alive: float = Field(
+        default=300.0,
+        description=(
+            "Idle time before the model is scaled down to min_replicas: seconds or a "
+            "duration ('5m', '1h'); -1 pins it once started, 0 unloads it as soon as it "
+            "is idle. 5 minutes by default, as Ollama does: a conversation's next turn "
+            "finds the model loaded, an abandoned one frees its GPUs soon."
+        ),
+    )
+    activation: bool = Field(
+        default=True,
+        description=(
+            "Whether a request for the model may start a replica when none runs. On by "
+            "default; turn it off for models that must only run when an operator says."
+        ),
+    )
+    target_in_flight: StrictCount | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Requests in flight per replica that the model is scaled for: with 20 in "
+            "flight and a target of 8, three replicas are wanted (up to max_replicas). "
+            "Unset by default: the model runs min_replicas, or one while in use."
+        ),
+    )
+    scale_down_delay: float = Field(
+        default=60.0,
+        description=(
+            "How long the load must stay lower before replicas started for it are "
+            "stopped: seconds or a duration ('90s', '5m'). 60 s by default, so that "
+            "bursty traffic does not start and stop replicas back to back."
+        ),
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(f"{value!r} is not a model name: {_NAME_RULE}")
+        return value
+
+    @field_validator("aliases")
+    @classmethod
+    def _check_aliases(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        name = info.data.get("name")
+        where = scope(model=name)
+        seen: set[str] = set()
+        for alias in value:
+            if not _NAME.match(alias):
+                _raise(where, f"alias {alias!r} is not a model name: {_NAME_RULE}")
+            if alias == name:
+                _raise(where, f"alias {alias!r} is the model's own name; remove it")
+            if alias in seen:
+                _raise(where, f"alias {alias!r} is listed twice; give each alias once")
+            seen.add(alias)
+        return value
+
+    @field_validator("weights")
+    @classmethod
+    def _check_weights(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("is empty; give a local path, a GGUF file or a hub id")
+        if value != value.strip():
+            raise ValueError(f"{value!r} has surrounding spaces; remove them")
+        return value
+
+    @field_validator("profiles")
+    @classmethod
+    def _unique_profiles(
+        cls, value: list[ProfileConfig], info: ValidationInfo
+    ) -> list[ProfileConfig]:
+        first: dict[str, int] = {}
+        for index, profile in enumerate(value):
+            if profile.name in first:
+                _raise(
+                    scope(model=info.data.get("name")),
+                    f"profiles {first[profile.name]} and {index} are both named "
+                    f"{profile.name!r}; give each profile its own name (a profile without "
+                    "a name is named after its engine)",
+                )
+            first[profile.name] = index
+        return value
+
+    @field_validator("max_replicas")
+    @classmethod
+    def _check_max_replicas(cls, value: int, info: ValidationInfo) -> int:
+        low = info.data.get("min_replicas")
+        if isinstance(low, int) and value < low:
+            _raise(
+                scope(model=info.data.get("name")),
+                f"max_replicas ({value}) is below min_replicas ({low}); raise max_replicas "
+                "or lower min_replicas",
+            )
+        return value
+
+    @field_validator("keep_alive", mode="before")
+    @classmethod
+    def _parse_keep_alive(cls, value: object) -> float:
+        return parse_duration(value)
+
+    @field_validator("scale_down_delay", mode="before")
+    @classmethod
+    def _parse_scale_down_delay(cls, value: object) -> float:
+        try:
+            seconds = parse_duration(value)
+        except ValueError:
+            seconds = -1.0
+        if seconds < 0:
+            raise ValueError(
+                f"{value!r} is not a delay; give zero or more seconds (60) or a duration "
+                "('90s', '5m')"
+            )
+        return seconds

@@ -1,0 +1,427 @@
+"""Settings of `llmgw server`, grouped by concern.
+
+Each default says why it is what it is. These models only validate shape and
+ranges; they do not check that an endpoint is reachable.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from llmgw.config.models import ModelConfig
+
+_ENDPOINT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
+
+
+def split_host_port(text: str) -> dict[str, object]:
+    """'host:port' or '[v6]:port' as fields; raises ValueError saying the expected form."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"{text!r} is not HOST:PORT (for example 127.0.0.1:8080)")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return {"host": host, "port": int(port)}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ListenAddress(_Strict):
+    """A host and port to listen on."""
+
+    host: str
+    port: Annotated[int, Field(ge=0, le=65535)]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, value: object) -> object:
+        if isinstance(value, str):
+            return split_host_port(value)
+        return value
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+class EndpointConfig(_Strict):
+    """One OpenAI-compatible engine the router may send requests to."""
+
+    id: str = Field(description="Stable name of the endpoint, shown in metrics and headers.")
+    url: str = Field(description="Base URL of the engine, e.g. http://10.0.0.5:8000.")
+    models: list[str] = Field(min_length=1, description="Model names this endpoint serves.")
+    health_path: str = Field(
+        default="/v1/models",
+        description=(
+            "Path probed for health. /v1/models is answered by every OpenAI-compatible "
+            "engine (llama.cpp's server has no /health), so it is the safe default."
+        ),
+    )
+
+    @field_validator("id")
+    @classmethod
+    def _check_id(cls, value: str) -> str:
+        if not _ENDPOINT_ID.match(value):
+            raise ValueError(
+                "must be 1-63 letters, digits, '_', '.', ':' or '-', "
+                "starting with a letter or digit"
+            )
+        return value
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"{value!r} is not an http:// or https:// URL")
+        rest = value.split("://", 1)[1]
+        if not rest or rest.startswith("/"):
+            raise ValueError(f"{value!r} has no host")
+        return value.rstrip("/")
+
+    @field_validator("models")
+    @classmethod
+    def _check_models(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not name or name != name.strip():
+                raise ValueError(f"model name {name!r} is empty or has surrounding spaces")
+        return value
+
+    @field_validator("health_path")
+    @classmethod
+    def _check_health_path(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must start with '/'")
+        return value
+
+
+class TimeoutsConfig(_Strict):
+    """Per-phase deadlines of one upstream attempt, in seconds."""
+
+    connect: float = Field(
+        default=5.0, gt=0, description="TCP connect; an engine on the LAN answers in ms."
+    )
+    first_byte: float = Field(
+        default=300.0,
+        gt=0,
+        description=(
+            "From sending the request to the first byte of the answer: engine queue plus "
+            "prefill, which for a long prompt on a busy engine takes minutes."
+        ),
+    )
+    idle: float = Field(
+        default=60.0, gt=0, description="Longest silence between two chunks of a stream."
+    )
+    total: float = Field(
+        default=1800.0, gt=0, description="Whole request; long generations take many minutes."
+    )
+
+
+class HealthConfig(_Strict):
+    """Active probes and passive ejection of endpoints."""
+
+    interval: float = Field(default=5.0, gt=0, description="Seconds between active probes.")
+    timeout: float = Field(default=2.0, gt=0, description="Deadline of one probe.")
+    failure_threshold: int = Field(
+        default=3,
+        ge=1,
+        description="Consecutive request failures that eject an endpoint (one is noise).",
+    )
+    ejection_base: float = Field(
+        default=1.0, gt=0, description="First ejection, doubled after each further ejection."
+    )
+    ejection_max: float = Field(default=60.0, gt=0, description="Cap on the ejection time.")
+
+
+class RouterConfig(_Strict):
+    """The data plane's behaviour."""
+
+    max_body_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body accepted; long-context prompts reach several MB.",
+    )
+    attempts: int = Field(
+        default=3,
+        ge=1,
+        le=10,
+        description="Tries per request over different endpoints, before the first byte only.",
+    )
+    retry_after: int = Field(
+        default=5, ge=1, description="Retry-After seconds sent with 503 no healthy replica."
+    )
+    timeouts: TimeoutsConfig = TimeoutsConfig()
+    health: HealthConfig = HealthConfig()
+
+
+class AuthConfig(_Strict):
+    """Who may call the API."""
+
+    mode: Literal["required", "open"] = Field(
+        default="required",
+        description=(
+            "required: every /v1 request needs an API key (`llmgw keys create`). "
+            "open: no keys at all, for a trusted network only; the start-up log says so."
+        ),
+    )
+    refresh_interval: float = Field(
+        default=2.0,
+        gt=0,
+        description=(
+            "Seconds between polls for keys created, revoked or rotated by another "
+            "process; a revoked key stops working within about this long everywhere."
+        ),
+    )
+    session_ttl: float = Field(
+        default=28800.0,
+        gt=0,
+        description=(
+            "Seconds an admin login on the API port lasts (8 h: one working day); "
+            "after that the browser must log in again."
+        ),
+    )
+    login_slowdown_after: int = Field(
+        default=3,
+        ge=1,
+        description=(
+            "Failed logins from one address (or for one user) before answers slow down; "
+            "a person mistyping twice is not slowed, a password-guessing script is."
+        ),
+    )
+    login_slowdown_max: float = Field(
+        default=10.0,
+        gt=0,
+        description=(
+            "Longest delay, in seconds, before answering a login after repeated failures "
+            "(doubling from 0.5 s); long enough to make guessing slow, short enough not to "
+            "lock out the real user."
+        ),
+    )
+
+
+class LimitsConfig(_Strict):
+    """Where rate-limit counters live."""
+
+    redis_url: str | None = Field(
+        default=None,
+        description=(
+            "redis://HOST:PORT/DB shared by several router processes. Unset: exact "
+            "counters in this process only, right for a single router."
+        ),
+    )
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"{value!r} is not a redis://, rediss:// or unix:// URL")
+        return value
+
+
+class UsageConfig(_Strict):
+    """Per-request usage records."""
+
+    retention_days: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "Raw rows older than this are pruned; the hourly roll-ups that usage "
+            "queries read are kept, so tables stay small without losing totals."
+        ),
+    )
+    queue_size: int = Field(
+        default=10000,
+        ge=1,
+        description="Records waiting to be written; when full, new ones are counted and dropped.",
+    )
+    batch_size: int = Field(
+        default=500, ge=1, description="Records per write: one round trip for many requests."
+    )
+    flush_interval: float = Field(
+        default=0.5, gt=0, description="Longest a record waits before being written."
+    )
+
+
+class ControlConfig(_Strict):
+    """The control plane's view of nodes."""
+
+    heartbeat_interval: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds between agent heartbeats; sent to every agent when it registers.",
+    )
+    unreachable_after: float = Field(
+        default=15.0,
+        gt=0,
+        description="A node with no heartbeat for this long is unreachable (three missed beats).",
+    )
+    lost_after: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "A node with no heartbeat for this long is lost and its replicas belong "
+            "elsewhere; long enough to ride out a control-plane restart."
+        ),
+    )
+
+    reconcile_interval: float = Field(
+        default=5.0,
+        gt=0,
+        description=(
+            "Seconds between full reconciles. Every relevant event (a node registers, a "
+            "shard changes state, the catalog changes, a request activates a model) "
+            "reconciles at once; the interval only catches what no event announced."
+        ),
+    )
+    placement: Literal["pack", "spread"] = Field(
+        default="pack",
+        description=(
+            "pack fills nodes up (keeps whole nodes free for large models); spread "
+            "puts replicas on the emptiest nodes (fewer replicas lost with one node)."
+        ),
+    )
+    retry_base: float = Field(
+        default=5.0,
+        gt=0,
+        description=(
+            "Seconds to wait before retrying a model whose replica failed; doubled after "
+            "each further failure. Short enough for a flaky start, long enough not to "
+            "hammer a node with an engine that crashes on load."
+        ),
+    )
+    retry_max: float = Field(
+        default=300.0,
+        gt=0,
+        description="Cap on the retry wait: a broken model is still retried every 5 minutes.",
+    )
+    activation_timeout: float = Field(
+        default=600.0,
+        gt=0,
+        description=(
+            "How long a request for a model with no ready replica waits for one to "
+            "start. vLLM loading a 70B model from local disk takes minutes."
+        ),
+    )
+    activation_keepalive: float = Field(
+        default=5.0,
+        gt=0,
+        description=(
+            "Seconds between SSE comments sent to a streaming client while its model "
+            "starts, so proxies with idle timeouts (often 30-60 s) keep the connection."
+        ),
+    )
+    lease_ttl: float = Field(
+        default=15.0,
+        gt=0,
+        description=(
+            "Seconds the leader's lease lasts; renewed every third of it. A standby takes "
+            "over within about this long after the leader dies; shorter means faster "
+            "failover and more store writes."
+        ),
+    )
+    advertise_agent_address: str | None = Field(
+        default=None,
+        description=(
+            "HOST:PORT agents use to reach this server's agent listener; a standby names "
+            "the leader's in its refusal. Unset: the agent listener's address, with this "
+            "host's name in place of 0.0.0.0."
+        ),
+    )
+    stop_grace: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "Seconds a stopping replica gets to finish in-flight requests before its "
+            "engine is killed; matches the server's own shutdown grace."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ControlConfig:
+        if not self.heartbeat_interval < self.unreachable_after < self.lost_after:
+            raise ValueError(
+                "needs heartbeat_interval < unreachable_after < lost_after, got "
+                f"{self.heartbeat_interval:g} / {self.unreachable_after:g} / {self.lost_after:g}"
+            )
+        if self.retry_max < self.retry_base:
+            raise ValueError(
+                f"retry_max ({self.retry_max:g}) is below retry_base ({self.retry_base:g})"
+            )
+        return self
+
+
+class AgentTLSConfig(_Strict):
+    """TLS with client certificates on the agent listener (files from `llmgw certs`)."""
+
+    cert: str = Field(description="PEM certificate this server presents to agents.")
+    key: str = Field(description="PEM private key of that certificate.")
+    ca: str = Field(
+        description=(
+            "PEM certificate of the CA that issued the agents' certificates; an agent "
+            "without one of its certificates is refused, and a node's id is its "
+            "certificate's name."
+        )
+    )
+
+
+class ApiTLSConfig(_Strict):
+    """TLS on the API listener: the OpenAI endpoint and the dashboard's login."""
+
+    cert: str = Field(description="PEM certificate (chain) the API listener presents to clients.")
+    key: str = Field(description="PEM private key of that certificate.")
+
+
+class ServerConfig(_Strict):
+    """Everything `llmgw server` needs; flags override the file."""
+
+    listen: ListenAddress = ListenAddress(host="0.0.0.0", port=8080)
+    admin_listen: ListenAddress = ListenAddress(host="127.0.0.1", port=9090)
+    metrics_listen: ListenAddress | None = None
+    agent_listen: ListenAddress | None = Field(
+        default=ListenAddress(host="0.0.0.0", port=9443),
+        description="gRPC listener the node agents dial; null turns it off.",
+    )
+    agent_tls: AgentTLSConfig | None = Field(
+        default=None,
+        description="mTLS for the agent listener; unset: plaintext, for a trusted network only.",
+    )
+    api_tls: ApiTLSConfig | None = Field(
+        default=None,
+        description=(
+            "HTTPS on the API listener (--listen); dashboard login cookies are then "
+            "Secure. Unset: plain HTTP, for a trusted network or behind a proxy that "
+            "terminates TLS."
+        ),
+    )
+    data_dir: str | None = Field(
+        default=None,
+        description="Where the SQLite store lives; ~/.local/share/llmgw when unset.",
+    )
+    store: str | None = Field(
+        default=None,
+        description="postgresql://USER@HOST/DB to share one store between servers.",
+    )
+    endpoints: list[EndpointConfig] = Field(default_factory=list)
+    router: RouterConfig = RouterConfig()
+    auth: AuthConfig = AuthConfig()
+    limits: LimitsConfig = LimitsConfig()
+    usage: UsageConfig = UsageConfig()
+    control: ControlConfig = ControlConfig()
+    models: list[ModelConfig] = Field(
+        default_factory=list,
+        description=(
+            "The catalog: models llmgw places on the agents' nodes. Any model here turns "
+            "the control plane on; models added through the admin API are kept in the store."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _unique_endpoint_ids(self) -> ServerConfig:
+        seen: set[str] = set()
+        for endpoint in self.endpoints:
+            if endpoint.id in seen:
+                raise ValueError(f"endpoint id {endpoint.id!r} is used twice")
+            seen.add(endpoint.id)
+        return self

@@ -1,0 +1,234 @@
+"""Admin API for the model catalog: list, show, add, replace and remove models, and placement.
+
+The same operations as `llmgw models`. A model's JSON is the shape of a
+`models:` entry in the config file (`validate.model_to_dict`); views add
+`source` ("config" or "store") and `status` (the model's live state, from the
+`ModelControl` the reconciler provides). Writes change only stored models:
+config models answer 409 `model_read_only`, and a server without a store
+answers 409 `no_store`, because a model it accepted would vanish on restart.
+
+Errors have the OpenAI-style body `{"error": {"message", "type", "param",
+"code"}}`; for an invalid model `param` is the dotted path of the field at
+fault ("profiles.0.gpus") and `code` is `invalid_model`.
+
+Not guaranteed: a model whose own name ends in "/placement" or "/activate" can
+be shown only through the list (names may contain '/', and those paths mean the
+placement and activation routes of the shorter name).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from llmgw.control.adminapi.responses import error_response, json_response
+from llmgw.control.catalog.errors import (
+    CatalogError,
+    InvalidModel,
+    ModelExists,
+    NameTaken,
+    NoStore,
+    ReadOnlyModel,
+    UnknownModel,
+)
+from llmgw.control.catalog.model import CatalogModel
+from llmgw.control.catalog.validate import model_to_dict, parse_model
+from llmgw.store import StoreError, StoreUnavailable
+
+
+class ModelCatalog(Protocol):
+    """What the routes need of the catalog; `llmgw.control.catalog.Catalog` satisfies it."""
+
+    def models(self) -> list[CatalogModel]: ...
+
+    def get(self, name: str) -> CatalogModel | None: ...
+
+    def resolve(self, name: str) -> str | None: ...
+
+    def skipped(self) -> dict[str, str]: ...
+
+    async def add(self, model: CatalogModel) -> CatalogModel: ...
+
+    async def replace(self, name: str, model: CatalogModel) -> CatalogModel: ...
+
+    async def remove(self, name: str) -> CatalogModel: ...
+
+    async def discard(self, name: str) -> str: ...
+
+
+class ModelControl(Protocol):
+    """What the routes need of the reconciler: live state, placement and activation."""
+
+    def status(self, name: str) -> dict[str, object]:
+        """The live state of one catalog model (replicas, failures, ...)."""
+        ...
+
+    def statuses(self) -> Mapping[str, dict[str, object]]:
+        """`status` of every catalog model at once (one pass over the fleet)."""
+        ...
+
+    def explain(self, name: str) -> dict[str, object]:
+        """Where a catalog model's replicas would go, and why each node does not fit."""
+        ...
+
+    def dry_run(self, model: CatalogModel) -> dict[str, object]:
+        """Where `model` would go if it were in the catalog; starts nothing."""
+        ...
+
+    async def activate(self, name: str) -> dict[str, object]:
+        """Ask for a replica of the model now; its status afterwards."""
+        ...
+
+
+_CONFLICTS: dict[type[CatalogError], str | None] = {
+    ModelExists: "name",
+    NameTaken: None,
+    ReadOnlyModel: "name",
+    NoStore: None,
+}
+
+
+def _catalog_error(exc: CatalogError) -> Response:
+    if isinstance(exc, InvalidModel):
+        return error_response(400, exc.message, code=exc.code, param=exc.field or None)
+    if isinstance(exc, UnknownModel):
+        return error_response(404, exc.message, code=exc.code, param="name")
+    for kind, param in _CONFLICTS.items():
+        if isinstance(exc, kind):
+            return error_response(409, exc.message, code=exc.code, param=param)
+    return error_response(400, exc.message, code=exc.code)
+
+
+def _store_error(exc: StoreError) -> Response:
+    if isinstance(exc, StoreUnavailable):
+        return error_response(503, str(exc), code="store_unavailable")
+    return error_response(500, str(exc), code="store_error")
+
+
+def _unknown(name: str) -> Response:
+    return _catalog_error(UnknownModel(name))
+
+
+async def _read_body(request: Request) -> object:
+    """The request's JSON body; `InvalidJson` when there is none or it does not parse."""
+    raw = await request.body()
+    if not raw.strip():
+        raise _InvalidJson("the body is empty; send the model as a JSON object")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise _InvalidJson(f"the body is not valid JSON: {exc}") from exc
+
+
+class _InvalidJson(Exception):
+    """The request body is not JSON; the message says where it broke."""
+
+
+def model_routes(*, catalog: ModelCatalog, control: ModelControl) -> list[Route]:
+    """The catalog routes under /admin/api/models and /admin/api/placement."""
+
+    def view(model: CatalogModel, status: dict[str, object] | None = None) -> dict[str, object]:
+        return {
+            **model_to_dict(model),
+            "source": model.source,
+            "status": control.status(model.name) if status is None else status,
+        }
+
+    async def guarded(request: Request, handler: _Handler) -> Response:
+        try:
+            return await handler(request)
+        except _InvalidJson as exc:
+            return error_response(400, str(exc), code="invalid_json")
+        except CatalogError as exc:
+            return _catalog_error(exc)
+        except StoreError as exc:
+            return _store_error(exc)
+
+    async def list_models(_: Request) -> Response:
+        skipped = [{"name": n, "reason": r} for n, r in catalog.skipped().items()]
+        statuses = control.statuses()
+        models = [view(m, statuses.get(m.name)) for m in catalog.models()]
+        return json_response({"models": models, "skipped": skipped})
+
+    async def show_model(request: Request) -> Response:
+        model = catalog.get(request.path_params["name"])
+        return (
+            _unknown(request.path_params["name"]) if model is None else json_response(view(model))
+        )
+
+    async def add_model(request: Request) -> Response:
+        model = parse_model(await _read_body(request), source="store")
+        return json_response(view(await catalog.add(model)), status=201)
+
+    async def replace_model(request: Request) -> Response:
+        name = request.path_params["name"]
+        body = await _read_body(request)
+        canonical = catalog.resolve(name) or name
+        if isinstance(body, dict):
+            given = body.setdefault("name", canonical)
+            if given not in (name, canonical):
+                raise InvalidModel(
+                    f"model {canonical!r}, field 'name': the body names {given!r} but the "
+                    f"path names {name!r}; a model cannot be renamed (add the new name, then "
+                    "remove the old one)",
+                    "name",
+                )
+            body["name"] = canonical
+        model = parse_model(body, source="store")
+        return json_response(view(await catalog.replace(name, model)))
+
+    async def remove_model(request: Request) -> Response:
+        name = request.path_params["name"]
+        try:
+            model = await catalog.remove(name)
+        except UnknownModel:
+            if name not in catalog.skipped():
+                raise
+            reason = await catalog.discard(name)
+            return json_response({"name": name, "discarded": True, "reason": reason})
+        return json_response({**model_to_dict(model), "source": model.source})
+
+    async def placement(request: Request) -> Response:
+        name = catalog.resolve(request.path_params["name"])
+        if name is None:
+            return _unknown(request.path_params["name"])
+        return json_response(control.explain(name))
+
+    async def dry_run(request: Request) -> Response:
+        model = parse_model(await _read_body(request), source="store")
+        return json_response(control.dry_run(model))
+
+    async def activate(request: Request) -> Response:
+        name = catalog.resolve(request.path_params["name"])
+        if name is None:
+            return _unknown(request.path_params["name"])
+        return json_response(await control.activate(name))
+
+    def route(path: str, handler: _Handler, method: str) -> Route:
+        async def endpoint(request: Request) -> Response:
+            return await guarded(request, handler)
+
+        return Route(path, endpoint, methods=[method])
+
+    one = "/admin/api/models/{name:path}"
+    return [
+        route("/admin/api/models", list_models, "GET"),
+        route("/admin/api/models", add_model, "POST"),
+        route("/admin/api/placement/dry-run", dry_run, "POST"),
+        # Before the plain model routes: a name may contain '/', so these suffixes
+        # must be tried first.
+        route(one + "/placement", placement, "GET"),
+        route(one + "/activate", activate, "POST"),
+        route(one, show_model, "GET"),
+        route(one, replace_model, "PUT"),
+        route(one, remove_model, "DELETE"),
+    ]
+
+
+class _Handler(Protocol):
+    async def __call__(self, request: Request, /) -> Response: ...

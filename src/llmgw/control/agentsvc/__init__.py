@@ -1,0 +1,33 @@
+"""The gRPC AgentService: agents' streams, reports into the inventory, commands down.
+
+`AgentServicer` implements `Dispatcher`; `serve_agents` starts its listener;
+`run_sweeper` ages silent nodes.
+"""
+
+from llmgw.control.agentsvc.dispatcher import Dispatcher, ShardSpec
+from llmgw.control.agentsvc.errors import (
+    AgentListenerError,
+    AgentServiceError,
+    BadAgentMessage,
+    CommandFailed,
+    CommandTimeout,
+    NodeNotConnected,
+)
+from llmgw.control.agentsvc.server import AgentListener, run_sweeper, serve_agents
+from llmgw.control.agentsvc.servicer import AgentServicer, NodeReports
+
+__all__ = [
+    "AgentListener",
+    "AgentListenerError",
+    "AgentServiceError",
+    "AgentServicer",
+    "BadAgentMessage",
+    "CommandFailed",
+    "CommandTimeout",
+    "Dispatcher",
+    "NodeNotConnected",
+    "NodeReports",
+    "ShardSpec",
+    "run_sweeper",
+    "serve_agents",
+]

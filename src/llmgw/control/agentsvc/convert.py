@@ -1,0 +1,133 @@
+"""Protobuf messages <-> the control plane's dataclasses, at the stream's edge.
+
+Everything past this module sees `llmgw.control.inventory.model` types only.
+Validation here is about the wire (a field the protocol requires is missing);
+it raises `BadAgentMessage` with a message the agent's operator can act on.
+
+Not guaranteed: exit code 0 and "no exit code" are told apart by state only
+(proto3 scalars have no presence): an exit code is kept for stopped and failed
+shards and dropped otherwise; pid 0 means "no process".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime
+
+from llmgw.control.agentsvc.errors import BadAgentMessage
+from llmgw.control.inventory.model import (
+    TERMINAL_SHARD_STATES,
+    GpuInfo,
+    GpuUsage,
+    NodeRegistration,
+    ShardReport,
+    ShardSpec,
+    ShardState,
+)
+from llmgw.proto import agent_pb2
+
+_STATES: dict[int, ShardState] = {
+    agent_pb2.SHARD_STATE_STARTING: "starting",
+    agent_pb2.SHARD_STATE_LOADING: "loading",
+    agent_pb2.SHARD_STATE_READY: "ready",
+    agent_pb2.SHARD_STATE_DRAINING: "draining",
+    agent_pb2.SHARD_STATE_STOPPED: "stopped",
+    agent_pb2.SHARD_STATE_FAILED: "failed",
+}
+
+
+def registration(msg: agent_pb2.Register) -> NodeRegistration:
+    """A Register message as a `NodeRegistration`; raises `BadAgentMessage`."""
+    if not msg.node_id.strip():
+        raise BadAgentMessage(
+            "Register.node_id is empty: every agent needs a node id (set node_id in the "
+            "agent's config, or let it default to the hostname)"
+        )
+    start, end = msg.port_range_start, msg.port_range_end
+    if start > end:
+        raise BadAgentMessage(
+            f"Register.port_range_start {start} is above port_range_end {end}; "
+            "fix the agent's port range"
+        )
+    hardware = msg.hardware
+    return NodeRegistration(
+        node_id=msg.node_id,
+        hostname=msg.hostname,
+        agent_version=msg.agent_version,
+        gpus=tuple(
+            GpuInfo(g.index, g.uuid, g.name, g.memory_total_bytes, g.memory_free_bytes)
+            for g in hardware.gpus
+        ),
+        cpu_count=hardware.cpu_count,
+        memory_total=hardware.memory_total_bytes,
+        weights_disk_free=hardware.weights_disk_free_bytes,
+        gpu_source=hardware.gpu_source or "none",
+        labels=dict(msg.labels),
+        fabric=dict(msg.fabric),
+        running_shards=tuple(shard_report(s) for s in msg.running_shards),
+        port_range=(start, end),
+        weights_dir=msg.weights_dir,
+    )
+
+
+def gpu_usage(gpus: Iterable[agent_pb2.GpuUsage]) -> list[GpuUsage]:
+    return [
+        GpuUsage(g.index, g.utilization_percent, g.memory_used_bytes, g.memory_free_bytes)
+        for g in gpus
+    ]
+
+
+def shard_report(msg: agent_pb2.ShardStatus) -> ShardReport:
+    """A ShardStatus message as a `ShardReport`; raises `BadAgentMessage`."""
+    if not msg.shard_id:
+        raise BadAgentMessage("ShardStatus.shard_id is empty; every shard status names its shard")
+    state = _STATES.get(msg.state)
+    if state is None:
+        raise BadAgentMessage(
+            f"ShardStatus for shard {msg.shard_id!r} has no state (got {msg.state}); "
+            "the agent must send one of starting, loading, ready, draining, stopped, failed"
+        )
+    return ShardReport(
+        shard_id=msg.shard_id,
+        model=msg.model,
+        state=state,
+        message=msg.message,
+        pid=msg.pid or None,
+        endpoint_url=msg.endpoint_url,
+        output_tail=tuple(msg.output_tail),
+        exit_code=msg.exit_code if state in TERMINAL_SHARD_STATES else None,
+        spec=shard_spec(msg.spec) if msg.HasField("spec") else None,
+        since=datetime.fromtimestamp(msg.since_unix, UTC) if msg.since_unix > 0 else None,
+    )
+
+
+def shard_spec(msg: agent_pb2.ShardSpec) -> ShardSpec:
+    return ShardSpec(
+        shard_id=msg.shard_id,
+        model=msg.model,
+        engine=msg.engine,
+        weights=msg.weights,
+        gpu_indices=tuple(msg.gpu_indices),
+        port=msg.port,
+        engine_args=tuple(msg.engine_args),
+        env=dict(msg.env),
+        tensor_parallel_size=msg.tensor_parallel_size or 1,
+        pipeline_parallel_size=msg.pipeline_parallel_size or 1,
+        gpu_memory_utilization=msg.gpu_memory_utilization,
+    )
+
+
+def shard_spec_message(spec: ShardSpec) -> agent_pb2.ShardSpec:
+    return agent_pb2.ShardSpec(
+        shard_id=spec.shard_id,
+        model=spec.model,
+        engine=spec.engine,
+        weights=spec.weights,
+        gpu_indices=list(spec.gpu_indices),
+        port=spec.port,
+        engine_args=list(spec.engine_args),
+        env=dict(spec.env),
+        tensor_parallel_size=spec.tensor_parallel_size,
+        pipeline_parallel_size=spec.pipeline_parallel_size,
+        gpu_memory_utilization=spec.gpu_memory_utilization,
+    )

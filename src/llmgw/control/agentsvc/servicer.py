@@ -1,0 +1,406 @@
+"""The gRPC AgentService: one stream per node, reports up, commands down.
+
+An agent opens `Connect`; its first message must be `Register` (otherwise the
+stream ends with INVALID_ARGUMENT saying so). The servicer answers
+`Registered`, then reads reports (heartbeats, shard statuses, command results)
+and writes commands concurrently: a reader task feeds the inventory and
+resolves command answers; a writer task drains the session's queue. A second
+stream for a node id replaces the first, which ends with ABORTED. When a
+stream ends, the node is marked disconnected in the inventory (unless a newer
+stream already took over).
+
+`AgentServicer` also implements `Dispatcher`: it is the only object that can
+deliver a command to a node. Given a registry, it times every message it
+handles and reports its open streams (see `metrics.py`).
+
+Two gates come before a stream is served. `admission` is asked first, before
+any message is read: a standby answers with why it refuses (naming the
+leader), and the stream ends UNAVAILABLE with that text and the trailing
+metadata `llmgw-refused: standby`, so the agent tries its next server. With
+`require_identity` (mTLS on), the Register's node id must be one of the names
+on the agent's client certificate; otherwise the attempt is logged and the
+stream ends PERMISSION_DENIED before the node touches the inventory.
+
+Not guaranteed:
+- Authentication without TLS. On a plaintext listener any client that reaches
+  it may register as any node id; run it on a trusted network.
+- Exactly-once commands. A command whose stream breaks fails with
+  `NodeNotConnected` even if the agent had already acted on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Protocol
+
+import grpc
+from prometheus_client import CollectorRegistry
+
+from llmgw.control.agentsvc import convert
+from llmgw.control.agentsvc.errors import (
+    BadAgentMessage,
+    CommandFailed,
+    CommandTimeout,
+    NodeNotConnected,
+)
+from llmgw.control.agentsvc.metrics import AgentMetrics
+from llmgw.control.agentsvc.session import CommandOutcome, NodeSession
+from llmgw.control.inventory.model import GpuUsage, NodeRegistration, ShardReport, ShardSpec
+from llmgw.proto import agent_pb2, agent_pb2_grpc
+
+log = logging.getLogger("llmgw.control.agentsvc")
+
+Context = grpc.aio.ServicerContext[agent_pb2.AgentMessage, agent_pb2.ServerMessage]
+
+# Sent with an admission refusal, so an agent can tell "a standby, try the next
+# server" from a transport failure without parsing the message text.
+REFUSED_METADATA_KEY = "llmgw-refused"
+REFUSED_STANDBY = "standby"
+
+
+class NodeReports(Protocol):
+    """Where the servicer puts what agents report: the `Inventory` satisfies it."""
+
+    def register(self, registration: NodeRegistration, /) -> object: ...
+
+    def heartbeat(self, node_id: str, gpus: Sequence[GpuUsage], /) -> None: ...
+
+    def shard_status(self, node_id: str, report: ShardReport, /) -> object: ...
+
+    def disconnected(self, node_id: str, /) -> None: ...
+
+
+async def _next(context: Context) -> agent_pb2.AgentMessage | None:
+    """The next message from the agent, or None once it closed its side."""
+    # The stubs type read() as the message only; at the end it returns EOF.
+    message: object = await context.read()
+    if message is grpc.aio.EOF:
+        return None
+    assert isinstance(message, agent_pb2.AgentMessage)
+    return message
+
+
+class _ClosedByServer(Exception):
+    """The session was closed from this side (a newer stream for the node, or shutdown)."""
+
+
+class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
+    """Holds one `NodeSession` per connected node; implements `Dispatcher`."""
+
+    def __init__(
+        self,
+        *,
+        inventory: NodeReports,
+        heartbeat_interval: float,
+        leader_id: str,
+        server_version: str,
+        command_timeout: float,
+        registry: CollectorRegistry | None = None,
+        require_identity: bool = False,
+        admission: Callable[[], str | None] | None = None,
+    ) -> None:
+        """`admission()` returns None to take a stream, or the reason it is refused.
+
+        `require_identity`: the node id must be a name on the client certificate
+        (turn on with mTLS; without a certificate every stream is refused).
+        """
+        self._inventory = inventory
+        self._require_identity = require_identity
+        self._admission = admission
+        self._heartbeat_interval = heartbeat_interval
+        self._leader_id = leader_id
+        self._server_version = server_version
+        self._command_timeout = command_timeout
+        self._sessions: dict[str, NodeSession] = {}
+        self._metrics = (
+            None
+            if registry is None
+            else AgentMetrics(registry=registry, streams=lambda: len(self._sessions))
+        )
+
+    def connected(self) -> list[str]:
+        """Ids of the nodes with an open stream."""
+        return sorted(self._sessions)
+
+    async def close_all(self, reason: str) -> None:
+        """End every session (waiting commands fail); call before stopping the gRPC server."""
+        # The inventory is updated here, not when each handler gets round to it:
+        # once this returns, no node is shown as connected through a stream
+        # that is ending (the handlers' own `_close` then finds them gone).
+        sessions = tuple(self._sessions.values())
+        self._sessions.clear()
+        for session in sessions:
+            session.close(reason)
+            self._inventory.disconnected(session.node_id)
+            log.info("node %s disconnected (%s): %s", session.node_id, session.peer, reason)
+        # Let the handlers see the end and finish their streams.
+        await asyncio.sleep(0)
+
+    # ---- the stream ----
+
+    async def Connect(
+        self, request_iterator: AsyncIterator[agent_pb2.AgentMessage], context: Context
+    ) -> None:
+        # Before reading anything: a standby must not look at (or be slowed by)
+        # what the agent sends, and the agent learns at once to try elsewhere.
+        refusal = None if self._admission is None else self._admission()
+        if refusal is not None:
+            log.debug("refused the agent stream from %s: %s", context.peer(), refusal)
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                refusal,
+                trailing_metadata=((REFUSED_METADATA_KEY, REFUSED_STANDBY),),
+            )
+        first = await _next(context)
+        if first is None:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "the agent stream closed before its first message; send Register first",
+            )
+        kind = first.WhichOneof("kind")
+        if kind != "register":
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the first message on the agent stream must be Register, got {kind or 'nothing'}",
+            )
+        started = time.perf_counter()
+        try:
+            registration = convert.registration(first.register)
+        except BadAgentMessage as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if self._require_identity:
+            await self._check_identity(registration.node_id, context)
+        session = self._open(registration, peer=context.peer())
+        if self._metrics is not None:
+            self._metrics.handled("register", time.perf_counter() - started)
+        try:
+            await self._serve(session, context)
+        except _ClosedByServer:
+            await context.abort(
+                grpc.StatusCode.ABORTED, f"the server closed this stream: {session.closed_because}"
+            )
+        except BadAgentMessage as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        finally:
+            self._close(session)
+
+    async def _check_identity(self, node_id: str, context: Context) -> None:
+        """Abort unless `node_id` is a name on the peer's verified client certificate."""
+        auth = context.auth_context()
+        common = [v.decode(errors="replace") for v in auth.get("x509_common_name", ())]
+        alternative = [
+            v.decode(errors="replace") for v in auth.get("x509_subject_alternative_name", ())
+        ]
+        names = list(dict.fromkeys(common + alternative))
+        peer = context.peer()
+        if not names:
+            # Only reachable when identity is required on a listener without
+            # client certificates: a wiring mistake, not an attacker.
+            log.warning(
+                "refused node %r from %s: it presented no client certificate, and node "
+                "identity is required",
+                node_id,
+                peer,
+            )
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "this server requires a client certificate naming the node; start the agent "
+                "with --tls-ca/--tls-cert/--tls-key (certificates from `llmgw certs issue --node`)",
+            )
+        if node_id in names:
+            return
+        shown = names[0]
+        log.warning(
+            "refused an agent from %s: its certificate is for node %r (names: %s) but it "
+            "registered as %r",
+            peer,
+            shown,
+            ", ".join(names),
+            node_id,
+        )
+        await context.abort(
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"certificate is for node {shown!r} but the agent registered as {node_id!r}; "
+            f"a node registers under its certificate's name: start the agent with "
+            f"--node-id {shown} (or without --node-id), or give it a certificate for "
+            f"{node_id!r} (`llmgw certs issue --node {node_id}`)",
+        )
+
+    def _open(self, registration: NodeRegistration, *, peer: str) -> NodeSession:
+        node_id = registration.node_id
+        # Inventory first: if it refuses, no session state has changed. No await
+        # from here to the end, so no other stream sees a half-open session.
+        self._inventory.register(registration)
+        session = NodeSession(node_id=node_id, peer=peer)
+        old = self._sessions.get(node_id)
+        self._sessions[node_id] = session
+        if old is not None:
+            log.warning(
+                "node %s connected again from %s while its stream from %s was open; "
+                "closing the old stream",
+                node_id,
+                peer,
+                old.peer,
+            )
+            old.close(f"replaced by a newer stream from {peer}")
+        session.send(
+            agent_pb2.ServerMessage(
+                registered=agent_pb2.Registered(
+                    heartbeat_interval_seconds=self._heartbeat_interval,
+                    leader_id=self._leader_id,
+                    server_version=self._server_version,
+                )
+            )
+        )
+        return session
+
+    def _close(self, session: NodeSession) -> None:
+        replaced = self._sessions.get(session.node_id) is not session
+        session.close("its stream closed")
+        if not replaced:
+            del self._sessions[session.node_id]
+            self._inventory.disconnected(session.node_id)
+            log.info("node %s disconnected (%s)", session.node_id, session.peer)
+
+    async def _serve(self, session: NodeSession, context: Context) -> None:
+        """Read and write until the agent closes the stream or the session is closed."""
+        reader = asyncio.create_task(self._read(session, context))
+        writer = asyncio.create_task(self._write(session, context))
+        try:
+            done, _ = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (reader, writer):
+                task.cancel()
+            await asyncio.wait({reader, writer})
+        # Surface what ended the stream: an error in the reader or writer, else
+        # a reader that finished means the agent closed, a writer one that this
+        # side closed the session.
+        for task in done:
+            task.result()
+        if writer in done and reader not in done:
+            raise _ClosedByServer
+
+    async def _read(self, session: NodeSession, context: Context) -> None:
+        metrics = self._metrics
+        while True:
+            message = await _next(context)
+            if message is None:
+                return
+            started = time.perf_counter()
+            kind = self._handle(session, message)
+            if metrics is not None:
+                metrics.handled(kind, time.perf_counter() - started)
+
+    def _handle(self, session: NodeSession, message: agent_pb2.AgentMessage) -> str | None:
+        """Apply one report from the agent; returns its kind. Never awaits."""
+        node_id = session.node_id
+        kind: str | None = message.WhichOneof("kind")
+        if kind == "heartbeat":
+            self._inventory.heartbeat(node_id, convert.gpu_usage(message.heartbeat.gpus))
+        elif kind == "shard_status":
+            self._inventory.shard_status(node_id, convert.shard_report(message.shard_status))
+        elif kind == "command_result":
+            result = message.command_result
+            outcome = CommandOutcome(ok=result.ok, error=result.error)
+            if not session.answer(result.command_id, outcome):
+                log.warning(
+                    "node %s answered command %s, which nobody waits for (it timed out); ok=%s %s",
+                    node_id,
+                    result.command_id,
+                    result.ok,
+                    result.error,
+                )
+        elif kind == "register":
+            raise BadAgentMessage(
+                "Register is only valid as the first message of a stream; "
+                "open a new stream to register again"
+            )
+        else:
+            # A newer agent may send kinds this server does not know yet.
+            log.debug("node %s sent a message this server does not know; ignored", node_id)
+        return kind
+
+    @staticmethod
+    async def _write(session: NodeSession, context: Context) -> None:
+        while (message := await session.next_outgoing()) is not None:
+            await context.write(message)
+
+    # ---- Dispatcher ----
+
+    async def start_shard(self, node_id: str, spec: ShardSpec) -> None:
+        await self._command(
+            node_id,
+            agent_pb2.ServerMessage(
+                start_shard=agent_pb2.StartShard(spec=convert.shard_spec_message(spec))
+            ),
+            f"start shard {spec.shard_id!r} ({spec.model})",
+            self._command_timeout,
+        )
+
+    async def stop_shard(self, node_id: str, shard_id: str, grace_seconds: float) -> None:
+        await self._command(
+            node_id,
+            agent_pb2.ServerMessage(
+                stop_shard=agent_pb2.StopShard(shard_id=shard_id, grace_seconds=grace_seconds)
+            ),
+            f"stop shard {shard_id!r}",
+            # The agent may answer only once the process is gone.
+            self._command_timeout + grace_seconds,
+        )
+
+    async def drain_shard(self, node_id: str, shard_id: str, grace_seconds: float) -> None:
+        await self._command(
+            node_id,
+            agent_pb2.ServerMessage(
+                drain_shard=agent_pb2.DrainShard(shard_id=shard_id, grace_seconds=grace_seconds)
+            ),
+            f"drain shard {shard_id!r}",
+            self._command_timeout + grace_seconds,
+        )
+
+    async def remove_weights(self, node_id: str, path: str) -> None:
+        await self._command(
+            node_id,
+            agent_pb2.ServerMessage(remove_weights=agent_pb2.RemoveWeights(path=path)),
+            f"remove weights {path!r}",
+            self._command_timeout,
+        )
+
+    async def _command(
+        self, node_id: str, message: agent_pb2.ServerMessage, what: str, wait_seconds: float
+    ) -> None:
+        session = self._sessions.get(node_id)
+        if session is None:
+            raise NodeNotConnected(
+                f"cannot {what} on node {node_id!r}: it has no open agent stream "
+                "(not registered, or its agent is down or reconnecting)",
+                node_id=node_id,
+            )
+        command_id = uuid.uuid4().hex
+        message.command_id = command_id
+        answer = session.expect(command_id)
+        try:
+            session.send(message)
+            async with asyncio.timeout(wait_seconds):
+                outcome = await answer
+        except TimeoutError as exc:
+            raise CommandTimeout(
+                f"node {node_id!r} did not answer '{what}' (command {command_id}) within "
+                f"{wait_seconds:g} s; it may still act on it",
+                node_id=node_id,
+            ) from exc
+        finally:
+            session.forget(command_id)
+            if not answer.done():
+                answer.cancel()
+        if not outcome.ok:
+            raise CommandFailed(
+                f"node {node_id!r} refused to {what}: {outcome.error or 'no reason given'}",
+                node_id=node_id,
+                error=outcome.error,
+            )
+        log.debug("node %s did %s (command %s)", node_id, what, command_id)

@@ -1,0 +1,44 @@
+"""The catalog: which models clients may ask for and how each is served.
+
+`model` holds the value types, `validate` builds them (from the config file, API
+bodies and stored JSON) under one set of rules, `catalog` is the live catalog
+of config and stored models, `errors` its exception tree.
+"""
+
+from llmgw.control.catalog.catalog import Catalog, CatalogStore
+from llmgw.control.catalog.errors import (
+    CatalogError,
+    InvalidModel,
+    ModelExists,
+    NameTaken,
+    NoStore,
+    ReadOnlyModel,
+    UnknownModel,
+)
+from llmgw.control.catalog.model import PINNED, CatalogModel, ModelSource, Profile
+from llmgw.control.catalog.validate import (
+    check_names_free,
+    model_from_config,
+    model_to_dict,
+    parse_model,
+)
+
+__all__ = [
+    "PINNED",
+    "Catalog",
+    "CatalogError",
+    "CatalogModel",
+    "CatalogStore",
+    "InvalidModel",
+    "ModelExists",
+    "ModelSource",
+    "NameTaken",
+    "NoStore",
+    "Profile",
+    "ReadOnlyModel",
+    "UnknownModel",
+    "check_names_free",
+    "model_from_config",
+    "model_to_dict",
+    "parse_model",
+]

@@ -1,0 +1,313 @@
+"""The live catalog: the models declared in the config file plus those added through the API.
+
+Built by the composition root with the config file's models (already validated
+by `validate.model_from_config`) and the store's catalog repository; `load()`
+then adds what the store kept, so a model added before the last restart is in
+force again. Config models are read-only here (edit the file); stored models are
+added, replaced and removed through `add`, `replace` and `remove`, which write
+the store first and change memory only once the store has the change, so a
+failed write changes nothing. Listeners hear about every change, synchronously.
+
+Names are one namespace: a name or alias means one model, across config and
+store. When the two disagree at start-up, the config file wins and the stored
+model is skipped with a warning; so is a stored model that no longer validates.
+Start-up never fails because of what the store holds. A skipped stored model can
+be replaced (to fix it) or discarded through the API.
+
+Not guaranteed:
+- Changes made by another server sharing the store are seen only when `load()`
+  runs again (at start-up, or when the caller polls it).
+- Thread safety: every call must come from the event loop's thread.
+- That listeners may raise: a listener's exception propagates into the write
+  that triggered it, after the change was made. Listeners should only note the
+  change (set an `asyncio.Event`) and return.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from llmgw.control.catalog.errors import (
+    InvalidModel,
+    ModelExists,
+    NameTaken,
+    NoStore,
+    ReadOnlyModel,
+    UnknownModel,
+)
+from llmgw.control.catalog.model import CatalogModel
+from llmgw.control.catalog.validate import check_names_free, model_to_dict, parse_model
+from llmgw.store import AlreadyExists, NotFound, StoredModel
+
+log = logging.getLogger("llmgw.control.catalog")
+
+Listener = Callable[[], None]
+
+
+class CatalogStore(Protocol):
+    """What the catalog needs of the store; `llmgw.store.CatalogRepository` satisfies it."""
+
+    async def list(self) -> builtins.list[StoredModel]: ...
+
+    async def put(self, name: str, spec: dict[str, object], *, create: bool) -> StoredModel: ...
+
+    async def delete(self, name: str) -> bool: ...
+
+
+class Catalog:
+    """Every model clients may ask for, by name or alias; writes go to the store first."""
+
+    def __init__(
+        self,
+        *,
+        repo: CatalogStore | None,
+        config_models: Sequence[CatalogModel],
+        config_file: str | None,
+    ) -> None:
+        """`NameTaken` if two config models share a name or alias (a config mistake)."""
+        self._repo = repo
+        self._config_file = config_file
+        self._config: dict[str, CatalogModel] = {}
+        for declared in config_models:
+            model = dataclasses.replace(declared, source="config")
+            if model.name in self._config:
+                raise NameTaken(f"model {model.name!r} is declared twice in {self._where()}")
+            check_names_free(model, list(self._config.values()))
+            self._config[model.name] = model
+        self._stored: dict[str, CatalogModel] = {}
+        self._skipped: dict[str, str] = {}
+        self._models: dict[str, CatalogModel] = {}
+        self._index: dict[str, str] = {}
+        self._listeners: list[Listener] = []
+        self._lock = asyncio.Lock()
+        self._rebuild()
+
+    # ---- reading ----
+
+    def models(self) -> list[CatalogModel]:
+        """Every model in force, by name."""
+        return [self._models[name] for name in sorted(self._models)]
+
+    def get(self, name: str) -> CatalogModel | None:
+        """The model a client means by `name` (its name or an alias), or None."""
+        canonical = self._index.get(name)
+        return self._models[canonical] if canonical is not None else None
+
+    def resolve(self, name: str) -> str | None:
+        """The model's own name for a name or alias; None when no model has it."""
+        return self._index.get(name)
+
+    def skipped(self) -> dict[str, str]:
+        """Stored models not in force, by name, with the reason (invalid, or shadowed)."""
+        return dict(sorted(self._skipped.items()))
+
+    @property
+    def has_store(self) -> bool:
+        """Whether models can be added: without a store they would vanish on restart."""
+        return self._repo is not None
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Call `listener` after every change; returns the function that unsubscribes."""
+        self._listeners.append(listener)
+
+        def unsubscribe() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return unsubscribe
+
+    # ---- loading ----
+
+    async def load(self) -> list[str]:
+        """Read the stored models and put them in force; the warnings, one per skipped model.
+
+        A stored model that does not validate, or whose name or an alias is
+        already taken (by a config model, or by a stored model earlier by name),
+        is skipped, never fatal. Listeners hear about it when anything changed.
+        """
+        if self._repo is None:
+            return []
+        async with self._lock:
+            rows = await self._repo.list()
+            stored: dict[str, CatalogModel] = {}
+            skipped: dict[str, str] = {}
+            for row in sorted(rows, key=lambda r: r.name):
+                reason = self._reject(row, stored)
+                if isinstance(reason, str):
+                    skipped[row.name] = reason
+                else:
+                    stored[row.name] = reason
+            changed = stored != self._stored
+            self._stored, self._skipped = stored, skipped
+            self._rebuild()
+        if changed:
+            self._notify()
+        return [f"stored model {name!r} is skipped: {why}" for name, why in skipped.items()]
+
+    def _reject(self, row: StoredModel, stored: dict[str, CatalogModel]) -> CatalogModel | str:
+        """The stored model to put in force, or why it is skipped."""
+        if row.name in self._config:
+            return (
+                f"{self._where()} declares a model of that name, which wins; the stored one "
+                "comes back if the config file stops declaring it"
+            )
+        try:
+            model = parse_model(row.spec, source="store")
+        except InvalidModel as exc:
+            return (
+                f"it no longer validates ({exc.message}); replace it with a valid model "
+                f"(`llmgw models add --replace`) or discard it (`llmgw models remove {row.name}`)"
+            )
+        if model.name != row.name:
+            return f"its spec names another model, {model.name!r}; discard it and add it again"
+        try:
+            check_names_free(model, [*self._config.values(), *stored.values()])
+        except NameTaken as exc:
+            return str(exc)
+        return model
+
+    # ---- writing ----
+
+    async def add(self, model: CatalogModel) -> CatalogModel:
+        """Add a model to the store and put it in force.
+
+        `NoStore` without a store; `ModelExists` when the name is a model's
+        already (or a skipped stored model's); `NameTaken` when a name or alias
+        clashes with another model's.
+        """
+        async with self._lock:
+            repo = self._require_store(model.name)
+            model = dataclasses.replace(model, source="store")
+            existing = self._models.get(model.name)
+            if existing is not None:
+                raise ModelExists(self._exists_message(existing))
+            if model.name in self._skipped:
+                raise ModelExists(
+                    f"model {model.name!r} is in the store but not in force "
+                    f"({self._skipped[model.name]}); replace or discard it"
+                )
+            check_names_free(model, self.models())
+            try:
+                await repo.put(model.name, model_to_dict(model), create=True)
+            except AlreadyExists as exc:
+                raise ModelExists(
+                    f"model {model.name!r} was added meanwhile by another server sharing the "
+                    "store; it is in force there, and here after the next reload or restart"
+                ) from exc
+            self._stored[model.name] = model
+            self._rebuild()
+        self._notify()
+        return model
+
+    async def replace(self, name: str, model: CatalogModel) -> CatalogModel:
+        """Replace a stored model (named by its name or an alias) with `model`.
+
+        `UnknownModel` when no model has that name; `ReadOnlyModel` for a config
+        model; `InvalidModel` (field "name") when `model` has another name: a
+        model cannot be renamed. A skipped stored model may be replaced, to fix it.
+        """
+        async with self._lock:
+            canonical = self._index.get(name) or (name if name in self._skipped else None)
+            if canonical is None:
+                raise UnknownModel(name)
+            self._require_writable(canonical)
+            repo = self._require_store(canonical)
+            if model.name != canonical:
+                raise InvalidModel(
+                    f"model {canonical!r}, field 'name': the new definition is named "
+                    f"{model.name!r}; a model cannot be renamed (add the new name, then "
+                    "remove the old one)",
+                    "name",
+                )
+            model = dataclasses.replace(model, source="store")
+            check_names_free(model, [m for m in self.models() if m.name != canonical])
+            try:
+                await repo.put(canonical, model_to_dict(model), create=False)
+            except NotFound as exc:
+                raise UnknownModel(canonical) from exc
+            self._stored[canonical] = model
+            self._skipped.pop(canonical, None)
+            self._rebuild()
+        self._notify()
+        return model
+
+    async def remove(self, name: str) -> CatalogModel:
+        """Remove a stored model (by name or alias) from the store and from force.
+
+        `UnknownModel` when no model in force has that name (see `discard` for a
+        skipped one); `ReadOnlyModel` for a config model.
+        """
+        async with self._lock:
+            canonical = self._index.get(name)
+            if canonical is None:
+                raise UnknownModel(name)
+            self._require_writable(canonical)
+            repo = self._require_store(canonical)
+            await repo.delete(canonical)
+            model = self._stored.pop(canonical)
+            self._rebuild()
+        self._notify()
+        return model
+
+    async def discard(self, name: str) -> str:
+        """Delete a skipped stored model (see `skipped`); the reason it was skipped.
+
+        `UnknownModel` when no stored model of that name was skipped.
+        """
+        async with self._lock:
+            reason = self._skipped.get(name)
+            if reason is None or name in self._config:
+                raise UnknownModel(name)
+            repo = self._require_store(name)
+            await repo.delete(name)
+            del self._skipped[name]
+        return reason
+
+    # ---- helpers ----
+
+    def _rebuild(self) -> None:
+        self._models = {**self._stored, **self._config}
+        self._index = {
+            alias: model.name for model in self._models.values() for alias in model.aliases
+        }
+        self._index.update({name: name for name in self._models})
+
+    def _notify(self) -> None:
+        for listener in tuple(self._listeners):
+            listener()
+
+    def _where(self) -> str:
+        return f"the config file {self._config_file}" if self._config_file else "the configuration"
+
+    def _require_store(self, name: str) -> CatalogStore:
+        if self._repo is None:
+            raise NoStore(
+                f"model {name!r} cannot be written: this server runs without a store, so a "
+                "model added or changed through the admin API would vanish at the next "
+                f"restart; declare it in {self._where()} instead, or run the server with a store"
+            )
+        return self._repo
+
+    def _require_writable(self, name: str) -> None:
+        model = self._models.get(name)
+        if model is not None and model.source == "config":
+            raise ReadOnlyModel(
+                f"model {name!r} is declared in {self._where()}; change or remove it there "
+                "and restart the server (the admin API changes only models it added)"
+            )
+
+    def _exists_message(self, existing: CatalogModel) -> str:
+        if existing.source == "config":
+            return (
+                f"model {existing.name!r} is already in the catalog, declared in "
+                f"{self._where()}; change it there"
+            )
+        return (
+            f"model {existing.name!r} is already in the catalog; replace it "
+            f"(`llmgw models add --replace`, or PUT /admin/api/models/{existing.name})"
+        )

@@ -1,0 +1,84 @@
+"""The catalog's value types: a model clients can ask for and the profiles that serve it.
+
+A `CatalogModel` says *what* should run; where it runs is the reconciler's
+choice. Both types are immutable values built only by `llmgw.control.catalog.validate`
+(from the config file or an admin API body), so every instance has passed the
+one set of validation rules.
+
+Not guaranteed: that the weights exist or that the engine accepts the profile's
+arguments on a real node; the agent checks the launch, the engine the load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+ModelSource = Literal["config", "store"]
+
+PINNED = -1.0
+"""`keep_alive` of a model that is never scaled to zero once running."""
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """One way to serve a model: engine, its arguments and what one replica needs.
+
+    `gpus` is the number of GPUs per replica (0: a CPU engine such as llama.cpp
+    or sim). `gpu_memory` is the free memory, in bytes, each of those GPUs must
+    have (0: any). `gpu_kind` is a case-insensitive substring of the GPU name
+    ("H100", "L40S"); None accepts any. `labels` must all be present with the
+    same value in the node's labels or fabric labels.
+    """
+
+    name: str
+    engine: str
+    engine_args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    gpus: int = 0
+    gpu_memory: int = 0
+    gpu_kind: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    # 0 means "as many as the replica's GPUs" (1 without GPUs).
+    tensor_parallel_size: int = 0
+    # 0 leaves the engine's own default in place.
+    gpu_memory_utilization: float = 0.0
+
+    @property
+    def tensor_parallel(self) -> int:
+        return self.tensor_parallel_size or max(1, self.gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogModel:
+    """A model in the catalog: the name clients send, and how to serve it.
+
+    `keep_alive` is the idle time in seconds before the model is scaled down to
+    `min_replicas`; `PINNED` (-1) keeps it running once started. `activation`
+    says whether a request may start it when nothing runs. `target_in_flight`
+    (None: off) is the number of requests in flight per replica the model is
+    scaled for, up to `max_replicas`; replicas started for load are stopped
+    once it has stayed lower for `scale_down_delay` seconds.
+    """
+
+    name: str
+    weights: str
+    profiles: tuple[Profile, ...]
+    aliases: tuple[str, ...] = ()
+    min_replicas: int = 0
+    max_replicas: int = 1
+    keep_alive: float = 300.0
+    activation: bool = True
+    source: ModelSource = "config"
+    target_in_flight: int | None = None
+    scale_down_delay: float = 60.0
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The name and every alias: what a client may send for this model."""
+        return (self.name, *self.aliases)
+
+    @property
+    def pinned(self) -> bool:
+        return self.keep_alive < 0

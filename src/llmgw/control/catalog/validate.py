@@ -1,0 +1,277 @@
+"""Turning configuration, API bodies and stored JSON into `CatalogModel`s, and back.
+
+Every catalog model is built here, in two steps: `ModelConfig` (in
+`llmgw.config.models`) checks what needs only the model itself, then
+`_check_engines` checks what needs the engines: the engine is a known one, an
+engine that needs GPUs gets them, and the engine's own adapter accepts the shard
+spec the reconciler will send for the profile (the same GPU count, one tensor
+parallel rank per GPU unless the profile says otherwise, no pipeline stages).
+So a model that passes here is refused later only for what cannot be known
+without a node: missing weights, too little memory, an engine not installed.
+
+Every `InvalidModel` names the model, the profile and the field ("model 'llama',
+profile 'tp1', field 'gpus': vllm needs at least 1 GPU ...") and carries the
+dotted path of the field ("profiles.0.gpus") for API error bodies.
+
+Not guaranteed: that `model_to_dict` keeps unknown keys of what it was given
+(there are none: unknown keys are refused), or the key order of its output.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from llmgw.config.models import ModelConfig, ProfileConfig
+from llmgw.control.catalog.errors import InvalidModel, NameTaken
+from llmgw.control.catalog.model import CatalogModel, ModelSource, Profile
+from llmgw.engines import EngineSettings, EngineSpec, ProfileError, adapter_for
+from llmgw.engines import checks as engine_checks
+
+# What the engine checks see of a profile; the address and shard id are never checked
+# against anything but their own form, so any valid ones do.
+_PROBE_SHARD = "catalog-check"
+_PROBE_PORT = 8000
+# Adapters are built with settings only to build command lines, which the checks never do.
+_PROBE_SETTINGS = EngineSettings(python=sys.executable)
+
+# The engines word their remedies for a shard spec; a profile's author needs these.
+_PROFILE_REMEDIES = {
+    engine_checks.USE_HOST: "it sets the address the engine listens on; remove the argument",
+    engine_checks.USE_PORT: "it picks a free port on the node; remove the argument",
+    engine_checks.USE_MODEL: (
+        "the engine serves the model under its catalog name; remove the argument (give "
+        "the model aliases for other names)"
+    ),
+    engine_checks.USE_WEIGHTS: "set the model's weights instead, and remove the argument",
+    engine_checks.USE_TP: (
+        "set the profile's tensor_parallel_size instead, and remove the argument"
+    ),
+    engine_checks.USE_PP: "it runs each replica as one pipeline stage; remove the argument",
+    engine_checks.USE_MEMORY: (
+        "set the profile's gpu_memory_utilization instead, and remove the argument"
+    ),
+}
+
+# A message that already starts by saying which model/profile it is about.
+_SCOPED = re.compile(r"^(?:model '[^']*'(?:, profile '[^']*')?|profile '[^']*'): ")
+
+
+def model_from_config(cfg: ModelConfig, *, source: ModelSource) -> CatalogModel:
+    """The catalog model of a validated `ModelConfig`, after the engine checks."""
+    model = CatalogModel(
+        name=cfg.name,
+        weights=cfg.weights,
+        profiles=tuple(_profile(p) for p in cfg.profiles),
+        aliases=tuple(cfg.aliases),
+        min_replicas=cfg.min_replicas,
+        max_replicas=cfg.max_replicas,
+        keep_alive=cfg.keep_alive,
+        activation=cfg.activation,
+        source=source,
+        target_in_flight=cfg.target_in_flight,
+        scale_down_delay=cfg.scale_down_delay,
+    )
+    for index, profile in enumerate(model.profiles):
+        _check_engine(model, index, profile)
+    return model
+
+
+def parse_model(data: object, *, source: ModelSource = "store") -> CatalogModel:
+    """A catalog model from JSON-like data (an API body, a stored spec, a YAML entry).
+
+    `InvalidModel` lists every problem the first step finds (the first one in
+    `field`), or the first engine problem.
+    """
+    try:
+        cfg = ModelConfig.model_validate(data)
+    except ValidationError as exc:
+        raise _invalid(data, exc) from exc
+    return model_from_config(cfg, source=source)
+
+
+def model_to_dict(model: CatalogModel) -> dict[str, Any]:
+    """The model as JSON-able data that `parse_model` reads back to an equal model.
+
+    Sizes are bytes (ints), `keep_alive` and `scale_down_delay` are seconds (an
+    int when whole; `keep_alive` -1 when pinned); `source` is left out (it is
+    where the model lives, not what it is).
+    """
+    return {
+        "name": model.name,
+        "aliases": list(model.aliases),
+        "weights": model.weights,
+        "profiles": [
+            {
+                "name": p.name,
+                "engine": p.engine,
+                "engine_args": list(p.engine_args),
+                "env": dict(p.env),
+                "gpus": p.gpus,
+                "gpu_memory": p.gpu_memory,
+                "gpu_kind": p.gpu_kind,
+                "labels": dict(p.labels),
+                "tensor_parallel_size": p.tensor_parallel_size,
+                "gpu_memory_utilization": p.gpu_memory_utilization,
+            }
+            for p in model.profiles
+        ],
+        "min_replicas": model.min_replicas,
+        "max_replicas": model.max_replicas,
+        "keep_alive": _number(model.keep_alive),
+        "activation": model.activation,
+        "target_in_flight": model.target_in_flight,
+        "scale_down_delay": _number(model.scale_down_delay),
+    }
+
+
+def check_names_free(model: CatalogModel, others: Sequence[CatalogModel]) -> None:
+    """`NameTaken` if a name or alias of `model` is a name or alias of one of `others`."""
+    for other in others:
+        if other.name == model.name:
+            continue
+        clash = sorted(set(model.names) & set(other.names))
+        if clash:
+            raise NameTaken(_clash_message(model, other, clash[0]))
+
+
+def _clash_message(model: CatalogModel, other: CatalogModel, name: str) -> str:
+    mine = "name" if name == model.name else "alias"
+    theirs = "the name" if name == other.name else "an alias"
+    where = " (declared in the config file)" if other.source == "config" else ""
+    return (
+        f"model {model.name!r}: its {mine} {name!r} is already {theirs} of model "
+        f"{other.name!r}{where}; a name a client sends must mean one model, so choose "
+        "another"
+    )
+
+
+def _profile(cfg: ProfileConfig) -> Profile:
+    return Profile(
+        name=cfg.name,
+        engine=cfg.engine,
+        engine_args=tuple(cfg.engine_args),
+        env=dict(cfg.env),
+        gpus=cfg.gpus,
+        gpu_memory=cfg.gpu_memory,
+        gpu_kind=cfg.gpu_kind,
+        labels=dict(cfg.labels),
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+    )
+
+
+def _number(value: float) -> int | float:
+    return int(value) if value.is_integer() else value
+
+
+# ---- engine checks ----
+
+
+def _check_engine(model: CatalogModel, index: int, profile: Profile) -> None:
+    def fail(field: str, message: str) -> InvalidModel:
+        path = "weights" if field == "weights" else f"profiles.{index}.{field}"
+        return InvalidModel(_message(model.name, profile.name, field, message), path)
+
+    try:
+        adapter = adapter_for(profile.engine, settings=_PROBE_SETTINGS)
+    except ProfileError as exc:
+        raise fail("engine", exc.message) from exc
+    if adapter.needs_gpus and profile.gpus < 1:
+        raise fail(
+            "gpus",
+            f"{profile.engine} needs at least 1 GPU; set gpus (e.g. gpus: 1), or serve "
+            "without GPUs with the llamacpp or sim engine",
+        )
+    tensor_parallel = profile.tensor_parallel
+    if adapter.needs_gpus and tensor_parallel != profile.gpus:
+        raise fail(
+            "tensor_parallel_size",
+            f"{profile.engine} runs one tensor-parallel rank on each GPU of the replica, "
+            f"so tensor_parallel_size ({tensor_parallel}) must equal gpus ({profile.gpus}); "
+            "set it to the GPU count or leave it at 0",
+        )
+    spec = EngineSpec(
+        shard_id=_PROBE_SHARD,
+        model=model.name,
+        engine=profile.engine,
+        weights=model.weights,
+        port=_PROBE_PORT,
+        gpu_indices=tuple(range(profile.gpus)),
+        engine_args=profile.engine_args,
+        env=profile.env,
+        tensor_parallel_size=tensor_parallel,
+        gpu_memory_utilization=profile.gpu_memory_utilization or None,
+    )
+    try:
+        adapter.validate(spec)
+    except ProfileError as exc:
+        field, message = _profile_field(exc, profile)
+        raise fail(field, message) from exc
+
+
+def _profile_field(exc: ProfileError, profile: Profile) -> tuple[str, str]:
+    """The profile field an engine's complaint about the shard spec is really about."""
+    if exc.field in {"tensor_parallel_size", "pipeline_parallel_size", "gpu_indices"}:
+        if profile.tensor_parallel_size == 0 and profile.gpus > 1:
+            note = f" (tensor_parallel_size 0 means one rank per GPU, {profile.gpus} here)"
+            return "tensor_parallel_size", exc.message + note
+        return ("tensor_parallel_size" if profile.tensor_parallel_size else "gpus"), exc.message
+    if exc.field in {"engine", "engine_args", "env", "weights", "gpu_memory_utilization"}:
+        message = exc.message
+        for remedy, instead in _PROFILE_REMEDIES.items():
+            message = message.replace(remedy, instead)
+        return exc.field, message
+    # "model", "host", "port": the name is checked by ModelConfig, the address is ours.
+    return "engine", f"{exc.field}: {exc.message}"
+
+
+# ---- messages ----
+
+
+def _message(model: str | None, profile: str | None, field: str, message: str) -> str:
+    parts = [f"model {model!r}" if model is not None else "model (no valid name)"]
+    if profile is not None:
+        parts.append(f"profile {profile!r}")
+    if field:
+        parts.append(f"field {field!r}")
+    return f"{', '.join(parts)}: {_SCOPED.sub('', message, count=1)}"
+
+
+def _invalid(data: object, exc: ValidationError) -> InvalidModel:
+    problems: list[tuple[str, str]] = []
+    for error in exc.errors():
+        loc = tuple(error["loc"])
+        path = ".".join(str(part) for part in loc)
+        message = str(error["msg"]).removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            message = "unknown field (check its spelling and where it is nested)"
+        elif error["type"] == "model_type":
+            message = (
+                "must be a JSON object (a mapping of fields), got " + type(error["input"]).__name__
+            )
+        model, profile, field = _locate(data, loc)
+        problems.append((path, _message(model, profile, field, message)))
+    path, first = problems[0]
+    if len(problems) > 1:
+        first += f" (and {len(problems) - 1} more: " + "; ".join(m for _, m in problems[1:]) + ")"
+    return InvalidModel(first, path, tuple(problems))
+
+
+def _locate(data: object, loc: tuple[int | str, ...]) -> tuple[str | None, str | None, str]:
+    """The model name, the profile name and the field, for an error at `loc` in `data`."""
+    raw: Mapping[str, Any] = data if isinstance(data, Mapping) else {}
+    name = raw.get("name")
+    model = name if isinstance(name, str) and name else None
+    if len(loc) >= 2 and loc[0] == "profiles" and isinstance(loc[1], int):
+        profiles = raw.get("profiles")
+        entry = profiles[loc[1]] if isinstance(profiles, list) and loc[1] < len(profiles) else {}
+        entry = entry if isinstance(entry, Mapping) else {}
+        label = entry.get("name") or entry.get("engine")
+        profile = label if isinstance(label, str) and label else f"#{loc[1]}"
+        return model, profile, ".".join(str(part) for part in loc[2:])
+    return model, None, ".".join(str(part) for part in loc)

@@ -1,0 +1,177 @@
+"""Plain dataclasses for nodes, GPUs and shards, and for the reports that update them.
+
+These are the control plane's own types: the agent service converts protobuf
+messages into them at its boundary, so nothing past it depends on generated
+code. Reports (`NodeRegistration`, `GpuUsage`, `ShardReport`) are what an agent
+said; `Node`, `Gpu` and `Shard` are what the inventory keeps.
+
+Not guaranteed: that a `Node` handed out stays current. The inventory hands out
+copies; a copy is a snapshot taken when it was asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Literal, get_args
+
+NodeState = Literal["ready", "unreachable", "lost"]
+ShardState = Literal["starting", "loading", "ready", "draining", "stopped", "failed"]
+
+NODE_STATES: tuple[NodeState, ...] = get_args(NodeState)
+SHARD_STATES: tuple[ShardState, ...] = get_args(ShardState)
+# A shard in one of these has no process: its GPUs and port are free again.
+TERMINAL_SHARD_STATES: frozenset[ShardState] = frozenset({"stopped", "failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class ShardSpec:
+    """What a shard runs: the StartShard command's payload, and what adoption recovers."""
+
+    shard_id: str
+    model: str
+    engine: str
+    weights: str
+    gpu_indices: tuple[int, ...] = ()
+    port: int = 0
+    engine_args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    # 0 leaves the engine's own default in place.
+    gpu_memory_utilization: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """One GPU as the agent describes it when it registers."""
+
+    index: int
+    uuid: str
+    name: str
+    memory_total: int
+    memory_free: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuUsage:
+    """One GPU's load, from a heartbeat."""
+
+    index: int
+    utilization: float
+    memory_used: int
+    memory_free: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShardReport:
+    """A shard's status as the agent reports it (on a transition, or when registering)."""
+
+    shard_id: str
+    model: str
+    state: ShardState
+    message: str = ""
+    pid: int | None = None
+    endpoint_url: str = ""
+    output_tail: tuple[str, ...] = ()
+    exit_code: int | None = None
+    spec: ShardSpec | None = None
+    # When the shard entered this state on the node; None when the agent did not say.
+    since: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRegistration:
+    """Everything an agent's Register message says about its node."""
+
+    node_id: str
+    hostname: str
+    agent_version: str
+    gpus: tuple[GpuInfo, ...] = ()
+    cpu_count: int = 0
+    memory_total: int = 0
+    weights_disk_free: int = 0
+    gpu_source: str = "none"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    fabric: Mapping[str, str] = field(default_factory=dict)
+    running_shards: tuple[ShardReport, ...] = ()
+    port_range: tuple[int, int] = (0, 0)
+    weights_dir: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One GPU of a node: what registration said, plus the last heartbeat's load."""
+
+    index: int
+    uuid: str
+    name: str
+    memory_total: int
+    memory_free: int
+    # None until the first heartbeat reports them.
+    utilization: float | None = None
+    memory_used: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """One shard on a node, as last reported; replaced whole on every report."""
+
+    id: str
+    model: str
+    engine: str
+    state: ShardState
+    message: str
+    pid: int | None
+    endpoint_url: str
+    output_tail: tuple[str, ...]
+    exit_code: int | None
+    spec: ShardSpec | None
+    since: datetime
+
+    @property
+    def gpu_indices(self) -> tuple[int, ...]:
+        return self.spec.gpu_indices if self.spec is not None else ()
+
+    @property
+    def holds_gpus(self) -> bool:
+        """True while a process may still hold this shard's GPUs."""
+        return self.state not in TERMINAL_SHARD_STATES
+
+
+@dataclass(slots=True)
+class Node:
+    """A machine running an agent, as the inventory knows it.
+
+    `last_heartbeat` is on the inventory's monotonic clock (for windows and ages);
+    `last_heartbeat_at` and `registered_at` are wall-clock times for people.
+    """
+
+    id: str
+    hostname: str
+    agent_version: str
+    gpus: tuple[Gpu, ...]
+    cpu_count: int
+    memory_total: int
+    weights_disk_free: int
+    gpu_source: str
+    labels: Mapping[str, str]
+    fabric: Mapping[str, str]
+    port_range: tuple[int, int]
+    weights_dir: str
+    state: NodeState
+    draining: bool
+    connected: bool
+    registered_at: datetime
+    last_heartbeat: float
+    last_heartbeat_at: datetime
+    shards: dict[str, Shard]
+
+    def copy(self) -> Node:
+        """A snapshot: GPUs and shards are immutable, so only the shard dict is copied."""
+        return replace(self, shards=dict(self.shards))
+
+    def gpus_in_use(self) -> frozenset[int]:
+        """Indices of GPUs assigned to shards that may still hold them."""
+        return frozenset(i for s in self.shards.values() if s.holds_gpus for i in s.gpu_indices)

@@ -1,0 +1,24 @@
+"""Leadership: the store's lease, standby behaviour, and sharing the leader's view."""
+
+from llmgw.control.leadership.lease import LEASE_NAME, LeaderInfo, Leadership, LeaseStore
+from llmgw.control.leadership.sync import (
+    StorePublisher,
+    follow_endpoints,
+    published,
+    sync_demand,
+)
+from llmgw.control.leadership.views import LeaderMetrics, leader_routes, leader_view
+
+__all__ = [
+    "LEASE_NAME",
+    "LeaderInfo",
+    "LeaderMetrics",
+    "Leadership",
+    "LeaseStore",
+    "StorePublisher",
+    "follow_endpoints",
+    "leader_routes",
+    "leader_view",
+    "published",
+    "sync_demand",
+]

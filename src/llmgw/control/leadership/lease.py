@@ -1,0 +1,260 @@
+"""Leadership: one server holds the store's lease and places work; the others stand by.
+
+`Leadership.run(lead=..., follow=...)` alternates between two roles. As a standby
+it runs `follow()` and tries to take the lease every third of its TTL. Once it
+holds the lease it runs `lead(epoch)` (the leader-only tasks, as one task) and
+renews every third of the TTL; when a renewal is refused, or the store cannot
+be reached until the lease would have run out, it cancels `lead` and goes back
+to standing by. The process never exits for losing the lease.
+
+`is_leader()` is also false once the lease's local validity (monotonic time of
+the last successful renewal's start + TTL) has passed, so a leader that was
+paused (SIGSTOP, a long GC, a VM migration) and wakes up stops placing at once,
+before its next renewal is even attempted; its store writes are refused by
+epoch fencing in any case.
+
+Not guaranteed: exclusivity under clock skew between servers that approaches the
+TTL, or a store that loses committed writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal, Protocol
+
+from llmgw.store import Lease, StoreError
+
+log = logging.getLogger("llmgw.control.leadership")
+
+LEASE_NAME = "control"
+Role = Literal["leader", "standby"]
+
+
+class LeaseStore(Protocol):
+    async def acquire(
+        self, name: str, owner: str, ttl: float, agent_address: str
+    ) -> Lease | None: ...
+
+    async def renew(self, name: str, owner: str, epoch: int, ttl: float) -> datetime | None: ...
+
+    async def release(self, name: str, owner: str, epoch: int) -> bool: ...
+
+    async def current(self, name: str) -> Lease | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderInfo:
+    """Who leads, as this server last saw it."""
+
+    server: str
+    role: Role
+    leader: str | None
+    epoch: int | None
+    since: datetime | None
+    expires_at: datetime | None
+    agent_address: str | None
+    role_since: datetime
+
+
+class Leadership:
+    """Holds or waits for the lease; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        store: LeaseStore,
+        server_id: str,
+        agent_address: str,
+        ttl: float,
+        clock: Callable[[], float],
+        wall_clock: Callable[[], datetime],
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._store = store
+        self._server = server_id
+        self._agent_address = agent_address
+        self._ttl = ttl
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._sleep = sleep
+        self._lease: Lease | None = None  # ours, while leading
+        self._seen: Lease | None = None  # the last lease read, anyone's
+        self._valid_until = float("-inf")
+        self._role_since = wall_clock()
+        self._lost = asyncio.Event()
+        self._elected = asyncio.Event()
+
+    @property
+    def server_id(self) -> str:
+        return self._server
+
+    @property
+    def epoch(self) -> int | None:
+        return self._lease.epoch if self._lease is not None else None
+
+    def is_leader(self) -> bool:
+        return self._lease is not None and self._clock() < self._valid_until
+
+    async def wait_elected(self) -> None:
+        """Return once this server leads (for tests and start-up ordering)."""
+        await self._elected.wait()
+
+    def lost(self, reason: str) -> None:
+        """A leader-only task found the lease gone (a fenced write): step down now."""
+        if self._lease is not None:
+            log.warning("stepping down: %s", reason)
+            self._valid_until = float("-inf")
+            self._lost.set()
+
+    def admission(self) -> str | None:
+        """None when agents may connect here; else why not and where to go instead."""
+        if self.is_leader():
+            return None
+        seen = self._seen
+        if seen is None or seen.owner == self._server:
+            return (
+                f"this server ({self._server}) is a standby and no leader is known yet; "
+                "try the next server"
+            )
+        return (
+            f"this server ({self._server}) is a standby; the leader is {seen.owner}, "
+            f"its agent listener is {seen.agent_address}"
+        )
+
+    def info(self) -> LeaderInfo:
+        seen = self._lease if self._lease is not None else self._seen
+        live = seen is not None and (
+            self._lease is not None or seen.expires_at > self._wall_clock()
+        )
+        return LeaderInfo(
+            server=self._server,
+            role="leader" if self.is_leader() else "standby",
+            leader=seen.owner if live and seen is not None else None,
+            epoch=seen.epoch if seen is not None else None,
+            since=seen.acquired_at if live and seen is not None else None,
+            expires_at=seen.expires_at if seen is not None else None,
+            agent_address=seen.agent_address if live and seen is not None else None,
+            role_since=self._role_since,
+        )
+
+    async def run(
+        self,
+        *,
+        lead: Callable[[int], Awaitable[None]],
+        follow: Callable[[], Awaitable[None]],
+    ) -> None:
+        """Stand by or lead until cancelled; releases a held lease on the way out."""
+        while True:
+            lease = await self._stand_by(follow)
+            await self._lead(lease, lead)
+
+    async def _try_acquire(self) -> Lease | None:
+        started = self._clock()
+        try:
+            lease = await self._store.acquire(
+                LEASE_NAME, self._server, self._ttl, self._agent_address
+            )
+            if lease is None:
+                self._seen = await self._store.current(LEASE_NAME)
+        except StoreError as exc:
+            log.warning("cannot reach the store for the lease: %s", exc)
+            return None
+        if lease is not None:
+            self._valid_until = started + self._ttl
+        return lease
+
+    async def _stand_by(self, follow: Callable[[], Awaitable[None]]) -> Lease:
+        follower: asyncio.Task[None] | None = None
+        try:
+            while True:
+                lease = await self._try_acquire()
+                if lease is not None:
+                    return lease
+                if follower is None:
+                    log.info(
+                        "standing by: %s",
+                        self.admission() or "waiting for the lease",
+                    )
+                    follower = asyncio.ensure_future(follow())
+                elif follower.done():
+                    follower.result()  # a follower that failed ends the process
+                await self._sleep(self._ttl / 3)
+        finally:
+            if follower is not None:
+                follower.cancel()
+                await asyncio.gather(follower, return_exceptions=True)
+
+    async def _lead(self, lease: Lease, lead: Callable[[int], Awaitable[None]]) -> None:
+        self._lease = self._seen = lease
+        self._lost.clear()
+        self._role_since = self._wall_clock()
+        self._elected.set()
+        log.warning(
+            "this server (%s) now leads the control plane (epoch %d)", self._server, lease.epoch
+        )
+        work = asyncio.ensure_future(lead(lease.epoch))
+        keeper = asyncio.ensure_future(self._keep(lease))
+        lost = asyncio.ensure_future(self._lost.wait())
+        try:
+            done, _ = await asyncio.wait({work, keeper, lost}, return_when=asyncio.FIRST_COMPLETED)
+            if work in done:
+                work.result()  # the leader's work failed: the process ends with it
+        finally:
+            for task in (work, keeper, lost):
+                task.cancel()
+            await asyncio.gather(work, keeper, lost, return_exceptions=True)
+            # On shutdown this hands the lease over at once; after a loss the
+            # stale epoch makes it a no-op.
+            await self._release()
+            self._elected.clear()
+            self._role_since = self._wall_clock()
+            log.warning("this server (%s) is a standby again", self._server)
+
+    async def _keep(self, lease: Lease) -> None:
+        """Renew every TTL/3; return when the lease is lost."""
+        while True:
+            await self._sleep(self._ttl / 3)
+            started = self._clock()
+            if started >= self._valid_until:
+                log.warning(
+                    "lost the lease: this process did not run for longer than its TTL "
+                    "(%g s); another server may lead now",
+                    self._ttl,
+                )
+                return
+            try:
+                expires = await self._store.renew(LEASE_NAME, self._server, lease.epoch, self._ttl)
+            except StoreError as exc:
+                if self._clock() >= self._valid_until:
+                    log.warning("lost the lease: the store was unreachable past its expiry")
+                    return
+                log.warning("cannot renew the lease (will retry until it runs out): %s", exc)
+                continue
+            if expires is None:
+                log.warning("lost the lease: another server took it over (epoch moved on)")
+                return
+            self._valid_until = started + self._ttl
+            self._lease = self._seen = Lease(
+                lease.name,
+                lease.owner,
+                lease.epoch,
+                lease.acquired_at,
+                expires,
+                lease.agent_address,
+            )
+
+    async def _release(self) -> None:
+        lease = self._lease
+        if lease is None:
+            return
+        self._lease = None
+        try:
+            async with asyncio.timeout(5):
+                await asyncio.shield(self._store.release(LEASE_NAME, self._server, lease.epoch))
+            log.info("released the lease (epoch %d) for a standby to take", lease.epoch)
+        except (StoreError, TimeoutError) as exc:
+            log.warning("could not release the lease; it runs out by itself: %s", exc)

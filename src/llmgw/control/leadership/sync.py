@@ -1,0 +1,186 @@
+"""Sharing the leader's view through the store: Ready endpoints and demand.
+
+- `StorePublisher` wraps the local publisher: every change goes to this
+  server's router at once and, while this server leads, to the store in the
+  background, each write carrying the leader's epoch. A write refused as stale
+  (fenced) makes this server step down.
+- `follow_endpoints` is a standby's loop: it reads what the leader published
+  and hands it to the controller (which publishes it to the local router), so
+  clients may use any server.
+- `sync_demand` runs on every server: it reports this server's demand and, on
+  the leader, reads everyone else's.
+
+Not guaranteed: followers see the leader's changes within one poll interval,
+not at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
+
+from llmgw.control.reconciler.demand import DemandBook
+from llmgw.control.reconciler.state import EndpointPublisher, ReadyEndpoint
+from llmgw.lifecycle import wait_for_event
+from llmgw.store import Demand, PublishedEndpoint, StaleEpoch, StoreError
+
+log = logging.getLogger("llmgw.control.leadership")
+
+STORE_RETRY_SECONDS = 1.0
+
+
+class EndpointStore(Protocol):
+    async def publish(
+        self,
+        lease_name: str,
+        epoch: int,
+        model: str,
+        names: Sequence[str],
+        endpoints: Sequence[tuple[str, str]],
+    ) -> None: ...
+
+    async def withdraw(self, lease_name: str, epoch: int, models: Sequence[str]) -> None: ...
+
+    async def endpoints(self) -> list[PublishedEndpoint]: ...
+
+
+class DemandStore(Protocol):
+    async def report_demand(self, server: str, rows: Sequence[Demand]) -> None: ...
+
+    async def demand(self) -> list[Demand]: ...
+
+
+class StorePublisher:
+    """The controller's `EndpointPublisher` in a multi-server set-up."""
+
+    def __init__(
+        self,
+        *,
+        local: EndpointPublisher,
+        store: EndpointStore,
+        lease_name: str,
+        on_fenced: Callable[[str], None],
+    ) -> None:
+        self._local = local
+        self._store = store
+        self._lease_name = lease_name
+        self._on_fenced = on_fenced
+        self._epoch: int | None = None
+        self._dirty: dict[str, tuple[tuple[str, ...], tuple[ReadyEndpoint, ...]] | None] = {}
+        self._wake = asyncio.Event()
+
+    def publish(self, names: Sequence[str], endpoints: Sequence[ReadyEndpoint]) -> None:
+        self._local.publish(names, endpoints)
+        if self._epoch is not None:
+            self._dirty[names[0]] = (tuple(names), tuple(endpoints))
+            self._wake.set()
+
+    def withdraw(self, names: Sequence[str]) -> None:
+        self._local.withdraw(names)
+        if self._epoch is not None:
+            # Only a model's own name is a row key; a withdrawn alias is covered by
+            # the model's next publish.
+            self._dirty.setdefault(names[0], None)
+            self._wake.set()
+
+    async def run(self, epoch: int) -> None:
+        """Write changes to the store while leading at `epoch` (a leader-only task)."""
+        self._epoch = epoch
+        self._dirty.clear()
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                batch, self._dirty = self._dirty, {}
+                try:
+                    await self._write(epoch, batch)
+                except StaleEpoch as exc:
+                    self._on_fenced(str(exc))
+                    return
+                except StoreError as exc:
+                    log.warning("cannot publish endpoints to the store (retrying): %s", exc)
+                    for model, entry in batch.items():
+                        self._dirty.setdefault(model, entry)
+                    await asyncio.sleep(STORE_RETRY_SECONDS)
+                    self._wake.set()
+        finally:
+            self._epoch = None
+
+    async def _write(
+        self,
+        epoch: int,
+        batch: Mapping[str, tuple[tuple[str, ...], tuple[ReadyEndpoint, ...]] | None],
+    ) -> None:
+        gone = [model for model, entry in batch.items() if entry is None]
+        if gone:
+            await self._store.withdraw(self._lease_name, epoch, gone)
+        for model, entry in batch.items():
+            if entry is not None:
+                names, endpoints = entry
+                await self._store.publish(
+                    self._lease_name, epoch, model, names, [(e.id, e.url) for e in endpoints]
+                )
+
+
+async def published(store: EndpointStore) -> dict[str, set[str]]:
+    """Replica ids per model as the last leader published them."""
+    expected: dict[str, set[str]] = {}
+    for row in await store.endpoints():
+        expected.setdefault(row.model, set()).add(row.replica_id)
+    return expected
+
+
+async def follow_endpoints(
+    *,
+    store: EndpointStore,
+    apply: Callable[[Mapping[str, Sequence[ReadyEndpoint]]], None],
+    interval: float,
+) -> None:
+    """A standby's loop: apply the leader's published endpoints every `interval` s."""
+    last: dict[str, list[ReadyEndpoint]] | None = None
+    while True:
+        try:
+            rows = await store.endpoints()
+        except StoreError as exc:
+            log.warning("cannot read the published endpoints (keeping the last): %s", exc)
+        else:
+            ready: dict[str, list[ReadyEndpoint]] = {}
+            for row in rows:
+                ready.setdefault(row.model, []).append(ReadyEndpoint(row.replica_id, row.url))
+            if ready != last:
+                apply(ready)
+                last = ready
+        await asyncio.sleep(interval)
+
+
+async def sync_demand(
+    *,
+    store: DemandStore,
+    demand: DemandBook,
+    server_id: str,
+    leading: Callable[[], bool],
+    on_remote: Callable[[], None],
+    interval: float,
+) -> None:
+    """Report this server's demand when it changes (at most every `interval` s, at
+    once for a new activation), and while leading read the other servers' rows."""
+    reported: list[Demand] | None = None
+    remote_wanted: list[str] = []
+    while True:
+        rows = demand.local_rows(server_id)
+        try:
+            if rows != reported:
+                await store.report_demand(server_id, rows)
+                reported = rows
+            if leading():
+                others = [d for d in await store.demand() if d.server != server_id]
+                demand.set_remote(others)
+                if demand.remote_wanted() != remote_wanted:
+                    remote_wanted = demand.remote_wanted()
+                    on_remote()
+        except StoreError as exc:
+            log.warning("cannot share demand through the store (retrying): %s", exc)
+        demand.changed.clear()
+        await wait_for_event(demand.changed, interval)

@@ -1,0 +1,802 @@
+"""The reconciler's executor: keeps the fleet where the catalog and the demand say.
+
+One `Controller` per server. Each step is synchronous and never awaits: it reads
+the catalog and an inventory snapshot, works out how many replicas each model
+wants now (`min_replicas`, raised to one while the model is in use or within
+its `keep_alive`, and to one per `target_in_flight` requests in flight), calls
+the pure `plan()`, and starts one task per action (start, stop, drain) through
+the `Dispatcher`. Steps run on an interval and at
+once on every inventory or catalog change and every activation.
+
+It also publishes Ready replicas to the router (through `EndpointPublisher`)
+and takes them out *before* a stop is sent, keeps the failure history that
+drives exponential backoff (retrying on another node where one fits), and
+answers activations: concurrent requests for a model share one start.
+
+Not guaranteed:
+- Persistence. Replicas are what the agents report; demand and failure history
+  live in this process and restart empty (running replicas are adopted, and
+  their idle clock restarts).
+- Scaling on anything but requests in flight (engine queue depth, KV cache use,
+  latency); with `target_in_flight` unset a model runs `min_replicas`, or one
+  while in use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import uuid
+from collections import deque
+from collections.abc import Callable, Container, Coroutine, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from llmgw.control.agentsvc.dispatcher import Dispatcher
+from llmgw.control.agentsvc.errors import AgentServiceError
+from llmgw.control.catalog.model import CatalogModel
+from llmgw.control.inventory import Change, Node, Shard
+from llmgw.control.reconciler.demand import DemandBook
+from llmgw.control.reconciler.errors import (
+    ActivationDisabled,
+    ActivationRefused,
+    ActivationTimeout,
+    NotInCatalog,
+    ReplicaFailed,
+    Unplaceable,
+)
+from llmgw.control.reconciler.plan import explain, plan
+from llmgw.control.reconciler.state import (
+    EndpointPublisher,
+    Event,
+    Failure,
+    ModelState,
+    ReadyEndpoint,
+)
+from llmgw.control.reconciler.types import (
+    Actual,
+    Desired,
+    Explanation,
+    Pending,
+    PlacementPolicy,
+    Start,
+    Stop,
+)
+from llmgw.lifecycle import wait_for_event
+
+log = logging.getLogger("llmgw.control.reconciler")
+
+# How long a client is told to wait when nothing can take its model: capacity
+# rarely appears within seconds, and a tight retry loop only adds load.
+UNPLACEABLE_RETRY_AFTER = 30
+MAX_EVENTS = 500
+
+
+class CatalogView(Protocol):
+    def models(self) -> list[CatalogModel]: ...
+
+    def get(self, name: str) -> CatalogModel | None: ...
+
+    def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]: ...
+
+
+class InventoryView(Protocol):
+    def nodes(self) -> list[Node]: ...
+
+    def subscribe(self, listener: Callable[[Change], None]) -> Callable[[], None]: ...
+
+    def forget_shard(self, node_id: str, shard_id: str) -> None: ...
+
+
+@dataclass(slots=True)
+class _Health:
+    failures: int = 0
+    retry_at: float = 0.0
+    last: Failure | None = None
+    avoid: set[str] = field(default_factory=set)
+    avoid_ports: set[tuple[str, int]] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class _LoadTarget:
+    """Replicas wanted for load, held at `count` until load stays lower long enough."""
+
+    count: int
+    since: float
+
+
+@dataclass(slots=True)
+class _Activation:
+    future: asyncio.Future[None]
+    started: float
+
+
+class Controller:
+    """Runs the reconcile loop; answers activations and the admin API's questions."""
+
+    def __init__(
+        self,
+        *,
+        catalog: CatalogView,
+        inventory: InventoryView,
+        dispatcher: Dispatcher,
+        publisher: EndpointPublisher,
+        clock: Callable[[], float],
+        wall_clock: Callable[[], datetime],
+        policy: PlacementPolicy,
+        interval: float,
+        retry_base: float,
+        retry_max: float,
+        activation_timeout: float,
+        stop_grace: float,
+        startup_grace: float = 0.0,
+        adoption_grace: float | None = None,
+        leading: Callable[[], bool] = lambda: True,
+        new_shard_id: Callable[[str], str] | None = None,
+    ) -> None:
+        """`startup_grace`: for this long after `run()` starts, an activation that
+        cannot be placed waits instead of failing at once, since agents are still
+        reconnecting after a (re)start. `adoption_grace` (default: the same): for
+        this long, replicas that were Ready before (`run`'s `expected`) are waited
+        for, and kept in the router, rather than started again; the node-lost
+        window is right, since that is when their node would be given up too. `leading` says
+        whether this server may place work (it holds the lease)."""
+        self._catalog = catalog
+        self._inventory = inventory
+        self._dispatcher = dispatcher
+        self._publisher = publisher
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._policy: PlacementPolicy = policy
+        self._interval = interval
+        self._retry_base = retry_base
+        self._retry_max = retry_max
+        self._activation_timeout = activation_timeout
+        self._stop_grace = stop_grace
+        self._startup_grace = startup_grace
+        self._grace_until = -math.inf
+        self._adoption_grace = startup_grace if adoption_grace is None else adoption_grace
+        self._adopt_until = -math.inf
+        self._new_shard_id = new_shard_id or _new_shard_id
+        self._leading = leading
+        self.demand = DemandBook(clock=clock, wall_clock=wall_clock)
+        self._expected: dict[str, set[str]] = {}
+        self._standby_waits: dict[str, asyncio.Future[None]] = {}
+        self._wake = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._pending: dict[str, Pending] = {}
+        self._stopping: set[str] = set()
+        self._stop_requested: set[str] = set()
+        self._health: dict[str, _Health] = {}
+        self._activations: dict[str, _Activation] = {}
+        self._unplaced: dict[str, Explanation] = {}
+        self._targets: dict[str, int] = {}
+        self._load: dict[str, _LoadTarget] = {}
+        self._published: dict[str, tuple[tuple[str, ...], tuple[ReadyEndpoint, ...]]] = {}
+        self._seen_shards: set[str] = set()
+        self._events: deque[Event] = deque(maxlen=MAX_EVENTS)
+
+    # ---- the loop ----
+
+    async def run(self, *, expected: Mapping[str, Iterable[str]] | None = None) -> None:
+        """Reconcile until cancelled (one leadership term); in-flight commands are
+        cancelled with it. `expected`: replica ids per model that were Ready under
+        the previous leader; they are adopted when their nodes report them."""
+        self._new_term(expected or {})
+        unsubscribe = (
+            self._inventory.subscribe(self._on_inventory),
+            self._catalog.subscribe(self._wake.set),
+        )
+        self._grace_until = self._clock() + self._startup_grace
+        self._adopt_until = self._clock() + self._adoption_grace
+        try:
+            while True:
+                self._wake.clear()
+                self.step()
+                await wait_for_event(self._wake, self._interval)
+        finally:
+            for undo in unsubscribe:
+                undo()
+            for task in tuple(self._tasks):
+                task.cancel()
+            if self._tasks:
+                await asyncio.wait(self._tasks)
+            for activation in self._activations.values():
+                if not activation.future.done():
+                    activation.future.set_exception(
+                        ActivationRefused(
+                            "the control plane on this server stopped (shutdown, or another "
+                            "server took over); retry",
+                            retry_after=1,
+                        )
+                    )
+                    # Nobody may be waiting any more; do not log it as unretrieved.
+                    activation.future.exception()
+            self._activations.clear()
+
+    def _new_term(self, expected: Mapping[str, Iterable[str]]) -> None:
+        self._pending.clear()
+        self._stopping.clear()
+        self._stop_requested.clear()
+        self._seen_shards.clear()
+        self._published.clear()
+        self._unplaced.clear()
+        self._expected = {model: set(ids) for model, ids in expected.items() if ids}
+        # Requests that were waiting for another leader now wait for this one.
+        now = self._clock()
+        for name, future in self._standby_waits.items():
+            if not future.done():
+                self._activations[name] = _Activation(future, now)
+        self._standby_waits.clear()
+
+    def wake(self) -> None:
+        """Reconcile soon (the loop's next turn)."""
+        self._wake.set()
+
+    def step(self) -> None:
+        """One reconcile: plan, start the actions, publish, answer waiting activations."""
+        if not self._leading():
+            return
+        now = self._clock()
+        nodes = self._inventory.nodes()
+        models = self._catalog.models()
+        self._adopt(nodes, now)
+        self._settle_expected(nodes, now)
+        self._confirm_pending(nodes)
+        desired = [self._desired(model, now) for model in models]
+        self._targets = {d.model.name: d.replicas for d in desired}
+        result = plan(
+            desired,
+            Actual(
+                nodes=nodes,
+                pending=tuple(self._pending.values()),
+                stopping=frozenset(self._stopping),
+            ),
+            policy=self._policy,
+            new_shard_id=self._new_shard_id,
+        )
+        for model_name, explanation in result.unplaced.items():
+            if model_name not in self._unplaced:
+                log.warning("%s", explanation.summary())
+                self._event("unplaceable", model_name, "", explanation.summary())
+        self._unplaced = dict(result.unplaced)
+        for action in result.actions:
+            if isinstance(action, Start):
+                self._start(action)
+            else:
+                self._stop(action)
+        # After the stops are marked: a stopping replica leaves the router before
+        # its engine hears of it.
+        self._publish(self._inventory.nodes())
+        self._settle_activations(now)
+
+    # ---- demand ----
+
+    def request_started(self, name: str) -> None:
+        """The router began a request for `name` (a model or alias)."""
+        model = self._catalog.get(name)
+        if model is not None:
+            self.demand.started(model.name)
+            if model.target_in_flight:
+                # More load than the replicas wanted now: reconcile at once, not
+                # at the next interval.
+                held = self._load.get(model.name)
+                need = math.ceil(self.demand.in_flight(model.name) / model.target_in_flight)
+                if min(need, model.max_replicas) > (held.count if held is not None else 0):
+                    self._wake.set()
+
+    def request_finished(self, name: str) -> None:
+        """The router finished a request for `name`; the idle clock starts now."""
+        model = self._catalog.get(name)
+        if model is not None:
+            self.demand.finished(model.name)
+
+    def knows(self, name: str) -> bool:
+        """Whether `name` is a catalog model (or alias) that activation applies to."""
+        return self._catalog.get(name) is not None
+
+    def _desired(self, model: CatalogModel, now: float) -> Desired:
+        wanted = model.min_replicas
+        if self.demand.wants(model, now, activating=model.name in self._activations):
+            wanted = max(wanted, 1)
+        if model.target_in_flight:
+            wanted = max(wanted, self._for_load(model, now))
+        health = self._health.get(model.name)
+        return Desired(
+            model=model,
+            replicas=min(wanted, model.max_replicas),
+            # Replicas Ready under the previous leader are waited for, not duplicated.
+            hold=model.name in self._expected or (health is not None and now < health.retry_at),
+            avoid_nodes=frozenset(health.avoid) if health is not None else frozenset(),
+            avoid_ports=frozenset(health.avoid_ports) if health is not None else frozenset(),
+        )
+
+    def _for_load(self, model: CatalogModel, now: float) -> int:
+        """Replicas for the requests in flight (all servers), `target_in_flight` each.
+
+        A higher count applies at once; a lower one only after the load has
+        stayed below the held count for `scale_down_delay` (each time the held
+        count is needed again, the wait starts over).
+        """
+        target = model.target_in_flight or 1
+        in_flight = self.demand.in_flight(model.name)
+        need = min(math.ceil(in_flight / target), model.max_replicas)
+        held = self._load.get(model.name)
+        if held is not None and need < held.count and now - held.since < model.scale_down_delay:
+            return held.count
+        changed = held is None or need != held.count
+        if changed and (need > 1 or (held is not None and held.count > 1)):
+            lower = held is not None and need < held.count
+            self._event(
+                "scale",
+                model.name,
+                "",
+                (f"load lower for {model.scale_down_delay:g} s: " if lower else "")
+                + f"{in_flight} requests in flight at {target} per replica: "
+                f"{need} replica{'' if need == 1 else 's'} for the load",
+            )
+        self._load[model.name] = _LoadTarget(need, now)
+        return need
+
+    def _adopt(self, nodes: Sequence[Node], now: float) -> None:
+        """Shards first seen running (adopted after a restart) count as recent use."""
+        for node in nodes:
+            for shard in node.shards.values():
+                if shard.id in self._seen_shards or not shard.holds_gpus:
+                    continue
+                self._seen_shards.add(shard.id)
+                model = self._catalog.get(shard.model)
+                if model is not None and shard.id not in self._pending:
+                    self.demand.adopt(model.name)
+
+    def _settle_expected(self, nodes: Sequence[Node], now: float) -> None:
+        """Stop waiting for the previous term's replicas once seen, or once the grace ends."""
+        if not self._expected:
+            return
+        if now >= self._adopt_until:
+            missing = sorted(f"{m}: {', '.join(sorted(ids))}" for m, ids in self._expected.items())
+            log.warning(
+                "replicas Ready before this term did not come back within the grace "
+                "period; placing anew (%s)",
+                "; ".join(missing),
+            )
+            self._expected.clear()
+            return
+        for node in nodes:
+            if node.state == "lost":
+                continue
+            for shard in node.shards.values():
+                ids = self._expected.get(shard.model)
+                if ids is not None:
+                    ids.discard(shard.id)
+                    if not ids:
+                        del self._expected[shard.model]
+
+    def _confirm_pending(self, nodes: Sequence[Node]) -> None:
+        for node in nodes:
+            for shard_id in node.shards:
+                self._pending.pop(shard_id, None)
+
+    # ---- actions ----
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _start(self, action: Start) -> None:
+        spec = action.spec
+        self._pending[spec.shard_id] = Pending(action.node_id, spec)
+        self._seen_shards.add(spec.shard_id)
+        gpus = ",".join(map(str, spec.gpu_indices)) or "none"
+        message = (
+            f"starting replica {spec.shard_id} on node {action.node_id} "
+            f"(profile {action.profile}, engine {spec.engine}, GPUs {gpus}, port {spec.port})"
+        )
+        log.info("model %s: %s", action.model, message)
+        self._event("start", action.model, action.node_id, message)
+        self._spawn(self._run_start(action), f"start {spec.shard_id}")
+
+    async def _run_start(self, action: Start) -> None:
+        spec = action.spec
+        try:
+            await self._dispatcher.start_shard(action.node_id, spec)
+        except AgentServiceError as exc:
+            self._failed(
+                action.model, action.node_id, spec.shard_id, exc.message, (), None, spec.port
+            )
+        finally:
+            self._pending.pop(spec.shard_id, None)
+            self._wake.set()
+
+    def _stop(self, action: Stop) -> None:
+        if action.reason == "ended":
+            # The agent forgets a shard once it reported it stopped or failed; the
+            # failure (if any) is kept in the model's history.
+            self._stop_requested.discard(action.shard_id)
+            self._seen_shards.discard(action.shard_id)
+            self._inventory.forget_shard(action.node_id, action.shard_id)
+            return
+        self._stopping.add(action.shard_id)
+        self._stop_requested.add(action.shard_id)
+        why = {
+            "scale_down": "not needed now",
+            "node_draining": "its node is draining and a replacement is ready",
+            "not_in_catalog": "its model is no longer in the catalog",
+        }[action.reason]
+        message = f"stopping replica {action.shard_id} on node {action.node_id}: {why}"
+        log.info("model %s: %s", action.model, message)
+        self._event("stop", action.model, action.node_id, message)
+        self._spawn(self._run_stop(action), f"stop {action.shard_id}")
+
+    async def _run_stop(self, action: Stop) -> None:
+        try:
+            if action.drain:
+                await self._dispatcher.drain_shard(
+                    action.node_id, action.shard_id, self._stop_grace
+                )
+            else:
+                await self._dispatcher.stop_shard(action.node_id, action.shard_id, self._stop_grace)
+        except AgentServiceError as exc:
+            # Planned again on the next step (a node that reconnects gets it then).
+            log.warning("could not stop replica %s: %s", action.shard_id, exc.message)
+            self._stop_requested.discard(action.shard_id)
+        finally:
+            self._stopping.discard(action.shard_id)
+            self._wake.set()
+
+    # ---- reports ----
+
+    def _on_inventory(self, change: Change) -> None:
+        """Called synchronously by the inventory: note failures, readiness and node
+        transitions, then wake."""
+        if change.kind == "shard_status" and change.shard_id is not None:
+            shard = self._find_shard(change.node_id, change.shard_id)
+            if shard is not None:
+                self._on_shard(change.node_id, shard)
+        elif change.kind != "shard_removed":
+            node = self._find_node(change.node_id)
+            if node is not None:
+                self._event("node", "", node.id, _node_message(change, node))
+        self._wake.set()
+
+    def _find_node(self, node_id: str) -> Node | None:
+        for node in self._inventory.nodes():
+            if node.id == node_id:
+                return node
+        return None
+
+    def _find_shard(self, node_id: str, shard_id: str) -> Shard | None:
+        node = self._find_node(node_id)
+        return node.shards.get(shard_id) if node is not None else None
+
+    def _on_shard(self, node_id: str, shard: Shard) -> None:
+        model = self._catalog.get(shard.model)
+        name = model.name if model is not None else shard.model
+        if shard.state == "ready":
+            health = self._health.pop(name, None)
+            if health is not None and health.failures:
+                log.info("model %s is ready again after %d failures", name, health.failures)
+            self._event(
+                "ready", name, node_id, f"replica {shard.id} is ready at {shard.endpoint_url}"
+            )
+        elif shard.state in ("failed", "stopped") and shard.id not in self._stop_requested:
+            message = shard.message or (
+                "the engine exited" if shard.state == "stopped" else "the engine failed"
+            )
+            port = shard.spec.port if shard.spec is not None else 0
+            self._failed(name, node_id, shard.id, message, shard.output_tail, shard.exit_code, port)
+
+    def _failed(
+        self,
+        model: str,
+        node_id: str,
+        shard_id: str,
+        message: str,
+        output_tail: tuple[str, ...],
+        exit_code: int | None,
+        port: int,
+    ) -> None:
+        health = self._health.setdefault(model, _Health())
+        health.failures += 1
+        delay = min(self._retry_base * 2 ** (health.failures - 1), self._retry_max)
+        health.retry_at = self._clock() + delay
+        health.avoid.add(node_id)
+        if port:
+            # Another program may hold it: the retry on this node takes another port.
+            health.avoid_ports.add((node_id, port))
+        health.last = Failure(
+            model, node_id, shard_id, message, output_tail, exit_code, self._wall_clock()
+        )
+        text = health.last.describe()
+        log.warning("model %s: %s; retrying in %.0f s", model, text, delay)
+        self._event("failed", model, node_id, f"{text}; retrying in {delay:.0f} s")
+        self._wake.set()
+
+    # ---- publishing ----
+
+    def _publish(self, nodes: Sequence[Node]) -> None:
+        ready: dict[str, list[ReadyEndpoint]] = {}
+        for node in nodes:
+            if node.state == "lost":
+                continue
+            for shard in node.shards.values():
+                if shard.state == "ready" and shard.endpoint_url and shard.id not in self._stopping:
+                    ready.setdefault(shard.model, []).append(
+                        ReadyEndpoint(shard.id, shard.endpoint_url)
+                    )
+        self._publish_ready(ready, skip=self._expected)
+
+    def _publish_ready(
+        self, ready: Mapping[str, Sequence[ReadyEndpoint]], *, skip: Container[str] = ()
+    ) -> None:
+        """Hand every catalog model's Ready endpoints to the publisher, when changed;
+        models in `skip` keep what they have (replicas not yet adopted)."""
+        current: set[str] = set()
+        for model in self._catalog.models():
+            current.add(model.name)
+            if model.name in skip:
+                continue
+            endpoints = tuple(sorted(ready.get(model.name, ()), key=lambda e: e.id))
+            entry = (model.names, endpoints)
+            previous = self._published.get(model.name)
+            if previous == entry:
+                continue
+            if previous is not None:
+                gone = [n for n in previous[0] if n not in model.names]
+                if gone:
+                    self._publisher.withdraw(gone)
+            self._publisher.publish(model.names, endpoints)
+            self._published[model.name] = entry
+        for name in [n for n in self._published if n not in current]:
+            names, _ = self._published.pop(name)
+            self._publisher.withdraw(names)
+
+    def apply_followed(self, ready: Mapping[str, Sequence[ReadyEndpoint]]) -> None:
+        """A standby's view: the Ready endpoints the leader published, by model."""
+        self._publish_ready(ready)
+        for name, future in tuple(self._standby_waits.items()):
+            if self.has_ready(name):
+                del self._standby_waits[name]
+                self.demand.served(name)
+                if not future.done():
+                    future.set_result(None)
+
+    def has_ready(self, name: str) -> bool:
+        entry = self._published.get(name)
+        return entry is not None and bool(entry[1])
+
+    # ---- activation ----
+
+    async def activate(self, name: str) -> None:
+        """Wait until `name` has a ready replica, starting one if needed.
+
+        Raises an `ActivationRefused` subclass saying why not; concurrent callers
+        for one model share one activation.
+        """
+        model = self._catalog.get(name)
+        if model is None:
+            raise NotInCatalog(f"model '{name}' is not in the catalog", retry_after=1)
+        if self.has_ready(model.name):
+            return
+        if not self._leading():
+            await self._activate_through_leader(model)
+            return
+        now = self._clock()
+        activation = self._activations.get(model.name)
+        if activation is None:
+            self._refuse_early(model, now)
+            activation = _Activation(asyncio.get_running_loop().create_future(), now)
+            self._activations[model.name] = activation
+            self.demand.want(model.name)
+            log.info("activating model %s on request", model.name)
+            self._event("activate", model.name, "", "a request asked for it")
+            self.step()
+        try:
+            async with asyncio.timeout(self._activation_timeout):
+                await asyncio.shield(activation.future)
+        except TimeoutError:
+            raise ActivationTimeout(
+                f"model '{model.name}' did not become ready within "
+                f"{self._activation_timeout:g} s ({self._progress(model.name)}); retry later",
+                retry_after=math.ceil(self._interval),
+            ) from None
+
+    async def _activate_through_leader(self, model: CatalogModel) -> None:
+        """A standby cannot place: it reports the demand for the leader to act on,
+        then waits until the leader publishes a Ready replica."""
+        if not model.activation:
+            raise ActivationDisabled(
+                f"model '{model.name}' is not running and is not started on request "
+                "(activation: false)",
+                retry_after=UNPLACEABLE_RETRY_AFTER,
+            )
+        future = self._standby_waits.get(model.name)
+        if future is None or future.done():
+            future = self._standby_waits[model.name] = asyncio.get_running_loop().create_future()
+            log.info("asking the leader to start model %s for a request", model.name)
+        self.demand.want(model.name)
+        try:
+            async with asyncio.timeout(self._activation_timeout):
+                await asyncio.shield(future)
+        except TimeoutError:
+            raise ActivationTimeout(
+                f"model '{model.name}' did not become ready within "
+                f"{self._activation_timeout:g} s (this server is a standby; the leader "
+                "places replicas); retry later",
+                retry_after=math.ceil(self._interval),
+            ) from None
+
+    def _refuse_early(self, model: CatalogModel, now: float) -> None:
+        """Refuse at once what waiting cannot fix: disabled activation, a backoff."""
+        serving = self._serving(model.name)
+        if not model.activation and not serving:
+            raise ActivationDisabled(
+                f"model '{model.name}' is not running and is not started on request "
+                "(activation: false); an operator starts it with "
+                f"`llmgw models activate {model.name}` or min_replicas",
+                retry_after=UNPLACEABLE_RETRY_AFTER,
+            )
+        health = self._health.get(model.name)
+        if health is not None and now < health.retry_at and health.last and not serving:
+            raise ReplicaFailed(
+                f"model '{model.name}' is failing to start and is backing off: "
+                f"{health.last.describe()}",
+                retry_after=math.ceil(health.retry_at - now),
+            )
+
+    def _serving(self, model: str) -> bool:
+        """Whether a replica of `model` is placed, starting or running."""
+        if any(p.spec.model == model for p in self._pending.values()):
+            return True
+        return any(
+            shard.model == model and shard.holds_gpus and node.state != "lost"
+            for node in self._inventory.nodes()
+            for shard in node.shards.values()
+        )
+
+    def _settle_activations(self, now: float) -> None:
+        for name, activation in tuple(self._activations.items()):
+            error: ActivationRefused | None = None
+            if not self.has_ready(name):
+                error = self._activation_error(name, activation, now)
+                if error is None:
+                    continue  # still worth waiting
+            del self._activations[name]
+            self.demand.served(name)
+            if error is None:
+                activation.future.set_result(None)
+            else:
+                activation.future.set_exception(error)
+                # Every waiter may have gone (clients disconnected): retrieve it here.
+                activation.future.exception()
+
+    def _activation_error(
+        self, name: str, activation: _Activation, now: float
+    ) -> ActivationRefused | None:
+        """Why waiting for `name` is pointless, or None while a replica may still come."""
+        if self._catalog.get(name) is None:
+            return NotInCatalog(f"model '{name}' was removed from the catalog", retry_after=1)
+        if self._serving(name):
+            return None
+        if name in self._unplaced:
+            if now < self._grace_until:
+                return None
+            return Unplaceable(self._unplaced[name].summary(), retry_after=UNPLACEABLE_RETRY_AFTER)
+        health = self._health.get(name)
+        if health is None or health.last is None or health.retry_at <= activation.started:
+            return None
+        return ReplicaFailed(
+            f"model '{name}' failed to start: {health.last.describe()}",
+            retry_after=math.ceil(health.retry_at - now),
+        )
+
+    def _progress(self, model: str) -> str:
+        states = [
+            f"replica {shard.id} on node {node.id} is {shard.state}"
+            for node in self._inventory.nodes()
+            for shard in node.shards.values()
+            if shard.model == model
+        ]
+        states += [
+            f"replica {p.spec.shard_id} is being placed on node {p.node_id}"
+            for p in self._pending.values()
+            if p.spec.model == model
+        ]
+        return "; ".join(states) or "no replica is placed"
+
+    # ---- read side (admin API, dashboard) ----
+
+    def events(self) -> list[Event]:
+        """Recent decisions and transitions, newest first."""
+        return list(reversed(self._events))
+
+    def _event(self, kind: str, model: str, node_id: str, message: str) -> None:
+        self._events.append(Event(self._wall_clock(), kind, model, node_id, message))
+
+    def explanation(self, model: CatalogModel) -> Explanation:
+        """Where one more replica of `model` would go now, or why nowhere."""
+        health = self._health.get(model.name)
+        return explain(
+            model,
+            self._inventory.nodes(),
+            pending=tuple(self._pending.values()),
+            policy=self._policy,
+            avoid_nodes=frozenset(health.avoid) if health is not None else frozenset(),
+            avoid_ports=frozenset(health.avoid_ports) if health is not None else frozenset(),
+        )
+
+    def snapshot(self, name: str) -> ModelState | None:
+        """Everything known about one catalog model's replicas, for views."""
+        model = self._catalog.get(name)
+        if model is None:
+            return None
+        replicas = [
+            (node, shard)
+            for node in self._inventory.nodes()
+            for shard in node.shards.values()
+            if shard.model == model.name
+        ]
+        return self._state(model, replicas, self._clock())
+
+    def snapshots(self) -> dict[str, ModelState]:
+        """`snapshot` for every catalog model, reading the inventory once (for lists)."""
+        by_model: dict[str, list[tuple[Node, Shard]]] = {}
+        for node in self._inventory.nodes():
+            for shard in node.shards.values():
+                by_model.setdefault(shard.model, []).append((node, shard))
+        now = self._clock()
+        return {
+            model.name: self._state(model, by_model.get(model.name, []), now)
+            for model in self._catalog.models()
+        }
+
+    def _state(
+        self, model: CatalogModel, replicas: list[tuple[Node, Shard]], now: float
+    ) -> ModelState:
+        pending = [p for p in self._pending.values() if p.spec.model == model.name]
+        health = self._health.get(model.name)
+        return ModelState(
+            model=model,
+            desired=self._targets.get(model.name, model.min_replicas),
+            replicas=tuple(replicas),
+            pending=tuple(pending),
+            stopping=frozenset(s.id for _, s in replicas if s.id in self._stopping),
+            in_flight=self.demand.in_flight(model.name),
+            idle_for=self.demand.idle_for(model.name, now),
+            failures=health.failures if health is not None else 0,
+            last_failure=health.last if health is not None else None,
+            retry_in=max(0.0, health.retry_at - now) if health is not None else 0.0,
+            unplaced=self._unplaced.get(model.name),
+            activating=model.name in self._activations,
+        )
+
+
+def _new_shard_id(model: str) -> str:
+    """A shard id that names its model: `llama-3-8b-3f9a1c2e`."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in model)[:48].strip("-")
+    return f"{safe or 'model'}-{uuid.uuid4().hex[:8]}"
+
+
+def _node_message(change: Change, node: Node) -> str:
+    """What happened to a node, for the event list."""
+    if change.kind == "node_registered":
+        gpus = len(node.gpus)
+        return (
+            f"registered with {gpus} GPU{'' if gpus == 1 else 's'} and "
+            f"{len(node.shards)} running replica{'' if len(node.shards) == 1 else 's'} "
+            f"(agent {node.agent_version})"
+        )
+    if change.kind == "node_disconnected":
+        return "the agent's stream closed; the node stays until its heartbeats run out"
+    if change.kind == "node_draining":
+        if node.draining:
+            return "draining: its replicas move elsewhere, nothing new is placed here"
+        return "no longer draining: new replicas may be placed here"
+    if node.state == "ready":
+        return "ready again: heartbeats resumed"
+    if node.state == "lost":
+        return "lost: no heartbeats; its replicas are placed elsewhere"
+    return "unreachable: heartbeats stopped; its replicas still serve while it may come back"

@@ -1,0 +1,510 @@
+"""Placement: which node, GPUs and port one replica would get, and why not the others.
+
+A chain of filters decides whether a node can take a replica with one
+profile; the first filter that says no gives that node's reason ("2 of 4 GPUs
+free", "draining"). A scorer ranks the nodes that pass: "pack" fills nodes up,
+"spread" evens them out, ties go to the lower node id. Two softer preferences
+sit above the score: a node where the model already runs a replica is chosen
+only when no other node fits (a node failure then takes one replica, not
+all), and a node the model is asked to avoid (it failed there recently) only
+when nothing else fits at all.
+
+`Fleet` holds what the inventory reported plus what has been handed out since
+(pending starts, this plan's starts), so two starts never share a GPU or port.
+Within one plan capacity only shrinks: nothing is freed until a stopped shard
+is reported ended, and the filters only look at the node and what is still
+free on it. `Fleet.place` relies on that: a node that stops fitting a need
+never fits it again, so it keeps one heap of fitting nodes per distinct need
+and re-checks only the nodes that changed. `Fleet.explain` gives every node's
+reason, which is what a person asking "why" wants to read; both remember a
+node's verdict for a need until the node changes.
+
+Not guaranteed: that the node still has the room when the start arrives.
+Memory figures are from the last heartbeat and the agent refuses what does not
+fit; the controller re-plans after every change.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from llmgw.control.catalog.model import CatalogModel, Profile
+from llmgw.control.inventory.model import Gpu, Node
+from llmgw.control.reconciler.types import (
+    Explanation,
+    Pending,
+    Placement,
+    PlacementPolicy,
+    ProfileVerdict,
+    Rejection,
+)
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class Need:
+    """What filters and scorers see of a profile: the resources one replica needs.
+
+    Hashable, so that every profile with the same needs shares one set of
+    fitting nodes within a plan, however many models use it.
+    """
+
+    gpus: int
+    gpu_memory: int
+    gpu_kind: str | None
+    labels: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def of(cls, profile: Profile) -> Need:
+        return cls(
+            gpus=profile.gpus,
+            gpu_memory=profile.gpu_memory,
+            gpu_kind=profile.gpu_kind or None,
+            labels=tuple(sorted(profile.labels.items())),
+        )
+
+
+def _is_kind(gpu: Gpu, kind: str | None) -> bool:
+    return kind is None or kind.lower() in gpu.name.lower()
+
+
+@dataclass(slots=True, eq=False)
+class NodeCapacity:
+    """One node and what is still free on it in the plan being made.
+
+    `free_gpus` excludes GPUs held by live shards, pending starts and this
+    plan's starts, in index order; `ports_used` likewise. `shards` counts them
+    all, `models` counts them by model. `version` changes on every reservation.
+    """
+
+    node: Node
+    free_gpus: list[Gpu]
+    ports_used: set[int]
+    shards: int
+    models: dict[str, int]
+    version: int = 0
+    # Per GPU kind: how many the node has (fixed) and which are free (until the next reserve).
+    _total_of_kind: dict[str | None, int] = field(default_factory=dict, repr=False)
+    _free_of_kind: dict[str | None, list[Gpu]] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of(cls, node: Node) -> NodeCapacity:
+        used: set[int] = set()
+        ports: set[int] = set()
+        models: dict[str, int] = {}
+        shards = 0
+        for shard in node.shards.values():
+            if not shard.holds_gpus:
+                continue
+            shards += 1
+            models[shard.model] = models.get(shard.model, 0) + 1
+            if shard.spec is not None:
+                used.update(shard.spec.gpu_indices)
+                if shard.spec.port:
+                    ports.add(shard.spec.port)
+        free = sorted((g for g in node.gpus if g.index not in used), key=lambda g: g.index)
+        return cls(node=node, free_gpus=free, ports_used=ports, shards=shards, models=models)
+
+    def reserve(self, model: str, gpu_indices: Iterable[int], port: int) -> None:
+        taken = set(gpu_indices)
+        if taken:
+            self.free_gpus = [g for g in self.free_gpus if g.index not in taken]
+        if port:
+            self.ports_used.add(port)
+        self.shards += 1
+        self.models[model] = self.models.get(model, 0) + 1
+        self.version += 1
+        self._free_of_kind.clear()
+
+    def total_of_kind(self, kind: str | None) -> int:
+        """How many GPUs the node has whose name contains `kind` (None: all of them)."""
+        total = self._total_of_kind.get(kind)
+        if total is None:
+            total = self._total_of_kind[kind] = sum(1 for g in self.node.gpus if _is_kind(g, kind))
+        return total
+
+    def free_of_kind(self, kind: str | None) -> list[Gpu]:
+        """The free GPUs whose name contains `kind` (None: all of them), in index order."""
+        if kind is None:
+            return self.free_gpus
+        free = self._free_of_kind.get(kind)
+        if free is None:
+            free = self._free_of_kind[kind] = [g for g in self.free_gpus if _is_kind(g, kind)]
+        return free
+
+    def free_port(self, avoid: frozenset[tuple[str, int]] = frozenset()) -> int | None:
+        """The lowest port of the node's range that no shard here uses (ranges are inclusive).
+
+        Ports paired with this node in `avoid` are passed over while another is free.
+        """
+        start, end = self.node.port_range
+        if start <= 0 or end < start:
+            return None
+        fallback: int | None = None
+        node_id = self.node.id
+        for port in range(start, end + 1):
+            if port in self.ports_used:
+                continue
+            if (node_id, port) not in avoid:
+                return port
+            if fallback is None:
+                fallback = port
+        return fallback
+
+    def gpus_for(self, need: Need) -> tuple[int, ...]:
+        """The lowest-index free GPUs that match the need (fewer if there are not enough)."""
+        if need.gpus == 0:
+            return ()
+        memory = need.gpu_memory
+        chosen = [g.index for g in self.free_of_kind(need.gpu_kind) if g.memory_free >= memory]
+        return tuple(chosen[: need.gpus])
+
+
+# --- filters: None when the node passes, else the reason it does not ----------------
+
+Filter = Callable[[NodeCapacity, Need], "str | None"]
+
+
+def filter_node_state(cap: NodeCapacity, need: Need) -> str | None:
+    """Only nodes that are ready, connected and not draining take new work."""
+    node = cap.node
+    if node.state == "lost":
+        return "lost"
+    if node.state == "unreachable":
+        return "unreachable (no heartbeat)"
+    if node.draining:
+        return "draining"
+    if not node.connected:
+        return "disconnected"
+    return None
+
+
+def filter_labels(cap: NodeCapacity, need: Need) -> str | None:
+    """Every label of the profile must be in the node's labels or its fabric labels."""
+    node = cap.node
+    for key, value in need.labels:
+        has = node.labels.get(key)
+        if has == value or node.fabric.get(key) == value:
+            continue
+        if has is None:
+            has = node.fabric.get(key)
+        if has is None:
+            return f"missing label {key}={value}"
+        return f"label {key}={has}, needs {key}={value}"
+    return None
+
+
+def filter_gpu_kind(cap: NodeCapacity, need: Need) -> str | None:
+    """At least one GPU's name contains the profile's kind (case-insensitive)."""
+    if need.gpus == 0 or need.gpu_kind is None:
+        return None
+    if cap.total_of_kind(need.gpu_kind):
+        return None
+    names = ", ".join(sorted({g.name for g in cap.node.gpus})) or "no GPUs"
+    return f"no GPU matches kind '{need.gpu_kind}' (has {names})"
+
+
+def filter_gpus(cap: NodeCapacity, need: Need) -> str | None:
+    """Enough free GPUs of the right kind, each with the memory the profile asks for."""
+    if need.gpus == 0:
+        return None
+    total = cap.total_of_kind(need.gpu_kind)
+    if total == 0:
+        return f"no GPUs, needs {need.gpus}"
+    free = cap.free_of_kind(need.gpu_kind)
+    if len(free) < need.gpus:
+        what = "GPUs" if need.gpu_kind is None else f"{need.gpu_kind} GPUs"
+        return f"{len(free)} of {total} {what} free"
+    if need.gpu_memory == 0:
+        return None
+    memory = need.gpu_memory
+    roomy = sum(1 for g in free if g.memory_free >= memory)
+    if roomy < need.gpus:
+        noun = "GPU" if len(free) == 1 else "GPUs"
+        return f"{len(free)} {noun} free but only {roomy} with {gib(need.gpu_memory)} free"
+    return None
+
+
+def filter_ports(cap: NodeCapacity, need: Need) -> str | None:
+    """A port in the node's range that none of its shards uses."""
+    start, end = cap.node.port_range
+    if start <= 0 or end < start:
+        return "reported no port range for engines"
+    if cap.free_port() is None:
+        return f"no free port in {start}-{end}"
+    return None
+
+
+DEFAULT_FILTERS: tuple[Filter, ...] = (
+    filter_node_state,
+    filter_labels,
+    filter_gpu_kind,
+    filter_gpus,
+    filter_ports,
+)
+
+
+def rejection(cap: NodeCapacity, need: Need, filters: Sequence[Filter]) -> str | None:
+    """The first failing filter's reason, or None when the node fits."""
+    for check in filters:
+        reason = check(cap, need)
+        if reason is not None:
+            return reason
+    return None
+
+
+def gib(size: int) -> str:
+    return f"{round(size / GIB, 1):g} GiB"
+
+
+# --- scorers: lower is better; the node id breaks ties ------------------------------
+
+Scorer = Callable[[NodeCapacity, Need], tuple[int, int]]
+
+
+def score_pack(cap: NodeCapacity, need: Need) -> tuple[int, int]:
+    """Fill nodes up: fewest free GPUs left after this replica; CPU work joins busy nodes."""
+    if need.gpus == 0:
+        return (-cap.shards, 0)
+    return (len(cap.free_gpus) - need.gpus, -cap.shards)
+
+
+def score_spread(cap: NodeCapacity, need: Need) -> tuple[int, int]:
+    """Even nodes out: most free GPUs left after this replica, then fewest shards."""
+    if need.gpus == 0:
+        return (cap.shards, 0)
+    return (need.gpus - len(cap.free_gpus), cap.shards)
+
+
+def scorer_for(policy: PlacementPolicy) -> Scorer:
+    return score_spread if policy == "spread" else score_pack
+
+
+# --- the fleet --------------------------------------------------------------------
+
+# (score, score, node id, the node's version when scored): heaps order by the first three.
+_Entry = tuple[int, int, str, int]
+
+
+@dataclass(slots=True)
+class _Checked:
+    """One need's verdict per node, and the node's version it holds for.
+
+    Flat dicts rather than an object per node and need: a plan checks tens of
+    thousands of pairs, and every object it keeps adds to what the garbage
+    collector walks. `rejections` holds the objects `explain` handed out.
+    """
+
+    versions: dict[str, int] = field(default_factory=dict)
+    reasons: dict[str, str | None] = field(default_factory=dict)
+    rejections: dict[str, Rejection] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Candidates:
+    """The nodes that fitted one need when last looked at, best first.
+
+    `seen` is how much of the fleet's change log the heap has taken in.
+    """
+
+    heap: list[_Entry]
+    seen: int
+
+
+class Fleet:
+    """Every node's remaining capacity during one plan (or one dry run).
+
+    Build it from an inventory snapshot and the starts still in flight;
+    `reserve` each start as it is decided. Not thread-safe and not meant to
+    outlive the plan: it never learns about stops.
+    """
+
+    def __init__(
+        self,
+        nodes: Iterable[Node],
+        pending: Iterable[Pending] = (),
+        *,
+        policy: PlacementPolicy = "pack",
+        filters: Sequence[Filter] = DEFAULT_FILTERS,
+    ) -> None:
+        self._filters = tuple(filters)
+        self._score = scorer_for(policy)
+        self._caps = {n.id: NodeCapacity.of(n) for n in sorted(nodes, key=lambda n: n.id)}
+        self._candidates: dict[Need, _Candidates] = {}
+        # Every node reserved on, in order: the candidate heaps catch up on it lazily.
+        self._changed: list[str] = []
+        # Per need and node: the node's version when checked, and its rejection (None: fits).
+        self._checked: dict[Need, _Checked] = {}
+        for start in pending:
+            cap = self._caps.get(start.node_id)
+            # A pending start the node already reports as a shard is counted once.
+            if cap is not None and start.spec.shard_id not in cap.node.shards:
+                cap.reserve(start.spec.model, start.spec.gpu_indices, start.spec.port)
+
+    def reserve(self, placement: Placement, model: str) -> None:
+        self._caps[placement.node_id].reserve(model, placement.gpu_indices, placement.port)
+        self._changed.append(placement.node_id)
+
+    def explain(
+        self,
+        model: CatalogModel,
+        *,
+        avoid_nodes: frozenset[str] = frozenset(),
+        avoid_ports: frozenset[tuple[str, int]] = frozenset(),
+    ) -> Explanation:
+        """Every profile in order against every node, until one fits somewhere."""
+        verdicts: list[ProfileVerdict] = []
+        for profile in model.profiles:
+            need = Need.of(profile)
+            fits: list[NodeCapacity] = []
+            rejections: list[Rejection] = []
+            checked = self._memo(need)
+            for cap in self._caps.values():
+                reason = self._check(cap, need, checked)
+                if reason is None:
+                    fits.append(cap)
+                    continue
+                # Reused while the reason holds: explaining every model that
+                # does not fit would otherwise make a new object per node each time.
+                made = checked.rejections.get(cap.node.id)
+                if made is None or made.reason != reason:
+                    made = checked.rejections[cap.node.id] = Rejection(cap.node.id, reason)
+                rejections.append(made)
+            verdicts.append(
+                ProfileVerdict(
+                    profile=profile.name,
+                    fits=tuple(c.node.id for c in fits),
+                    rejections=tuple(rejections),
+                )
+            )
+            if fits:
+                best = min(
+                    fits,
+                    key=lambda c: (
+                        _tier(c, model.name, avoid_nodes),
+                        *self._score(c, need),
+                        c.node.id,
+                    ),
+                )
+                placement = _placement(best, profile, need, avoid_ports)
+                return Explanation(model.name, placement, tuple(verdicts))
+        return Explanation(model.name, None, tuple(verdicts))
+
+    def place(
+        self,
+        model: CatalogModel,
+        *,
+        avoid_nodes: frozenset[str] = frozenset(),
+        avoid_ports: frozenset[tuple[str, int]] = frozenset(),
+    ) -> Placement | None:
+        """The placement `explain` would give, without the reasons (and much faster)."""
+        for profile in model.profiles:
+            need = Need.of(profile)
+            cap = self._pick(need, model.name, avoid_nodes)
+            if cap is not None:
+                return _placement(cap, profile, need, avoid_ports)
+        return None
+
+    def _memo(self, need: Need) -> _Checked:
+        checked = self._checked.get(need)
+        if checked is None:
+            checked = self._checked[need] = _Checked()
+        return checked
+
+    def _check(self, cap: NodeCapacity, need: Need, checked: _Checked) -> str | None:
+        # Remembered until the node changes: an explanation for every model
+        # that does not fit would otherwise run the chain over the whole fleet.
+        node_id = cap.node.id
+        if checked.versions.get(node_id) == cap.version:
+            return checked.reasons[node_id]
+        reason = rejection(cap, need, self._filters)
+        checked.versions[node_id] = cap.version
+        checked.reasons[node_id] = reason
+        return reason
+
+    def _heap(self, need: Need) -> list[_Entry]:
+        """The need's candidate heap, with an entry for every node changed since it was used.
+
+        An entry whose version is not the node's current one is outdated and
+        dropped when it comes up (a newer one was pushed); pushing fresh ones is
+        required because a change can make a node *better* (pack prefers fuller
+        nodes). Fit is checked when an entry comes up, and a node that no longer
+        fits is dropped then: capacity only shrinks, so it never fits again.
+        """
+        found = self._candidates.get(need)
+        if found is None:
+            heap: list[_Entry] = []
+            checked = self._memo(need)
+            for cap in self._caps.values():
+                if self._check(cap, need, checked) is None:
+                    heap.append((*self._score(cap, need), cap.node.id, cap.version))
+            heapq.heapify(heap)
+            self._candidates[need] = _Candidates(heap, len(self._changed))
+            return heap
+        if found.seen < len(self._changed):
+            for node_id in dict.fromkeys(self._changed[found.seen :]):
+                cap = self._caps[node_id]
+                heapq.heappush(found.heap, (*self._score(cap, need), node_id, cap.version))
+            found.seen = len(self._changed)
+        return found.heap
+
+    def _pick(self, need: Need, model: str, avoid_nodes: frozenset[str]) -> NodeCapacity | None:
+        heap = self._heap(need)
+        checked = self._memo(need)
+        popped: list[_Entry] = []
+        best: tuple[int, NodeCapacity] | None = None
+        while heap:
+            entry = heap[0]
+            cap = self._caps[entry[2]]
+            if entry[3] != cap.version or self._check(cap, need, checked) is not None:
+                heapq.heappop(heap)
+                continue
+            popped.append(heapq.heappop(heap))
+            tier = _tier(cap, model, avoid_nodes)
+            if best is None or tier < best[0]:
+                best = (tier, cap)
+            if tier == 0:
+                break
+        # Only a reserve changes a node, and the caller decides whether to make one.
+        for entry in popped:
+            heapq.heappush(heap, entry)
+        return best[1] if best is not None else None
+
+
+def _tier(cap: NodeCapacity, model: str, avoid_nodes: frozenset[str]) -> int:
+    """0: a fresh node for this model; 1: it already runs a replica there; 2: avoid."""
+    if cap.node.id in avoid_nodes:
+        return 2
+    return 1 if cap.models.get(model) else 0
+
+
+def _placement(
+    cap: NodeCapacity, profile: Profile, need: Need, avoid_ports: frozenset[tuple[str, int]]
+) -> Placement:
+    # Without filter_ports in the chain a node may have no free port: 0 lets the agent say so.
+    port = cap.free_port(avoid_ports) or 0
+    return Placement(
+        node_id=cap.node.id, profile=profile, gpu_indices=cap.gpus_for(need), port=port
+    )
+
+
+def explain(
+    model: CatalogModel,
+    nodes: Sequence[Node],
+    *,
+    pending: Sequence[Pending] = (),
+    policy: PlacementPolicy = "pack",
+    avoid_nodes: frozenset[str] = frozenset(),
+    avoid_ports: frozenset[tuple[str, int]] = frozenset(),
+    filters: Sequence[Filter] = DEFAULT_FILTERS,
+) -> Explanation:
+    """Where one more replica of `model` would go, and why every other node would not.
+
+    A dry run: nothing is started. `pending` are starts in flight, whose GPUs
+    and ports count as taken.
+    """
+    fleet = Fleet(nodes, pending, policy=policy, filters=filters)
+    return fleet.explain(model, avoid_nodes=avoid_nodes, avoid_ports=avoid_ports)

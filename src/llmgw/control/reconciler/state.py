@@ -1,0 +1,113 @@
+"""Values the controller hands out: Ready endpoints, failures, events, a model's state.
+
+Plain immutable data, so views (admin API, CLI, dashboard) can read them
+without reaching into the controller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from llmgw.control.catalog.model import CatalogModel
+from llmgw.control.inventory import Node, Shard
+from llmgw.control.reconciler.types import Explanation, Pending
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyEndpoint:
+    """A Ready replica as the router needs it."""
+
+    id: str
+    url: str
+
+
+class EndpointPublisher(Protocol):
+    """Where Ready replicas go (the router's endpoint pool, through an adapter)."""
+
+    def publish(self, names: Sequence[str], endpoints: Sequence[ReadyEndpoint]) -> None:
+        """`names` (a model and its aliases) are served by exactly `endpoints` now."""
+        ...
+
+    def withdraw(self, names: Sequence[str]) -> None:
+        """`names` are not served at all any more."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A replica that did not make it: where, why, and the engine's last words."""
+
+    model: str
+    node_id: str
+    shard_id: str
+    message: str
+    output_tail: tuple[str, ...]
+    exit_code: int | None
+    at: datetime
+
+    def describe(self) -> str:
+        text = f"replica {self.shard_id} on node {self.node_id} failed: {self.message}"
+        if self.exit_code is not None:
+            text += f" (exit code {self.exit_code})"
+        last = _last_words(self.output_tail)
+        if last:
+            text += f"; last output: {last}"
+        return text
+
+
+_FRAME = " \t│┃|╭╮╰╯─━═║"
+
+
+def _last_words(lines: Sequence[str]) -> str:
+    """The engine's last line that says something (CLIs often end in a box frame)."""
+    for line in reversed(lines):
+        text = line.strip(_FRAME)
+        if any(c.isalnum() for c in text):
+            return text
+    return ""
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One placement decision or state change, for operators."""
+
+    at: datetime
+    kind: str
+    model: str
+    node_id: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelState:
+    """One model's live state, as `Controller.snapshot` sees it."""
+
+    model: CatalogModel
+    desired: int
+    replicas: tuple[tuple[Node, Shard], ...]
+    pending: tuple[Pending, ...]
+    stopping: frozenset[str]
+    in_flight: int
+    idle_for: float | None
+    failures: int
+    last_failure: Failure | None
+    retry_in: float
+    unplaced: Explanation | None
+    activating: bool
+
+    @property
+    def state(self) -> str:
+        """ready / starting / backoff / unplaceable / stopped, for people."""
+        live = [s for n, s in self.replicas if s.holds_gpus and n.state != "lost"]
+        if any(s.state == "ready" for s in live):
+            return "ready"
+        if live or self.pending:
+            return "starting"
+        if self.last_failure is not None and self.retry_in > 0:
+            return "backoff"
+        if self.unplaced is not None:
+            return "unplaceable"
+        return "stopped"

@@ -1,0 +1,163 @@
+"""What `plan()` takes and returns: desired replicas, the actual fleet, actions, reasons.
+
+All plain immutable values, so `plan` is a pure function that tests and the
+benchmark call directly. The controller builds `Desired` and `Actual` from the
+catalog, its own bookkeeping and an inventory snapshot, and executes the
+actions through the agent service.
+
+Not guaranteed: that an action still makes sense by the time it runs; the
+controller re-plans after every change, and the agent refuses conflicting work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from llmgw.control.catalog.model import CatalogModel, Profile
+from llmgw.control.inventory.model import Node, ShardSpec
+
+PlacementPolicy = Literal["pack", "spread"]
+
+
+@dataclass(frozen=True, slots=True)
+class Desired:
+    """How many replicas of one model should run right now.
+
+    `hold`: the model is backing off after a failure; start nothing new for it
+    now (stops still happen). `avoid_nodes`: nodes where it failed recently;
+    placed there only when no other node fits. `avoid_ports`: (node, port)
+    pairs where a start failed recently (say another program holds the port);
+    another free port of that node is used when there is one.
+    """
+
+    model: CatalogModel
+    replicas: int
+    hold: bool = False
+    avoid_nodes: frozenset[str] = frozenset()
+    avoid_ports: frozenset[tuple[str, int]] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A start that was sent but that the node has not reported as a shard yet."""
+
+    node_id: str
+    spec: ShardSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Actual:
+    """The fleet as the inventory last saw it, plus commands still in flight."""
+
+    nodes: Sequence[Node]
+    pending: Sequence[Pending] = ()
+    # Shards with a stop or drain in flight: they are neither counted nor stopped again.
+    stopping: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Start shard `spec.shard_id` of `model` on `node_id` with `profile`."""
+
+    node_id: str
+    model: str
+    profile: str
+    spec: ShardSpec
+
+
+StopReason = Literal["scale_down", "node_draining", "not_in_catalog", "ended"]
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Stop a shard. `drain`: let in-flight requests finish first.
+
+    Reasons: `scale_down` (more replicas than wanted), `node_draining` (its
+    replacement is ready), `not_in_catalog` (no model of that name any more),
+    `ended` (the shard already stopped or failed: the stop makes the agent forget it).
+    """
+
+    node_id: str
+    shard_id: str
+    model: str
+    reason: StopReason
+    drain: bool
+
+
+Action = Start | Stop
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """Why one node cannot take one replica with one profile, e.g. '2 of 4 GPUs free'."""
+
+    node_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileVerdict:
+    """One profile tried against every node: the nodes that fit, and why the others do not."""
+
+    profile: str
+    fits: tuple[str, ...]
+    rejections: tuple[Rejection, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where one replica would go."""
+
+    node_id: str
+    profile: Profile
+    gpu_indices: tuple[int, ...]
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """The answer to 'where would this go / why is this not running'.
+
+    `placement` is None when no profile fits any node; `verdicts` holds one entry
+    per profile tried, in the model's order of preference.
+    """
+
+    model: str
+    placement: Placement | None
+    verdicts: tuple[ProfileVerdict, ...]
+
+    def summary(self) -> str:
+        """One line for logs and 503 bodies, e.g. "model 'llama-70b' cannot be
+        placed: profile 'tp4': node-a: 2 of 4 GPUs free; node-b: draining".
+        """
+        if self.placement is not None:
+            p = self.placement
+            gpus = ",".join(map(str, p.gpu_indices)) or "none"
+            return (
+                f"model '{self.model}' fits on node {p.node_id} with profile "
+                f"'{p.profile.name}' (GPUs {gpus}, port {p.port})"
+            )
+        if not self.verdicts:
+            return f"model '{self.model}' cannot be placed: it has no profiles"
+        parts = []
+        for verdict in self.verdicts:
+            if verdict.rejections:
+                nodes = "; ".join(f"{r.node_id}: {r.reason}" for r in verdict.rejections)
+            else:
+                nodes = "no nodes registered"
+            parts.append(f"profile '{verdict.profile}': {nodes}")
+        return f"model '{self.model}' cannot be placed: " + " | ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The actions that bring the fleet towards the desired state.
+
+    `unplaced` names the models still short of replicas after this plan, with
+    the reason (not counting models on hold).
+    """
+
+    actions: tuple[Action, ...]
+    unplaced: Mapping[str, Explanation] = field(default_factory=dict)

@@ -1,0 +1,170 @@
+"""The controller's state as JSON-able dicts, for the admin API and `llmgw models`.
+
+`ModelControlService` implements the admin API's `ModelControl` protocol on top
+of a `Controller`. Times are seconds (floats, rounded) or ISO 8601 UTC strings.
+Not guaranteed: a stable shape beyond the fields documented in the admin API.
+"""
+
+from __future__ import annotations
+
+from llmgw.control.catalog.model import CatalogModel
+from llmgw.control.inventory.model import Node, Shard
+from llmgw.control.reconciler.controller import Controller
+from llmgw.control.reconciler.errors import ActivationRefused, NotInCatalog
+from llmgw.control.reconciler.state import Event, Failure, ModelState
+from llmgw.control.reconciler.types import Explanation
+
+
+def failure_view(failure: Failure) -> dict[str, object]:
+    return {
+        "node": failure.node_id,
+        "replica": failure.shard_id,
+        "message": failure.message,
+        "exit_code": failure.exit_code,
+        "output_tail": list(failure.output_tail),
+        "at": failure.at.isoformat(),
+        "summary": failure.describe(),
+    }
+
+
+def explanation_view(explanation: Explanation) -> dict[str, object]:
+    placement = explanation.placement
+    return {
+        "model": explanation.model,
+        "placeable": placement is not None,
+        "placement": None
+        if placement is None
+        else {
+            "node": placement.node_id,
+            "profile": placement.profile.name,
+            "gpus": list(placement.gpu_indices),
+            "port": placement.port,
+        },
+        "profiles": [
+            {
+                "profile": verdict.profile,
+                "fits": list(verdict.fits),
+                "rejected": [{"node": r.node_id, "reason": r.reason} for r in verdict.rejections],
+            }
+            for verdict in explanation.verdicts
+        ],
+        "summary": explanation.summary(),
+    }
+
+
+def state_view(state: ModelState) -> dict[str, object]:
+    replicas: list[dict[str, object]] = [
+        {
+            "id": shard.id,
+            "node": node.id,
+            "node_state": node.state,
+            "state": _replica_state(node, shard, state.stopping),
+            "engine": shard.engine,
+            "endpoint_url": shard.endpoint_url or None,
+            "gpus": list(shard.gpu_indices),
+            "message": shard.message,
+            "since": shard.since.isoformat(),
+            "output_tail": list(shard.output_tail) if shard.state == "failed" else [],
+        }
+        for node, shard in state.replicas
+    ]
+    replicas += [
+        {
+            "id": p.spec.shard_id,
+            "node": p.node_id,
+            "node_state": None,
+            "state": "placing",
+            "engine": p.spec.engine,
+            "endpoint_url": None,
+            "gpus": list(p.spec.gpu_indices),
+            "message": "start sent to the node",
+            "since": None,
+            "output_tail": [],
+        }
+        for p in state.pending
+    ]
+    return {
+        "state": state.state,
+        "desired_replicas": state.desired,
+        "ready_replicas": sum(
+            1 for n, s in state.replicas if s.state == "ready" and n.state != "lost"
+        ),
+        "replicas": replicas,
+        "in_flight": state.in_flight,
+        "idle_seconds": None if state.idle_for is None else round(state.idle_for, 1),
+        "activating": state.activating,
+        "failures": state.failures,
+        "retry_in_seconds": round(state.retry_in, 1),
+        "last_failure": None if state.last_failure is None else failure_view(state.last_failure),
+        "unplaceable": None if state.unplaced is None else state.unplaced.summary(),
+    }
+
+
+def _replica_state(node: Node, shard: Shard, stopping: frozenset[str]) -> str:
+    """The shard's state, except where what the node last said no longer holds."""
+    if node.state == "lost" and shard.holds_gpus:
+        return "lost"
+    if shard.id in stopping:
+        return "stopping"
+    return shard.state
+
+
+def event_view(event: Event) -> dict[str, object]:
+    return {
+        "at": event.at.isoformat(),
+        "kind": event.kind,
+        "model": event.model,
+        "node": event.node_id or None,
+        "message": event.message,
+    }
+
+
+class ModelControlService:
+    """The admin API's view of the controller (implements `ModelControl`)."""
+
+    def __init__(self, *, controller: Controller) -> None:
+        self._controller = controller
+
+    def status(self, name: str) -> dict[str, object]:
+        state = self._controller.snapshot(name)
+        if state is None:
+            return {"state": "unknown"}
+        return state_view(state)
+
+    def statuses(self) -> dict[str, dict[str, object]]:
+        return {name: state_view(s) for name, s in self._controller.snapshots().items()}
+
+    def explain(self, name: str) -> dict[str, object]:
+        state = self._controller.snapshot(name)
+        if state is None:
+            return {
+                "model": name,
+                "placeable": False,
+                "summary": f"model '{name}' is not in the catalog",
+            }
+        view = explanation_view(self._controller.explanation(state.model))
+        view["status"] = state_view(state)
+        return view
+
+    def dry_run(self, model: CatalogModel) -> dict[str, object]:
+        return explanation_view(self._controller.explanation(model))
+
+    async def activate(self, name: str) -> dict[str, object]:
+        """Start a replica now and wait for it; the status, with the error when refused."""
+        error: dict[str, object] | None = None
+        try:
+            self._controller.request_started(name)
+            try:
+                await self._controller.activate(name)
+            finally:
+                self._controller.request_finished(name)
+        except NotInCatalog as exc:
+            return {"state": "unknown", "error": {"message": exc.message, "code": exc.code}}
+        except ActivationRefused as exc:
+            error = {"message": exc.message, "code": exc.code, "retry_after": exc.retry_after}
+        view = self.status(name)
+        view["error"] = error
+        return view
+
+    def events(self) -> list[dict[str, object]]:
+        return [event_view(e) for e in self._controller.events()]

@@ -1,0 +1,51 @@
+"""Engine adapters: turn an engine-neutral shard spec into a command line, and read load.
+
+One module per engine (`vllm`, `sglang`, `llamacpp`, `sim`), each with an
+adapter that validates an `EngineSpec` (raising `ProfileError` that names the
+field), builds a `LaunchPlan` (argv, environment, readiness and metrics paths)
+and parses the engine's Prometheus metrics into an `EngineLoad`.
+
+This package is pure: it starts no processes, opens no sockets and reads no
+files. The node agent runs the plans. It sits low in the layers and imports
+nothing else from llmgw.
+
+Not guaranteed: that a plan which validates also starts (weights, memory and the
+installed engine are checked only by running it).
+"""
+
+from llmgw.engines.adapter import EngineAdapter
+from llmgw.engines.errors import EngineError, ProfileError, UnknownEngine
+from llmgw.engines.llamacpp import LlamaCppAdapter
+from llmgw.engines.prometheus import Sample, metric_max, metric_sum, parse_samples
+from llmgw.engines.registry import adapter_for
+from llmgw.engines.sglang import SglangAdapter
+from llmgw.engines.sim import SimAdapter
+from llmgw.engines.spec import (
+    KNOWN_ENGINES,
+    EngineLoad,
+    EngineSettings,
+    EngineSpec,
+    LaunchPlan,
+)
+from llmgw.engines.vllm import VllmAdapter
+
+__all__ = [
+    "KNOWN_ENGINES",
+    "EngineAdapter",
+    "EngineError",
+    "EngineLoad",
+    "EngineSettings",
+    "EngineSpec",
+    "LaunchPlan",
+    "LlamaCppAdapter",
+    "ProfileError",
+    "Sample",
+    "SglangAdapter",
+    "SimAdapter",
+    "UnknownEngine",
+    "VllmAdapter",
+    "adapter_for",
+    "metric_max",
+    "metric_sum",
+    "parse_samples",
+]

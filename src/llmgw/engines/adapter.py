@@ -1,0 +1,39 @@
+"""The `EngineAdapter` protocol: what the agent needs from one kind of engine.
+
+An adapter is a small stateless object (settings only) that validates a spec,
+builds the command that runs it and reads the engine's metrics. It never starts
+processes, touches the network or reads files: the agent's supervisor does that
+with the `LaunchPlan` it gets.
+
+Not guaranteed: thread or process affinity of any kind; adapters are plain
+values and may be shared freely.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from llmgw.engines.spec import EngineLoad, EngineSpec, LaunchPlan
+
+
+class EngineAdapter(Protocol):
+    """One kind of engine (vLLM, SGLang, llama.cpp, the simulator).
+
+    `name` is the engine name specs use; `needs_gpus` says whether a shard
+    without GPUs is refused.
+    """
+
+    name: str
+    needs_gpus: bool
+
+    def validate(self, spec: EngineSpec) -> None:
+        """Raise `ProfileError` naming the field when the engine would refuse `spec`."""
+        ...
+
+    def plan(self, spec: EngineSpec) -> LaunchPlan:
+        """Validate `spec`, then build the argv and environment that run it."""
+        ...
+
+    def parse_metrics(self, text: str) -> EngineLoad:
+        """Read the load from the engine's Prometheus text; never raises."""
+        ...

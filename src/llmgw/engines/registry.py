@@ -1,0 +1,29 @@
+"""`adapter_for`: the adapter of an engine name, built with this node's settings.
+
+A new adapter is built on every call (they are cheap, stateless values); there
+is no registry object to mutate. Not guaranteed: that the engine is installed
+on this node — adapters only build command lines.
+"""
+
+from __future__ import annotations
+
+from llmgw.engines.adapter import EngineAdapter
+from llmgw.engines.errors import UnknownEngine
+from llmgw.engines.llamacpp import LlamaCppAdapter
+from llmgw.engines.sglang import SglangAdapter
+from llmgw.engines.sim import SimAdapter
+from llmgw.engines.spec import KNOWN_ENGINES, EngineSettings
+from llmgw.engines.vllm import VllmAdapter
+
+
+def adapter_for(engine: str, *, settings: EngineSettings) -> EngineAdapter:
+    """The adapter for `engine`; `UnknownEngine` (field "engine") for any other name."""
+    if engine == "vllm":
+        return VllmAdapter(settings=settings)
+    if engine == "sglang":
+        return SglangAdapter(settings=settings)
+    if engine == "llamacpp":
+        return LlamaCppAdapter(settings=settings)
+    if engine == "sim":
+        return SimAdapter(settings=settings)
+    raise UnknownEngine(engine, KNOWN_ENGINES)

@@ -1,0 +1,119 @@
+"""SGLang: `python -m sglang.launch_server` with the spec's weights, name and parallelism.
+
+`--enable-metrics` is always passed: SGLang serves no `/metrics` without it.
+Readiness is `/health`; load comes from `sglang:num_running_reqs`,
+`sglang:num_queue_reqs` and `sglang:token_usage` (the KV-cache pool in use).
+
+SGLang labels its scheduler gauges with the scheduler's ranks. Ranks of one
+model-parallel group (`tp_rank`, `pp_rank`, `moe_ep_rank`) report the same batch
+(with `--enable-metrics-for-all-schedulers` each of them does), so they count
+once; data-parallel ranks (`dp_rank`) and served names are summed. With priority
+scheduling each gauge comes per `priority` bucket plus an aggregate with an
+empty `priority` label: the aggregate is used.
+
+Not guaranteed: multi-node shards (`--nnodes`/`--node-rank` are not managed and
+the GPU count must equal tp x pp on this node), that the installed SGLang
+accepts every engine argument, or that `--config` files set nothing llmgw
+manages (SGLang lets command-line flags win, so llmgw's own still apply).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from llmgw.engines import checks
+from llmgw.engines.prometheus import Sample, metric_max, metric_sum, parse_samples
+from llmgw.engines.spec import EngineLoad, EngineSettings, EngineSpec, LaunchPlan
+
+RUNNING = "sglang:num_running_reqs"
+WAITING = "sglang:num_queue_reqs"
+TOKEN_USAGE = "sglang:token_usage"
+
+REPLICA_LABELS = frozenset({"tp_rank", "pp_rank", "moe_ep_rank"})
+"""Labels telling apart ranks that report one and the same batch."""
+
+MANAGED_ARGS: Mapping[str, str] = {
+    "--host": checks.USE_HOST,
+    "--port": checks.USE_PORT,
+    "--served-model-name": checks.USE_MODEL,
+    "--model-path": checks.USE_WEIGHTS,
+    "--model": checks.USE_WEIGHTS,
+    "--tp-size": checks.USE_TP,
+    "--tensor-parallel-size": checks.USE_TP,
+    "--pp-size": checks.USE_PP,
+    "--pipeline-parallel-size": checks.USE_PP,
+    "--mem-fraction-static": checks.USE_MEMORY,
+    "--dp-size": checks.NO_DATA_PARALLEL,
+    "--data-parallel-size": checks.NO_DATA_PARALLEL,
+    "--api-key": checks.NO_API_KEY,
+    "--ssl-keyfile": checks.NO_TLS,
+    "--ssl-certfile": checks.NO_TLS,
+}
+"""Options llmgw sets or must not see set, with what to do instead."""
+
+
+class SglangAdapter:
+    """Builds SGLang server command lines and reads SGLang's metrics."""
+
+    name = "sglang"
+    needs_gpus = True
+
+    def __init__(self, *, settings: EngineSettings) -> None:
+        self._settings = settings
+
+    def validate(self, spec: EngineSpec) -> None:
+        """Raise `ProfileError` for a spec SGLang would refuse or llmgw could not serve."""
+        checks.check_engine(spec, self.name)
+        checks.check_common(spec)
+        checks.check_weights(spec)
+        checks.check_gpus(spec, "SGLang")
+        checks.check_memory_fraction(spec)
+        checks.check_engine_args(spec, MANAGED_ARGS)
+        checks.check_env(spec, checks.GPU_ENV)
+
+    def plan(self, spec: EngineSpec) -> LaunchPlan:
+        """Validate `spec`, then build its `python -m sglang.launch_server` command."""
+        self.validate(spec)
+        argv = [
+            self._settings.python,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            spec.weights,
+            "--host",
+            spec.host,
+            "--port",
+            str(spec.port),
+            "--served-model-name",
+            spec.model,
+            "--tp-size",
+            str(spec.tensor_parallel_size),
+        ]
+        if spec.pipeline_parallel_size > 1:
+            argv += ["--pp-size", str(spec.pipeline_parallel_size)]
+        if spec.gpu_memory_utilization is not None:
+            argv += ["--mem-fraction-static", checks.format_fraction(spec.gpu_memory_utilization)]
+        argv.append("--enable-metrics")
+        argv += spec.engine_args
+        return LaunchPlan(
+            argv=tuple(argv),
+            env=checks.plan_env(spec),
+            unset_env=(),
+            ready_path="/health",
+            metrics_path="/metrics",
+        )
+
+    def parse_metrics(self, text: str) -> EngineLoad:
+        """Load from SGLang's metrics page; never raises."""
+        samples = _aggregates_only(parse_samples(text, {RUNNING, WAITING, TOKEN_USAGE}))
+        return EngineLoad.from_readings(
+            running=metric_sum(samples, RUNNING, replica_labels=REPLICA_LABELS),
+            waiting=metric_sum(samples, WAITING, replica_labels=REPLICA_LABELS),
+            kv_cache_usage=metric_max(samples, TOKEN_USAGE),
+        )
+
+
+def _aggregates_only(samples: list[Sample]) -> list[Sample]:
+    """Drop per-priority buckets of any metric that also has the empty-priority total."""
+    with_total = {s.name for s in samples if s.labels.get("priority") == ""}
+    return [s for s in samples if s.name not in with_total or s.labels.get("priority", "") == ""]

@@ -1,0 +1,69 @@
+"""The simulated engine: `llmgw sim` serving the spec's model name on the spec's address.
+
+It needs no GPUs and no weights (`weights` is ignored and may be empty). When
+given GPUs it is pinned to them like a real engine, so placement tests see the
+same environment; parallel sizes are accepted as given, not checked against the
+GPU count. It exports vLLM's metric names, read by the vLLM parser.
+
+Not guaranteed: that the engine arguments are options `llmgw sim` knows (click
+refuses unknown ones when the process starts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from llmgw.engines import checks
+from llmgw.engines.spec import EngineLoad, EngineSettings, EngineSpec, LaunchPlan
+from llmgw.engines.vllm import parse_vllm_metrics
+
+MANAGED_ARGS: Mapping[str, str] = {
+    "--host": checks.USE_HOST,
+    "--port": checks.USE_PORT,
+    "--model": checks.USE_MODEL,
+}
+"""Options llmgw sets (click does not expand abbreviations, so only exact names)."""
+
+
+class SimAdapter:
+    """Builds `llmgw sim` command lines and reads its vLLM-style metrics."""
+
+    name = "sim"
+    needs_gpus = False
+
+    def __init__(self, *, settings: EngineSettings) -> None:
+        self._settings = settings
+
+    def validate(self, spec: EngineSpec) -> None:
+        """Raise `ProfileError` for a spec `llmgw sim` would refuse."""
+        checks.check_engine(spec, self.name)
+        checks.check_common(spec)
+        checks.check_memory_fraction(spec)
+        checks.check_engine_args(spec, MANAGED_ARGS, abbreviations=False)
+        checks.check_env(spec, checks.GPU_ENV)
+
+    def plan(self, spec: EngineSpec) -> LaunchPlan:
+        """Validate `spec`, then build its `llmgw sim` command."""
+        self.validate(spec)
+        argv = (
+            *self._settings.llmgw_command,
+            "sim",
+            "--host",
+            spec.host,
+            "--port",
+            str(spec.port),
+            "--model",
+            spec.model,
+            *spec.engine_args,
+        )
+        return LaunchPlan(
+            argv=argv,
+            env=checks.plan_env(spec),
+            unset_env=(),
+            ready_path="/health",
+            metrics_path="/metrics",
+        )
+
+    def parse_metrics(self, text: str) -> EngineLoad:
+        """Load from the sim's vLLM-named metrics; never raises."""
+        return parse_vllm_metrics(text)

@@ -1,0 +1,103 @@
+"""The engine-neutral value types: what a shard runs and how its process is started.
+
+`EngineSpec` is what the agent receives (one shard of a replica); an adapter turns
+it into a `LaunchPlan` (argv and environment) and reads the engine's metrics into
+an `EngineLoad`. `EngineSettings` says how engines are launched on this node.
+
+All of them are immutable values with no behaviour beyond construction; the
+checks live in the adapters (`EngineAdapter.validate`). Not guaranteed: that the
+paths and commands they name exist. `LaunchPlan.env` is a plain dict for the
+caller's convenience; mutating it changes nothing here.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+KNOWN_ENGINES: tuple[str, ...] = ("vllm", "sglang", "llamacpp", "sim")
+"""The engine names `adapter_for` accepts, in the order error messages list them."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """What one shard runs, engine-neutral.
+
+    `model` is the name clients send; the engine serves the model under exactly
+    that name. `weights` is a local path, a GGUF file or a hub id. `engine_args`
+    are appended to the command line as given, after validation. `env` is extra
+    environment from the profile, set on top of the agent's.
+    """
+
+    shard_id: str
+    model: str
+    engine: str
+    weights: str
+    port: int
+    host: str = "127.0.0.1"
+    gpu_indices: tuple[int, ...] = ()
+    engine_args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    gpu_memory_utilization: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchPlan:
+    """How to start one engine process.
+
+    `env` is set on top of the agent's environment and always holds
+    `CUDA_VISIBLE_DEVICES` ("" without GPUs, "2,3" for GPUs 2 and 3) so that an
+    engine never sees a GPU it was not given. `unset_env` names variables to
+    remove from the agent's environment first (ones the engine would read in
+    place of its flags). `ready_path` answers 200 once the engine can serve;
+    `metrics_path` serves Prometheus text, or is None when the engine has none.
+    """
+
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    unset_env: tuple[str, ...]
+    ready_path: str
+    metrics_path: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """An engine's load as its metrics report it; None where it reports nothing.
+
+    `running` and `waiting` count requests (summed over the engine's schedulers);
+    `kv_cache_usage` is the fraction of KV-cache in use, 0..1.
+    """
+
+    running: int | None
+    waiting: int | None
+    kv_cache_usage: float | None
+
+    @classmethod
+    def from_readings(
+        cls, *, running: float | None, waiting: float | None, kv_cache_usage: float | None
+    ) -> EngineLoad:
+        """A load from raw gauge values: counts rounded to whole requests (never below
+        0), usage clamped to 0..1; None stays None."""
+        return cls(
+            running=None if running is None else max(0, round(running)),
+            waiting=None if waiting is None else max(0, round(waiting)),
+            kv_cache_usage=None if kv_cache_usage is None else min(1.0, max(0.0, kv_cache_usage)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    """How engines are launched on this node.
+
+    `python` is the interpreter of a virtual environment that has SGLang and/or
+    llama-cpp-python installed (their servers run as `PYTHON -m ...`).
+    `vllm_command` is the `vllm` executable. `llmgw_command` starts this package's
+    CLI for the simulated engine; the default is the running interpreter.
+    """
+
+    python: str
+    vllm_command: str = "vllm"
+    llmgw_command: tuple[str, ...] = (sys.executable, "-m", "llmgw")

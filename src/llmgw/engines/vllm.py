@@ -1,0 +1,123 @@
+"""vLLM: `vllm serve` with the spec's weights, name, address and parallelism.
+
+Readiness is `/health` (vLLM's API server listens only once the engine has
+loaded); load comes from `/metrics`: `vllm:num_requests_running`,
+`vllm:num_requests_waiting` and the KV-cache usage, `vllm:kv_cache_usage_perc`
+(newer releases) or `vllm:gpu_cache_usage_perc` (older ones).
+
+Not guaranteed: multi-node shards (a spec holds this node's GPUs only, and
+their count must equal tensor x pipeline parallel size), that the installed vLLM
+accepts every engine argument, or that a `--config` file sets nothing llmgw
+manages (vLLM lets command-line flags win over it, so llmgw's own still apply).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from llmgw.engines import checks
+from llmgw.engines.prometheus import metric_max, metric_sum, parse_samples
+from llmgw.engines.spec import EngineLoad, EngineSettings, EngineSpec, LaunchPlan
+
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
+KV_CACHE_USAGE_OLD = "vllm:gpu_cache_usage_perc"
+
+MANAGED_ARGS: Mapping[str, str] = {
+    "--host": checks.USE_HOST,
+    "--port": checks.USE_PORT,
+    "--served-model-name": checks.USE_MODEL,
+    "--model": checks.USE_WEIGHTS,
+    "--tensor-parallel-size": checks.USE_TP,
+    "-tp": checks.USE_TP,
+    "--pipeline-parallel-size": checks.USE_PP,
+    "-pp": checks.USE_PP,
+    "--gpu-memory-utilization": checks.USE_MEMORY,
+    "--data-parallel-size": checks.NO_DATA_PARALLEL,
+    "-dp": checks.NO_DATA_PARALLEL,
+    "--api-key": checks.NO_API_KEY,
+    "--ssl-keyfile": checks.NO_TLS,
+    "--ssl-certfile": checks.NO_TLS,
+}
+"""Options llmgw sets or must not see set, with what to do instead."""
+
+RESERVED_ENV: Mapping[str, str] = {
+    **checks.GPU_ENV,
+    "VLLM_API_KEY": checks.NO_API_KEY,
+}
+
+UNSET_ENV: tuple[str, ...] = ("VLLM_API_KEY",)
+"""vLLM reads an API key from this variable when --api-key is absent."""
+
+
+class VllmAdapter:
+    """Builds `vllm serve` command lines and reads vLLM's metrics."""
+
+    name = "vllm"
+    needs_gpus = True
+
+    def __init__(self, *, settings: EngineSettings) -> None:
+        self._settings = settings
+
+    def validate(self, spec: EngineSpec) -> None:
+        """Raise `ProfileError` for a spec vLLM would refuse or llmgw could not serve."""
+        checks.check_engine(spec, self.name)
+        checks.check_common(spec)
+        checks.check_weights(spec)
+        checks.check_gpus(spec, "vLLM")
+        checks.check_memory_fraction(spec)
+        checks.check_engine_args(spec, MANAGED_ARGS)
+        checks.check_env(spec, RESERVED_ENV)
+
+    def plan(self, spec: EngineSpec) -> LaunchPlan:
+        """Validate `spec`, then build its `vllm serve` command."""
+        self.validate(spec)
+        argv = [
+            self._settings.vllm_command,
+            "serve",
+            spec.weights,
+            "--host",
+            spec.host,
+            "--port",
+            str(spec.port),
+            "--served-model-name",
+            spec.model,
+            "--tensor-parallel-size",
+            str(spec.tensor_parallel_size),
+            "--pipeline-parallel-size",
+            str(spec.pipeline_parallel_size),
+        ]
+        if spec.gpu_memory_utilization is not None:
+            argv += [
+                "--gpu-memory-utilization",
+                checks.format_fraction(spec.gpu_memory_utilization),
+            ]
+        argv += spec.engine_args
+        return LaunchPlan(
+            argv=tuple(argv),
+            env=checks.plan_env(spec),
+            unset_env=UNSET_ENV,
+            ready_path="/health",
+            metrics_path="/metrics",
+        )
+
+    def parse_metrics(self, text: str) -> EngineLoad:
+        """Load from vLLM's metrics page; never raises."""
+        return parse_vllm_metrics(text)
+
+
+def parse_vllm_metrics(text: str) -> EngineLoad:
+    """Requests summed over served names and engines; KV-cache usage of the fullest engine.
+
+    Also reads `llmgw sim`, which exports the same names.
+    """
+    samples = parse_samples(text, {RUNNING, WAITING, KV_CACHE_USAGE, KV_CACHE_USAGE_OLD})
+    usage = metric_max(samples, KV_CACHE_USAGE)
+    if usage is None:
+        usage = metric_max(samples, KV_CACHE_USAGE_OLD)
+    return EngineLoad.from_readings(
+        running=metric_sum(samples, RUNNING),
+        waiting=metric_sum(samples, WAITING),
+        kv_cache_usage=usage,
+    )

@@ -1,0 +1,29 @@
+"""Per-API-key rate limits (RPM, TPM) and token budgets, in memory or shared through Redis.
+
+The router builds nothing here: `cli/server.py` constructs one `Limiter` (and
+its `LimitMetrics`) and passes it in. Per request the router calls
+`estimate_prompt_tokens(body)`, `await limiter.admit(limits, estimate)` —
+which raises a `LimitExceeded` subclass for a 429 — and after the response
+`await limiter.settle(limits, admission, actual_tokens)`.
+"""
+
+from llmgw.limits.errors import BudgetExhausted, LimitExceeded, RateLimited
+from llmgw.limits.estimate import estimate_prompt_tokens
+from llmgw.limits.headers import format_duration
+from llmgw.limits.limiter import Limiter
+from llmgw.limits.metrics import LimitMetrics
+from llmgw.limits.model import Admission, BudgetPeriod, BudgetSource, KeyLimits
+
+__all__ = [
+    "Admission",
+    "BudgetExhausted",
+    "BudgetPeriod",
+    "BudgetSource",
+    "KeyLimits",
+    "LimitExceeded",
+    "LimitMetrics",
+    "Limiter",
+    "RateLimited",
+    "estimate_prompt_tokens",
+    "format_duration",
+]

@@ -1,0 +1,82 @@
+"""The values the router hands the limiter and gets back: limits, admissions, budget source.
+
+These are plain data and one Protocol; no behaviour lives here. `KeyLimits`
+validates itself on construction so a bad limit fails where it is built (the
+auth layer), not on some later request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal, Protocol
+
+BudgetPeriod = Literal["day", "month"]
+
+
+@dataclass(frozen=True, slots=True)
+class KeyLimits:
+    """The limits of one API key. `None` means unlimited for that dimension.
+
+    `rpm`/`tpm` are per-minute rates (>= 1); `budget_tokens` is the number of
+    tokens (prompt + completion) the key may use per UTC `budget_period`.
+    """
+
+    key_id: str
+    rpm: int | None
+    tpm: int | None
+    budget_tokens: int | None
+    budget_period: BudgetPeriod | None
+
+    def __post_init__(self) -> None:
+        for name, value in (("rpm", self.rpm), ("tpm", self.tpm)):
+            if value is not None and value < 1:
+                raise ValueError(
+                    f"KeyLimits({self.key_id!r}): {name} must be >= 1 or None (unlimited), "
+                    f"got {value}; to block a key, disable it instead"
+                )
+        if self.budget_tokens is not None:
+            if self.budget_tokens < 0:
+                raise ValueError(
+                    f"KeyLimits({self.key_id!r}): budget_tokens must be >= 0 or None, "
+                    f"got {self.budget_tokens}"
+                )
+            if self.budget_period not in ("day", "month"):
+                raise ValueError(
+                    f"KeyLimits({self.key_id!r}): budget_tokens is set, so budget_period "
+                    f"must be 'day' or 'month', got {self.budget_period!r}"
+                )
+
+    @property
+    def unlimited(self) -> bool:
+        return self.rpm is None and self.tpm is None and self.budget_tokens is None
+
+
+@dataclass(slots=True)
+class Admission:
+    """What `Limiter.admit` hands back for a request it let through.
+
+    `headers` are the x-ratelimit-* headers for the successful response (empty
+    when the key has no RPM/TPM limit); treat them as read-only, an unlimited
+    key's admission is shared between requests. `estimated_tokens` is what
+    was counted against the key at admission (0 for unlimited keys, which
+    count nothing). Pass the admission back to `Limiter.settle` exactly once.
+    """
+
+    headers: list[tuple[bytes, bytes]]
+    estimated_tokens: int
+    # The budget period the estimate was charged to ("" when none), so that a
+    # request that straddles midnight is settled against the period it used.
+    period_id: str = ""
+    # True when the request was counted in Redis, False when in process memory.
+    shared: bool = False
+
+
+class BudgetSource(Protocol):
+    """Tokens a key has used since a time, as recorded by all router processes.
+
+    Implemented by the usage store. Called once per (key, period) and then
+    every `budget_refresh_s` while the key is active, never per request.
+    """
+
+    async def tokens_used(self, key_id: str, since: datetime) -> int: ...

@@ -1,0 +1,179 @@
+"""Metrics of the data plane.
+
+Per-request series are cached per (model, endpoint) so the request path pays one
+dict lookup instead of prometheus-client's locked label lookup per metric.
+In-flight counts and endpoint health are not updated on the request path at
+all: a collector reads them from the live endpoint objects at scrape time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from llmgw.metrics.history import RouterTotals
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 5)
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointSnapshot:
+    """What the scrape-time collector reads of one endpoint."""
+
+    endpoint: str
+    in_flight: int
+    healthy: bool
+
+
+class _EndpointCollector(Collector):
+    def __init__(self, snapshot: Callable[[], Iterable[EndpointSnapshot]]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        in_flight = GaugeMetricFamily(
+            "llmgw_endpoint_in_flight",
+            "Requests currently being served by each endpoint.",
+            labels=["endpoint"],
+        )
+        healthy = GaugeMetricFamily(
+            "llmgw_endpoint_healthy",
+            "1 when the endpoint takes traffic (probe passing, not ejected), else 0.",
+            labels=["endpoint"],
+        )
+        for snap in self._snapshot():
+            in_flight.add_metric([snap.endpoint], snap.in_flight)
+            healthy.add_metric([snap.endpoint], 1.0 if snap.healthy else 0.0)
+        yield in_flight
+        yield healthy
+
+
+class RequestSeries:
+    """The labelled children for one (model, endpoint) pair."""
+
+    __slots__ = ("completion_tokens", "inter_token", "latency", "prompt_tokens", "ttft")
+
+    def __init__(self, metrics: RouterMetrics, model: str, endpoint: str) -> None:
+        self.latency = metrics.latency.labels(model, endpoint)
+        self.ttft = metrics.ttft.labels(model, endpoint)
+        self.inter_token = metrics.inter_token.labels(model, endpoint)
+        self.prompt_tokens = metrics.prompt_tokens.labels(model, endpoint)
+        self.completion_tokens = metrics.completion_tokens.labels(model, endpoint)
+
+
+class RouterMetrics:
+    """All router metrics, registered on the given registry."""
+
+    def __init__(self, *, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "llmgw_requests",
+            "Requests answered, by model, endpoint ('none' when none was reached) and status.",
+            ["model", "endpoint", "status"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "llmgw_request_duration_seconds",
+            "Time from receiving a request to sending its last byte.",
+            ["model", "endpoint"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.ttft = Histogram(
+            "llmgw_time_to_first_token_seconds",
+            "Time from receiving a streaming request to relaying its first chunk.",
+            ["model", "endpoint"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.inter_token = Histogram(
+            "llmgw_inter_token_seconds",
+            "Gap between consecutive chunks relayed from an engine's stream.",
+            ["model", "endpoint"],
+            buckets=_GAP_BUCKETS,
+            registry=registry,
+        )
+        self.prompt_tokens = Counter(
+            "llmgw_prompt_tokens",
+            "Prompt tokens, as reported by the engine.",
+            ["model", "endpoint"],
+            registry=registry,
+        )
+        self.completion_tokens = Counter(
+            "llmgw_completion_tokens",
+            "Completion tokens, as reported by the engine.",
+            ["model", "endpoint"],
+            registry=registry,
+        )
+        self.retries = Counter(
+            "llmgw_retries",
+            "Attempts moved to another endpoint before the first byte reached the client.",
+            ["model"],
+            registry=registry,
+        )
+        self.upstream_errors = Counter(
+            "llmgw_upstream_errors",
+            "Failed upstream attempts by kind: connect, status_<code>, timeout_<phase>, "
+            "disconnect, payload.",
+            ["endpoint", "kind"],
+            registry=registry,
+        )
+        self.client_disconnects = Counter(
+            "llmgw_client_disconnects",
+            "Requests whose client went away before the answer was complete.",
+            ["model"],
+            registry=registry,
+        )
+        self._series: dict[tuple[str, str], RequestSeries] = {}
+        self.request_counter = RequestCounter(self.requests)
+
+    def watch_endpoints(self, snapshot: Callable[[], Iterable[EndpointSnapshot]]) -> None:
+        """Expose in-flight and health gauges read from `snapshot` at scrape time."""
+        self.registry.register(_EndpointCollector(snapshot))
+
+    def totals(self) -> RouterTotals:
+        """Every request answered so far, those answered with a 5xx, and the TTFT
+        histogram's sum and count, summed over all models and endpoints."""
+        requests = errors = 0.0
+        for metric in self.requests.collect():
+            for sample in metric.samples:
+                if sample.name.endswith("_total"):
+                    requests += sample.value
+                    if sample.labels["status"].startswith("5"):
+                        errors += sample.value
+        ttft_sum = ttft_count = 0.0
+        for metric in self.ttft.collect():
+            for sample in metric.samples:
+                if sample.name.endswith("_sum"):
+                    ttft_sum += sample.value
+                elif sample.name.endswith("_count"):
+                    ttft_count += sample.value
+        return RouterTotals(requests, errors, ttft_sum, ttft_count)
+
+    def series(self, model: str, endpoint: str) -> RequestSeries:
+        key = (model, endpoint)
+        found = self._series.get(key)
+        if found is None:
+            found = self._series[key] = RequestSeries(self, model, endpoint)
+        return found
+
+
+class RequestCounter:
+    """`llmgw_requests` with its labelled children cached (statuses are few)."""
+
+    __slots__ = ("_children", "_counter")
+
+    def __init__(self, counter: Counter) -> None:
+        self._counter = counter
+        self._children: dict[tuple[str, str, int], Counter] = {}
+
+    def inc(self, model: str, endpoint: str, status: int) -> None:
+        key = (model, endpoint, status)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self._counter.labels(model, endpoint, str(status))
+        child.inc()

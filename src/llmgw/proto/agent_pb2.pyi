@@ -1,0 +1,244 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ShardState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SHARD_STATE_UNSPECIFIED: _ClassVar[ShardState]
+    SHARD_STATE_STARTING: _ClassVar[ShardState]
+    SHARD_STATE_LOADING: _ClassVar[ShardState]
+    SHARD_STATE_READY: _ClassVar[ShardState]
+    SHARD_STATE_DRAINING: _ClassVar[ShardState]
+    SHARD_STATE_STOPPED: _ClassVar[ShardState]
+    SHARD_STATE_FAILED: _ClassVar[ShardState]
+SHARD_STATE_UNSPECIFIED: ShardState
+SHARD_STATE_STARTING: ShardState
+SHARD_STATE_LOADING: ShardState
+SHARD_STATE_READY: ShardState
+SHARD_STATE_DRAINING: ShardState
+SHARD_STATE_STOPPED: ShardState
+SHARD_STATE_FAILED: ShardState
+
+class AgentMessage(_message.Message):
+    __slots__ = ("register", "heartbeat", "shard_status", "command_result")
+    REGISTER_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    SHARD_STATUS_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_RESULT_FIELD_NUMBER: _ClassVar[int]
+    register: Register
+    heartbeat: Heartbeat
+    shard_status: ShardStatus
+    command_result: CommandResult
+    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., shard_status: _Optional[_Union[ShardStatus, _Mapping]] = ..., command_result: _Optional[_Union[CommandResult, _Mapping]] = ...) -> None: ...
+
+class Gpu(_message.Message):
+    __slots__ = ("index", "uuid", "name", "memory_total_bytes", "memory_free_bytes")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    uuid: str
+    name: str
+    memory_total_bytes: int
+    memory_free_bytes: int
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_free_bytes: _Optional[int] = ...) -> None: ...
+
+class Hardware(_message.Message):
+    __slots__ = ("gpus", "cpu_count", "memory_total_bytes", "weights_disk_free_bytes", "gpu_source")
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    CPU_COUNT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_DISK_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPU_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    gpus: _containers.RepeatedCompositeFieldContainer[Gpu]
+    cpu_count: int
+    memory_total_bytes: int
+    weights_disk_free_bytes: int
+    gpu_source: str
+    def __init__(self, gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., cpu_count: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., weights_disk_free_bytes: _Optional[int] = ..., gpu_source: _Optional[str] = ...) -> None: ...
+
+class Register(_message.Message):
+    __slots__ = ("node_id", "hostname", "agent_version", "hardware", "labels", "fabric", "running_shards", "port_range_start", "port_range_end", "weights_dir")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class FabricEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    HARDWARE_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    FABRIC_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    PORT_RANGE_START_FIELD_NUMBER: _ClassVar[int]
+    PORT_RANGE_END_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_DIR_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    hostname: str
+    agent_version: str
+    hardware: Hardware
+    labels: _containers.ScalarMap[str, str]
+    fabric: _containers.ScalarMap[str, str]
+    running_shards: _containers.RepeatedCompositeFieldContainer[ShardStatus]
+    port_range_start: int
+    port_range_end: int
+    weights_dir: str
+    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., agent_version: _Optional[str] = ..., hardware: _Optional[_Union[Hardware, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., fabric: _Optional[_Mapping[str, str]] = ..., running_shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., port_range_start: _Optional[int] = ..., port_range_end: _Optional[int] = ..., weights_dir: _Optional[str] = ...) -> None: ...
+
+class GpuUsage(_message.Message):
+    __slots__ = ("index", "utilization_percent", "memory_used_bytes", "memory_free_bytes")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    utilization_percent: float
+    memory_used_bytes: int
+    memory_free_bytes: int
+    def __init__(self, index: _Optional[int] = ..., utilization_percent: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_free_bytes: _Optional[int] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ("gpus", "sequence")
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuUsage]
+    sequence: int
+    def __init__(self, gpus: _Optional[_Iterable[_Union[GpuUsage, _Mapping]]] = ..., sequence: _Optional[int] = ...) -> None: ...
+
+class ShardStatus(_message.Message):
+    __slots__ = ("shard_id", "model", "state", "message", "pid", "endpoint_url", "output_tail", "exit_code", "spec", "since_unix")
+    SHARD_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_URL_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TAIL_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    SINCE_UNIX_FIELD_NUMBER: _ClassVar[int]
+    shard_id: str
+    model: str
+    state: ShardState
+    message: str
+    pid: int
+    endpoint_url: str
+    output_tail: _containers.RepeatedScalarFieldContainer[str]
+    exit_code: int
+    spec: ShardSpec
+    since_unix: float
+    def __init__(self, shard_id: _Optional[str] = ..., model: _Optional[str] = ..., state: _Optional[_Union[ShardState, str]] = ..., message: _Optional[str] = ..., pid: _Optional[int] = ..., endpoint_url: _Optional[str] = ..., output_tail: _Optional[_Iterable[str]] = ..., exit_code: _Optional[int] = ..., spec: _Optional[_Union[ShardSpec, _Mapping]] = ..., since_unix: _Optional[float] = ...) -> None: ...
+
+class CommandResult(_message.Message):
+    __slots__ = ("command_id", "ok", "error")
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    command_id: str
+    ok: bool
+    error: str
+    def __init__(self, command_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+
+class ServerMessage(_message.Message):
+    __slots__ = ("registered", "start_shard", "stop_shard", "drain_shard", "remove_weights", "command_id")
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    START_SHARD_FIELD_NUMBER: _ClassVar[int]
+    STOP_SHARD_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_SHARD_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    registered: Registered
+    start_shard: StartShard
+    stop_shard: StopShard
+    drain_shard: DrainShard
+    remove_weights: RemoveWeights
+    command_id: str
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., start_shard: _Optional[_Union[StartShard, _Mapping]] = ..., stop_shard: _Optional[_Union[StopShard, _Mapping]] = ..., drain_shard: _Optional[_Union[DrainShard, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ..., command_id: _Optional[str] = ...) -> None: ...
+
+class Registered(_message.Message):
+    __slots__ = ("heartbeat_interval_seconds", "leader_id", "server_version")
+    HEARTBEAT_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    heartbeat_interval_seconds: float
+    leader_id: str
+    server_version: str
+    def __init__(self, heartbeat_interval_seconds: _Optional[float] = ..., leader_id: _Optional[str] = ..., server_version: _Optional[str] = ...) -> None: ...
+
+class ShardSpec(_message.Message):
+    __slots__ = ("shard_id", "model", "engine", "weights", "gpu_indices", "port", "engine_args", "env", "tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SHARD_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_ARGS_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEMORY_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    shard_id: str
+    model: str
+    engine: str
+    weights: str
+    gpu_indices: _containers.RepeatedScalarFieldContainer[int]
+    port: int
+    engine_args: _containers.RepeatedScalarFieldContainer[str]
+    env: _containers.ScalarMap[str, str]
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    gpu_memory_utilization: float
+    def __init__(self, shard_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., weights: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., port: _Optional[int] = ..., engine_args: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., tensor_parallel_size: _Optional[int] = ..., pipeline_parallel_size: _Optional[int] = ..., gpu_memory_utilization: _Optional[float] = ...) -> None: ...
+
+class StartShard(_message.Message):
+    __slots__ = ("spec",)
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    spec: ShardSpec
+    def __init__(self, spec: _Optional[_Union[ShardSpec, _Mapping]] = ...) -> None: ...
+
+class StopShard(_message.Message):
+    __slots__ = ("shard_id", "grace_seconds")
+    SHARD_ID_FIELD_NUMBER: _ClassVar[int]
+    GRACE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    shard_id: str
+    grace_seconds: float
+    def __init__(self, shard_id: _Optional[str] = ..., grace_seconds: _Optional[float] = ...) -> None: ...
+
+class DrainShard(_message.Message):
+    __slots__ = ("shard_id", "grace_seconds")
+    SHARD_ID_FIELD_NUMBER: _ClassVar[int]
+    GRACE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    shard_id: str
+    grace_seconds: float
+    def __init__(self, shard_id: _Optional[str] = ..., grace_seconds: _Optional[float] = ...) -> None: ...
+
+class RemoveWeights(_message.Message):
+    __slots__ = ("path",)
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    def __init__(self, path: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,32 @@
+"""`Activator`: how the router asks for a model that has no ready replica.
+
+The router never imports the control plane; the control plane implements this
+Protocol (through an adapter in the composition root) and the proxy calls it.
+In router-only mode there is no activator and unknown models are a 404.
+
+Not guaranteed: that activation is fast. A caller waits for an engine to load;
+the proxy keeps streaming clients alive with SSE comments meanwhile.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Activator(Protocol):
+    def knows(self, model: str) -> bool:
+        """Whether `model` may be started on request (it is in the catalog)."""
+        ...
+
+    async def activate(self, model: str) -> None:
+        """Return once `model` has a ready replica in the pool; raise
+        `llmgw.router.errors.ModelUnavailable` (with the reason) otherwise."""
+        ...
+
+    def request_started(self, model: str) -> None:
+        """A request for `model` began (keeps the model from being scaled down)."""
+        ...
+
+    def request_finished(self, model: str) -> None:
+        """A request for `model` ended; its idle time counts from now."""
+        ...

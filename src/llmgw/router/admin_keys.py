@@ -1,0 +1,319 @@
+"""Admin API for API keys and usage: `/admin/api/keys` and `/admin/api/usage`.
+
+The same operations as `llmgw keys` and `llmgw usage`, for tools and the
+dashboard. Served on the admin listener only; `admin_guard` lets loopback
+clients in and asks everyone else for an admin key. A created or rotated key's
+secret is in that one response and nowhere else. `PATCH /admin/api/keys/{ref}`
+takes any of the fields `POST /admin/api/keys` takes: a field left out stays
+as it is, a field sent as `null` is cleared (models: every model; rpm, tpm,
+budget_tokens: no limit; expires_at: never).
+Not guaranteed: pagination; the lists are whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from datetime import datetime
+from functools import partial
+from ipaddress import ip_address
+from typing import Any, TypeVar, get_args
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from llmgw.auth import Authenticator, AuthError, KeyInputError, KeyService, token_from_headers
+from llmgw.auth.views import key_view
+from llmgw.router.errors import error_body
+from llmgw.store import (
+    KEEP,
+    Ambiguous,
+    Conflict,
+    InvalidValue,
+    Keep,
+    NotFound,
+    StoreError,
+    UsageDimension,
+    UsageRepository,
+)
+from llmgw.usage.views import usage_row_view
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+T = TypeVar("T")
+
+_DIMENSIONS: tuple[str, ...] = get_args(UsageDimension)
+_CREATE_FIELDS = {"name", "models", "rpm", "tpm", "budget_tokens", "period", "expires_at", "admin"}
+# The secret is not a field: it changes only by rotating.
+_UPDATE_FIELDS = _CREATE_FIELDS
+
+
+class AdminInputError(Exception):
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+def _json(payload: object, status: int = 200) -> Response:
+    return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
+
+
+def _error(status: int, message: str, type_: str, code: str, param: str | None = None) -> Response:
+    return Response(
+        error_body(message, type_, code, param), status_code=status, media_type="application/json"
+    )
+
+
+def _store_error(exc: StoreError) -> Response:
+    if isinstance(exc, NotFound):
+        return _error(404, str(exc), "invalid_request_error", "not_found")
+    if isinstance(exc, Ambiguous):
+        return _error(400, str(exc), "invalid_request_error", "ambiguous")
+    if isinstance(exc, Conflict):
+        return _error(409, str(exc), "invalid_request_error", "conflict")
+    if isinstance(exc, InvalidValue):
+        return _error(400, str(exc), "invalid_request_error", "invalid_request")
+    return _error(503, str(exc), "service_unavailable", "store_unavailable")
+
+
+async def _answer(work: Callable[[], Awaitable[Response]]) -> Response:
+    """`work`'s response, or the error response for what it raised on bad input."""
+    try:
+        return await work()
+    except orjson.JSONDecodeError as exc:
+        return _error(
+            400, f"request body is not valid JSON: {exc}", "invalid_request_error", "invalid_json"
+        )
+    except AdminInputError as exc:
+        return _error(400, exc.message, "invalid_request_error", "invalid_request", exc.param)
+    except KeyInputError as exc:
+        return _error(400, str(exc), "invalid_request_error", "invalid_request", exc.field)
+    except StoreError as exc:
+        return _store_error(exc)
+
+
+def _object(raw: bytes, allowed: set[str]) -> dict[str, Any]:
+    """The JSON object in a request body, refusing fields not in `allowed`."""
+    body = orjson.loads(raw)
+    if not isinstance(body, dict):
+        raise AdminInputError("the body must be a JSON object")
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise AdminInputError(f"unknown field '{unknown[0]}'", param=unknown[0])
+    return body
+
+
+def _given(body: dict[str, Any], field: str, parse: Callable[[object], T]) -> T | Keep:
+    """`body[field]` parsed, or `KEEP` when the field is absent (null is a value: clear)."""
+    return parse(body[field]) if field in body else KEEP
+
+
+def _new_name(value: object) -> str:
+    if not isinstance(value, str):
+        raise AdminInputError(
+            "'name' must be a string; leave it out to keep the key's name", param="name"
+        )
+    return value
+
+
+def _models(value: object) -> list[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(m, str) for m in value):
+        raise AdminInputError("'models' must be an array of model names", param="models")
+    return value
+
+
+def _admin(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise AdminInputError("'admin' must be true or false", param="admin")
+    return value
+
+
+def _period(value: object) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise AdminInputError("'period' must be 'day' or 'month'", param="period")
+    return value
+
+
+def _int(field: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise AdminInputError(f"'{field}' must be an integer", param=field)
+    return value
+
+
+def _time(field: str, value: object) -> datetime | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise AdminInputError(f"'{field}' must be an ISO 8601 time string", param=field)
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError as exc:
+        raise AdminInputError(
+            f"'{field}' is not an ISO 8601 time (e.g. 2026-12-01T00:00:00Z): {value!r}",
+            param=field,
+        ) from exc
+    if parsed.tzinfo is None:
+        raise AdminInputError(f"'{field}' needs a time zone (e.g. a trailing Z)", param=field)
+    return parsed
+
+
+def key_routes(
+    *, service: KeyService, usage: UsageRepository, wall_clock: Callable[[], datetime]
+) -> list[Route]:
+    async def list_keys(request: Request) -> Response:
+        include = request.query_params.get("all", "").lower() in ("1", "true", "yes")
+        try:
+            keys = await service.list(include_revoked=include)
+        except StoreError as exc:
+            return _store_error(exc)
+        now = wall_clock()
+        return _json({"keys": [key_view(k, now) for k in keys]})
+
+    async def create_key(request: Request) -> Response:
+        async def work() -> Response:
+            body = _object(await request.body(), _CREATE_FIELDS)
+            name = body.get("name")
+            if not isinstance(name, str):
+                raise AdminInputError("'name' is required and must be a string", param="name")
+            key, secret = await service.create(
+                name=name,
+                models=_models(body.get("models")),
+                rpm=_int("rpm", body.get("rpm")),
+                tpm=_int("tpm", body.get("tpm")),
+                budget_tokens=_int("budget_tokens", body.get("budget_tokens")),
+                period=_period(body.get("period")),
+                expires_at=_time("expires_at", body.get("expires_at")),
+                is_admin=_admin(body.get("admin", False)),
+            )
+            return _json({**key_view(key, wall_clock()), "secret": secret}, status=201)
+
+        return await _answer(work)
+
+    async def update_key(request: Request) -> Response:
+        async def work() -> Response:
+            raw = await request.body()
+            body = _object(raw, _UPDATE_FIELDS | {"secret"}) if raw.strip() else {}
+            if "secret" in body:
+                raise AdminInputError(
+                    "'secret' cannot be set; POST /admin/api/keys/{ref}/rotate gives the key "
+                    "a new one",
+                    param="secret",
+                )
+            if not body:
+                raise AdminInputError(
+                    "nothing to change: send at least one of "
+                    + ", ".join(sorted(_UPDATE_FIELDS))
+                    + " (null clears a limit)"
+                )
+            key = await service.update(
+                request.path_params["ref"],
+                name=_given(body, "name", _new_name),
+                models=_given(body, "models", _models),
+                rpm=_given(body, "rpm", partial(_int, "rpm")),
+                tpm=_given(body, "tpm", partial(_int, "tpm")),
+                budget_tokens=_given(body, "budget_tokens", partial(_int, "budget_tokens")),
+                period=_given(body, "period", _period),
+                expires_at=_given(body, "expires_at", partial(_time, "expires_at")),
+                is_admin=_given(body, "admin", _admin),
+            )
+            return _json(key_view(key, wall_clock()))
+
+        return await _answer(work)
+
+    async def revoke_key(request: Request) -> Response:
+        async def work() -> Response:
+            key = await service.revoke(request.path_params["ref"])
+            return _json(key_view(key, wall_clock()))
+
+        return await _answer(work)
+
+    async def rotate_key(request: Request) -> Response:
+        async def work() -> Response:
+            key, secret = await service.rotate(request.path_params["ref"])
+            return _json({**key_view(key, wall_clock()), "secret": secret})
+
+        return await _answer(work)
+
+    async def usage_report(request: Request) -> Response:
+        params = request.query_params
+        try:
+            by = tuple(p for p in params.get("by", "key,model").split(",") if p)
+            for dimension in by:
+                if dimension not in _DIMENSIONS:
+                    raise AdminInputError(
+                        f"'by' takes {', '.join(_DIMENSIONS)}; got {dimension!r}", param="by"
+                    )
+            key_id: str | None = None
+            if params.get("key"):
+                key_id = (await service.resolve(params["key"])).id
+            group_by: tuple[UsageDimension, ...] = by  # type: ignore[assignment]
+            rows = await usage.query(
+                key_id=key_id,
+                model=params.get("model") or None,
+                since=_time("since", params.get("since")),
+                until=_time("until", params.get("until")),
+                group_by=group_by,
+            )
+            names = {k.id: k.name for k in await service.list(include_revoked=True)}
+        except AdminInputError as exc:
+            return _error(400, exc.message, "invalid_request_error", "invalid_request", exc.param)
+        except StoreError as exc:
+            return _store_error(exc)
+        return _json({"usage": [usage_row_view(r, group_by, names) for r in rows]})
+
+    return [
+        Route("/admin/api/keys", list_keys, methods=["GET"]),
+        Route("/admin/api/keys", create_key, methods=["POST"]),
+        Route("/admin/api/keys/{ref}", update_key, methods=["PATCH"]),
+        Route("/admin/api/keys/{ref}/revoke", revoke_key, methods=["POST"]),
+        Route("/admin/api/keys/{ref}/rotate", rotate_key, methods=["POST"]),
+        Route("/admin/api/usage", usage_report, methods=["GET"]),
+    ]
+
+
+def _is_loopback(scope: Scope) -> bool:
+    client = scope.get("client")
+    if not client:
+        return False
+    try:
+        return ip_address(client[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def admin_guard(app: ASGIApp, *, authenticator: Authenticator) -> ASGIApp:
+    """Loopback clients pass; others need `Authorization: Bearer <admin key>`."""
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or _is_loopback(scope):
+            await app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        token = token_from_headers(headers.get(b"authorization"), headers.get(b"x-api-key"))
+        try:
+            principal = await authenticator.authenticate(token)
+        except AuthError as exc:
+            response = _error(exc.status, exc.message, exc.type, exc.code)
+        else:
+            if principal.is_admin:
+                await app(scope, receive, send)
+                return
+            response = _error(
+                403,
+                "the admin API needs an admin key (llmgw keys create --admin) "
+                "when called from another host",
+                "permission_error",
+                "admin_required",
+            )
+        await response(scope, receive, send)
+
+    return guarded

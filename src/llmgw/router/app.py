@@ -1,0 +1,364 @@
+"""The client-facing ASGI app: `/v1/*`, `/healthz`, and `/admin` handed to the admin portal.
+
+A hand-written ASGI app rather than a framework's router: this is the hot path
+and every request pays for each layer. Routing is a dict lookup; errors of
+every kind become OpenAI-shaped bodies here and nowhere else. While a request
+is proxied, a watcher waits for the client to disconnect and cancels the
+upstream work at once.
+Not guaranteed: requests arriving with `Transfer-Encoding: chunked` are only
+checked against the body limit as they are read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from datetime import datetime
+from typing import Any, Protocol
+
+import orjson
+
+from llmgw.auth import Authenticator, AuthError, Principal, token_from_headers
+from llmgw.limits import Admission, Limiter, LimitExceeded
+from llmgw.metrics import RouterMetrics
+from llmgw.router.endpoints import EndpointPool
+from llmgw.router.errors import (
+    BodyTooLarge,
+    ClientClosed,
+    MethodNotAllowed,
+    ModelNotFound,
+    Refused,
+    RouteNotFound,
+    RouterError,
+    StoreUnavailableError,
+)
+from llmgw.router.ids import new_request_id
+from llmgw.router.proxy import CLIENT_CLOSED, Outcome, Proxy
+from llmgw.router.requests import CHAT, COMPLETIONS, EMBEDDINGS, ParsedRequest, parse_request
+from llmgw.store import StoreError, UsageRecord
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+log = logging.getLogger("llmgw.router")
+
+_POST_ROUTES = frozenset({CHAT, COMPLETIONS, EMBEDDINGS})
+_MAX_REQUEST_ID = 128
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class UsageSink(Protocol):
+    def record(self, rec: UsageRecord) -> None: ...
+
+
+class RouterApp:
+    """ASGI callable for the API listener."""
+
+    def __init__(
+        self,
+        *,
+        proxy: Proxy,
+        pool: EndpointPool,
+        metrics: RouterMetrics,
+        authenticator: Authenticator,
+        limiter: Limiter,
+        usage: UsageSink,
+        max_body_bytes: int,
+        clock: Callable[[], float],
+        wall_clock: Callable[[], datetime],
+        started_at: int,
+        admin_portal: ASGIApp | None = None,
+    ) -> None:
+        """`admin_portal` answers every `/admin` and `/admin/...` path (the login and
+        admin pages); without one those paths are 404 like any unknown route."""
+        self._proxy = proxy
+        self._pool = pool
+        self._metrics = metrics
+        self._auth = authenticator
+        self._limiter = limiter
+        self._usage = usage
+        self._max_body = max_body_bytes
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._created = started_at
+        self._admin_portal = admin_portal
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            if scope["type"] == "lifespan":
+                await _lifespan(receive, send)
+            return
+        request_id = b""
+        content_length = -1
+        authorization: bytes | None = None
+        api_key: bytes | None = None
+        for name, value in scope["headers"]:
+            if name == b"x-request-id":
+                if 0 < len(value) <= _MAX_REQUEST_ID:
+                    request_id = value
+            elif name == b"content-length" and value.isdigit():
+                content_length = int(value)
+            elif name == b"authorization":
+                authorization = value
+            elif name == b"x-api-key":
+                api_key = value
+        if not request_id:
+            request_id = new_request_id()
+        path: str = scope["path"]
+        method: str = scope["method"]
+        try:
+            if path in _POST_ROUTES:
+                if method != "POST":
+                    raise MethodNotAllowed(
+                        f"{method} {path} is not allowed; use POST", allowed="POST"
+                    )
+                principal = await self._authenticate(authorization, api_key)
+                await self._complete(path, receive, send, request_id, content_length, principal)
+            elif path == "/v1/models" or path.startswith("/v1/models/"):
+                if method not in ("GET", "HEAD"):
+                    raise MethodNotAllowed(
+                        f"{method} {path} is not allowed; use GET", allowed="GET"
+                    )
+                principal = await self._authenticate(authorization, api_key)
+                await self._models(path, send, request_id, principal)
+            elif path == "/healthz":
+                await _send_json(send, 200, {"status": "ok"}, request_id)
+            elif self._admin_portal is not None and (
+                path == "/admin" or path.startswith("/admin/")
+            ):
+                await self._admin_portal(scope, receive, send)
+            else:
+                raise RouteNotFound(f"no route {method} {path}; this server serves /v1/*")
+        except RouterError as exc:
+            await _send_error(send, exc, request_id)
+
+    async def _authenticate(self, authorization: bytes | None, api_key: bytes | None) -> Principal:
+        try:
+            return await self._auth.authenticate(token_from_headers(authorization, api_key))
+        except AuthError as exc:
+            self._metrics.request_counter.inc("none", "none", exc.status)
+            raise _refused(exc) from None
+
+    async def _complete(
+        self,
+        path: str,
+        receive: Receive,
+        send: Send,
+        request_id: bytes,
+        content_length: int,
+        principal: Principal,
+    ) -> None:
+        start = self._clock()
+        model = "none"
+        try:
+            if content_length > self._max_body:
+                raise BodyTooLarge(self._too_large(content_length))
+            raw = await self._read_body(receive)
+            req = parse_request(path, raw)
+            model = req.model if req.model in self._pool.by_model else "unknown"
+            try:
+                principal.check_model(req.model)
+            except AuthError as exc:
+                raise _refused(exc) from None
+        except RouterError as exc:
+            self._metrics.request_counter.inc(model, "none", exc.status)
+            raise
+        limits = principal.limits
+        admission: Admission | None = None
+        if limits is not None:
+            try:
+                admission = await self._limiter.admit(limits, req.prompt_tokens_estimate())
+            except LimitExceeded as exc:
+                self._record(req, principal, request_id, start, exc.status, "none", None)
+                self._metrics.request_counter.inc(model, "none", exc.status)
+                raise Refused(
+                    exc.message,
+                    status=exc.status,
+                    type_=exc.type,
+                    code=exc.code,
+                    extra_headers=exc.headers,
+                ) from None
+            except StoreError as exc:
+                raise StoreUnavailableError(
+                    f"cannot check the key's budget: the store is unavailable ({exc}); retry"
+                ) from exc
+        outcome: Outcome | None = None
+        try:
+            outcome = await self._proxy_watching_disconnect(
+                req, request_id, send, start, receive, admission
+            )
+        except RouterError as exc:
+            self._metrics.request_counter.inc(model, exc.endpoint_id or "none", exc.status)
+            self._record(req, principal, request_id, start, exc.status, exc.endpoint_id, None)
+            raise
+        finally:
+            if limits is not None and admission is not None:
+                used = outcome.prompt_tokens + outcome.completion_tokens if outcome else 0
+                await self._limiter.settle(limits, admission, used)
+        self._metrics.request_counter.inc(model, outcome.endpoint, outcome.status)
+        self._record(req, principal, request_id, start, outcome.status, outcome.endpoint, outcome)
+
+    async def _proxy_watching_disconnect(
+        self,
+        req: ParsedRequest,
+        request_id: bytes,
+        send: Send,
+        start: float,
+        receive: Receive,
+        admission: Admission | None,
+    ) -> Outcome:
+        """Proxy `req`, cancelling it the moment the client goes away."""
+        task = asyncio.current_task()
+        assert task is not None
+        gone = False
+        active = True
+
+        def on_disconnect(fut: asyncio.Future[None]) -> None:
+            nonlocal gone
+            if active and not fut.cancelled() and fut.exception() is None:
+                gone = True
+                task.cancel()
+
+        watcher = asyncio.ensure_future(_wait_disconnect(receive))
+        watcher.add_done_callback(on_disconnect)
+        extra = admission.headers if admission is not None else []
+        try:
+            return await self._proxy.handle(req, request_id, send, start, extra)
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+            task.uncancel()
+            self._metrics.client_disconnects.labels(req.model).inc()
+            log.info("client went away; request %s to %s cancelled", request_id.decode(), req.model)
+            return Outcome(CLIENT_CLOSED, "none")
+        finally:
+            active = False
+            watcher.remove_done_callback(on_disconnect)
+            watcher.cancel()
+
+    def _record(
+        self,
+        req: ParsedRequest,
+        principal: Principal,
+        request_id: bytes,
+        start: float,
+        status: int,
+        endpoint: str | None,
+        outcome: Outcome | None,
+    ) -> None:
+        now = self._clock()
+        self._usage.record(
+            UsageRecord(
+                ts=self._wall_clock(),
+                request_id=request_id.decode("latin-1"),
+                key_id=principal.key_id,
+                model=req.model,
+                endpoint=endpoint or "none",
+                status=status,
+                prompt_tokens=outcome.prompt_tokens if outcome else 0,
+                completion_tokens=outcome.completion_tokens if outcome else 0,
+                latency_ms=(now - start) * 1000.0,
+                ttft_ms=outcome.ttft * 1000.0 if outcome and outcome.ttft is not None else None,
+                streamed=req.stream,
+            )
+        )
+
+    def _too_large(self, size: int) -> str:
+        return (
+            f"request body of {size} bytes is over the limit of {self._max_body} bytes "
+            "(router.max_body_bytes)"
+        )
+
+    async def _read_body(self, receive: Receive) -> bytes:
+        message = await receive()
+        body: bytes = message.get("body", b"")
+        if not message.get("more_body", False):
+            if len(body) > self._max_body:
+                raise BodyTooLarge(self._too_large(len(body)))
+            return body
+        chunks = [body]
+        size = len(body)
+        while message.get("more_body", False):
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientClosed("client disconnected while sending the request body")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self._max_body:
+                raise BodyTooLarge(self._too_large(size))
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _models(self, path: str, send: Send, request_id: bytes, principal: Principal) -> None:
+        models = [m for m in self._pool.models() if principal.may_use(m)]
+        if path == "/v1/models":
+            data = [self._model_object(m) for m in models]
+            await _send_json(send, 200, {"object": "list", "data": data}, request_id)
+            return
+        name = path[len("/v1/models/") :]
+        if name not in self._pool.by_model or not principal.may_use(name):
+            raise ModelNotFound(f"model '{name}' is not served here", param="model")
+        await _send_json(send, 200, self._model_object(name), request_id)
+
+    def _model_object(self, name: str) -> dict[str, object]:
+        return {"id": name, "object": "model", "created": self._created, "owned_by": "llmgw"}
+
+
+def _refused(exc: AuthError) -> Refused:
+    return Refused(exc.message, status=exc.status, type_=exc.type, code=exc.code)
+
+
+async def _send_json(send: Send, status: int, payload: object, request_id: bytes) -> None:
+    body = orjson.dumps(payload)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"x-request-id", request_id),
+                (b"x-llmgw-replica", b"none"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _send_error(send: Send, exc: RouterError, request_id: bytes) -> None:
+    body = exc.body()
+    replica = (exc.endpoint_id or "none").encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": exc.status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"x-request-id", request_id),
+                (b"x-llmgw-replica", replica),
+                *exc.headers(),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

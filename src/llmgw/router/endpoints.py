@@ -1,0 +1,210 @@
+"""Endpoints as the router sees them, and the pool the balancer picks from.
+
+An `Endpoint` keeps the health state that both the active prober and the
+request path update: the probe's verdict, and passive ejection after
+consecutive request failures with a backed-off re-admission time. Endpoint
+objects are kept across updates (matched by id), so in-flight counts and
+ejections survive a change of the endpoint set.
+
+Not guaranteed: health is a hint, not a promise; a healthy endpoint may still
+fail the next request, which is why the proxy retries.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from llmgw.metrics import EndpointSnapshot
+
+log = logging.getLogger("llmgw.router.endpoints")
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointSpec:
+    """What a source of endpoints says about one of them."""
+
+    id: str
+    url: str
+    models: tuple[str, ...]
+    health_path: str = "/v1/models"
+
+
+@dataclass(frozen=True, slots=True)
+class EjectionPolicy:
+    failure_threshold: int
+    base: float
+    maximum: float
+
+
+class Endpoint:
+    """One engine replica's URL with its live load and health."""
+
+    __slots__ = (
+        "_clock",
+        "_policy",
+        "consecutive_failures",
+        "ejected_until",
+        "ejections",
+        "health_path",
+        "id",
+        "in_flight",
+        "last_error",
+        "models",
+        "probe_ok",
+        "stream_usage",
+        "url",
+    )
+
+    def __init__(
+        self, spec: EndpointSpec, *, policy: EjectionPolicy, clock: Callable[[], float]
+    ) -> None:
+        self.id = spec.id
+        self.url = spec.url
+        self.models = spec.models
+        self.health_path = spec.health_path
+        self._policy = policy
+        self._clock = clock
+        self.in_flight = 0
+        # Optimistic until the first probe: a request that fails is retried elsewhere.
+        self.probe_ok = True
+        self.consecutive_failures = 0
+        self.ejections = 0
+        self.ejected_until = 0.0
+        self.last_error: str | None = None
+        # Whether the engine sends a usage chunk in streams; None until a stream shows it.
+        self.stream_usage: bool | None = None
+
+    def available(self, now: float) -> bool:
+        return self.probe_ok and now >= self.ejected_until
+
+    def record_success(self) -> None:
+        self.consecutive_failures = 0
+        self.ejections = 0
+
+    def record_failure(self, reason: str) -> None:
+        """Count a failed request; eject after the threshold, for twice as long each time."""
+        self.last_error = reason
+        self.consecutive_failures += 1
+        if self.consecutive_failures < self._policy.failure_threshold:
+            return
+        duration = min(self._policy.base * (2**self.ejections), self._policy.maximum)
+        self.ejections += 1
+        self.consecutive_failures = 0
+        self.ejected_until = self._clock() + duration
+        log.warning(
+            "endpoint %s ejected for %.1fs after %d consecutive failures (last: %s)",
+            self.id,
+            duration,
+            self._policy.failure_threshold,
+            reason,
+        )
+
+    def update(self, spec: EndpointSpec) -> None:
+        self.url = spec.url
+        self.models = spec.models
+        self.health_path = spec.health_path
+
+    def describe(self, now: float) -> dict[str, object]:
+        """The endpoint as the admin API shows it."""
+        return {
+            "id": self.id,
+            "url": self.url,
+            "models": list(self.models),
+            "healthy": self.available(now),
+            "probe_ok": self.probe_ok,
+            "ejected": now < self.ejected_until,
+            "ejected_for_seconds": round(max(0.0, self.ejected_until - now), 3),
+            "consecutive_failures": self.consecutive_failures,
+            "in_flight": self.in_flight,
+            "last_error": self.last_error,
+        }
+
+
+class EndpointSink(Protocol):
+    """What a source of endpoints (static config, the control plane) talks to."""
+
+    def set_model_endpoints(self, model: str, specs: Iterable[EndpointSpec]) -> None:
+        """Replace the set of Ready endpoints serving `model` (empty: none right now)."""
+        ...
+
+    def remove_model(self, model: str) -> None:
+        """`model` is no longer served at all."""
+        ...
+
+    def set_alias(self, alias: str, model: str | None) -> None:
+        """Requests for `alias` go to engines as `model` (None: `alias` is no alias)."""
+        ...
+
+
+class EndpointPool:
+    """The endpoints of every model; implements `EndpointSink`."""
+
+    def __init__(self, *, policy: EjectionPolicy, clock: Callable[[], float]) -> None:
+        self._policy = policy
+        self._clock = clock
+        self._by_id: dict[str, Endpoint] = {}
+        self._by_model: dict[str, list[Endpoint]] = {}
+        self._aliases: dict[str, str] = {}
+
+    @property
+    def by_model(self) -> Mapping[str, list[Endpoint]]:
+        return self._by_model
+
+    @property
+    def aliases(self) -> Mapping[str, str]:
+        """Alias -> the model name engines serve it under."""
+        return self._aliases
+
+    def set_alias(self, alias: str, model: str | None) -> None:
+        if model is None:
+            self._aliases.pop(alias, None)
+        else:
+            self._aliases[alias] = model
+
+    def endpoints(self) -> list[Endpoint]:
+        return list(self._by_id.values())
+
+    def models(self) -> list[str]:
+        return sorted(self._by_model)
+
+    def set_model_endpoints(self, model: str, specs: Iterable[EndpointSpec]) -> None:
+        chosen: list[Endpoint] = []
+        for spec in specs:
+            existing = self._by_id.get(spec.id)
+            if existing is None:
+                existing = self._by_id[spec.id] = Endpoint(
+                    spec, policy=self._policy, clock=self._clock
+                )
+            else:
+                existing.update(spec)
+            chosen.append(existing)
+        self._by_model[model] = chosen
+        self._forget_unused()
+
+    def remove_model(self, model: str) -> None:
+        self._by_model.pop(model, None)
+        self._forget_unused()
+
+    def _forget_unused(self) -> None:
+        used = {ep.id for eps in self._by_model.values() for ep in eps}
+        for endpoint_id in [i for i in self._by_id if i not in used]:
+            del self._by_id[endpoint_id]
+
+    def snapshots(self) -> list[EndpointSnapshot]:
+        now = self._clock()
+        return [
+            EndpointSnapshot(ep.id, ep.in_flight, ep.available(now)) for ep in self._by_id.values()
+        ]
+
+
+def publish_static(sink: EndpointSink, specs: Iterable[EndpointSpec]) -> None:
+    """Router-only mode: hand a fixed list of endpoints to the sink, grouped by model."""
+    by_model: dict[str, list[EndpointSpec]] = {}
+    for spec in specs:
+        for model in spec.models:
+            by_model.setdefault(model, []).append(spec)
+    for model, model_specs in by_model.items():
+        sink.set_model_endpoints(model, model_specs)

@@ -1,0 +1,493 @@
+"""The upstream proxy: one client request, one or more attempts at engines.
+
+An attempt may be retried on another endpoint only while nothing has reached
+the client: connection failures and engine 429/502/503/504 move on, everything
+else is answered. Deadlines are per phase, enforced by one `asyncio.timeout`
+that is rescheduled as the attempt moves on: connect (the upstream client's
+connect timeout), first byte (engine queue + prefill; for a non-streaming answer the
+first byte is the whole answer, so `total` bounds it), idle between stream
+chunks, and total. A stream that fails after its first byte ends with an SSE
+`error` event and is closed; it is never retried.
+Not guaranteed: an engine that received a request and then failed may have
+done work for it before the retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from llmgw.config import RouterConfig
+from llmgw.metrics import RouterMetrics
+from llmgw.metrics.router import RequestSeries
+from llmgw.router.activation import Activator
+from llmgw.router.balancer import Balancer
+from llmgw.router.endpoints import Endpoint, EndpointPool
+from llmgw.router.errors import (
+    DeadlineExceeded,
+    EngineError,
+    EngineUnreachable,
+    ModelNotFound,
+    ModelUnavailable,
+    NoHealthyEndpoint,
+    RouterError,
+    engine_error_message,
+)
+from llmgw.router.ids import is_uuid, new_request_id
+from llmgw.router.requests import ParsedRequest
+from llmgw.router.sse import SSERelay
+from llmgw.router.upstream import (
+    ConnectFailed,
+    Disconnected,
+    Response,
+    Upstream,
+    UpstreamError,
+)
+from llmgw.router.usage_scan import find_usage
+
+Message = MutableMapping[str, Any]
+Send = Callable[[Message], Awaitable[None]]
+
+_RETRY_STATUSES = frozenset({429, 502, 503, 504})
+_JSON = b"application/json"
+_EVENT_STREAM = b"text/event-stream"
+
+
+class _Retryable(Exception):
+    """An attempt failed before anything reached the client; another endpoint may do."""
+
+    def __init__(self, error: RouterError, kind: str, *, counts_as_failure: bool) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.kind = kind
+        self.counts_as_failure = counts_as_failure
+
+
+# nginx's code for "the client closed the connection before the answer was complete".
+CLIENT_CLOSED = 499
+
+
+@dataclass(slots=True)
+class Outcome:
+    status: int
+    endpoint: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ttft: float | None = None
+
+
+class Proxy:
+    def __init__(
+        self,
+        *,
+        pool: EndpointPool,
+        balancer: Balancer,
+        upstream: Upstream,
+        metrics: RouterMetrics,
+        config: RouterConfig,
+        clock: Callable[[], float],
+        activator: Activator | None = None,
+        activation_keepalive: float = 5.0,
+    ) -> None:
+        self._activator = activator
+        self._keepalive = activation_keepalive
+        self._pool = pool
+        self._balancer = balancer
+        self._upstream = upstream
+        self._metrics = metrics
+        self._attempts = config.attempts
+        self._retry_after = config.retry_after
+        self._first_byte = config.timeouts.first_byte
+        self._idle = config.timeouts.idle
+        self._total = config.timeouts.total
+        self._clock = clock
+
+    async def handle(
+        self,
+        req: ParsedRequest,
+        request_id: bytes,
+        send: Send,
+        start: float,
+        extra_headers: list[tuple[bytes, bytes]],
+    ) -> Outcome:
+        """Serve `req`; RouterError when nothing was sent and the client gets an error."""
+        activator = self._activator
+        if activator is None:
+            return await self._dispatch(req, request_id, send, start, extra_headers)
+        activator.request_started(req.model)
+        try:
+            if not self._pool.by_model.get(req.model) and activator.knows(req.model):
+                return await self._activate_then_dispatch(
+                    activator, req, request_id, send, start, extra_headers
+                )
+            return await self._dispatch(req, request_id, send, start, extra_headers)
+        finally:
+            activator.request_finished(req.model)
+
+    async def _activate_then_dispatch(
+        self,
+        activator: Activator,
+        req: ParsedRequest,
+        request_id: bytes,
+        send: Send,
+        start: float,
+        extra_headers: list[tuple[bytes, bytes]],
+    ) -> Outcome:
+        """Wait for the model to start, then serve; a stream gets SSE comments meanwhile.
+
+        Once a stream's headers went out (after the first keep-alive interval), every
+        later failure is an SSE `error` event, as for any stream that already began.
+        """
+        activation = asyncio.ensure_future(activator.activate(req.model))
+        started = False
+        try:
+            if req.stream:
+                while not activation.done():
+                    await asyncio.wait({activation}, timeout=self._keepalive)
+                    if activation.done():
+                        break
+                    if not started:
+                        await send(_stream_start(200, request_id, extra_headers))
+                        started = True
+                    comment = f": llmgw is starting model {req.model}\n\n".encode()
+                    await send({"type": "http.response.body", "body": comment, "more_body": True})
+            try:
+                await activation
+            except ModelUnavailable as exc:
+                if not started:
+                    raise
+                await _send_error_event(send, exc)
+                return Outcome(exc.status, "none")
+        finally:
+            # The client went away (or we were cancelled): stop waiting, not the activation.
+            activation.cancel()
+        if not started:
+            return await self._dispatch(req, request_id, send, start, extra_headers)
+        try:
+            return await self._dispatch(req, request_id, _HeadersSent(send), start, extra_headers)
+        except RouterError as exc:
+            await _send_error_event(send, exc)
+            return Outcome(exc.status, exc.endpoint_id or "none")
+
+    async def _dispatch(
+        self,
+        req: ParsedRequest,
+        request_id: bytes,
+        send: Send,
+        start: float,
+        extra_headers: list[tuple[bytes, bytes]],
+    ) -> Outcome:
+        endpoints = self._pool.by_model.get(req.model)
+        if endpoints is None:
+            raise ModelNotFound(
+                f"model '{req.model}' is not served here; GET /v1/models lists the models",
+                param="model",
+            )
+        engine_model = self._pool.aliases.get(req.model)
+        if engine_model is not None:
+            req.send_as(engine_model)
+        tried: list[Endpoint] = []
+        failure: RouterError | None = None
+        for _ in range(self._attempts):
+            endpoint = self._balancer.pick(endpoints, tried)
+            if endpoint is None:
+                break
+            if tried:
+                self._metrics.retries.labels(req.model).inc()
+            tried.append(endpoint)
+            endpoint.in_flight += 1
+            try:
+                outcome = await self._attempt(endpoint, req, request_id, send, start, extra_headers)
+            except _Retryable as exc:
+                self._metrics.upstream_errors.labels(endpoint.id, exc.kind).inc()
+                if exc.counts_as_failure:
+                    endpoint.record_failure(exc.error.message)
+                failure = exc.error
+                failure.endpoint_id = endpoint.id
+                continue
+            finally:
+                endpoint.in_flight -= 1
+            return outcome
+        if failure is not None:
+            raise failure
+        raise NoHealthyEndpoint(
+            f"no healthy replica of model '{req.model}' right now "
+            f"({len(endpoints)} known, none passing health checks); retry later",
+            retry_after=self._retry_after,
+        )
+
+    async def _attempt(
+        self,
+        endpoint: Endpoint,
+        req: ParsedRequest,
+        request_id: bytes,
+        send: Send,
+        start: float,
+        extra_headers: list[tuple[bytes, bytes]],
+    ) -> Outcome:
+        total_deadline = start + self._total
+        first_limit = self._first_byte if req.stream else self._total
+        phase = "first byte" if req.stream else "total"
+        resp: Response | None = None
+        done = False
+        try:
+            try:
+                async with asyncio.timeout_at(min(self._clock() + first_limit, total_deadline)):
+                    resp = await self._post(endpoint, req, request_id)
+                    if resp.status >= 400:
+                        raise await self._engine_error(endpoint, resp)
+                    streaming = req.stream and resp.content_type == _EVENT_STREAM
+                    # For a stream the first chunk is the first byte; otherwise the whole body.
+                    data = await (resp.next_chunk() if streaming else resp.read())
+            except TimeoutError as exc:
+                if self._clock() >= total_deadline:
+                    phase = "total"
+                self._metrics.upstream_errors.labels(
+                    endpoint.id, f"timeout_{phase.replace(' ', '_')}"
+                ).inc()
+                endpoint.record_failure(f"no answer within the {phase} deadline")
+                limit = self._total if phase == "total" else self._first_byte
+                raise DeadlineExceeded(
+                    f"endpoint '{endpoint.id}' did not answer within the {phase} deadline "
+                    f"of {limit:g}s"
+                ) from exc
+            except UpstreamError as exc:
+                raise _Retryable(
+                    EngineUnreachable(
+                        f"engine of endpoint '{endpoint.id}' failed before answering: {exc}"
+                    ),
+                    "disconnect",
+                    counts_as_failure=True,
+                ) from exc
+            if streaming:
+                outcome = await self._relay_stream(
+                    endpoint,
+                    req,
+                    request_id,
+                    send,
+                    resp,
+                    data,
+                    total_deadline,
+                    start,
+                    extra_headers,
+                )
+            else:
+                outcome = await self._send_whole(
+                    endpoint, req, request_id, send, resp, data, start, extra_headers
+                )
+            done = True
+            return outcome
+        finally:
+            if resp is not None:
+                if done:
+                    resp.release()
+                else:
+                    # Closing (not pooling) the connection tells the engine to stop.
+                    resp.close()
+
+    async def _post(self, endpoint: Endpoint, req: ParsedRequest, request_id: bytes) -> Response:
+        try:
+            return await self._upstream.request(
+                b"POST",
+                endpoint.url,
+                req.path,
+                req.upstream_body,
+                ((b"Content-Type", _JSON), (b"X-Request-Id", _upstream_id(request_id))),
+            )
+        except (ConnectFailed, Disconnected) as exc:
+            raise _Retryable(
+                EngineUnreachable(f"engine of endpoint '{endpoint.id}' is unreachable: {exc}"),
+                "connect",
+                counts_as_failure=True,
+            ) from exc
+
+    async def _send_whole(
+        self,
+        endpoint: Endpoint,
+        req: ParsedRequest,
+        request_id: bytes,
+        send: Send,
+        resp: Response,
+        body: bytes,
+        start: float,
+        extra_headers: list[tuple[bytes, bytes]],
+    ) -> Outcome:
+        endpoint.record_success()
+        series = self._metrics.series(req.model, endpoint.id)
+        prompt, completion = self._record_usage(series, find_usage(body))
+        series.latency.observe(self._clock() - start)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": resp.status,
+                "headers": [
+                    (b"content-type", resp.header(b"content-type") or _JSON),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"x-request-id", request_id),
+                    (b"x-llmgw-replica", endpoint.id.encode()),
+                    *extra_headers,
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+        return Outcome(resp.status, endpoint.id, prompt, completion)
+
+    async def _engine_error(self, endpoint: Endpoint, resp: Response) -> RouterError | _Retryable:
+        raw = await resp.read()
+        error = EngineError(
+            engine_error_message(resp.status, raw), status=resp.status, raw_body=raw
+        )
+        kind = f"status_{resp.status}"
+        if resp.status in _RETRY_STATUSES:
+            return _Retryable(error, kind, counts_as_failure=resp.status != 429)
+        self._metrics.upstream_errors.labels(endpoint.id, kind).inc()
+        if resp.status >= 500:
+            endpoint.record_failure(error.message)
+        error.endpoint_id = endpoint.id
+        return error
+
+    async def _relay_stream(
+        self,
+        endpoint: Endpoint,
+        req: ParsedRequest,
+        request_id: bytes,
+        send: Send,
+        resp: Response,
+        data: bytes,
+        total_deadline: float,
+        start: float,
+        extra_headers: list[tuple[bytes, bytes]],
+    ) -> Outcome:
+        clock = self._clock
+        idle = self._idle
+        next_chunk = resp.next_chunk
+        series = self._metrics.series(req.model, endpoint.id)
+        counting = endpoint.stream_usage is not True
+        relay = SSERelay(strip_usage=not req.client_wants_usage, count_tokens=counting)
+        last = clock()
+        ttft = last - start
+        series.ttft.observe(ttft)
+        await send(
+            _stream_start(
+                resp.status,
+                request_id,
+                [(b"x-llmgw-replica", endpoint.id.encode()), *extra_headers],
+            )
+        )
+        # From here on the client has bytes: failures end the stream, never retry.
+        try:
+            async with asyncio.timeout_at(min(last + idle, total_deadline)) as deadline:
+                while data:
+                    out = relay.feed(data)
+                    if out:
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                    data = await next_chunk()
+                    now = clock()
+                    series.inter_token.observe(now - last)
+                    last = now
+                    deadline.reschedule(min(now + idle, total_deadline))
+        except TimeoutError:
+            phase = "total" if clock() >= total_deadline else "idle"
+            resp.close()
+            endpoint.record_failure(f"stream exceeded the {phase} deadline")
+            await self._end_stream_with_error(
+                endpoint,
+                send,
+                relay,
+                f"timeout_{phase}",
+                DeadlineExceeded(
+                    f"endpoint '{endpoint.id}' stream exceeded the {phase} deadline of "
+                    f"{self._total if phase == 'total' else idle:g}s"
+                ),
+            )
+            return self._partial(endpoint, resp, relay, ttft)
+        except UpstreamError as exc:
+            resp.close()
+            endpoint.record_failure(str(exc))
+            await self._end_stream_with_error(
+                endpoint,
+                send,
+                relay,
+                "disconnect",
+                EngineUnreachable(f"engine of endpoint '{endpoint.id}' failed mid-stream: {exc}"),
+            )
+            return self._partial(endpoint, resp, relay, ttft)
+        endpoint.record_success()
+        endpoint.stream_usage = relay.usage is not None
+        tail = relay.finish(prompt_tokens_estimate=req.prompt_tokens_estimate())
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+        prompt, completion = self._record_usage(series, relay.usage)
+        series.latency.observe(clock() - start)
+        return Outcome(resp.status, endpoint.id, prompt, completion, ttft)
+
+    @staticmethod
+    def _partial(endpoint: Endpoint, resp: Response, relay: SSERelay, ttft: float) -> Outcome:
+        """A stream cut short: the completion tokens relayed so far, when counted."""
+        return Outcome(resp.status, endpoint.id, 0, relay.counted, ttft)
+
+    async def _end_stream_with_error(
+        self, endpoint: Endpoint, send: Send, relay: SSERelay, kind: str, error: RouterError
+    ) -> None:
+        self._metrics.upstream_errors.labels(endpoint.id, kind).inc()
+        # A half-written event would swallow the error event: drop it.
+        relay.abandon()
+        await _send_error_event(send, error)
+
+    @staticmethod
+    def _record_usage(series: RequestSeries, usage: dict[str, Any] | None) -> tuple[int, int]:
+        """Count the engine's usage in the metrics; (prompt, completion) tokens."""
+        if not usage:
+            return 0, 0
+        prompt = usage.get("prompt_tokens")
+        completion = usage.get("completion_tokens")
+        prompt = prompt if isinstance(prompt, int) and prompt > 0 else 0
+        completion = completion if isinstance(completion, int) and completion > 0 else 0
+        if prompt:
+            series.prompt_tokens.inc(prompt)
+        if completion:
+            series.completion_tokens.inc(completion)
+        return prompt, completion
+
+
+def _stream_start(
+    status: int, request_id: bytes, extra_headers: list[tuple[bytes, bytes]]
+) -> Message:
+    return {
+        "type": "http.response.start",
+        "status": status,
+        "headers": [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-request-id", request_id),
+            *extra_headers,
+        ],
+    }
+
+
+async def _send_error_event(send: Send, error: RouterError) -> None:
+    """End a stream whose headers were sent with an SSE `error` event."""
+    event = b"event: error\ndata: " + error.body() + b"\n\n"
+    await send({"type": "http.response.body", "body": event, "more_body": False})
+
+
+class _HeadersSent:
+    """A `send` for a stream whose response start already went out: drops the second one."""
+
+    __slots__ = ("_send",)
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] != "http.response.start":
+            await self._send(message)
+
+
+def _upstream_id(request_id: bytes) -> bytes:
+    """The request id for the engine: the client's when it is a UUID, else a new one.
+
+    llama-cpp-python's server answers any X-Request-Id that is not a UUID with 400.
+    """
+    return request_id if is_uuid(request_id) else new_request_id()

@@ -1,0 +1,146 @@
+"""Parsing and checking client requests before anything is sent upstream.
+
+Only the fields the router acts on, and the common fields whose wrong type an
+engine would answer with a less helpful error, are checked here; value ranges
+are the engine's to judge. Non-streaming bodies are forwarded byte for byte;
+streaming bodies are re-serialized once, to ask the engine for usage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from llmgw.limits import estimate_prompt_tokens
+from llmgw.router.errors import InvalidJSON, InvalidRequest
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+EMBEDDINGS = "/v1/embeddings"
+
+# field -> (accepted types, readable type name)
+_INT = (int,)
+_NUMBER = (int, float)
+_TYPED_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "max_tokens": (_INT, "an integer"),
+    "max_completion_tokens": (_INT, "an integer"),
+    "n": (_INT, "an integer"),
+    "temperature": (_NUMBER, "a number"),
+    "top_p": (_NUMBER, "a number"),
+    "presence_penalty": (_NUMBER, "a number"),
+    "frequency_penalty": (_NUMBER, "a number"),
+    "seed": (_INT, "an integer"),
+    "user": ((str,), "a string"),
+}
+# path -> (required field, accepted types, readable type name)
+_REQUIRED: dict[str, tuple[str, tuple[type, ...], str]] = {
+    CHAT: ("messages", (list,), "an array of messages"),
+    COMPLETIONS: ("prompt", (str, list), "a string or an array"),
+    EMBEDDINGS: ("input", (str, list), "a string or an array"),
+}
+
+
+@dataclass(slots=True)
+class ParsedRequest:
+    path: str
+    model: str
+    stream: bool
+    client_wants_usage: bool
+    upstream_body: bytes
+    body: dict[str, Any]
+    _prompt_estimate: int = -1
+
+    def send_as(self, engine_model: str) -> None:
+        """Send the request upstream under `engine_model` (the name an alias stands for)."""
+        self.body["model"] = engine_model
+        self.upstream_body = orjson.dumps(self.body)
+
+    def prompt_tokens_estimate(self) -> int:
+        """Prompt tokens estimated from the text (computed once, on first use)."""
+        if self._prompt_estimate < 0:
+            self._prompt_estimate = estimate_prompt_tokens(self.body)
+        return self._prompt_estimate
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def _check_type(body: dict[str, Any], field: str, types: tuple[type, ...], name: str) -> None:
+    value = body.get(field)
+    if value is None:
+        return
+    # bool is an int in Python, never in JSON.
+    if isinstance(value, bool) or not isinstance(value, types):
+        raise InvalidRequest(f"'{field}' must be {name}, got {_type_name(value)}", param=field)
+
+
+def parse_request(path: str, raw: bytes) -> ParsedRequest:
+    """Check a request body for `path`; raise InvalidRequest naming the field."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidJSON(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise InvalidRequest(f"request body must be a JSON object, got {_type_name(body)}")
+    model = body.get("model")
+    if model is None:
+        raise InvalidRequest("you must provide a 'model' parameter", param="model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest(
+            f"'model' must be a non-empty string, got {_type_name(model)}", param="model"
+        )
+    field, types, name = _REQUIRED[path]
+    if field not in body:
+        raise InvalidRequest(f"you must provide a '{field}' parameter", param=field)
+    if not isinstance(body[field], types):
+        raise InvalidRequest(
+            f"'{field}' must be {name}, got {_type_name(body[field])}", param=field
+        )
+    for typed_field, (accepted, type_name) in _TYPED_FIELDS.items():
+        if typed_field in body:
+            _check_type(body, typed_field, accepted, type_name)
+
+    stream = body.get("stream")
+    if stream is None:
+        stream = False
+    elif not isinstance(stream, bool):
+        raise InvalidRequest(
+            f"'stream' must be a boolean, got {_type_name(stream)}", param="stream"
+        )
+    if stream and path == EMBEDDINGS:
+        raise InvalidRequest("embeddings cannot be streamed", param="stream")
+
+    options = body.get("stream_options")
+    wants_usage = False
+    if options is not None:
+        if not isinstance(options, dict):
+            raise InvalidRequest(
+                f"'stream_options' must be an object, got {_type_name(options)}",
+                param="stream_options",
+            )
+        include = options.get("include_usage")
+        if include is not None and not isinstance(include, bool):
+            raise InvalidRequest(
+                f"'stream_options.include_usage' must be a boolean, got {_type_name(include)}",
+                param="stream_options.include_usage",
+            )
+        wants_usage = bool(include)
+
+    if stream and not wants_usage:
+        # Ask the engine for the usage chunk; the relay removes it again.
+        body["stream_options"] = {**(options or {}), "include_usage": True}
+        raw = orjson.dumps(body)
+    return ParsedRequest(path, model, stream, wants_usage, raw, body)

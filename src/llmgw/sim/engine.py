@@ -1,0 +1,81 @@
+"""One request's life on the simulated engine: queue, prefill, decode, release.
+
+`Engine.generate` admits the request through the scheduler, looks its prompt up in the
+prefix cache, sleeps the prefill, then produces the given tokens one inter-token gap
+apart, handing each to `emit` (streaming) or just spending the time (non-streaming).
+An injected stall stops the token flow for good; only cancellation (the client went
+away) ends such a request. The running slot is released however the request ends.
+
+Not guaranteed: tokens are counted in `generation_tokens` as they are produced, so a
+cancelled request's partial output is counted, as in vLLM; nothing is counted for a
+request still queued when it is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+
+from llmgw.sim.cache import PrefixCache
+from llmgw.sim.scheduler import Scheduler
+from llmgw.sim.stats import ModelCounters
+
+Emit = Callable[[int, str], Awaitable[None]]
+
+
+class Engine:
+    """Runs requests through the scheduler and the prefix cache."""
+
+    def __init__(self, *, scheduler: Scheduler, cache: PrefixCache) -> None:
+        self.scheduler = scheduler
+        self.cache = cache
+
+    async def generate(
+        self,
+        *,
+        model: str,
+        counters: ModelCounters,
+        prompt: Sequence[Hashable],
+        tokens: Sequence[str],
+        stall_after: int | None,
+        slow_start: float,
+        emit: Emit | None,
+    ) -> None:
+        scheduler = self.scheduler
+        await scheduler.admit(counters)
+        try:
+            cached = self.cache.match_and_insert(model, prompt)
+            counters.prefix_cache_queries += len(prompt)
+            counters.prefix_cache_hits += cached
+            counters.prompt_tokens += len(prompt)
+            await scheduler.prefill(len(prompt) - cached, extra_seconds=slow_start)
+            if emit is None and stall_after is None and scheduler.timing.instant:
+                counters.generation_tokens += len(tokens)
+                return
+            paced = not scheduler.timing.instant
+            for index, token in enumerate(tokens):
+                if index and paced:
+                    await scheduler.inter_token()
+                if stall_after is not None and index >= stall_after:
+                    await _forever()
+                counters.generation_tokens += 1
+                if emit is not None:
+                    await emit(index, token)
+        finally:
+            scheduler.release(counters)
+
+    async def encode(
+        self, *, counters: ModelCounters, prompt_tokens: int, slow_start: float
+    ) -> None:
+        """An embedding request: admission and prefill time, no cache, no decode."""
+        scheduler = self.scheduler
+        await scheduler.admit(counters)
+        try:
+            counters.prompt_tokens += prompt_tokens
+            await scheduler.prefill(prompt_tokens, extra_seconds=slow_start)
+        finally:
+            scheduler.release(counters)
+
+
+async def _forever() -> None:
+    await asyncio.get_running_loop().create_future()

@@ -1,0 +1,349 @@
+"""The inference endpoints: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`.
+
+Each request is counted, checked for an injected crash, parsed, recorded as
+`last_request`, possibly failed on purpose, then run through the engine. Streaming
+answers are SSE with one token per chunk (the first chat chunk also carries the
+assistant role, the last one the finish reason), an optional usage chunk with empty
+`choices` (vLLM's `stream_options.include_usage`), then `data: [DONE]`. Response
+headers of a stream are sent with its first token, so a slow start delays the first
+byte of the response, headers included.
+
+Not guaranteed: a client that disconnects is only noticed while something could take
+time (any timing, a slow start or a stall). In zero-delay mode without faults the
+response is written in one go and counted as completed even if nobody reads it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final
+
+import orjson
+
+from llmgw.sim.asgi import Receive, Scope, Send, read_body, send_bytes, send_error
+from llmgw.sim.asgi import until_disconnect as _until_disconnect
+from llmgw.sim.engine import Engine
+from llmgw.sim.errors import SimError, bad_request
+from llmgw.sim.faults import Faults, FaultSettings
+from llmgw.sim.protocol import (
+    GenerationRequest,
+    parse_chat,
+    parse_completion,
+    parse_embedding,
+)
+from llmgw.sim.stats import LastRequest, ModelCounters, SimStats
+from llmgw.sim.tokens import TextGenerator
+from llmgw.sim.vectors import to_base64, unit_vector
+
+_SSE_HEADERS: Final = (
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+)
+_DONE: Final = b"data: [DONE]\n\n"
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def _sse(payload: object) -> dict[str, object]:
+    return {
+        "type": "http.response.body",
+        "body": b"data: " + orjson.dumps(payload) + b"\n\n",
+        "more_body": True,
+    }
+
+
+class _ChunkTemplate:
+    """The bytes of one kind of token chunk, split around the token's JSON string.
+
+    Rendering a chunk is then two concatenations instead of building and serialising a
+    dict per token; the template is made by orjson itself, so it is the same JSON.
+    """
+
+    __slots__ = ("_prefix", "_suffix")
+
+    _MARK: Final = "\x00llmgw-token\x00"
+
+    def __init__(
+        self, head: dict[str, object], *, chat: bool, first: bool, finish: str | None
+    ) -> None:
+        choice: dict[str, object]
+        if chat:
+            delta = (
+                {"role": "assistant", "content": self._MARK} if first else {"content": self._MARK}
+            )
+            choice = {"index": 0, "delta": delta}
+        else:
+            choice = {"index": 0, "text": self._MARK}
+        choice["logprobs"] = None
+        choice["finish_reason"] = finish
+        rendered = b"data: " + orjson.dumps({**head, "choices": [choice]}) + b"\n\n"
+        self._prefix, self._suffix = rendered.split(orjson.dumps(self._MARK))
+
+    def message(self, token: str) -> dict[str, object]:
+        return {
+            "type": "http.response.body",
+            "body": self._prefix + orjson.dumps(token) + self._suffix,
+            "more_body": True,
+        }
+
+
+class Inference:
+    """Handlers of the three inference endpoints, sharing counters, faults and the engine."""
+
+    def __init__(
+        self,
+        *,
+        models: Sequence[str],
+        engine: Engine,
+        generator: TextGenerator,
+        stats: SimStats,
+        faults: Faults,
+        output_tokens: int,
+        embedding_dim: int,
+        wall_clock: Callable[[], float],
+    ) -> None:
+        self._default_model = models[0]
+        self._served = ", ".join(models)
+        self._engine = engine
+        self._generator = generator
+        self._stats = stats
+        self._faults = faults
+        self._output_tokens = output_tokens
+        self._embedding_dim = embedding_dim
+        self._wall_clock = wall_clock
+        self._id_base = secrets.token_hex(4)
+        self._ids = itertools.count(1)
+
+    def _new_id(self, prefix: str) -> str:
+        return f"{prefix}{self._id_base}{next(self._ids):08x}"
+
+    def _resolve(self, name: str | None) -> tuple[str, ModelCounters]:
+        if name is None:
+            name = self._default_model
+        counters = self._stats.models.get(name)
+        if counters is None:
+            raise SimError(
+                404,
+                f"The model '{name}' does not exist on this engine; it serves: {self._served}.",
+                code="model_not_found",
+                error_type="invalid_request_error",
+                param="model",
+            )
+        return name, counters
+
+    def _needs_watch(self, faults: FaultSettings) -> bool:
+        return (
+            not self._engine.scheduler.instant
+            or faults.slow_start > 0
+            or faults.stall_after_tokens is not None
+        )
+
+    async def _watch(self, receive: Receive, work: Awaitable[None], watch: bool) -> bool:
+        """Run `work`, watching for a disconnect only when it could take time."""
+        if not watch:
+            await work
+            return True
+        if await _until_disconnect(receive, work):
+            return True
+        self._stats.requests_cancelled += 1
+        return False
+
+    async def _begin(self, scope: Scope, receive: Receive) -> object | None:
+        """Count the request, crash if told to, read and decode its body (None: gone)."""
+        self._faults.on_inference_request()
+        stats = self._stats
+        stats.requests_total += 1
+        body = await read_body(receive)
+        if body is None:
+            stats.requests_cancelled += 1
+            return None
+        try:
+            data: object = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise bad_request(f"the request body is not valid JSON: {exc}") from exc
+        stats.last_request = LastRequest(scope["path"], data, scope["headers"])
+        return data
+
+    async def _injected_failure(self, receive: Receive, send: Send, faults: FaultSettings) -> None:
+        if faults.slow_start > 0:
+            pause = self._engine.scheduler.pause(faults.slow_start)
+            if not await self._watch(receive, pause, True):
+                return
+        self._stats.requests_failed += 1
+        await send_error(
+            send,
+            SimError(
+                faults.error_status,
+                "injected failure: this llmgw sim fails a fraction of requests on purpose "
+                "(--error-rate or POST /sim/faults)",
+                code="injected_fault",
+            ),
+        )
+
+    async def chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._generation(scope, receive, send, chat=True)
+
+    async def completions(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._generation(scope, receive, send, chat=False)
+
+    async def _generation(self, scope: Scope, receive: Receive, send: Send, *, chat: bool) -> None:
+        try:
+            data = await self._begin(scope, receive)
+            if data is None:
+                return
+            request = parse_chat(data) if chat else parse_completion(data)
+            model, counters = self._resolve(request.model)
+        except SimError as exc:
+            self._stats.requests_failed += 1
+            await send_error(send, exc)
+            return
+        faults = self._faults.settings
+        if self._faults.should_fail():
+            await self._injected_failure(receive, send, faults)
+            return
+        if request.stream:
+            await self._stream(receive, send, request, model, counters, faults, chat=chat)
+        else:
+            await self._respond(receive, send, request, model, counters, faults, chat=chat)
+
+    async def _respond(
+        self,
+        receive: Receive,
+        send: Send,
+        request: GenerationRequest,
+        model: str,
+        counters: ModelCounters,
+        faults: FaultSettings,
+        *,
+        chat: bool,
+    ) -> None:
+        tokens = self._generator.tokens(request.key, request.max_tokens or self._output_tokens)
+        work = self._engine.generate(
+            model=model,
+            counters=counters,
+            prompt=request.prompt,
+            tokens=tokens,
+            stall_after=faults.stall_after_tokens,
+            slow_start=faults.slow_start,
+            emit=None,
+        )
+        if not await self._watch(receive, work, self._needs_watch(faults)):
+            return
+        finish = "length" if request.max_tokens is not None else "stop"
+        text = "".join(tokens)
+        choice: dict[str, object]
+        if chat:
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        payload = {
+            "id": self._new_id("chatcmpl-" if chat else "cmpl-"),
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(self._wall_clock()),
+            "model": model,
+            "choices": [choice],
+            "usage": _usage(len(request.prompt), len(tokens)),
+        }
+        await send_bytes(send, 200, orjson.dumps(payload))
+        counters.request_success += 1
+        self._stats.requests_completed += 1
+
+    async def _stream(
+        self,
+        receive: Receive,
+        send: Send,
+        request: GenerationRequest,
+        model: str,
+        counters: ModelCounters,
+        faults: FaultSettings,
+        *,
+        chat: bool,
+    ) -> None:
+        tokens = self._generator.tokens(request.key, request.max_tokens or self._output_tokens)
+        finish = "length" if request.max_tokens is not None else "stop"
+        last = len(tokens) - 1
+        head: dict[str, object] = {
+            "id": self._new_id("chatcmpl-" if chat else "cmpl-"),
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(self._wall_clock()),
+            "model": model,
+        }
+        first = _ChunkTemplate(head, chat=chat, first=True, finish=None)
+        middle = _ChunkTemplate(head, chat=chat, first=False, finish=None)
+        final = _ChunkTemplate(head, chat=chat, first=last == 0, finish=finish)
+
+        async def emit(index: int, token: str) -> None:
+            if index == 0:
+                await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            template = final if index == last else first if index == 0 else middle
+            await send(template.message(token))
+
+        work = self._engine.generate(
+            model=model,
+            counters=counters,
+            prompt=request.prompt,
+            tokens=tokens,
+            stall_after=faults.stall_after_tokens,
+            slow_start=faults.slow_start,
+            emit=emit,
+        )
+        if not await self._watch(receive, work, self._needs_watch(faults)):
+            return
+        if request.include_usage:
+            usage = _usage(len(request.prompt), len(tokens))
+            await send(_sse({**head, "choices": [], "usage": usage}))
+        await send({"type": "http.response.body", "body": _DONE, "more_body": False})
+        counters.request_success += 1
+        self._stats.requests_completed += 1
+
+    async def embeddings(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            data = await self._begin(scope, receive)
+            if data is None:
+                return
+            request = parse_embedding(data)
+            model, counters = self._resolve(request.model)
+        except SimError as exc:
+            self._stats.requests_failed += 1
+            await send_error(send, exc)
+            return
+        faults = self._faults.settings
+        if self._faults.should_fail():
+            await self._injected_failure(receive, send, faults)
+            return
+        prompt_tokens = sum(item.tokens for item in request.inputs)
+        work = self._engine.encode(
+            counters=counters, prompt_tokens=prompt_tokens, slow_start=faults.slow_start
+        )
+        if not await self._watch(receive, work, self._needs_watch(faults)):
+            return
+        dim = self._embedding_dim
+        items: list[dict[str, object]] = []
+        for index, item in enumerate(request.inputs):
+            vector = unit_vector(item.key, dim)
+            embedding: object = to_base64(vector) if request.base64 else vector
+            items.append({"object": "embedding", "index": index, "embedding": embedding})
+        payload = {
+            "id": self._new_id("embd-"),
+            "object": "list",
+            "created": int(self._wall_clock()),
+            "model": model,
+            "data": items,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+        }
+        await send_bytes(send, 200, orjson.dumps(payload))
+        counters.request_success += 1
+        self._stats.requests_completed += 1

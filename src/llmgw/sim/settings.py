@@ -1,0 +1,67 @@
+"""Settings of one `llmgw sim` process, as given on its command line.
+
+Not guaranteed: that the timings resemble any particular GPU; the defaults are picked
+so a short request takes tens of milliseconds and a batch visibly slows decoding.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SimSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    models: tuple[str, ...] = Field(
+        default=("sim-model",),
+        min_length=1,
+        description="Served model names; the first answers requests that name no model.",
+    )
+    load_time: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="Seconds before /health turns 200, to exercise a gateway's wait for "
+        "loading replicas. 0: ready at once.",
+    )
+    prefill_per_token: float = Field(
+        default=0.0002,
+        ge=0.0,
+        description="Seconds of prefill per prompt token not in the prefix cache "
+        "(0.2 ms: a 1,000-token prompt costs 0.2 s, enough to see cache hits pay off).",
+    )
+    itl: float = Field(
+        default=0.01,
+        ge=0.0,
+        description="Base inter-token latency in seconds (10 ms: 100 tokens/s alone).",
+    )
+    itl_per_running: float = Field(
+        default=0.0005,
+        ge=0.0,
+        description="Extra inter-token seconds per running sequence, so a full batch of "
+        "64 decodes at about a quarter of the single-sequence speed.",
+    )
+    max_running: int = Field(
+        default=64,
+        ge=1,
+        description="Sequences decoded at once; later requests queue FIFO (vLLM's max_num_seqs "
+        "is larger, but 64 makes queueing easy to reach in tests).",
+    )
+    block_size: int = Field(default=16, ge=1, description="Tokens per KV block (vLLM's default).")
+    cache_blocks: int = Field(
+        default=4096,
+        ge=0,
+        description="Prefix-cache capacity in blocks (64k tokens at 16 per block); 0 disables it.",
+    )
+    output_tokens: int = Field(
+        default=16,
+        ge=1,
+        description="Completion length when a request sets no max_tokens: short, so tests "
+        "and benchmarks are quick.",
+    )
+    embedding_dim: int = Field(default=64, ge=1, description="Length of embedding vectors.")
+    seed: int = Field(default=0, description="Seeds the generated text and the error draws.")
+    zero_delay: bool = Field(
+        default=False,
+        description="No timing model at all (no sleeps, no queue) for router overhead "
+        "benchmarks; injected faults still apply.",
+    )

@@ -1,0 +1,81 @@
+"""The store: keys, usage, catalog, users and sessions in SQLite or PostgreSQL, via repositories.
+
+The only package that writes SQL. It hands out frozen dataclasses (`ApiKey`,
+`UsageRow`, ...) and raises only `StoreError` and its subclasses. Open it with
+`open_store(store_url(data_dir, store))` in the composition root, apply
+migrations with `await store.upgrade()`, and `await store.close()` at shutdown.
+
+Not guaranteed: anything about the tables themselves; they are private to this
+package and change through migrations.
+"""
+
+from llmgw.store.catalog import CatalogRepository, StoredModel
+from llmgw.store.errors import (
+    AlreadyExists,
+    Ambiguous,
+    BadStoreUrl,
+    Conflict,
+    InvalidValue,
+    NotFound,
+    StaleEpoch,
+    StoreError,
+    StoreUnavailable,
+)
+from llmgw.store.keys import KeyRepository
+from llmgw.store.leadership import Demand, LeadershipRepository, Lease, PublishedEndpoint
+from llmgw.store.models import (
+    KEEP,
+    ApiKey,
+    BudgetPeriod,
+    Keep,
+    KeyChanges,
+    NewApiKey,
+    UsageDimension,
+    UsageRecord,
+    UsageRow,
+    truncate_to_hour,
+    utc_now,
+)
+from llmgw.store.store import Store, open_store, upgrade
+from llmgw.store.urls import store_url
+from llmgw.store.usage import UsageRepository
+from llmgw.store.users import AdminSession, SessionRepository, User, UserRepository
+
+__all__ = [
+    "KEEP",
+    "AdminSession",
+    "AlreadyExists",
+    "Ambiguous",
+    "ApiKey",
+    "BadStoreUrl",
+    "BudgetPeriod",
+    "CatalogRepository",
+    "Conflict",
+    "Demand",
+    "InvalidValue",
+    "Keep",
+    "KeyChanges",
+    "KeyRepository",
+    "LeadershipRepository",
+    "Lease",
+    "NewApiKey",
+    "NotFound",
+    "PublishedEndpoint",
+    "SessionRepository",
+    "StaleEpoch",
+    "Store",
+    "StoreError",
+    "StoreUnavailable",
+    "StoredModel",
+    "UsageDimension",
+    "UsageRecord",
+    "UsageRepository",
+    "UsageRow",
+    "User",
+    "UserRepository",
+    "open_store",
+    "store_url",
+    "truncate_to_hour",
+    "upgrade",
+    "utc_now",
+]

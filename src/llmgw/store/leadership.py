@@ -1,0 +1,247 @@
+"""The control-plane lease, the Ready endpoints the leader publishes, and demand per server.
+
+The lease is one row (`leases`, name "control"): owner, epoch, expiry. Taking a
+free or expired lease raises the epoch; renewing keeps it. Every write the
+leader makes to shared placement state (the published endpoints) carries its
+epoch and is refused with `StaleEpoch` when the lease has moved on, in the same
+transaction that checks it (fencing): a leader that was paused past its expiry
+and wakes up cannot overwrite what the new leader published.
+
+Times come from the caller's wall clock. Not guaranteed: correctness under
+clock skew between servers larger than a small fraction of the lease TTL; run
+NTP. Not guaranteed either: that a reader sees a write committed after its
+query began (followers poll).
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, cast
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from llmgw.store.engine import transaction
+from llmgw.store.errors import StaleEpoch
+from llmgw.store.tables import leases, model_demand, replica_endpoints
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    name: str
+    owner: str
+    epoch: int
+    acquired_at: datetime
+    expires_at: datetime
+    agent_address: str
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedEndpoint:
+    """A Ready replica as the leader published it."""
+
+    model: str
+    replica_id: str
+    url: str
+    names: tuple[str, ...]
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """What one server's router saw of one model."""
+
+    model: str
+    server: str
+    last_active: datetime
+    in_flight: int
+    wanted_at: datetime | None
+
+
+class LeadershipRepository:
+    """Lease, published endpoints and demand; every method is one short transaction."""
+
+    def __init__(self, *, engine: AsyncEngine, clock: Callable[[], datetime]) -> None:
+        self._engine = engine
+        self._clock = clock
+        self._postgres = engine.dialect.name == "postgresql"
+
+    # ---- the lease ----
+
+    async def acquire(self, name: str, owner: str, ttl: float, agent_address: str) -> Lease | None:
+        """Take the lease when it is free, expired or already `owner`'s; None when held
+        by another. A change of owner raises the epoch; keeping it does not."""
+        now = self._clock()
+        expires = now + timedelta(seconds=ttl)
+        async with transaction(self._engine, f"taking the {name!r} lease") as conn:
+            row = await self._locked(conn, name)
+            if row is None:
+                try:
+                    await conn.execute(
+                        leases.insert().values(
+                            name=name, owner=owner, epoch=1, acquired_at=now,
+                            expires_at=expires, agent_address=agent_address,
+                        )
+                    )  # fmt: skip
+                except IntegrityError:
+                    return None  # another server inserted it first
+                return Lease(name, owner, 1, now, expires, agent_address)
+            if row["owner"] != owner and row["expires_at"] > now:
+                return None
+            epoch = int(row["epoch"]) + (0 if row["owner"] == owner else 1)
+            acquired = row["acquired_at"] if row["owner"] == owner else now
+            result = await conn.execute(
+                update(leases)
+                .where(leases.c.name == name, leases.c.epoch == row["epoch"])
+                .values(
+                    owner=owner, epoch=epoch, acquired_at=acquired, expires_at=expires,
+                    agent_address=agent_address,
+                )
+            )  # fmt: skip
+            if result.rowcount != 1:
+                return None
+            return Lease(name, owner, epoch, acquired, expires, agent_address)
+
+    async def renew(self, name: str, owner: str, epoch: int, ttl: float) -> datetime | None:
+        """Extend `owner`'s lease at `epoch`; the new expiry, or None when it is lost."""
+        now = self._clock()
+        expires = now + timedelta(seconds=ttl)
+        async with transaction(self._engine, f"renewing the {name!r} lease") as conn:
+            result = await conn.execute(
+                update(leases)
+                .where(
+                    leases.c.name == name,
+                    leases.c.owner == owner,
+                    leases.c.epoch == epoch,
+                    leases.c.expires_at > now,
+                )
+                .values(expires_at=expires)
+            )
+            return expires if result.rowcount == 1 else None
+
+    async def release(self, name: str, owner: str, epoch: int) -> bool:
+        """Give the lease up now (a clean shutdown), so a standby need not wait for it."""
+        now = self._clock()
+        async with transaction(self._engine, f"releasing the {name!r} lease") as conn:
+            result = await conn.execute(
+                update(leases)
+                .where(leases.c.name == name, leases.c.owner == owner, leases.c.epoch == epoch)
+                .values(expires_at=now)
+            )
+            return bool(result.rowcount == 1)
+
+    async def current(self, name: str) -> Lease | None:
+        """The lease as stored (possibly expired), or None when nobody ever held it."""
+        async with transaction(self._engine, f"reading the {name!r} lease") as conn:
+            row = (await conn.execute(select(leases).where(leases.c.name == name))).first()
+        return None if row is None else _lease(row._mapping)
+
+    async def _locked(self, conn: AsyncConnection, name: str) -> Any:
+        stmt = select(leases).where(leases.c.name == name)
+        if self._postgres:
+            stmt = stmt.with_for_update()
+        row = (await conn.execute(stmt)).first()
+        return None if row is None else row._mapping
+
+    async def _check_epoch(self, conn: AsyncConnection, name: str, epoch: int) -> None:
+        row = await self._locked(conn, name)
+        if row is None or int(row["epoch"]) != epoch:
+            held = "nobody" if row is None else f"{row['owner']} at epoch {row['epoch']}"
+            raise StaleEpoch(
+                f"write refused: it carries epoch {epoch} of the {name!r} lease, which is "
+                f"now held by {held}"
+            )
+
+    # ---- published endpoints ----
+
+    async def publish(
+        self,
+        lease_name: str,
+        epoch: int,
+        model: str,
+        names: Sequence[str],
+        endpoints: Sequence[tuple[str, str]],
+    ) -> None:
+        """Replace `model`'s Ready endpoints ((replica id, url) pairs); `StaleEpoch` when fenced."""
+        now = self._clock()
+        async with transaction(self._engine, f"publishing endpoints of {model!r}") as conn:
+            await self._check_epoch(conn, lease_name, epoch)
+            await conn.execute(delete(replica_endpoints).where(replica_endpoints.c.model == model))
+            if endpoints:
+                await conn.execute(
+                    replica_endpoints.insert(),
+                    [
+                        {
+                            "model": model, "replica_id": replica_id, "url": url,
+                            "names": list(names), "epoch": epoch, "updated_at": now,
+                        }
+                        for replica_id, url in endpoints
+                    ],
+                )  # fmt: skip
+
+    async def withdraw(self, lease_name: str, epoch: int, models: Sequence[str]) -> None:
+        """Remove models that are not served any more; `StaleEpoch` when fenced."""
+        async with transaction(self._engine, "withdrawing endpoints") as conn:
+            await self._check_epoch(conn, lease_name, epoch)
+            await conn.execute(
+                delete(replica_endpoints).where(replica_endpoints.c.model.in_(list(models)))
+            )
+
+    async def endpoints(self) -> builtins.list[PublishedEndpoint]:
+        """Every published endpoint, by model then replica id."""
+        stmt = select(replica_endpoints).order_by(
+            replica_endpoints.c.model, replica_endpoints.c.replica_id
+        )
+        async with transaction(self._engine, "reading published endpoints") as conn:
+            rows = (await conn.execute(stmt)).all()
+        return [
+            PublishedEndpoint(
+                model=r.model,
+                replica_id=r.replica_id,
+                url=r.url,
+                names=tuple(cast(list[str], r.names)),
+                epoch=int(r.epoch),
+            )
+            for r in rows
+        ]
+
+    # ---- demand ----
+
+    async def report_demand(self, server: str, rows: Sequence[Demand]) -> None:
+        """Replace `server`'s demand rows with `rows`."""
+        async with transaction(self._engine, f"reporting demand of {server!r}") as conn:
+            await conn.execute(delete(model_demand).where(model_demand.c.server == server))
+            if rows:
+                await conn.execute(
+                    model_demand.insert(),
+                    [
+                        {
+                            "model": d.model, "server": server, "last_active": d.last_active,
+                            "in_flight": d.in_flight, "wanted_at": d.wanted_at,
+                        }
+                        for d in rows
+                    ],
+                )  # fmt: skip
+
+    async def demand(self) -> builtins.list[Demand]:
+        """Every server's demand rows."""
+        async with transaction(self._engine, "reading demand") as conn:
+            rows = (await conn.execute(select(model_demand))).all()
+        return [
+            Demand(r.model, r.server, r.last_active, int(r.in_flight), r.wanted_at) for r in rows
+        ]
+
+
+def _lease(row: Any) -> Lease:
+    return Lease(
+        name=row["name"],
+        owner=row["owner"],
+        epoch=int(row["epoch"]),
+        acquired_at=row["acquired_at"],
+        expires_at=row["expires_at"],
+        agent_address=row["agent_address"],
+    )

@@ -1,0 +1,187 @@
+"""Domain objects the store takes and returns: plain frozen dataclasses.
+
+Nothing here knows about SQL; repositories map rows to these types and back, so
+callers never hold ORM or Core row objects. Every datetime is timezone-aware UTC.
+
+Not guaranteed: that an object is current. It is a snapshot of a row at the time it
+was read; re-read (or use `KeyRepository.changed_since`) to observe later changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime
+from enum import Enum
+from typing import Literal
+
+from llmgw.store.errors import InvalidValue
+
+BudgetPeriod = Literal["day", "month"]
+BUDGET_PERIODS: tuple[BudgetPeriod, ...] = ("day", "month")
+
+UsageDimension = Literal["hour", "key", "model"]
+USAGE_DIMENSIONS: tuple[UsageDimension, ...] = ("hour", "key", "model")
+
+
+def utc_now() -> datetime:
+    """The default clock of the store: the current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+def require_aware(field: str, value: datetime | None) -> None:
+    """Refuse a naive datetime: the store would have to guess its time zone."""
+    if value is not None and value.tzinfo is None:
+        raise InvalidValue(
+            f"{field}={value.isoformat()} has no time zone; pass an aware UTC datetime"
+        )
+
+
+def truncate_to_hour(ts: datetime) -> datetime:
+    """The start of the UTC hour containing `ts` (which must be timezone-aware)."""
+    return ts.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+@dataclass(frozen=True, slots=True)
+class NewApiKey:
+    """What the caller decides about a key before it exists.
+
+    The store never sees the secret: `prefix` (its first characters, shown to
+    people to tell keys apart) and `secret_hash` (SHA-256 hex of the whole
+    secret) are all it keeps. `None` limits mean unlimited; `models=None` means
+    every model.
+    """
+
+    name: str
+    prefix: str
+    secret_hash: str
+    models: tuple[str, ...] | None = None
+    rpm: int | None = None
+    tpm: int | None = None
+    budget_tokens: int | None = None
+    budget_period: BudgetPeriod | None = None
+    expires_at: datetime | None = None
+    is_admin: bool = False
+
+
+class Keep(Enum):
+    """The type of `KEEP`: a `KeyChanges` field left as stored.
+
+    An enum with one member, so that `isinstance(value, Keep)` narrows the type
+    for mypy and `None` stays free to mean "clear this limit".
+    """
+
+    KEEP = "keep"
+
+
+KEEP = Keep.KEEP
+
+
+@dataclass(frozen=True, slots=True)
+class KeyChanges:
+    """What to change in an existing key; every field left at `KEEP` stays as stored.
+
+    `None` clears an optional limit, with the same meaning as in `NewApiKey`:
+    `models=None` allows every model, `rpm`/`tpm`/`budget_tokens=None` mean no
+    limit, `expires_at=None` means never. A budget needs a period and a period
+    needs a budget in the key as it will be after the change, so clearing a
+    budget means clearing both `budget_tokens` and `budget_period`. The secret
+    cannot be changed here (that is `KeyRepository.rotate`), nor can a key be
+    revoked or un-revoked.
+    """
+
+    name: str | Keep = KEEP
+    models: tuple[str, ...] | Keep | None = KEEP
+    rpm: int | Keep | None = KEEP
+    tpm: int | Keep | None = KEEP
+    budget_tokens: int | Keep | None = KEEP
+    budget_period: BudgetPeriod | Keep | None = KEEP
+    expires_at: datetime | Keep | None = KEEP
+    is_admin: bool | Keep = KEEP
+
+    def changed(self) -> dict[str, object]:
+        """The fields that are not `KEEP`, by name, with their new values."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: value for name, value in values.items() if value is not KEEP}
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """An API key as stored: identity, limits and lifecycle timestamps.
+
+    `updated_at` moves on create, update, revoke and rotate; router processes poll
+    `KeyRepository.changed_since` with it to refresh their caches.
+    """
+
+    id: str
+    name: str
+    prefix: str
+    secret_hash: str
+    models: tuple[str, ...] | None
+    rpm: int | None
+    tpm: int | None
+    budget_tokens: int | None
+    budget_period: BudgetPeriod | None
+    expires_at: datetime | None
+    is_admin: bool
+    created_at: datetime
+    updated_at: datetime
+    revoked_at: datetime | None
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None
+
+    def is_active(self, now: datetime) -> bool:
+        """Not revoked and not expired at `now`."""
+        return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
+
+    def allows_model(self, model: str) -> bool:
+        return self.models is None or model in self.models
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRecord:
+    """One finished request, as the router reports it.
+
+    `key_id` is None in open mode (no keys configured). `ttft_ms` is the time to
+    the first token of a streamed answer, None when not streamed or when no token
+    came.
+    """
+
+    ts: datetime
+    request_id: str
+    key_id: str | None
+    model: str
+    endpoint: str
+    status: int
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: float
+    ttft_ms: float | None
+    streamed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRow:
+    """One row of a usage report, summed from the hourly roll-ups.
+
+    `hour`, `key_id` and `model` are None when the report is not grouped by
+    them; `key_id` is also None for requests made without a key (open mode).
+    """
+
+    hour: datetime | None
+    key_id: str | None
+    model: str | None
+    requests: int
+    errors: int
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms_sum: float
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def mean_latency_ms(self) -> float:
+        return self.latency_ms_sum / self.requests if self.requests else 0.0

@@ -1,0 +1,228 @@
+"""SQLAlchemy Core tables of the store: the schema the queries are written against.
+
+The migrations in `migrations/versions/` create this schema; a unit test compares
+the migrated database with this metadata, so the two cannot drift apart silently.
+Only modules inside `llmgw.store` import this file. `metadata` is built once at
+import and never changed afterwards; it describes the schema, it holds no data.
+
+Not guaranteed: foreign keys from usage to keys. Usage rows keep a `key_id`
+without a constraint, so recording usage never fails because of a key that was
+just created on another server and not yet visible, and keys are never deleted
+(only revoked), so the ids stay meaningful.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    text,
+)
+from sqlalchemy.types import TypeDecorator
+
+from llmgw.store.errors import InvalidValue
+
+# Deterministic constraint names, so later migrations can refer to them on PostgreSQL.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC datetime on every database.
+
+    PostgreSQL stores `timestamptz`; SQLite has no time zones, so the value is
+    converted to UTC and stored naive (SQLAlchemy's fixed-width text format, which
+    sorts and compares correctly as text), and read back as UTC. Naive datetimes
+    are refused rather than guessed at.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise InvalidValue(f"datetime {value.isoformat()} has no time zone; pass UTC")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY (the rowid alias), not BIGINT.
+AutoIncrementId = BigInteger().with_variant(Integer(), "sqlite")
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("name", String(200), nullable=False),
+    Column("prefix", String(32), nullable=False, index=True),
+    Column("secret_hash", String(64), nullable=False, unique=True, index=True),
+    Column("models", JSON(none_as_null=True), nullable=True),
+    Column("rpm", Integer, nullable=True),
+    Column("tpm", Integer, nullable=True),
+    Column("budget_tokens", BigInteger, nullable=True),
+    Column("budget_period", String(8), nullable=True),
+    Column("expires_at", UTCDateTime, nullable=True),
+    Column("is_admin", Boolean, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False, index=True),
+    Column("revoked_at", UTCDateTime, nullable=True),
+    CheckConstraint("budget_period IN ('day', 'month')", name="budget_period"),
+    # Names are unique among keys that still work; a revoked key frees its name.
+    Index(
+        "uq_api_keys_active_name",
+        "name",
+        unique=True,
+        sqlite_where=text("revoked_at IS NULL"),
+        postgresql_where=text("revoked_at IS NULL"),
+    ),
+)
+
+usage_records = Table(
+    "usage_records",
+    metadata,
+    Column("id", AutoIncrementId, primary_key=True, autoincrement=True),
+    Column("ts", UTCDateTime, nullable=False, index=True),
+    Column("request_id", String(200), nullable=False),
+    Column("key_id", String(32), nullable=True),
+    Column("model", String(200), nullable=False),
+    Column("endpoint", String(200), nullable=False),
+    Column("status", Integer, nullable=False),
+    Column("prompt_tokens", Integer, nullable=False),
+    Column("completion_tokens", Integer, nullable=False),
+    Column("latency_ms", Float, nullable=False),
+    Column("ttft_ms", Float, nullable=True),
+    Column("streamed", Boolean, nullable=False),
+)
+
+usage_hourly = Table(
+    "usage_hourly",
+    metadata,
+    Column("hour", UTCDateTime, nullable=False),
+    # '' rather than NULL for "no key": NULLs never collide in a primary key.
+    Column("key_id", String(32), nullable=False),
+    Column("model", String(200), nullable=False),
+    Column("requests", BigInteger, nullable=False),
+    Column("errors", BigInteger, nullable=False),
+    Column("prompt_tokens", BigInteger, nullable=False),
+    Column("completion_tokens", BigInteger, nullable=False),
+    Column("latency_ms_sum", Float, nullable=False),
+    PrimaryKeyConstraint("hour", "key_id", "model"),
+    # tokens_used reads one key over a time range.
+    Index("ix_usage_hourly_key_id_hour", "key_id", "hour"),
+)
+
+catalog_models = Table(
+    "catalog_models",
+    metadata,
+    # The model's name as clients send it (the config layer allows up to 128 characters).
+    Column("name", String(128), primary_key=True),
+    # The whole model as the catalog writes it; the store neither reads nor checks it.
+    Column("spec", JSON, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+)
+
+leases = Table(
+    "leases",
+    metadata,
+    # One row per lease; the control plane's is named "control".
+    Column("name", String(64), primary_key=True),
+    # The server holding it (its id, e.g. host:pid) and the epoch, raised on every
+    # change of owner: the fencing token every leader write carries.
+    Column("owner", String(200), nullable=False),
+    Column("epoch", BigInteger, nullable=False),
+    Column("acquired_at", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime, nullable=False),
+    # Where agents reach the holder; standbys name it when they refuse an agent.
+    Column("agent_address", String(300), nullable=False),
+)
+
+replica_endpoints = Table(
+    "replica_endpoints",
+    metadata,
+    Column("model", String(128), nullable=False),
+    Column("replica_id", String(128), nullable=False),
+    Column("url", String(500), nullable=False),
+    # The model's name and aliases, as the router serves them.
+    Column("names", JSON, nullable=False),
+    # The epoch of the leader that wrote the row.
+    Column("epoch", BigInteger, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    PrimaryKeyConstraint("model", "replica_id"),
+)
+
+model_demand = Table(
+    "model_demand",
+    metadata,
+    # What each server's router saw of a model: the leader scales on the sum.
+    Column("model", String(128), nullable=False),
+    Column("server", String(200), nullable=False),
+    Column("last_active", UTCDateTime, nullable=False),
+    Column("in_flight", Integer, nullable=False),
+    # Set while a request on that server waits for the model to start.
+    Column("wanted_at", UTCDateTime, nullable=True),
+    PrimaryKeyConstraint("model", "server"),
+)
+
+users = Table(
+    "users",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    # Names are unique for good: a disabled user keeps its name, so an audit trail
+    # that names a user never points at someone else later.
+    Column("name", String(64), nullable=False, unique=True),
+    # The whole argon2 encoding ($argon2id$v=19$m=...,t=...,p=...$salt$hash).
+    Column("password_hash", String(255), nullable=False),
+    Column("admin", Boolean, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("disabled_at", UTCDateTime, nullable=True),
+)
+
+admin_sessions = Table(
+    "admin_sessions",
+    metadata,
+    # SHA-256 (hex) of the cookie's token; the token itself is never stored.
+    Column("id", String(64), primary_key=True),
+    Column(
+        "user_id",
+        String(32),
+        ForeignKey("users.id", ondelete="CASCADE"),
+        nullable=False,
+        index=True,
+    ),
+    Column("csrf_token", String(64), nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime, nullable=False, index=True),
+    Column("last_seen_at", UTCDateTime, nullable=False),
+)

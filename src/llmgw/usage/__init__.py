@@ -1,0 +1,24 @@
+"""Usage: recording what each request used, and pruning old raw records.
+
+The composition root builds one `UsageRecorder` (and a `RetentionPruner`) over
+`store.usage`, runs their `run()` loops as guarded tasks, and awaits
+`recorder.close()` after the HTTP servers have drained. The router calls
+`recorder.record(UsageRecord(...))` per finished request. Reports read the
+roll-ups through `UsageRepository.query` directly (`llmgw usage`).
+
+Not guaranteed: exactly-once or complete recording; see `llmgw.usage.recorder`.
+"""
+
+from llmgw.usage.metrics import DROP_REASONS, DropReason, UsageMetrics
+from llmgw.usage.recorder import UsageRecorder, UsageSink
+from llmgw.usage.retention import RawUsagePruner, RetentionPruner
+
+__all__ = [
+    "DROP_REASONS",
+    "DropReason",
+    "RawUsagePruner",
+    "RetentionPruner",
+    "UsageMetrics",
+    "UsageRecorder",
+    "UsageSink",
+]

@@ -1,0 +1,147 @@
+"""What the dashboard reads and changes, as the composition root hands it over.
+
+The dashboard sits beside the control plane and the router in the layers and
+imports neither: it takes callables returning the *same JSON-able dicts the
+admin API returns* (so a page never disagrees with `GET /admin/api/...`), the
+key service and the usage repository directly (their packages are below this
+one), and the router's metrics history.
+
+Actions (drain, model writes, activation) raise `ActionError` with a message
+for the operator; the adapters in the composition root translate the control
+plane's own exceptions into it. Anything else they raise is a bug and is not
+caught here.
+
+Not guaranteed: that two reads of one page see the same moment; each source is
+read once per render, one after the other.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from llmgw.metrics import HistoryPoint
+from llmgw.store import KEEP, ApiKey, Keep, UsageDimension, UsageRow
+
+Json = dict[str, Any]
+
+
+class ActionError(Exception):
+    """An operator's action was refused; `message` says why and what to do.
+
+    `status` is the HTTP status the page answers with (400 for bad input, 404
+    for something that is not there, 409 for a conflict, 503 when the store is
+    down).
+    """
+
+    def __init__(self, message: str, *, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+class KeyManager(Protocol):
+    """`llmgw.auth.KeyService` satisfies this."""
+
+    async def list(self, *, include_revoked: bool = False) -> builtins.list[ApiKey]: ...
+
+    async def create(
+        self,
+        *,
+        name: str,
+        models: Sequence[str] | None = None,
+        rpm: int | None = None,
+        tpm: int | None = None,
+        budget_tokens: int | None = None,
+        period: str | None = None,
+        expires_at: datetime | None = None,
+        is_admin: bool = False,
+    ) -> tuple[ApiKey, str]: ...
+
+    async def resolve(self, ref: str) -> ApiKey: ...
+
+    async def update(
+        self,
+        ref: str,
+        *,
+        name: str | Keep = KEEP,
+        models: Sequence[str] | Keep | None = KEEP,
+        rpm: int | Keep | None = KEEP,
+        tpm: int | Keep | None = KEEP,
+        budget_tokens: int | Keep | None = KEEP,
+        period: str | Keep | None = KEEP,
+        expires_at: datetime | Keep | None = KEEP,
+        is_admin: bool | Keep = KEEP,
+    ) -> ApiKey: ...
+
+    async def revoke(self, ref: str) -> ApiKey: ...
+
+    async def rotate(self, ref: str) -> tuple[ApiKey, str]: ...
+
+
+class UsageSource(Protocol):
+    """`llmgw.store.UsageRepository` satisfies this."""
+
+    async def query(
+        self,
+        *,
+        key_id: str | None = None,
+        model: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        group_by: Sequence[UsageDimension] = ("key", "model"),
+    ) -> list[UsageRow]: ...
+
+
+class HistorySource(Protocol):
+    """`llmgw.metrics.MetricsHistory` satisfies this."""
+
+    window: float
+
+    def now(self) -> float: ...
+
+    def points(self) -> list[HistoryPoint]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DashboardSources:
+    """Everything the dashboard shows or changes; build it in the composition root.
+
+    Reads (synchronous, cheap, in-memory):
+      nodes()           GET /admin/api/nodes -> "nodes": one `node_view` per node
+      models()          GET /admin/api/models: {"models": [view...], "skipped": [...]}
+      model(name)       GET /admin/api/models/{name} (name or alias); None if unknown
+      placement(name)   GET /admin/api/models/{name}/placement (`explain`)
+      events()          GET /admin/api/events -> "events", newest first
+      leader()          GET /admin/api/leader
+    Actions (raise `ActionError`):
+      set_draining(node_id, draining)   POST /admin/api/nodes/{id}/drain|undrain
+      add_model(spec)                   POST /admin/api/models (spec: the parsed body)
+      replace_model(name, spec)         PUT /admin/api/models/{name}
+      remove_model(name)                DELETE /admin/api/models/{name}
+      activate(name)                    POST /admin/api/models/{name}/activate
+    Store-backed (their own exceptions: `KeyInputError`, `StoreError`):
+      keys, usage
+    Metrics:
+      history           the router's last hour (requests/s, error rate, TTFT)
+      wall_clock        aware UTC now, for usage ranges and key states
+    """
+
+    nodes: Callable[[], list[Json]]
+    models: Callable[[], Json]
+    model: Callable[[str], Json | None]
+    placement: Callable[[str], Json]
+    events: Callable[[], list[Json]]
+    leader: Callable[[], Json]
+    set_draining: Callable[[str, bool], Json]
+    add_model: Callable[[object], Awaitable[Json]]
+    replace_model: Callable[[str, object], Awaitable[Json]]
+    remove_model: Callable[[str], Awaitable[Json]]
+    activate: Callable[[str], Awaitable[Json]]
+    keys: KeyManager
+    usage: UsageSource
+    history: HistorySource
+    wall_clock: Callable[[], datetime]

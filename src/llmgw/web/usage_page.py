@@ -1,0 +1,208 @@
+"""The usage page and its CSV export: tokens and requests by key, by model and by hour.
+
+Rows come from the usage repository's hourly roll-ups through the same
+`usage_row_view` the admin API's `/admin/api/usage` and `llmgw usage --json`
+use, with key names from the key service (revoked keys included, so old usage
+keeps its name). A range is a preset ("1h", "24h", "7d", "30d") ending now, or
+`since`/`until` given as ISO 8601 or as a browser's datetime-local value
+(read as UTC).
+
+Not guaranteed: resolution below an hour (the roll-ups are hourly, so "last
+hour" covers the current and the previous clock hour), or a CSV that
+spreadsheets read as formulas: cells starting with =, +, -, @ get a leading
+apostrophe so they stay text.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, get_args
+
+from llmgw.store import UsageDimension
+from llmgw.usage.views import usage_row_view
+from llmgw.web.charts import LineChart, line_chart, share
+from llmgw.web.sources import DashboardSources
+
+PRESETS: dict[str, timedelta] = {
+    "1h": timedelta(hours=1),
+    "6h": timedelta(hours=6),
+    "24h": timedelta(hours=24),
+    "7d": timedelta(days=7),
+    "30d": timedelta(days=30),
+}
+DEFAULT_PRESET = "24h"
+DIMENSIONS: tuple[str, ...] = get_args(UsageDimension)
+TOP = 10
+CSV_COLUMNS = (
+    "requests",
+    "errors",
+    "prompt_tokens",
+    "completion_tokens",
+    "total_tokens",
+    "mean_latency_ms",
+)
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+class UsageInputError(Exception):
+    """A range or grouping the page cannot read; the message says what to send."""
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRange:
+    since: datetime
+    until: datetime
+    preset: str  # "" for a custom range
+
+    def query(self) -> str:
+        """The range as URL query parameters (for links and the CSV export)."""
+        if self.preset:
+            return f"range={self.preset}"
+        return f"since={self.since.isoformat()}&until={self.until.isoformat()}"
+
+
+def _parse_time(field: str, text: str) -> datetime:
+    try:
+        parsed = datetime.fromisoformat(text.strip())
+    except ValueError as exc:
+        raise UsageInputError(
+            f"'{field}' is not a date and time (e.g. 2026-01-31T09:00 or "
+            f"2026-01-31T09:00:00+00:00): {text!r}"
+        ) from exc
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+def parse_range(params: Mapping[str, str], now: datetime) -> UsageRange:
+    since_text, until_text = params.get("since", ""), params.get("until", "")
+    if since_text or until_text:
+        since = _parse_time("since", since_text) if since_text else now - PRESETS["24h"]
+        until = _parse_time("until", until_text) if until_text else now
+        if since >= until:
+            raise UsageInputError(
+                f"'since' ({since:%Y-%m-%d %H:%M}) must be before 'until' ({until:%Y-%m-%d %H:%M})"
+            )
+        return UsageRange(since, until, "")
+    preset = params.get("range") or DEFAULT_PRESET
+    if preset not in PRESETS:
+        raise UsageInputError(f"'range' takes {', '.join(PRESETS)}; got {preset!r}")
+    return UsageRange(now - PRESETS[preset], now, preset)
+
+
+def parse_by(text: str) -> tuple[UsageDimension, ...]:
+    by = tuple(p.strip() for p in text.split(",") if p.strip())
+    for dimension in by:
+        if dimension not in DIMENSIONS:
+            raise UsageInputError(f"'by' takes {', '.join(DIMENSIONS)}; got {dimension!r}")
+    return by  # type: ignore[return-value]
+
+
+async def usage_rows(
+    sources: DashboardSources, span: UsageRange, by: Sequence[UsageDimension]
+) -> list[dict[str, Any]]:
+    """Rows as `/admin/api/usage` gives them; raises the store's `StoreError`."""
+    rows = await sources.usage.query(since=span.since, until=span.until, group_by=by)
+    names = {k.id: k.name for k in await sources.keys.list(include_revoked=True)}
+    return [usage_row_view(r, by, names) for r in rows]
+
+
+def key_label(row: Mapping[str, Any]) -> str:
+    if row.get("key_name"):
+        return str(row["key_name"])
+    return str(row["key_id"]) if row.get("key_id") else "(no key)"
+
+
+def _bars(rows: Sequence[dict[str, Any]], label: str) -> list[dict[str, Any]]:
+    top = sorted(rows, key=lambda r: r["total_tokens"], reverse=True)[:TOP]
+    largest = top[0]["total_tokens"] if top else 0
+    return [
+        {"label": r[label], "tokens": r["total_tokens"], "share": share(r["total_tokens"], largest)}
+        for r in top
+    ]
+
+
+def _hourly_charts(rows: Sequence[Mapping[str, Any]], span: UsageRange) -> list[LineChart]:
+    by_hour = {datetime.fromisoformat(r["hour"]): r for r in rows if r.get("hour")}
+    start = span.since.replace(minute=0, second=0, microsecond=0)
+    hours = []
+    hour = start
+    while hour < span.until:
+        hours.append(hour)
+        hour += timedelta(hours=1)
+    x_range = (0.0, float(max(1, len(hours) - 1)))
+    left = f"{start:%m-%d %H:00}"
+    right = f"{hours[-1]:%m-%d %H:00}" if hours else left
+
+    def series(field: str) -> list[tuple[float, float | None]]:
+        return [
+            (float(i), float(by_hour[h][field]) if h in by_hour else 0.0)
+            for i, h in enumerate(hours)
+        ]
+
+    return [
+        line_chart(
+            "Tokens / hour",
+            series("total_tokens"),
+            x_range=x_range,
+            fmt=lambda v: f"{v:,.0f}",
+            left_label=left,
+            right_label=right,
+        ),
+        line_chart(
+            "Requests / hour",
+            series("requests"),
+            x_range=x_range,
+            fmt=lambda v: f"{v:,.0f}",
+            left_label=left,
+            right_label=right,
+        ),
+    ]
+
+
+async def usage_page(sources: DashboardSources, span: UsageRange) -> dict[str, Any]:
+    """The page's context; raises the store's `StoreError`."""
+    by_key = await usage_rows(sources, span, ("key",))
+    by_model = await usage_rows(sources, span, ("model",))
+    by_hour = await usage_rows(sources, span, ("hour",))
+    for row in by_key:
+        row["label"] = key_label(row)
+    for row in by_model:
+        row["label"] = row["model"]
+    totals = {c: sum(r[c] for r in by_model) for c in CSV_COLUMNS if c != "mean_latency_ms"}
+    return {
+        "span": span,
+        "presets": list(PRESETS),
+        "by_key": sorted(by_key, key=lambda r: r["total_tokens"], reverse=True),
+        "by_model": sorted(by_model, key=lambda r: r["total_tokens"], reverse=True),
+        "key_bars": _bars(by_key, "label"),
+        "model_bars": _bars(by_model, "label"),
+        "charts": _hourly_charts(by_hour, span),
+        "totals": totals,
+    }
+
+
+def _cell(value: object) -> object:
+    if isinstance(value, str) and value.startswith(_FORMULA_START):
+        return "'" + value
+    return "" if value is None else value
+
+
+def usage_csv(rows: Sequence[Mapping[str, Any]], by: Sequence[UsageDimension]) -> str:
+    """One header line, then one line per row; the columns of `usage_row_view`."""
+    columns: list[str] = []
+    if "hour" in by:
+        columns.append("hour")
+    if "key" in by:
+        columns += ["key_id", "key_name"]
+    if "model" in by:
+        columns.append("model")
+    columns += CSV_COLUMNS
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\r\n")
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow([_cell(row.get(c)) for c in columns])
+    return out.getvalue()

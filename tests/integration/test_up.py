@@ -1,0 +1,312 @@
+"""`llmgw up` as a real process: the gateway, its local agent and engines started on demand.
+
+Without a model file `up` serves only the simulated `sim-small`, so the main test
+is quick: it reads the printed key, lists the models, has the first request
+activate the model through the local agent, and checks that SIGTERM leaves no
+agent or engine behind (found through /proc as the children of `up` and of the
+agent). The `engine` test does the same with the real Gemma 3 270M on llama.cpp.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from procs import Proc, free_port, free_port_block, llmgw
+
+READY = "ready: the local agent registered as node 'local'"
+KEY = re.compile(r"^  (sk-llmgw-\S+)$", re.MULTILINE)
+# The first request waits for the engine to start (a few seconds for the sim, a few
+# more for llama.cpp loading a 240 MB model from a cold disk).
+FIRST_REQUEST_TIMEOUT = 60.0
+
+
+@dataclass
+class Up:
+    proc: Proc
+    url: str
+    admin: str
+    key: str
+
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            stat = (entry / "stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """Every process below pid, with its command line."""
+    result: dict[int, str] = {}
+    todo = children(pid)
+    while todo:
+        child = todo.pop()
+        with contextlib.suppress(OSError):
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            result[child] = cmdline.replace(b"\0", b" ").decode(errors="replace")
+            todo += children(child)
+    return result
+
+
+def alive(pid: int) -> bool:
+    """Whether the process exists and is not a zombie waiting to be reaped."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def running_up(tmp_path: Path, *args: str) -> Iterator[Up]:
+    port, admin_port, agent_port = free_port(), free_port(), free_port()
+    low = free_port_block(10)
+    proc = Proc(
+        llmgw(
+            "up",
+            "--listen", f"127.0.0.1:{port}",
+            "--admin-listen", f"127.0.0.1:{admin_port}",
+            "--agent-listen", f"127.0.0.1:{agent_port}",
+            "--data-dir", str(tmp_path / "data"),
+            "--port-range", f"{low}-{low + 9}",
+            *args,
+        )
+    )  # fmt: skip
+    try:
+        proc.wait_http(f"http://127.0.0.1:{admin_port}/healthz", timeout=60)
+        # Printed once the local agent has registered: requests can start models from then on.
+        wait_for("the ready line", lambda: READY in proc.output(), 60)
+        match = KEY.search(proc.output())
+        assert match, f"no key printed:\n{proc.output()}"
+        yield Up(
+            proc=proc,
+            url=f"http://127.0.0.1:{port}",
+            admin=f"http://127.0.0.1:{admin_port}",
+            key=match.group(1),
+        )
+    except BaseException:
+        print(proc.output())
+        raise
+    finally:
+        seen = descendants(proc.popen.pid)
+        proc.stop(timeout=40)
+        for pid in seen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def stop_and_check_clean(up: Up) -> None:
+    """SIGTERM `up`; it exits 0 and takes its agent and every engine with it."""
+    tree = descendants(up.proc.popen.pid)
+    assert any(" agent " in cmd for cmd in tree.values()), tree
+    up.proc.signal(signal.SIGTERM)
+    try:
+        up.proc.popen.wait(40)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"`llmgw up` still running 40 s after SIGTERM:\n{up.proc.output()}")
+    assert up.proc.popen.returncode == 0, up.proc.output()
+    wait_for("the agent and engines to exit", lambda: not any(alive(p) for p in tree), 10)
+
+
+def test_up_serves_the_sim_model_with_the_printed_key_and_stops_clean(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("LLMGW_MODEL_FILE", raising=False)
+    with running_up(tmp_path) as up:
+        out = up.proc.output()
+        assert f"llmgw is up: {up.url}" in out, out
+        assert "gemma-3-270m is not served" in out, out
+        assert f"curl -s {up.url}/v1/chat/completions" in out, out
+        assert f"Authorization: Bearer {up.key}" in out, out
+        assert "models list" in out and "nodes list" in out, out
+
+        models = httpx.get(f"{up.url}/v1/models", headers=up.auth(), timeout=10)
+        assert models.status_code == 200, models.text
+        assert [m["id"] for m in models.json()["data"]] == ["sim-small"], models.json()
+
+        body = {"model": "sim-small", "messages": [{"role": "user", "content": "Hello!"}]}
+        anonymous = httpx.post(f"{up.url}/v1/chat/completions", json=body, timeout=10)
+        assert anonymous.status_code == 401, anonymous.text
+
+        resp = httpx.post(
+            f"{up.url}/v1/chat/completions",
+            json=body,
+            headers=up.auth(),
+            timeout=FIRST_REQUEST_TIMEOUT,
+        )
+        assert resp.status_code == 200, f"{resp.text}\n{up.proc.output()}"
+        data = resp.json()
+        assert data["object"] == "chat.completion", data
+        assert data["choices"][0]["message"]["content"], data
+
+        tree = descendants(up.proc.popen.pid)
+        assert any(" sim " in cmd for cmd in tree.values()), tree  # the engine it started
+        stop_and_check_clean(up)
+
+
+def test_up_rotates_the_quickstart_key_on_every_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("LLMGW_MODEL_FILE", raising=False)
+    keys = []
+    for expected in ("'quickstart', created", "'quickstart', rotated"):
+        with running_up(tmp_path) as up:
+            keys.append(up.key)
+            assert expected in up.proc.output(), up.proc.output()
+            stop_and_check_clean(up)
+    assert keys[0] != keys[1]
+    listed = subprocess.run(
+        llmgw("keys", "list", "--json", "--data-dir", str(tmp_path / "data")),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert listed.stdout.count('"quickstart"') == 1, listed.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--listen", "nonsense"], "--listen"),
+        (["--agent-listen", "127.0.0.1:0"], "--agent-listen"),
+        (["--port-range", "9-1"], "--port-range"),
+        (["--engine-python", "/nonexistent/python"], "--engine-python"),
+    ],
+)
+def test_up_refuses_a_bad_flag_with_one_error_line(
+    tmp_path: Path, args: list[str], flag: str
+) -> None:
+    result = subprocess.run(
+        llmgw("up", "--data-dir", str(tmp_path / "data"), *args),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2, result
+    assert result.stderr.startswith("error: "), result.stderr
+    assert flag in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout, result
+
+
+def test_up_names_the_flag_of_a_busy_port(tmp_path: Path) -> None:
+    with socket_listening() as port:
+        result = subprocess.run(
+            llmgw(
+                "up",
+                "--data-dir", str(tmp_path / "data"),
+                "--listen", f"127.0.0.1:{free_port()}",
+                "--admin-listen", f"127.0.0.1:{free_port()}",
+                "--agent-listen", f"127.0.0.1:{port}",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )  # fmt: skip
+    assert result.returncode == 2, result
+    assert result.stderr.startswith("error: cannot listen on"), result.stderr
+    assert "--agent-listen" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+
+
+def test_up_stops_with_the_agent_log_when_the_agent_exits_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("LLMGW_MODEL_FILE", raising=False)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "weights").write_text("a file where the agent wants its weights directory")
+    result = subprocess.run(
+        llmgw(
+            "up",
+            "--data-dir", str(data),
+            "--listen", f"127.0.0.1:{free_port()}",
+            "--admin-listen", f"127.0.0.1:{free_port()}",
+            "--agent-listen", f"127.0.0.1:{free_port()}",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 1, result
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, result.stderr
+    assert errors[0].startswith("error: the local agent exited with status 2;"), result.stderr
+    # The agent's own complaint, from the tail of its log, indented under the error.
+    assert "  error: --weights-dir: cannot create" in result.stderr.split(errors[0])[1]
+    assert "Traceback" not in result.stderr, result.stderr
+
+
+@contextlib.contextmanager
+def socket_listening() -> Iterator[int]:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield int(sock.getsockname()[1])
+
+
+def required_path(name: str) -> str:
+    raw = os.environ.get(name)
+    if not raw or not Path(raw).exists():
+        pytest.fail(
+            f"{name}={raw!r} is not set or does not exist: this test needs the real llama.cpp "
+            f"engine and the Gemma model. Run `make test`, which builds both and sets {name}.",
+            pytrace=False,
+        )
+    return raw
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(240)
+def test_up_serves_gemma_on_llamacpp_activated_by_the_first_request(tmp_path: Path) -> None:
+    python = required_path("LLMGW_ENGINE_PYTHON")
+    model = required_path("LLMGW_MODEL_FILE")
+    with running_up(tmp_path, "--engine-python", python, "--model-file", model) as up:
+        out = up.proc.output()
+        assert f"curl -s {up.url}/v1/completions" in out, out
+        assert "not served" not in out, out
+        body = {
+            "model": "gemma-3-270m",
+            "prompt": "The capital of France is the city of",
+            "max_tokens": 16,
+            "temperature": 0,
+        }
+        resp = httpx.post(
+            f"{up.url}/v1/completions",
+            json=body,
+            headers=up.auth(),
+            timeout=FIRST_REQUEST_TIMEOUT * 2,
+        )
+        assert resp.status_code == 200, f"{resp.text}\n{up.proc.output()}"
+        text = resp.json()["choices"][0]["text"]
+        assert text.startswith(" Paris"), resp.json()
+        stop_and_check_clean(up)

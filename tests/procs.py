@@ -1,0 +1,193 @@
+"""Starting real llmgw processes on loopback for tests, and always stopping them."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def free_port_block(count: int) -> int:
+    """The first of `count` consecutive ports that are free now, below the ephemeral range.
+
+    Engines are given ports from an agent's `--port-range`; a block taken from the
+    kernel's ephemeral range (where `free_port` draws) can collide with any
+    outgoing connection made later in the run, so blocks come from 20000-32000.
+    """
+    for _ in range(200):
+        low = random.randrange(20000, 32000 - count)
+        if all(_bindable(port) for port in range(low, low + count)):
+            return low
+    raise RuntimeError(f"no {count} consecutive free ports between 20000 and 32000")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+class Proc:
+    """A child process whose output goes to a temp file, readable on failure."""
+
+    def __init__(self, argv: Sequence[str], *, env: dict[str, str] | None = None) -> None:
+        self.argv = list(argv)
+        # Kept open for the life of the process, closed in stop().
+        self._log = tempfile.NamedTemporaryFile(prefix="llmgw-test-", suffix=".log", delete=False)  # noqa: SIM115
+        self.log_path = Path(self._log.name)
+        self.popen = subprocess.Popen(
+            self.argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_http(self, url: str, *, timeout: float = 30.0, status: int = 200) -> None:
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            if self.popen.poll() is not None:
+                raise RuntimeError(
+                    f"{self.argv} exited with {self.popen.returncode}:\n{self.output()}"
+                )
+            try:
+                if httpx.get(url, timeout=1.0).status_code == status:
+                    return
+            except httpx.HTTPError as exc:
+                last = str(exc)
+            time.sleep(0.05)
+        raise RuntimeError(
+            f"{url} not answering {status} after {timeout}s ({last}):\n{self.output()}"
+        )
+
+    def signal(self, sig: int) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(5)
+        self._log.close()
+        return self.popen.returncode
+
+
+def llmgw(*args: str) -> list[str]:
+    return [sys.executable, "-m", "llmgw", *args]
+
+
+class Sim:
+    def __init__(
+        self,
+        *args: str,
+        model: str = "sim-model",
+        extra_models: Sequence[str] = (),
+        wait: bool = True,
+    ) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        more = [arg for m in extra_models for arg in ("--model", m)]
+        self.proc = Proc(
+            llmgw(
+                "sim",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--model",
+                model,
+                *more,
+                *args,
+            )
+        )
+        if wait:
+            try:
+                self.proc.wait_http(self.url + "/sim/stats")
+            except BaseException:
+                self.proc.stop()
+                raise
+
+    def stats(self) -> dict[str, object]:
+        data: dict[str, object] = httpx.get(self.url + "/sim/stats", timeout=5).json()
+        return data
+
+    def faults(self, **settings: object) -> None:
+        httpx.post(self.url + "/sim/faults", json=settings, timeout=5).raise_for_status()
+
+
+class Server:
+    """A real `llmgw server`; open auth and a fresh SQLite data dir unless told otherwise."""
+
+    def __init__(
+        self,
+        *args: str,
+        wait_ready: bool = True,
+        auth: bool = False,
+        data_dir: Path | None = None,
+    ) -> None:
+        self.port = free_port()
+        self.admin_port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.admin = f"http://127.0.0.1:{self.admin_port}"
+        self.data_dir = data_dir or Path(tempfile.mkdtemp(prefix="llmgw-data-"))
+        store_args = [] if "--store" in args else ["--data-dir", str(self.data_dir)]
+        self.proc = Proc(
+            llmgw(
+                "server",
+                "--listen",
+                f"127.0.0.1:{self.port}",
+                "--admin-listen",
+                f"127.0.0.1:{self.admin_port}",
+                *store_args,
+                *(
+                    []
+                    if "--agent-listen" in args
+                    else ["--agent-listen", f"127.0.0.1:{free_port()}"]
+                ),
+                *([] if auth else ["--auth-mode", "open"]),
+                *args,
+            )
+        )
+        try:
+            self.proc.wait_http(self.admin + "/healthz")
+            if wait_ready:
+                self.proc.wait_http(self.admin + "/readyz")
+        except BaseException:
+            self.proc.stop()
+            raise
+
+    def endpoints(self) -> list[dict[str, object]]:
+        data: list[dict[str, object]] = httpx.get(self.admin + "/admin/api/endpoints").json()[
+            "endpoints"
+        ]
+        return data
+
+    def metrics(self) -> str:
+        return httpx.get(self.admin + "/metrics").text

@@ -1,0 +1,273 @@
+"""The connection loop against real gRPC servers on loopback, in injected time.
+
+Each address fails a different way (nothing listening, a server that refuses the
+stream, a server that never answers Register) or registers. The sleep and the
+random source are injected: the test sees every backoff delay without waiting
+for it, and the Ceiling RNG makes each delay the top of its full-jitter interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import re
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import pytest
+from procs import free_port
+
+from llmgw.agent.backoff import Backoff
+from llmgw.agent.connection import Connection
+from llmgw.agent.feed import StatusFeed
+from llmgw.agent.flags import PortRange
+from llmgw.agent.hardware import DeclaredGpus, Hardware
+from llmgw.agent.settings import ConnectionSettings, SupervisorSettings
+from llmgw.agent.supervisor import Supervisor
+from llmgw.agent.wire import NodeIdentity
+from llmgw.control.agentsvc.server import SERVER_OPTIONS
+from llmgw.engines import EngineSettings, adapter_for
+from llmgw.pki import TlsMaterial
+from llmgw.proto import agent_pb2, agent_pb2_grpc
+
+HEARTBEAT = 1000.0  # never reached: heartbeats are not what these tests watch
+CONNECT_TIMEOUT = 0.3
+
+
+class Ceiling(random.Random):
+    def uniform(self, a: float, b: float) -> float:
+        return b
+
+
+class Stop(Exception):
+    """Raised by the fake sleep to end the loop after enough backoffs."""
+
+
+class Servicer(agent_pb2_grpc.AgentServiceServicer):
+    """`behaviour(n)` decides the n-th stream.
+
+    "refuse", "standby" (UNAVAILABLE with the refusal metadata), "deny"
+    (PERMISSION_DENIED after Register), "silent", "register" (then the stream
+    ends) or "hold" (registers and keeps the stream open).
+    """
+
+    def __init__(self, name: str, events: list[str], behaviour: Callable[[int], str]) -> None:
+        self.name = name
+        self.events = events
+        self.behaviour = behaviour
+        self.streams = 0
+        self.registers: list[agent_pb2.Register] = []
+
+    async def Connect(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
+        self.streams += 1
+        what = self.behaviour(self.streams)
+        self.events.append(f"{self.name}:{what}")
+        if what == "refuse":
+            # What a standby does: refuse before reading, naming the leader.
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "standby; leader is ctl-1")
+        if what == "standby":
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                "this server is a standby; the leader's agent listener is ctl-1:9443",
+                trailing_metadata=(("llmgw-refused", "standby"),),
+            )
+        first = await context.read()
+        assert isinstance(first, agent_pb2.AgentMessage)
+        self.registers.append(first.register)
+        if what == "deny":
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "certificate is for node 'n0' but the agent registered as 'n1'",
+            )
+        if what == "silent":
+            await asyncio.sleep(3600)
+        await context.write(
+            agent_pb2.ServerMessage(
+                registered=agent_pb2.Registered(heartbeat_interval_seconds=HEARTBEAT)
+            )
+        )
+        if what == "hold":
+            while await context.read() is not grpc.aio.EOF:
+                pass
+        # ...and the stream ends at once: the agent must dial again.
+
+
+class Servers:
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.servers: list[grpc.aio.Server] = []
+
+    async def add(
+        self,
+        name: str,
+        behaviour: Callable[[int], str],
+        *,
+        credentials: grpc.ServerCredentials | None = None,
+    ) -> tuple[str, Servicer]:
+        port = free_port()
+        servicer = Servicer(name, self.events, behaviour)
+        # The agent listener's options: they let the agents' keepalive pings in.
+        server = grpc.aio.server(options=SERVER_OPTIONS)
+        agent_pb2_grpc.add_AgentServiceServicer_to_server(servicer, server)
+        if credentials is None:
+            server.add_insecure_port(f"127.0.0.1:{port}")
+        else:
+            server.add_secure_port(f"127.0.0.1:{port}", credentials)
+        await server.start()
+        self.servers.append(server)
+        return f"127.0.0.1:{port}", servicer
+
+
+@pytest.fixture
+async def servers() -> AsyncIterator[Servers]:
+    found = Servers()
+    try:
+        yield found
+    finally:
+        for server in found.servers:
+            await server.stop(grace=None)
+
+
+def connection(
+    addresses: list[str],
+    events: list[str],
+    tmp_path: Path,
+    *,
+    sleeps: int,
+    tls: TlsMaterial | None = None,
+    settings: ConnectionSettings | None = None,
+) -> Connection:
+    async def sleep(delay: float) -> None:
+        if delay >= HEARTBEAT:
+            await asyncio.Event().wait()  # a heartbeat wait: park until cancelled
+        events.append(f"sleep {delay:g}")
+        if sum(e.startswith("sleep") for e in events) >= sleeps:
+            raise Stop
+        await asyncio.sleep(0)
+
+    feed = StatusFeed()
+    gpus = DeclaredGpus(node_id="n1", memory_bytes=(2**30,))
+    supervisor = Supervisor(
+        adapters=lambda engine: adapter_for(engine, settings=EngineSettings(python="python")),
+        port_range=PortRange(20000, 20010),
+        advertise_host="127.0.0.1",
+        weights_dir=tmp_path,
+        gpu_count=1,
+        settings=SupervisorSettings(),
+        on_change=feed.publish,
+    )
+    return Connection(
+        addresses=addresses,
+        identity=NodeIdentity(
+            node_id="n1",
+            hostname="host-1",
+            agent_version="test",
+            labels={"zone": "a"},
+            fabric={"ib-domain": "pod3"},
+            port_range=PortRange(20000, 20010),
+            weights_dir=tmp_path,
+        ),
+        supervisor=supervisor,
+        feed=feed,
+        hardware=Hardware(gpus=gpus, weights_dir=tmp_path),
+        backoff=Backoff(rng=Ceiling()),
+        settings=settings or ConnectionSettings(connect_timeout_seconds=CONNECT_TIMEOUT),
+        tls=tls,
+        sleep=sleep,
+    )
+
+
+async def run_until_stopped(conn: Connection) -> None:
+    with pytest.raises(Stop):
+        async with asyncio.timeout(30):
+            await conn.run()
+
+
+async def test_every_address_is_tried_in_order_before_one_backoff(
+    servers: Servers, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    refused = f"127.0.0.1:{free_port()}"  # nothing listens there
+    standby, _ = await servers.add("standby", lambda n: "refuse")
+    silent, _ = await servers.add("silent", lambda n: "silent")
+    caplog.set_level(logging.DEBUG, logger="llmgw.agent.connection")
+
+    await run_until_stopped(
+        connection([refused, standby, silent], servers.events, tmp_path, sleeps=3)
+    )
+
+    one_pass = ["standby:refuse", "silent:silent"]
+    assert servers.events == [
+        *one_pass, "sleep 0.5", *one_pass, "sleep 1", *one_pass, "sleep 2",
+    ]  # fmt: skip
+    # The refused address, which no server can record, is tried first in each pass.
+    tried = [
+        m.group(1)
+        for r in caplog.records
+        if (m := re.match(r"control plane (\S+): ", r.getMessage()))
+    ]
+    assert tried == [refused, standby, silent] * 3
+    failures = [
+        r.getMessage() for r in caplog.records if r.getMessage().startswith("control plane")
+    ]
+    assert "UNAVAILABLE" in failures[0]
+    # gRPC aio reports a write that races the server's abort as INTERNAL, losing the
+    # server's status; either way the address counts as failed and the next is tried.
+    assert (
+        "FAILED_PRECONDITION: standby; leader is ctl-1" in failures[1]
+        or "INTERNAL: Internal error from Core" in failures[1]
+    ), failures[1]
+    assert f"no Registered answer within {CONNECT_TIMEOUT:g}s" in failures[2]
+
+
+async def test_backoff_grows_while_failing_and_resets_after_a_registration(
+    servers: Servers, tmp_path: Path
+) -> None:
+    refused = f"127.0.0.1:{free_port()}"
+    # Streams 1-3 refused, 4 registers (then ends), 5+ refused again.
+    flaky, servicer = await servers.add("flaky", lambda n: "register" if n == 4 else "refuse")
+
+    await run_until_stopped(connection([refused, flaky], servers.events, tmp_path, sleeps=5))
+
+    assert servers.events == [
+        "flaky:refuse", "sleep 0.5",
+        "flaky:refuse", "sleep 1",
+        "flaky:refuse", "sleep 2",
+        "flaky:register",  # registered: the next failing pass starts from the base again
+        "flaky:refuse", "sleep 0.5",
+        "flaky:refuse", "sleep 1",
+    ]  # fmt: skip
+    [register] = servicer.registers[-1:]
+    assert register.node_id == "n1" and dict(register.fabric) == {"ib-domain": "pod3"}
+    assert [g.uuid for g in register.hardware.gpus] == ["declared-n1-0"]
+
+
+async def test_a_single_address_reconnects_at_once_after_a_registered_stream_ends(
+    servers: Servers, tmp_path: Path
+) -> None:
+    # Registers three times (each stream ends right after), then refuses.
+    only, servicer = await servers.add("only", lambda n: "register" if n <= 3 else "refuse")
+
+    await run_until_stopped(connection([only], servers.events, tmp_path, sleeps=1))
+
+    assert servers.events == [
+        "only:register", "only:register", "only:register", "only:refuse", "sleep 0.5",
+    ]  # fmt: skip
+    assert len(servicer.registers) == 3
+
+
+async def test_cancelling_the_loop_closes_the_stream(servers: Servers, tmp_path: Path) -> None:
+    silent, _ = await servers.add("silent", lambda n: "silent")
+    conn = connection([silent], servers.events, tmp_path, sleeps=100)
+    task = asyncio.create_task(conn.run())
+    while True:
+        if servers.events:
+            break
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert task.cancelled()

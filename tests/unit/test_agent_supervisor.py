@@ -1,0 +1,337 @@
+"""The supervisor with small real engine processes (stdlib HTTP servers and scripts).
+
+A test adapter plans `python -c SCRIPT PORT` processes, so state transitions,
+readiness probes, SIGTERM → SIGKILL escalation, output tails and refusals are
+exercised on real processes in shortened time (probe intervals of 20 ms, grace
+periods under a second).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from procs import free_port_block
+
+from llmgw.agent.errors import (
+    AgentClosingError,
+    LaunchError,
+    ShardConflictError,
+    SpecError,
+    WeightsPathError,
+)
+from llmgw.agent.flags import PortRange
+from llmgw.agent.settings import SupervisorSettings
+from llmgw.agent.shard import ShardReport, ShardState
+from llmgw.agent.supervisor import Supervisor
+from llmgw.engines import EngineAdapter, EngineLoad, EngineSettings, EngineSpec, LaunchPlan
+from llmgw.engines import adapter_for as real_adapter_for
+from llmgw.proto import agent_pb2
+
+SERVE = """
+import http.server, signal, sys
+port = int(sys.argv[1])
+if "--ignore-term" in sys.argv:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/ready" else 404)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+print("engine listening on", port, flush=True)
+http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+CRASH = """
+import sys
+print("loading weights", flush=True)
+print("error: weights not found: /nope", file=sys.stderr, flush=True)
+sys.exit(3)
+"""
+FAST = SupervisorSettings(
+    probe_interval_loading_seconds=0.02,
+    probe_interval_ready_seconds=0.05,
+    probe_timeout_seconds=1.0,
+    default_grace_seconds=2.0,
+)
+
+
+@dataclass
+class ScriptAdapter:
+    """Plans `python -c SCRIPT PORT ARGS...`; records the specs it was given."""
+
+    script: str
+    name: str = "script"
+    needs_gpus: bool = False
+    specs: list[EngineSpec] = field(default_factory=list)
+    program: str = sys.executable
+
+    def validate(self, spec: EngineSpec) -> None:
+        pass
+
+    def plan(self, spec: EngineSpec) -> LaunchPlan:
+        self.specs.append(spec)
+        return LaunchPlan(
+            argv=(self.program, "-c", self.script, str(spec.port), *spec.engine_args),
+            env={"CUDA_VISIBLE_DEVICES": ",".join(map(str, spec.gpu_indices)), **spec.env},
+            unset_env=("LLMGW_UNSET_ME",),
+            ready_path="/ready",
+            metrics_path=None,
+        )
+
+    def parse_metrics(self, text: str) -> EngineLoad:
+        return EngineLoad(running=None, waiting=None, kv_cache_usage=None)
+
+
+@dataclass
+class Harness:
+    supervisor: Supervisor
+    reports: list[ShardReport]
+    adapters: dict[str, ScriptAdapter]
+    ports: PortRange
+    weights: Path
+
+    def states(self, shard_id: str) -> list[ShardState]:
+        return [r.state for r in self.reports if r.shard_id == shard_id]
+
+    async def wait_for(self, shard_id: str, state: ShardState, within: float = 10.0) -> ShardReport:
+        async with asyncio.timeout(within):
+            while True:
+                for report in self.reports:
+                    if report.shard_id == shard_id and report.state is state:
+                        return report
+                await asyncio.sleep(0.01)
+
+    def spec(
+        self, shard_id: str, *args: str, engine: str = "serve", port: int = 0
+    ) -> agent_pb2.ShardSpec:
+        return agent_pb2.ShardSpec(
+            shard_id=shard_id,
+            model=f"m-{shard_id}",
+            engine=engine,
+            weights=f"w-{shard_id}",
+            port=port or self.ports.start,
+            engine_args=list(args),
+        )
+
+
+def make_supervisor(
+    tmp_path: Path,
+    reports: list[ShardReport],
+    adapters: dict[str, ScriptAdapter],
+    *,
+    advertise: str = "127.0.0.1",
+) -> tuple[Supervisor, PortRange]:
+    low = free_port_block(6)
+    ports = PortRange(low, low + 5)
+
+    def adapter_for(engine: str) -> EngineAdapter:
+        if engine in adapters:
+            return adapters[engine]
+        return real_adapter_for(engine, settings=EngineSettings(python=sys.executable))
+
+    supervisor = Supervisor(
+        adapters=adapter_for,
+        port_range=ports,
+        advertise_host=advertise,
+        weights_dir=tmp_path,
+        gpu_count=2,
+        settings=FAST,
+        on_change=reports.append,
+        environ={**os.environ, "LLMGW_UNSET_ME": "x"},
+    )
+    return supervisor, ports
+
+
+@pytest.fixture
+async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    reports: list[ShardReport] = []
+    adapters = {
+        "serve": ScriptAdapter(SERVE),
+        "crash": ScriptAdapter(CRASH),
+        "missing": ScriptAdapter("", program="no-such-engine-binary-xyz"),
+    }
+    supervisor, ports = make_supervisor(tmp_path, reports, adapters)
+    running = asyncio.create_task(supervisor.run())
+    await asyncio.sleep(0)
+    try:
+        yield Harness(supervisor, reports, adapters, ports, tmp_path)
+    finally:
+        await supervisor.shutdown(grace=1.0)
+        await running
+
+
+def environ_of(pid: int) -> list[bytes]:
+    return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):  # gone, or going
+        return False
+
+
+async def test_start_probe_ready_then_stop(harness: Harness) -> None:
+    spec = harness.spec("a")
+    spec.gpu_indices.append(1)
+    spec.env["ENGINE_FLAG"] = "on"
+    started = await harness.supervisor.start(spec)
+    assert started.state is ShardState.STARTING and started.pid > 0
+    assert started.endpoint_url == f"http://127.0.0.1:{harness.ports.start}"
+    ready = await harness.wait_for("a", ShardState.READY)
+    assert harness.states("a") == [ShardState.STARTING, ShardState.LOADING, ShardState.READY]
+    assert ready.spec == spec and ready.message == "/ready answered 200"
+    environ = environ_of(ready.pid)
+    assert b"ENGINE_FLAG=on" in environ and b"CUDA_VISIBLE_DEVICES=1" in environ
+    assert not any(v.startswith(b"LLMGW_UNSET_ME=") for v in environ)
+    # Its own session and process group, so a stop reaches everything it spawned.
+    assert os.getsid(ready.pid) == ready.pid and os.getpgid(ready.pid) == ready.pid
+    # The engine binds loopback when the advertised host is loopback.
+    assert harness.adapters["serve"].specs[-1].host == "127.0.0.1"
+
+    stopped = await harness.supervisor.stop("a", grace=2.0)
+    assert stopped is not None and stopped.state is ShardState.STOPPED
+    assert stopped.exit_code == -15 and "SIGTERM" in stopped.message
+    assert not alive(ready.pid)
+    # Stopped shards stay reported until the control plane has been told.
+    assert harness.supervisor.reports() == [stopped]
+    harness.supervisor.forget(stopped)
+    assert harness.supervisor.reports() == []
+    assert await harness.supervisor.stop("a", grace=1.0) is None
+
+
+async def test_sigkill_after_the_grace_when_sigterm_is_ignored(harness: Harness) -> None:
+    await harness.supervisor.start(harness.spec("stubborn", "--ignore-term"))
+    ready = await harness.wait_for("stubborn", ShardState.READY)
+    stopped = await harness.supervisor.stop("stubborn", grace=0.3, drain=True)
+    assert stopped is not None
+    assert harness.states("stubborn")[-2:] == [ShardState.DRAINING, ShardState.STOPPED]
+    assert stopped.exit_code == -9 and "SIGKILL" in stopped.message
+    assert not alive(ready.pid)
+
+
+async def test_an_engine_that_exits_is_failed_with_its_output(harness: Harness) -> None:
+    await harness.supervisor.start(harness.spec("c", engine="crash"))
+    failed = await harness.wait_for("c", ShardState.FAILED)
+    assert failed.exit_code == 3
+    assert failed.message.startswith("engine exited with code 3 while ")
+    assert failed.output_tail[-2:] == ("loading weights", "error: weights not found: /nope")
+    # A failed shard stays in the reports (for the next Register) until forgotten.
+    assert harness.supervisor.reports() == [failed]
+    # Starting it again replaces the failed one.
+    await harness.supervisor.start(harness.spec("c", engine="crash", port=harness.ports.start + 1))
+    await harness.wait_for("c", ShardState.STARTING)
+
+
+async def test_refusals_before_launch(harness: Harness) -> None:
+    supervisor = harness.supervisor
+    with pytest.raises(SpecError, match=r"^port: .* outside this node's port range") as caught:
+        await supervisor.start(harness.spec("x", port=harness.ports.end + 1))
+    assert caught.value.field == "port"
+    with pytest.raises(SpecError, match=r"^engine: unknown engine 'tensorflow'"):
+        await supervisor.start(harness.spec("x", engine="tensorflow"))
+    with pytest.raises(SpecError, match=r"^gpu_indices: GPU 2 does not exist"):
+        spec = harness.spec("x")
+        spec.gpu_indices.extend([0, 2])
+        await supervisor.start(spec)
+    with pytest.raises(SpecError, match=r"^shard_id: is empty"):
+        await supervisor.start(harness.spec(""))
+    with pytest.raises(SpecError, match=r"^engine_args: '--port' sets --port"):
+        await supervisor.start(harness.spec("x", "--port", "1", engine="sim"))
+    with pytest.raises(LaunchError, match="'no-such-engine-binary-xyz' is not installed"):
+        await supervisor.start(harness.spec("x", engine="missing"))
+    assert harness.reports == [] and supervisor.reports() == []
+
+
+async def test_a_port_held_by_another_program_is_refused_before_launch(harness: Harness) -> None:
+    taken = harness.ports.start + 2
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        with pytest.raises(SpecError, match=rf"^port: {taken} is in use by another process"):
+            await harness.supervisor.start(harness.spec("x", port=taken))
+        assert harness.adapters["serve"].specs[-1].port == taken  # planned, never spawned
+        assert harness.reports == [] and harness.supervisor.reports() == []
+    started = await harness.supervisor.start(harness.spec("x", port=taken))
+    assert started.pid > 0
+    await harness.wait_for("x", ShardState.READY)
+
+
+async def test_repeated_and_conflicting_starts(harness: Harness) -> None:
+    supervisor = harness.supervisor
+    spec = harness.spec("a")
+    first = await supervisor.start(spec)
+    again = agent_pb2.ShardSpec()
+    again.CopyFrom(spec)
+    assert (await supervisor.start(again)).pid == first.pid
+    other = harness.spec("a", port=harness.ports.start + 1)
+    with pytest.raises(ShardConflictError, match="already running here with another spec"):
+        await supervisor.start(other)
+    with pytest.raises(SpecError, match=r"^port: .* in use by shard 'a'"):
+        await supervisor.start(harness.spec("b"))
+    assert len(supervisor.reports()) == 1
+
+
+async def test_weights_in_use_are_not_removed(harness: Harness) -> None:
+    (harness.weights / "w-a").mkdir()
+    (harness.weights / "w-other.gguf").write_bytes(b"x")
+    await harness.supervisor.start(harness.spec("a"))
+    with pytest.raises(WeightsPathError, match="shard 'a' is running from it"):
+        await harness.supervisor.remove_weights("w-a")
+    with pytest.raises(WeightsPathError, match="not inside the weights directory"):
+        await harness.supervisor.remove_weights("../x")
+    assert (
+        await harness.supervisor.remove_weights("w-other.gguf") == harness.weights / "w-other.gguf"
+    )
+    assert await harness.supervisor.remove_weights("w-other.gguf") is None
+    assert (harness.weights / "w-a").is_dir()
+
+
+async def test_shutdown_stops_everything_and_refuses_new_shards(tmp_path: Path) -> None:
+    reports: list[ShardReport] = []
+    supervisor, ports = make_supervisor(
+        tmp_path, reports, {"serve": ScriptAdapter(SERVE)}, advertise="10.1.2.3"
+    )
+    running = asyncio.create_task(supervisor.run())
+    await asyncio.sleep(0)
+    spec = agent_pb2.ShardSpec(shard_id="a", model="m", engine="serve", port=ports.start)
+    started = await supervisor.start(spec)
+    assert started.endpoint_url == f"http://10.1.2.3:{ports.start}"
+    await supervisor.start(
+        agent_pb2.ShardSpec(shard_id="b", model="m", engine="serve", port=ports.start + 1)
+    )
+    await supervisor.shutdown(grace=1.0)
+    await asyncio.wait_for(running, 5)
+    assert {r.shard_id for r in reports if r.state is ShardState.STOPPED} == {"a", "b"}
+    assert not alive(started.pid)
+    with pytest.raises(AgentClosingError, match="shutting down"):
+        await supervisor.start(
+            agent_pb2.ShardSpec(shard_id="c", model="m", engine="serve", port=ports.start + 2)
+        )
+
+
+async def test_a_cancelled_supervisor_kills_its_engines(tmp_path: Path) -> None:
+    reports: list[ShardReport] = []
+    supervisor, ports = make_supervisor(tmp_path, reports, {"serve": ScriptAdapter(SERVE)})
+    running = asyncio.create_task(supervisor.run())
+    await asyncio.sleep(0)
+    started = await supervisor.start(
+        agent_pb2.ShardSpec(
+            shard_id="a", model="m", engine="serve", port=ports.start, engine_args=["--ignore-term"]
+        )
+    )
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    async with asyncio.timeout(5):
+        while True:
+            if not alive(started.pid):
+                break
+            await asyncio.sleep(0.02)

@@ -1,0 +1,473 @@
+"""plan(): starts, stops and what stays unplaced, as a pure function of desired and actual."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+
+from llmgw.control.catalog.model import CatalogModel, Profile
+from llmgw.control.inventory.model import Gpu, Node, NodeState, Shard, ShardSpec, ShardState
+from llmgw.control.reconciler import (
+    Action,
+    Actual,
+    Desired,
+    Pending,
+    PlacementPolicy,
+    Plan,
+    Start,
+    Stop,
+    plan,
+)
+
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+GIB = 1 << 30
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def make_gpus(count: int) -> tuple[Gpu, ...]:
+    return tuple(Gpu(i, f"GPU-{i}", H100, 80 * GIB, 79 * GIB) for i in range(count))
+
+
+def make_shard(
+    shard_id: str,
+    model: str,
+    *,
+    gpus: tuple[int, ...] = (),
+    port: int = 0,
+    state: ShardState = "ready",
+    age: int = 0,
+) -> Shard:
+    spec = ShardSpec(
+        shard_id=shard_id,
+        model=model,
+        engine="vllm",
+        weights=f"org/{model}",
+        gpu_indices=gpus,
+        port=port,
+    )
+    return Shard(
+        id=shard_id,
+        model=model,
+        engine="vllm",
+        state=state,
+        message="",
+        pid=None,
+        endpoint_url="",
+        output_tail=(),
+        exit_code=None,
+        spec=spec,
+        since=EPOCH - timedelta(seconds=age),
+    )
+
+
+def make_node(
+    node_id: str,
+    *,
+    gpus: int = 4,
+    state: NodeState = "ready",
+    draining: bool = False,
+    connected: bool = True,
+    labels: Mapping[str, str] | None = None,
+    shards: Sequence[Shard] = (),
+) -> Node:
+    return Node(
+        id=node_id,
+        hostname=f"{node_id}.lab",
+        agent_version="0.1.0",
+        gpus=make_gpus(gpus),
+        cpu_count=64,
+        memory_total=512 * GIB,
+        weights_disk_free=1024 * GIB,
+        gpu_source="declared",
+        labels=dict(labels or {}),
+        fabric={},
+        port_range=(20000, 20009),
+        weights_dir="/var/lib/llmgw",
+        state=state,
+        draining=draining,
+        connected=connected,
+        registered_at=EPOCH,
+        last_heartbeat=0.0,
+        last_heartbeat_at=EPOCH,
+        shards={s.id: s for s in shards},
+    )
+
+
+def make_model(
+    name: str = "llama", *, gpus: int = 1, profiles: Sequence[Profile] = ()
+) -> CatalogModel:
+    profile = Profile(
+        name=f"tp{gpus}",
+        engine="vllm",
+        engine_args=("--max-model-len", "8192"),
+        env={"VLLM_LOGGING_LEVEL": "INFO"},
+        gpus=gpus,
+        gpu_memory_utilization=0.85,
+    )
+    return CatalogModel(name=name, weights=f"org/{name}", profiles=tuple(profiles) or (profile,))
+
+
+def ids() -> Callable[[str], str]:
+    counter = iter(range(1, 1_000_000))
+    return lambda model: f"{model}-r{next(counter)}"
+
+
+def run(
+    desired: Sequence[Desired],
+    nodes: Sequence[Node],
+    *,
+    pending: Sequence[Pending] = (),
+    stopping: frozenset[str] = frozenset(),
+    policy: PlacementPolicy = "pack",
+) -> Plan:
+    return plan(
+        desired,
+        Actual(nodes=nodes, pending=pending, stopping=stopping),
+        policy=policy,
+        new_shard_id=ids(),
+    )
+
+
+def starts(result: Plan) -> list[Start]:
+    return [a for a in result.actions if isinstance(a, Start)]
+
+
+def stops(result: Plan) -> list[Stop]:
+    return [a for a in result.actions if isinstance(a, Stop)]
+
+
+def where(result: Plan) -> list[tuple[str, str, tuple[int, ...], int]]:
+    return [(s.node_id, s.model, s.spec.gpu_indices, s.spec.port) for s in starts(result)]
+
+
+# --- starting ------------------------------------------------------------------------
+
+
+def test_from_scratch_every_replica_gets_a_start_with_the_profiles_spec() -> None:
+    llama = make_model("llama", gpus=2)
+
+    result = run([Desired(llama, 2)], [make_node("node-a"), make_node("node-b")])
+
+    assert result.unplaced == {}
+    assert result.actions == (
+        Start(
+            node_id="node-a",
+            model="llama",
+            profile="tp2",
+            spec=ShardSpec(
+                shard_id="llama-r1",
+                model="llama",
+                engine="vllm",
+                weights="org/llama",
+                gpu_indices=(0, 1),
+                port=20000,
+                engine_args=("--max-model-len", "8192"),
+                env={"VLLM_LOGGING_LEVEL": "INFO"},
+                tensor_parallel_size=2,
+                gpu_memory_utilization=0.85,
+            ),
+        ),
+        # The second replica prefers another node, so one node failing takes one replica.
+        Start(
+            node_id="node-b",
+            model="llama",
+            profile="tp2",
+            spec=ShardSpec(
+                shard_id="llama-r2",
+                model="llama",
+                engine="vllm",
+                weights="org/llama",
+                gpu_indices=(0, 1),
+                port=20000,
+                engine_args=("--max-model-len", "8192"),
+                env={"VLLM_LOGGING_LEVEL": "INFO"},
+                tensor_parallel_size=2,
+                gpu_memory_utilization=0.85,
+            ),
+        ),
+    )
+
+
+def test_starts_in_one_plan_never_share_a_gpu_or_port() -> None:
+    result = run(
+        [Desired(make_model("a"), 3), Desired(make_model("b", gpus=1), 1)],
+        [make_node("node-a", gpus=4)],
+    )
+
+    assert where(result) == [
+        ("node-a", "a", (0,), 20000),
+        ("node-a", "a", (1,), 20001),
+        ("node-a", "a", (2,), 20002),
+        ("node-a", "b", (3,), 20003),
+    ]
+
+
+def test_pending_starts_count_as_replicas_and_hold_their_gpus_and_ports() -> None:
+    pending = [
+        Pending("node-a", ShardSpec("a-r0", "a", "vllm", "org/a", gpu_indices=(0,), port=20000))
+    ]
+
+    result = run(
+        [Desired(make_model("a"), 2), Desired(make_model("b"), 1)],
+        [make_node("node-a")],
+        pending=pending,
+    )
+
+    assert where(result) == [("node-a", "a", (1,), 20001), ("node-a", "b", (2,), 20002)]
+
+
+def test_a_pending_start_the_node_already_reports_is_counted_once() -> None:
+    node = make_node(
+        "node-a", shards=[make_shard("a-r0", "a", gpus=(0,), port=20000, state="loading")]
+    )
+    pending = [
+        Pending("node-a", ShardSpec("a-r0", "a", "vllm", "org/a", gpu_indices=(0,), port=20000))
+    ]
+
+    result = run([Desired(make_model("a"), 2)], [node], pending=pending)
+
+    assert where(result) == [("node-a", "a", (1,), 20001)]
+
+
+def test_largest_models_are_placed_first_then_by_name() -> None:
+    result = run(
+        [Desired(make_model("a-small"), 1), Desired(make_model("b-big", gpus=4), 1)],
+        [make_node("node-a", gpus=4), make_node("node-b", gpus=1)],
+    )
+
+    assert where(result) == [
+        ("node-a", "b-big", (0, 1, 2, 3), 20000),
+        ("node-b", "a-small", (0,), 20000),
+    ]
+
+
+def test_hold_starts_nothing_and_is_not_reported_unplaced() -> None:
+    result = run([Desired(make_model("a"), 2, hold=True)], [make_node("node-a", gpus=0)])
+
+    assert result.actions == ()
+    assert result.unplaced == {}
+
+
+def test_avoided_nodes_are_skipped_while_others_fit() -> None:
+    nodes = [make_node("node-a"), make_node("node-b")]
+
+    result = run([Desired(make_model("a"), 1, avoid_nodes=frozenset({"node-a"}))], nodes)
+
+    assert where(result) == [("node-b", "a", (0,), 20000)]
+
+
+def test_a_retry_on_the_same_node_takes_another_port() -> None:
+    result = run(
+        [Desired(make_model("a"), 1, avoid_ports=frozenset({("node-a", 20000)}))],
+        [make_node("node-a")],
+    )
+
+    assert where(result) == [("node-a", "a", (0,), 20001)]
+
+
+def test_unplaced_models_carry_their_explanation() -> None:
+    big = make_model("big", gpus=4)
+    nodes = [make_node("node-a", gpus=4), make_node("node-b", gpus=4, draining=True)]
+
+    result = run([Desired(big, 3), Desired(make_model("ok", gpus=0), 1)], nodes)
+
+    assert where(result) == [("node-a", "big", (0, 1, 2, 3), 20000), ("node-a", "ok", (), 20001)]
+    assert list(result.unplaced) == ["big"]
+    explanation = result.unplaced["big"]
+    assert explanation.placement is None
+    assert explanation.summary() == (
+        "model 'big' cannot be placed: profile 'tp4': node-a: 0 of 4 GPUs free; node-b: draining"
+    )
+
+
+# --- lost nodes, draining ------------------------------------------------------------
+
+
+def test_replicas_on_a_lost_node_are_replaced_elsewhere_and_nothing_is_sent_there() -> None:
+    lost = make_node(
+        "node-a",
+        state="lost",
+        connected=False,
+        shards=[
+            make_shard("a-1", "a", gpus=(0,), port=20000),
+            make_shard("x-1", "gone", port=20001),
+        ],
+    )
+
+    result = run([Desired(make_model("a"), 1)], [lost, make_node("node-b")])
+
+    assert result.actions == tuple(starts(result))
+    assert where(result) == [("node-b", "a", (0,), 20000)]
+
+
+def test_drain_starts_a_replacement_and_stops_the_old_shard_once_it_is_ready() -> None:
+    old = make_shard("a-1", "a", gpus=(0,), port=20000)
+    draining = make_node("node-a", draining=True, shards=[old])
+
+    first = run([Desired(make_model("a"), 1)], [draining, make_node("node-b")])
+    assert where(first) == [("node-b", "a", (0,), 20000)]
+    assert stops(first) == []
+
+    loading = make_node(
+        "node-b", shards=[make_shard("a-2", "a", gpus=(0,), port=20000, state="loading")]
+    )
+    second = run([Desired(make_model("a"), 1)], [draining, loading])
+    assert second.actions == ()
+
+    ready = make_node("node-b", shards=[make_shard("a-2", "a", gpus=(0,), port=20000)])
+    third = run([Desired(make_model("a"), 1)], [draining, ready])
+    assert third.actions == (Stop("node-a", "a-1", "a", "node_draining", drain=True),)
+
+
+def test_a_draining_node_is_emptied_at_once_when_no_replicas_are_wanted() -> None:
+    node = make_node(
+        "node-a", draining=True, shards=[make_shard("a-1", "a", gpus=(0,), port=20000)]
+    )
+
+    result = run([Desired(make_model("a"), 0)], [node])
+
+    assert result.actions == (Stop("node-a", "a-1", "a", "node_draining", drain=True),)
+
+
+# --- stopping ------------------------------------------------------------------------
+
+
+def test_scale_down_stops_replicas_not_ready_yet_first_then_the_newest() -> None:
+    node = make_node(
+        "node-a",
+        gpus=8,
+        shards=[
+            make_shard("a-old", "a", gpus=(0,), port=20000, age=300),
+            make_shard("a-new", "a", gpus=(1,), port=20001, age=100),
+            make_shard("a-mid", "a", gpus=(2,), port=20002, age=200),
+            make_shard("a-loading", "a", gpus=(3,), port=20003, state="loading", age=50),
+            make_shard("a-starting", "a", gpus=(4,), port=20004, state="starting", age=10),
+        ],
+    )
+
+    result = run([Desired(make_model("a"), 2)], [node])
+
+    assert {(s.shard_id, s.reason, s.drain) for s in stops(result)} == {
+        ("a-loading", "scale_down", True),
+        ("a-starting", "scale_down", True),
+        ("a-new", "scale_down", True),
+    }
+    assert starts(result) == []
+
+
+def test_scale_down_counts_pending_starts_but_never_picks_them() -> None:
+    node = make_node(
+        "node-a",
+        shards=[
+            make_shard("a-1", "a", gpus=(0,), port=20000, age=20),
+            make_shard("a-2", "a", gpus=(1,), port=20001, age=10),
+        ],
+    )
+    pending = [
+        Pending("node-a", ShardSpec("a-3", "a", "vllm", "org/a", gpu_indices=(2,), port=20002))
+    ]
+
+    result = run([Desired(make_model("a"), 2)], [node], pending=pending)
+
+    assert result.actions == (Stop("node-a", "a-2", "a", "scale_down", drain=True),)
+
+
+def test_shards_of_a_model_no_longer_in_the_catalog_are_drained_where_reachable() -> None:
+    nodes = [
+        make_node("node-a", shards=[make_shard("old-1", "old", gpus=(0,), port=20000)]),
+        make_node(
+            "node-b", connected=False, shards=[make_shard("old-2", "old", gpus=(0,), port=20000)]
+        ),
+    ]
+
+    result = run([Desired(make_model("a"), 0)], nodes)
+
+    assert result.actions == (Stop("node-a", "old-1", "old", "not_in_catalog", drain=True),)
+
+
+def test_ended_shards_get_a_stop_so_the_agent_forgets_them() -> None:
+    node = make_node(
+        "node-a",
+        shards=[
+            make_shard("a-1", "a", gpus=(0,), port=20000, state="failed"),
+            make_shard("a-2", "a", gpus=(1,), port=20001, state="stopped"),
+            make_shard("a-3", "a", gpus=(2,), port=20002, state="stopped"),
+            make_shard("gone-1", "gone", state="stopped"),
+        ],
+    )
+
+    result = run([Desired(make_model("a"), 1)], [node], stopping=frozenset({"a-3"}))
+
+    assert stops(result) == [
+        Stop("node-a", "a-1", "a", "ended", drain=False),
+        Stop("node-a", "a-2", "a", "ended", drain=False),
+        Stop("node-a", "gone-1", "gone", "ended", drain=False),
+    ]
+    # Their GPUs and ports are free again.
+    assert where(result) == [("node-a", "a", (0,), 20000)]
+
+
+def test_shards_being_stopped_are_neither_counted_nor_stopped_again() -> None:
+    node = make_node(
+        "node-a",
+        shards=[
+            make_shard("a-1", "a", gpus=(0,), port=20000),
+            make_shard("a-2", "a", gpus=(1,), port=20001, state="draining"),
+        ],
+    )
+
+    result = run([Desired(make_model("a"), 1)], [node], stopping=frozenset({"a-1"}))
+
+    assert result.actions == tuple(starts(result))
+    assert where(result) == [("node-a", "a", (2,), 20002)]
+
+
+def test_steady_state_plans_nothing() -> None:
+    node = make_node("node-a", shards=[make_shard("a-1", "a", gpus=(0,), port=20000)])
+
+    result = run([Desired(make_model("a"), 1)], [node])
+
+    assert result == Plan(actions=(), unplaced={})
+
+
+# --- determinism ---------------------------------------------------------------------
+
+
+def fleet(rng: random.Random) -> tuple[list[Desired], list[Node]]:
+    desired = [
+        Desired(make_model(f"m{i}", gpus=rng.choice((0, 1, 2, 4))), rng.randint(0, 3))
+        for i in range(12)
+    ]
+    nodes = []
+    for i in range(8):
+        shards = []
+        for g in range(rng.randint(0, 3)):
+            state: ShardState = rng.choice(("ready", "loading", "failed"))
+            shards.append(
+                make_shard(
+                    f"n{i}-s{g}",
+                    f"m{rng.randrange(14)}",
+                    gpus=(g,),
+                    port=20000 + g,
+                    state=state,
+                    age=g,
+                )
+            )
+        nodes.append(
+            make_node(f"node-{i}", gpus=rng.choice((0, 4, 8)), draining=i == 3, shards=shards)
+        )
+    return desired, nodes
+
+
+def test_the_same_input_gives_the_same_plan_whatever_the_input_order() -> None:
+    desired, nodes = fleet(random.Random(5))
+
+    first = run(desired, nodes)
+    again = run(list(reversed(desired)), list(reversed(nodes)))
+
+    assert first == again
+    assert first.actions  # the case is not trivial
+    actions: list[Action] = list(first.actions)
+    stop_keys = [(a.node_id, a.shard_id) for a in actions if isinstance(a, Stop)]
+    assert stop_keys == sorted(stop_keys)

@@ -1,0 +1,80 @@
+"""The lease, fenced endpoint publishing and demand rows, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from store_fixtures import (  # noqa: F401
+    START,
+    FakeClock,
+    StoreTarget,
+    clock_fixture,
+    store_fixture,
+    target_fixture,
+)
+
+from llmgw.store import Demand, StaleEpoch, Store
+
+TTL = 10.0
+
+
+async def test_the_first_server_takes_the_lease_and_another_cannot_while_it_lasts(
+    store: Store, store_clock: FakeClock
+) -> None:
+    lease = await store.leadership.acquire("control", "a", TTL, "a:9443")
+    assert lease is not None and (lease.owner, lease.epoch) == ("a", 1)
+    assert await store.leadership.acquire("control", "b", TTL, "b:9443") is None
+    # Renewing keeps the epoch; taking it again as the owner too.
+    store_clock.advance(seconds=5)
+    assert await store.leadership.renew("control", "a", 1, TTL) is not None
+    again = await store.leadership.acquire("control", "a", TTL, "a:9443")
+    assert again is not None and again.epoch == 1 and again.acquired_at == lease.acquired_at
+    current = await store.leadership.current("control")
+    assert current is not None and current.agent_address == "a:9443"
+
+
+async def test_an_expired_lease_moves_with_a_new_epoch_and_the_old_owner_is_fenced(
+    store: Store, store_clock: FakeClock
+) -> None:
+    await store.leadership.acquire("control", "a", TTL, "a:9443")
+    await store.leadership.publish("control", 1, "m", ["m", "alias"], [("r1", "http://x:1")])
+    store_clock.advance(seconds=TTL + 1)
+    taken = await store.leadership.acquire("control", "b", TTL, "b:9443")
+    assert taken is not None and (taken.owner, taken.epoch) == ("b", 2)
+    # The paused leader wakes up: its renewal and its writes are refused.
+    assert await store.leadership.renew("control", "a", 1, TTL) is None
+    with pytest.raises(StaleEpoch, match=r"epoch 1 .* held by b at epoch 2"):
+        await store.leadership.publish("control", 1, "m", ["m"], [])
+    with pytest.raises(StaleEpoch):
+        await store.leadership.withdraw("control", 1, ["m"])
+    # What the old leader published stays until the new one replaces it.
+    [kept] = await store.leadership.endpoints()
+    assert (kept.model, kept.replica_id, kept.names, kept.epoch) == ("m", "r1", ("m", "alias"), 1)
+    await store.leadership.publish("control", 2, "m", ["m"], [("r2", "http://y:2")])
+    assert [e.replica_id for e in await store.leadership.endpoints()] == ["r2"]
+    await store.leadership.withdraw("control", 2, ["m"])
+    assert await store.leadership.endpoints() == []
+
+
+async def test_a_released_lease_is_free_at_once(store: Store, store_clock: FakeClock) -> None:
+    await store.leadership.acquire("control", "a", TTL, "a:9443")
+    assert await store.leadership.release("control", "a", 1)
+    store_clock.advance(seconds=0.001)
+    taken = await store.leadership.acquire("control", "b", TTL, "b:9443")
+    assert taken is not None and taken.epoch == 2
+
+
+async def test_two_servers_racing_for_a_free_lease_get_one_winner(store: Store) -> None:
+    results = await asyncio.gather(
+        *(store.leadership.acquire("control", f"s{i}", TTL, f"s{i}:1") for i in range(4))
+    )
+    assert sum(1 for r in results if r is not None) == 1
+
+
+async def test_demand_rows_are_replaced_per_server(store: Store) -> None:
+    await store.leadership.report_demand("a", [Demand("m", "a", START, 2, START)])
+    await store.leadership.report_demand("b", [Demand("m", "b", START, 0, None)])
+    await store.leadership.report_demand("a", [Demand("n", "a", START, 1, None)])
+    rows = sorted((d.model, d.server, d.in_flight) for d in await store.leadership.demand())
+    assert rows == [("m", "b", 0), ("n", "a", 1)]

@@ -1,0 +1,221 @@
+"""Usage records, hourly roll-ups, reports, pruning and budget sums, on both databases."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine
+from store_fixtures import START, StoreTarget, clock_fixture, store_fixture, target_fixture  # noqa: F401
+
+from llmgw.store import InvalidValue, Store, UsageRecord, UsageRepository, UsageRow
+from llmgw.store.engine import make_engine
+from llmgw.store.urls import normalize_url
+
+H0 = START  # 12:00
+H1 = START + timedelta(hours=1)  # 13:00
+KEYS = ("key_aaaaaaaaaaaaaaaa", "key_bbbbbbbbbbbbbbbb", None)
+MODELS = ("llama-8b", "qwen-7b")
+
+
+def records(
+    n: int, *, seed: int = 1, start: datetime = H0 + timedelta(minutes=30)
+) -> list[UsageRecord]:
+    """n requests spread over an hour from `start` (so across two clock hours)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        out.append(
+            UsageRecord(
+                ts=start + timedelta(seconds=rng.uniform(0, 3599)),
+                request_id=f"req-{seed}-{i}",
+                key_id=rng.choice(KEYS),
+                model=rng.choice(MODELS),
+                endpoint=f"ep-{i % 3}",
+                status=rng.choice((200, 200, 200, 429, 500)),
+                prompt_tokens=rng.randint(1, 2000),
+                completion_tokens=rng.randint(0, 500),
+                latency_ms=rng.uniform(5, 900),
+                ttft_ms=rng.uniform(1, 50) if i % 2 else None,
+                streamed=bool(i % 2),
+            )
+        )
+    return out
+
+
+def expected(recs: list[UsageRecord], dims: tuple[str, ...]) -> list[UsageRow]:
+    sums: dict[tuple[Any, ...], list[Any]] = defaultdict(lambda: [0, 0, 0, 0, 0.0])
+    for r in recs:
+        hour = r.ts.replace(minute=0, second=0, microsecond=0)
+        group = (
+            hour if "hour" in dims else None,
+            r.key_id if "key" in dims else None,
+            r.model if "model" in dims else None,
+        )
+        acc = sums[group]
+        acc[0] += 1
+        acc[1] += r.status >= 400
+        acc[2] += r.prompt_tokens
+        acc[3] += r.completion_tokens
+        acc[4] += r.latency_ms
+    rows = [UsageRow(*group, *acc) for group, acc in sums.items()]
+    return sorted(rows, key=lambda r: (r.hour or H0, r.key_id or "", r.model or ""))
+
+
+def assert_rows(actual: list[UsageRow], wanted: list[UsageRow]) -> None:
+    assert [(r.hour, r.key_id, r.model, r.requests, r.errors) for r in actual] == [
+        (r.hour, r.key_id, r.model, r.requests, r.errors) for r in wanted
+    ]
+    assert [(r.prompt_tokens, r.completion_tokens) for r in actual] == [
+        (r.prompt_tokens, r.completion_tokens) for r in wanted
+    ]
+    for got, want in zip(actual, wanted, strict=True):
+        assert got.latency_ms_sum == pytest.approx(want.latency_ms_sum)
+
+
+async def test_roll_ups_sum_each_hour_key_and_model(store: Store) -> None:
+    recs = records(300)
+    await store.usage.record_batch(recs[:120])
+    await store.usage.record_batch(recs[120:])  # the second batch adds to existing rows
+
+    rows = await store.usage.query(group_by=("hour", "key", "model"))
+    assert_rows(rows, expected(recs, ("hour", "key", "model")))
+    assert {r.hour for r in rows} == {H0, H1}
+    assert {r.key_id for r in rows} == set(KEYS)
+    assert all(r.hour is not None and r.hour.tzinfo == UTC for r in rows)
+
+
+async def test_reports_group_by_any_dimensions(store: Store) -> None:
+    recs = records(200)
+    await store.usage.record_batch(recs)
+    for dims in [("key", "model"), ("key",), ("model",), ("hour",), ("model", "hour")]:
+        assert_rows(await store.usage.query(group_by=dims), expected(recs, dims))  # type: ignore[arg-type]
+    [total] = await store.usage.query(group_by=())
+    assert total.requests == 200
+    assert total.total_tokens == sum(r.prompt_tokens + r.completion_tokens for r in recs)
+    assert total.mean_latency_ms == pytest.approx(sum(r.latency_ms for r in recs) / 200)
+
+
+async def test_reports_filter_by_key_model_and_time(store: Store) -> None:
+    recs = records(200)
+    await store.usage.record_batch(recs)
+    key_a = KEYS[0]
+
+    only_a = await store.usage.query(key_id=key_a, group_by=("key", "model"))
+    assert_rows(only_a, expected([r for r in recs if r.key_id == key_a], ("key", "model")))
+
+    open_mode = await store.usage.query(key_id="", group_by=("key",))
+    assert_rows(open_mode, expected([r for r in recs if r.key_id is None], ("key",)))
+
+    qwen = await store.usage.query(model="qwen-7b", group_by=("model",))
+    assert_rows(qwen, expected([r for r in recs if r.model == "qwen-7b"], ("model",)))
+
+    # since is truncated to its hour; until excludes hours starting at or after it.
+    second_hour = await store.usage.query(since=H1 + timedelta(minutes=59), group_by=("hour",))
+    assert_rows(second_hour, expected([r for r in recs if r.ts >= H1], ("hour",)))
+    first_hour = await store.usage.query(since=H0, until=H1, group_by=("hour",))
+    assert_rows(first_hour, expected([r for r in recs if r.ts < H1], ("hour",)))
+
+    assert await store.usage.query(key_id="key_nobody") == []
+    assert await store.usage.query(since=H1 + timedelta(hours=1), group_by=()) == []
+
+
+async def test_bad_report_arguments_are_refused(store: Store) -> None:
+    with pytest.raises(InvalidValue, match="group_by"):
+        await store.usage.query(group_by=("key", "key"))
+    with pytest.raises(InvalidValue, match="group_by"):
+        await store.usage.query(group_by=("endpoint",))  # type: ignore[arg-type]
+    with pytest.raises(InvalidValue, match=r"since=.* has no time zone"):
+        await store.usage.query(since=datetime(2025, 1, 1))
+    naive = UsageRecord(datetime(2025, 1, 1), "r", None, "m", "e", 200, 1, 1, 1.0, None, False)
+    with pytest.raises(InvalidValue, match=r"UsageRecord\.ts"):
+        await store.usage.record_batch([naive])
+    await store.usage.record_batch([])
+    assert await store.usage.query() == []
+
+
+async def test_pruning_raw_records_keeps_the_roll_ups(store: Store) -> None:
+    recs = records(200)
+    await store.usage.record_batch(recs)
+    before = await store.usage.query(group_by=("hour", "key", "model"))
+
+    pruned = await store.usage.prune_raw(H1)
+    assert pruned == sum(r.ts < H1 for r in recs)
+    assert await store.usage.query(group_by=("hour", "key", "model")) == before
+    # What is left is the second hour's records: pruning everything counts them.
+    assert await store.usage.prune_raw(H1 + timedelta(days=1)) == len(recs) - pruned
+    assert await store.usage.prune_raw(H1 + timedelta(days=1)) == 0
+    assert await store.usage.query(group_by=("hour", "key", "model")) == before
+
+
+async def test_tokens_used_counts_whole_hours_of_one_key(store: Store) -> None:
+    recs = records(200)
+    await store.usage.record_batch(recs)
+    key_b = KEYS[1]
+
+    def tokens(since: datetime) -> int:
+        return sum(
+            r.prompt_tokens + r.completion_tokens
+            for r in recs
+            if r.key_id == key_b and r.ts >= since.replace(minute=0, second=0, microsecond=0)
+        )
+
+    assert await store.usage.tokens_used(key_b, H0) == tokens(H0) > 0
+    # Mid-hour: the whole 13:00 hour counts, including its requests before 13:40.
+    assert await store.usage.tokens_used(key_b, H1 + timedelta(minutes=40)) == tokens(H1)
+    assert tokens(H1) < tokens(H0)
+    assert await store.usage.tokens_used(key_b, H1 + timedelta(hours=1)) == 0
+    assert await store.usage.tokens_used("key_nobody", H0) == 0
+
+
+@pytest.fixture
+async def counted(
+    store: Store, store_target: StoreTarget
+) -> AsyncIterator[tuple[UsageRepository, list[bool]]]:
+    """A usage repository on its own engine that notes each statement sent (executemany?)."""
+    engine: AsyncEngine = make_engine(normalize_url(store_target.url), schema=store_target.schema)
+    sent: list[bool] = []
+
+    def note(*args: Any) -> None:
+        sent.append(bool(args[-1]))  # the executemany flag
+
+    event.listen(engine.sync_engine, "before_cursor_execute", note)
+    try:
+        yield UsageRepository(engine=engine), sent
+    finally:
+        await engine.dispose()
+
+
+async def test_a_batch_of_500_is_two_bulk_statements(
+    counted: tuple[UsageRepository, list[bool]], store: Store
+) -> None:
+    usage, sent = counted
+    recs = records(500, seed=7)
+    await usage.record_batch(recs)
+    assert sent == [True, True]  # raw rows, then the roll-up upserts, each one executemany
+    assert_rows(
+        await store.usage.query(group_by=("hour", "key", "model")),
+        expected(recs, ("hour", "key", "model")),
+    )
+
+
+async def test_refresh_statistics_runs_on_both_stores(store: Store) -> None:
+    # The planner statistics exist afterwards (SQLite: sqlite_stat1; PostgreSQL: pg_stats).
+    await store.usage.record_batch(
+        [
+            UsageRecord(
+                ts=START, request_id=f"r{i}", key_id="k", model="m", endpoint="e",
+                status=200, prompt_tokens=1, completion_tokens=1, latency_ms=1.0,
+                ttft_ms=None, streamed=False,
+            )
+            for i in range(50)
+        ]
+    )  # fmt: skip
+    await store.usage.refresh_statistics()
+    rows = await store.usage.query(group_by=("model",))
+    assert rows[0].requests == 50

@@ -1,0 +1,275 @@
+"""The usage recorder: batching, a bounded queue, retries and flushing at close.
+
+Writes go to the real store (SQLite and PostgreSQL) through a wrapper that counts
+batches and can fail on demand. Waits use an injected sleep the test controls,
+so nothing here sleeps for real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+
+import pytest
+from prometheus_client import CollectorRegistry
+from store_fixtures import START, FakeClock, clock_fixture, store_fixture, target_fixture  # noqa: F401
+
+from llmgw.store import InvalidValue, Store, StoreUnavailable, UsageRecord
+from llmgw.usage import UsageRecorder
+
+
+class Repo:
+    """The real usage repository, recording batch sizes, failing the first `fail` writes."""
+
+    def __init__(self, store: Store, *, fail: int = 0) -> None:
+        self.inner = store.usage
+        self.batches: list[int] = []
+        self.fail = fail
+        self.attempts = 0
+        self.changed = asyncio.Event()
+
+    async def record_batch(self, records: Sequence[UsageRecord]) -> None:
+        self.attempts += 1
+        try:
+            if self.fail > 0:
+                self.fail -= 1
+                raise StoreUnavailable("recording usage failed: the database did not answer")
+            await self.inner.record_batch(records)
+            self.batches.append(len(records))
+        finally:
+            self.changed.set()
+
+    async def wait_until(self, done: Callable[[], bool]) -> None:
+        async with asyncio.timeout(5):
+            while not done():
+                self.changed.clear()
+                await self.changed.wait()
+
+
+class Gate:
+    """An injected sleep that waits until the test opens the gate."""
+
+    def __init__(self, *, open_: bool = False) -> None:
+        self.requested: list[float] = []
+        self.event = asyncio.Event()
+        if open_:
+            self.event.set()
+
+    async def __call__(self, seconds: float) -> None:
+        self.requested.append(seconds)
+        await self.event.wait()
+
+
+def rec(i: int, *, key: str | None = "key_aaaaaaaaaaaaaaaa") -> UsageRecord:
+    return UsageRecord(
+        ts=START + timedelta(seconds=i),
+        request_id=f"req-{i}",
+        key_id=key,
+        model="llama-8b",
+        endpoint="ep-1",
+        status=200,
+        prompt_tokens=10,
+        completion_tokens=5,
+        latency_ms=12.5,
+        ttft_ms=None,
+        streamed=False,
+    )
+
+
+async def stored_requests(store: Store) -> int:
+    rows = await store.usage.query(group_by=())
+    return rows[0].requests if rows else 0
+
+
+def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    value = registry.get_sample_value(name, labels)
+    return value if value is not None else 0.0
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def test_records_are_written_in_batches(store: Store) -> None:
+    repo, registry = Repo(store), CollectorRegistry()
+    recorder = UsageRecorder(repo=repo, registry=registry, batch_size=500, sleep=Gate(open_=True))
+    for i in range(1234):
+        recorder.record(rec(i))
+    assert sample(registry, "llmgw_usage_queued") == 1234
+    task = asyncio.create_task(recorder.run())
+    await recorder.close()
+    await task
+    assert repo.batches == [500, 500, 234]  # ceil(1234 / 500) writes
+    assert await stored_requests(store) == 1234
+    assert sample(registry, "llmgw_usage_written_total") == 1234
+    assert sample(registry, "llmgw_usage_queued") == 0
+    assert sample(registry, "llmgw_usage_dropped_total", reason="queue_full") == 0
+
+
+async def test_a_partial_batch_waits_at_most_the_flush_interval(store: Store) -> None:
+    repo, gate = Repo(store), Gate()
+    recorder = UsageRecorder(
+        repo=repo, registry=CollectorRegistry(), batch_size=10, flush_interval=0.5, sleep=gate
+    )
+    task = asyncio.create_task(recorder.run())
+    try:
+        for i in range(3):
+            recorder.record(rec(i))
+        await settle()
+        assert gate.requested == [0.5]  # waiting for more, up to flush_interval
+        recorder.record(rec(3))
+        await settle()
+        assert repo.batches == []
+        gate.event.set()  # the flush interval passes
+        await repo.wait_until(lambda: bool(repo.batches))
+        assert repo.batches == [4]
+    finally:
+        await recorder.close()
+        await task
+
+
+async def test_a_full_batch_is_written_without_waiting(store: Store) -> None:
+    repo, gate = Repo(store), Gate()  # the flush interval never passes
+    recorder = UsageRecorder(
+        repo=repo, registry=CollectorRegistry(), batch_size=4, flush_interval=60, sleep=gate
+    )
+    task = asyncio.create_task(recorder.run())
+    try:
+        recorder.record(rec(0))
+        await settle()
+        for i in range(1, 4):
+            recorder.record(rec(i))
+        await repo.wait_until(lambda: bool(repo.batches))
+        assert repo.batches == [4]
+    finally:
+        await recorder.close()
+        await task
+
+
+async def test_a_full_queue_drops_and_counts_without_blocking(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    repo, registry = Repo(store), CollectorRegistry()
+    recorder = UsageRecorder(repo=repo, registry=registry, queue_size=10, batch_size=4)
+    for i in range(15):
+        recorder.record(rec(i))  # synchronous: returns at once, never raises
+    assert recorder.queued == 10
+    assert sample(registry, "llmgw_usage_dropped_total", reason="queue_full") == 5
+    assert caplog.text.count("usage queue is full") == 1
+    await recorder.close()  # no run() task: close writes what is queued itself
+    assert repo.batches == [4, 4, 2]
+    assert await stored_requests(store) == 10
+
+
+async def test_close_flushes_everything_queued_then_run_returns(store: Store) -> None:
+    repo, registry = Repo(store), CollectorRegistry()
+    recorder = UsageRecorder(
+        repo=repo, registry=registry, batch_size=5, flush_interval=60, sleep=Gate()
+    )
+    task = asyncio.create_task(recorder.run())
+    for i in range(7):
+        recorder.record(rec(i))
+    await settle()
+    await recorder.close()
+    assert task.done()
+    await task
+    assert sum(repo.batches) == 7
+    assert await stored_requests(store) == 7
+    recorder.record(rec(99))  # after close: dropped, counted
+    assert sample(registry, "llmgw_usage_dropped_total", reason="closed") == 1
+
+
+async def test_a_failed_write_is_retried_with_backoff(store: Store) -> None:
+    repo, registry, gate = Repo(store, fail=2), CollectorRegistry(), Gate(open_=True)
+    recorder = UsageRecorder(repo=repo, registry=registry, batch_size=10, sleep=gate)
+    for i in range(6):
+        recorder.record(rec(i))
+    task = asyncio.create_task(recorder.run())
+    await recorder.close()
+    await task
+    assert repo.attempts == 3
+    assert gate.requested == [0.5, 1.0]
+    assert repo.batches == [6]
+    assert await stored_requests(store) == 6
+    assert sample(registry, "llmgw_usage_write_errors_total") == 2
+    assert sample(registry, "llmgw_usage_written_total") == 6
+
+
+async def test_a_batch_is_dropped_after_the_last_retry_and_the_next_one_is_written(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    repo, registry = Repo(store, fail=3), CollectorRegistry()
+    recorder = UsageRecorder(
+        repo=repo,
+        registry=registry,
+        batch_size=4,
+        retry_attempts=3,
+        sleep=Gate(open_=True),
+    )
+    task = asyncio.create_task(recorder.run())
+    for i in range(4):
+        recorder.record(rec(i))
+    await repo.wait_until(lambda: repo.attempts >= 3)
+    for i in range(4, 6):
+        recorder.record(rec(i))
+    await recorder.close()
+    await task
+    assert sample(registry, "llmgw_usage_dropped_total", reason="write_failed") == 4
+    assert sample(registry, "llmgw_usage_write_errors_total") == 3
+    assert repo.batches == [2]
+    assert await stored_requests(store) == 2
+    assert "dropped 4 usage records: 3 attempts failed" in caplog.text
+
+
+async def test_close_with_the_store_down_gives_up_after_one_batch(store: Store) -> None:
+    repo, registry = Repo(store, fail=1000), CollectorRegistry()
+    recorder = UsageRecorder(
+        repo=repo, registry=registry, batch_size=5, retry_attempts=2, sleep=Gate(open_=True)
+    )
+    for i in range(23):
+        recorder.record(rec(i))
+    await recorder.close()
+    assert repo.attempts == 2  # not 2 per batch
+    assert sample(registry, "llmgw_usage_dropped_total", reason="write_failed") == 23
+    assert recorder.queued == 0
+
+
+async def test_invalid_records_are_dropped_at_the_door(store: Store) -> None:
+    class Refusing:
+        attempts = 0
+
+        async def record_batch(self, records: Sequence[UsageRecord]) -> None:
+            self.attempts += 1
+            raise InvalidValue("UsageRecord.ts has no time zone")
+
+    registry = CollectorRegistry()
+    bad = UsageRecord(
+        ts=START.replace(tzinfo=None),
+        request_id="naive",
+        key_id=None,
+        model="m",
+        endpoint="e",
+        status=200,
+        prompt_tokens=1,
+        completion_tokens=1,
+        latency_ms=1.0,
+        ttft_ms=None,
+        streamed=False,
+    )
+    refusing = Refusing()
+    recorder = UsageRecorder(repo=refusing, registry=registry, sleep=Gate(open_=True))
+    recorder.record(bad)
+    assert recorder.queued == 0
+    assert sample(registry, "llmgw_usage_dropped_total", reason="invalid") == 1
+    # A batch the store refuses outright is not retried.
+    recorder.record(rec(1))
+    await recorder.close()
+    assert refusing.attempts == 1
+    assert sample(registry, "llmgw_usage_dropped_total", reason="write_failed") == 1
+
+
+def test_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="batch_size >= 1"):
+        UsageRecorder(repo=None, registry=CollectorRegistry(), batch_size=0)  # type: ignore[arg-type]
