@@ -259,6 +259,27 @@ async def test_a_single_address_reconnects_at_once_after_a_registered_stream_end
     assert len(servicer.registers) == 3
 
 
+async def test_a_stream_the_server_ends_during_a_write_is_one_plain_warning(
+    servers: Servers, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Each stream ends right after Registered, while the agent is sending its first
+    # heartbeat: gRPC then fails the send and the read alike with INTERNAL. The
+    # operator must read that the control plane closed the stream, once per stream,
+    # never a second "write failed" warning with gRPC's internals in it.
+    rounds = 15
+    only, _ = await servers.add("only", lambda n: "register" if n <= rounds else "refuse")
+    caplog.set_level(logging.INFO, logger="llmgw.agent.connection")
+
+    await run_until_stopped(connection([only], servers.events, tmp_path, sleeps=1))
+
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and not r.getMessage().startswith("no control plane")
+    ]
+    assert warnings == [f"the control plane at {only} closed the stream"] * rounds
+
+
 async def test_cancelling_the_loop_closes_the_stream(servers: Servers, tmp_path: Path) -> None:
     silent, _ = await servers.add("silent", lambda n: "silent")
     conn = connection([silent], servers.events, tmp_path, sleeps=100)

@@ -72,6 +72,13 @@ def describe_rpc_error(exc: grpc.aio.AioRpcError) -> str:
     return f"{exc.code().name}: {details}" if details else exc.code().name
 
 
+def _lost_to_a_racing_write(exc: grpc.aio.AioRpcError) -> bool:
+    """The status gRPC gives a call whose send failed because the other side ended it."""
+    return exc.code() == grpc.StatusCode.INTERNAL and (exc.details() or "").startswith(
+        "Internal error from Core"
+    )
+
+
 def channel_options(settings: ConnectionSettings) -> list[tuple[str, int]]:
     options = [
         # A fresh subchannel per attempt: the process-wide pool would keep a failed
@@ -343,6 +350,11 @@ class Connection:
                         self._settings.keepalive_timeout_seconds,
                         describe_rpc_error(exc),
                     )
+                elif _lost_to_a_racing_write(exc):
+                    # The server ended the stream while this agent was sending (a
+                    # heartbeat, a report): gRPC reports the failed send as INTERNAL
+                    # and loses the server's own status.
+                    log.warning("the control plane at %s closed the stream", address)
                 else:
                     log.warning("stream to %s ended: %s", address, describe_rpc_error(exc))
                 return
@@ -406,7 +418,14 @@ class Connection:
             try:
                 await call.write(message)
             except (grpc.RpcError, asyncio.InvalidStateError) as exc:
-                raise _StreamBroken(f"write failed: {exc!r}") from exc
+                # A failed write means the call has ended, and the read loop reads
+                # why and reports it once. Only if it never does is this the news.
+                log.debug("write to the control plane failed: %r", exc)
+                await asyncio.sleep(self._settings.connect_timeout_seconds)
+                reason = describe_rpc_error(exc) if isinstance(exc, grpc.aio.AioRpcError) else ""
+                raise _StreamBroken(
+                    f"a write failed{': ' + reason if reason else ''} and the stream never ended"
+                ) from exc
             outbox.task_done()
             if isinstance(item, ShardReport) and item.state.terminal:
                 self._supervisor.forget(item)
