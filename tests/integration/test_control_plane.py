@@ -275,10 +275,15 @@ def test_load_scales_replicas_up_to_max_and_back_down_after_the_delay(tmp_path: 
         # Idle again: after scale_down_delay, back to min_replicas.
         wait_for(lambda: len(f.ready_replicas("busy")) == 1, "back to one replica")
         scale = [e["message"] for e in f.events("busy") if e["kind"] == "scale"][::-1]
-        assert scale[0].endswith("at 2 per replica: 2 replicas for the load"), scale
+        # The first step up may already be the whole way, should the workers all
+        # start before the controller looks.
+        assert re.fullmatch(
+            r"[2-7] requests in flight at 2 per replica: [23] replicas for the load", scale[0]
+        ), scale
         assert any(m.endswith(": 3 replicas for the load") for m in scale), scale
         assert scale[-1].startswith("load lower for 2 s: 0 requests in flight"), scale
-        assert len(f.status("busy")["replicas"]) == 1
+        # The two surplus replicas drain, then leave the list.
+        wait_for(lambda: len(f.status("busy")["replicas"]) == 1, "surplus replicas stopped")
 
 
 def test_a_port_held_by_another_program_is_refused_and_the_retry_takes_the_next(
