@@ -6,8 +6,10 @@ import asyncio
 import hashlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, inspect, text
@@ -16,8 +18,8 @@ from store_fixtures import START, StoreTarget, clock_fixture, store_fixture, tar
 
 from llmgw.store import NewApiKey, Store, StoreError, UsageRecord, upgrade
 from llmgw.store.engine import make_engine
-from llmgw.store.migrate import head_revision
-from llmgw.store.tables import metadata
+from llmgw.store.migrate import alembic_config, head_revision
+from llmgw.store.tables import metadata, usage_hourly
 from llmgw.store.urls import normalize_url
 
 TABLES = {
@@ -25,6 +27,7 @@ TABLES = {
     "api_keys",
     "usage_records",
     "usage_hourly",
+    "usage_daily",
     "catalog_models",
     "leases",
     "replica_endpoints",
@@ -52,7 +55,7 @@ async def test_migrations_create_the_schema_from_empty(store_target: StoreTarget
     try:
         assert await store.revision() is None
         await store.upgrade()
-        assert await store.revision() == head_revision() == "0004"
+        assert await store.revision() == head_revision() == "0005"
         assert await store.keys.list(include_revoked=True) == []
         assert await store.usage.query() == []
     finally:
@@ -74,6 +77,43 @@ async def test_rerunning_the_upgrade_changes_nothing(store: Store) -> None:
     assert await store.revision() == head_revision()
     assert await store.keys.list() == [key]
     assert await store.usage.tokens_used(key.id, START) == 7
+
+
+async def test_the_daily_roll_ups_are_filled_from_the_hourly_ones_on_upgrade(
+    store_target: StoreTarget,
+) -> None:
+    # A store at 0004 has usage only by the hour; 0005 adds the days, summed from them.
+    hours = [START - timedelta(hours=h) for h in (0, 5, 12, 13, 30, 50)]
+    rows = [
+        {
+            "hour": hour, "key_id": key, "model": "m", "requests": 2, "errors": 1,
+            "prompt_tokens": 10 * n, "completion_tokens": n, "latency_ms_sum": 1.5,
+        }
+        for n, hour in enumerate(hours, 1)
+        for key in ("k1", "")
+    ]  # fmt: skip
+    store = await store_target.open()  # creates the database, migrates nothing
+    async with raw_engine(store_target) as engine, engine.begin() as conn:
+
+        def to_0004(sync: Connection) -> None:
+            command.upgrade(alembic_config(sync), "0004")
+
+        await conn.run_sync(to_0004)
+        await conn.execute(usage_hourly.insert(), rows)
+    try:
+        await store.upgrade()
+        # No range: the whole days only, so exactly what the migration wrote.
+        by_key = await store.usage.query(group_by=("key",))
+        assert [(r.key_id, r.requests, r.prompt_tokens, r.completion_tokens) for r in by_key] == [
+            (None, 12, 210, 21),
+            ("k1", 12, 210, 21),
+        ]
+        # START is noon on Jan 1: the hours before 00:00 fall on Dec 31 and Dec 30.
+        day = datetime(START.year, START.month, START.day, tzinfo=UTC)
+        first_day = await store.usage.query(since=day, until=day + timedelta(days=1), group_by=())
+        assert [(r.requests, r.prompt_tokens) for r in first_day] == [(12, 2 * (10 + 20 + 30))]
+    finally:
+        await store.close()
 
 
 async def test_module_level_upgrade_is_idempotent(store_target: StoreTarget) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import defaultdict
 from collections.abc import AsyncIterator
@@ -191,13 +192,14 @@ async def counted(
         await engine.dispose()
 
 
-async def test_a_batch_of_500_is_two_bulk_statements(
+async def test_a_batch_of_500_is_three_bulk_statements(
     counted: tuple[UsageRepository, list[bool]], store: Store
 ) -> None:
     usage, sent = counted
     recs = records(500, seed=7)
     await usage.record_batch(recs)
-    assert sent == [True, True]  # raw rows, then the roll-up upserts, each one executemany
+    # Raw rows, then the hourly and the daily roll-up upserts, each one executemany.
+    assert sent == [True, True, True]
     assert_rows(
         await store.usage.query(group_by=("hour", "key", "model")),
         expected(recs, ("hour", "key", "model")),
@@ -219,3 +221,67 @@ async def test_refresh_statistics_runs_on_both_stores(store: Store) -> None:
     await store.usage.refresh_statistics()
     rows = await store.usage.query(group_by=("model",))
     assert rows[0].requests == 50
+
+
+def in_range(r: UsageRecord, since: datetime | None, until: datetime | None) -> bool:
+    """The query's rule: whole hours from the one containing `since`, up to `until`."""
+    hour = r.ts.replace(minute=0, second=0, microsecond=0)
+    start = since.replace(minute=0, second=0, microsecond=0) if since is not None else None
+    return (start is None or hour >= start) and (until is None or hour < until)
+
+
+async def test_ranges_across_days_sum_to_the_requests_in_them(store: Store) -> None:
+    # Five days of requests. Ranges start and end mid-hour, on the hour, at midnight
+    # and open-ended, so each of them reads whole days from the daily roll-ups and
+    # the hours at either end from the hourly ones; the sums must not tell.
+    rng = random.Random(11)
+    begin = START - timedelta(days=3, hours=7)
+    recs = [
+        dataclasses.replace(r, ts=begin + timedelta(seconds=rng.uniform(0, 5 * 86400)))
+        for r in records(800, seed=11)
+    ]
+    for i in range(0, len(recs), 200):
+        await store.usage.record_batch(recs[i : i + 200])
+    midnight = datetime(START.year, START.month, START.day, tzinfo=UTC)
+    moments = [
+        None,
+        midnight - timedelta(days=2),
+        midnight - timedelta(days=1, minutes=30),
+        midnight + timedelta(hours=1, minutes=15),
+        midnight + timedelta(days=1, hours=23),
+        midnight + timedelta(days=1, hours=23, minutes=1),
+        midnight + timedelta(days=2),
+        START,
+    ]
+    for since in moments:
+        for until in moments:
+            if since is not None and until is not None and since >= until:
+                continue
+            for dims in ((), ("key",), ("model",), ("key", "model")):
+                wanted = [r for r in recs if in_range(r, since, until)]
+                got = await store.usage.query(since=since, until=until, group_by=dims)
+                assert_rows(got, expected(wanted, dims) if wanted else [])
+
+
+async def test_a_report_over_whole_days_reads_the_daily_roll_ups(store_target: StoreTarget) -> None:
+    store = await store_target.open()
+    await store.upgrade()
+    engine = make_engine(normalize_url(store_target.url), schema=store_target.schema)
+    read: list[str] = []
+
+    @event.listens_for(engine.sync_engine, "before_cursor_execute")
+    def note(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        read.append(" ".join(t for t in ("usage_hourly", "usage_daily") if t in statement))
+
+    usage = UsageRepository(engine=engine)
+    try:
+        await usage.record_batch(records(50))
+        await usage.query(since=START - timedelta(days=30), until=START, group_by=("model",))
+        await usage.query(since=START - timedelta(hours=6), until=START, group_by=("model",))
+        await usage.query(since=START - timedelta(days=30), until=START, group_by=("hour",))
+        # 30 days: the hours of the first and the last day, the days between; six hours
+        # and anything by hour: the hours alone.
+        assert read[-3:] == ["usage_hourly usage_daily", "usage_hourly", "usage_hourly"]
+    finally:
+        await engine.dispose()
+        await store.close()

@@ -1,14 +1,18 @@
-"""Recording per-request usage and reading it back from hourly roll-ups.
+"""Recording per-request usage and reading it back from hourly and daily roll-ups.
 
 `record_batch` writes the raw rows and adds the same requests to `usage_hourly`
-in one transaction, so the two never disagree. The batch is summed in Python
-first (one upsert row per hour, key and model), and both statements are sent as
-one executemany each: a batch of 500 requests is two statements, not 1,000.
-Upserts are sorted by their primary key so concurrent writers on PostgreSQL take
-row locks in the same order and cannot deadlock on each other.
+and `usage_daily` in one transaction, so the three never disagree. The batch is
+summed in Python first (one upsert row per hour or day, key and model), and each
+statement is sent as one executemany: a batch of 500 requests is three
+statements, not 1,500. Upserts are sorted by their primary key so concurrent
+writers on PostgreSQL take row locks in the same order and cannot deadlock on
+each other.
 
 Reports (`query`, `tokens_used`) read only the roll-ups, so they stay fast and
-keep working after `prune_raw` has deleted old raw rows.
+keep working after `prune_raw` has deleted old raw rows. A report that is not by
+hour reads the whole UTC days of its range from `usage_daily` and only the hours
+at either end from `usage_hourly`: "the last 30 days by model" reads about 30
+rows per key and model instead of 720.
 
 Not guaranteed: exactly-once recording. A batch that fails is not retried here,
 and a batch retried by the caller after an ambiguous failure (the commit
@@ -18,11 +22,21 @@ cannot split an hour.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from datetime import datetime
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import BigInteger, ColumnElement, cast, delete, func, select
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Select,
+    Table,
+    cast,
+    delete,
+    func,
+    select,
+    union_all,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.dml import Insert
@@ -37,11 +51,14 @@ from llmgw.store.models import (
     require_aware,
     truncate_to_hour,
 )
-from llmgw.store.tables import usage_hourly, usage_records
+from llmgw.store.tables import usage_daily, usage_hourly, usage_records
 
 # The roll-ups' key_id for requests made without a key (open mode).
 NO_KEY = ""
 _SUMMED = ("requests", "errors", "prompt_tokens", "completion_tokens", "latency_ms_sum")
+_DIMENSION_OF = {"key_id": "key", "model": "model"}
+_DAY = timedelta(days=1)
+_LAST_HOUR = timedelta(hours=23)  # from midnight to the day's last hour
 
 
 class UsageRepository:
@@ -49,7 +66,8 @@ class UsageRepository:
 
     def __init__(self, *, engine: AsyncEngine) -> None:
         self._engine = engine
-        self._upsert = _hourly_upsert(engine.dialect.name)
+        self._upsert_hourly = _upsert(engine.dialect.name, usage_hourly, "hour")
+        self._upsert_daily = _upsert(engine.dialect.name, usage_daily, "day")
 
     async def record_batch(self, records: Sequence[UsageRecord]) -> None:
         """Store the records and add them to the hourly roll-ups, atomically."""
@@ -58,10 +76,12 @@ class UsageRepository:
         for record in records:
             require_aware("UsageRecord.ts", record.ts)
         raw = [_raw_row(r) for r in records]
-        hourly = _roll_up(records)
+        hourly = _roll_up(records, "hour", truncate_to_hour)
+        daily = _roll_up(records, "day", truncate_to_day)
         async with transaction(self._engine, f"recording {len(records)} usage records") as conn:
             await conn.execute(usage_records.insert(), raw)
-            await conn.execute(self._upsert, hourly)
+            await conn.execute(self._upsert_hourly, hourly)
+            await conn.execute(self._upsert_daily, daily)
 
     async def prune_raw(self, before: datetime) -> int:
         """Delete raw records older than `before`; roll-ups are kept. Returns the count.
@@ -88,6 +108,7 @@ class UsageRepository:
                 await conn.exec_driver_sql("PRAGMA optimize=0x10002")
             else:
                 await conn.exec_driver_sql("ANALYZE usage_hourly")
+                await conn.exec_driver_sql("ANALYZE usage_daily")
                 await conn.exec_driver_sql("ANALYZE usage_records")
 
     async def tokens_used(self, key_id: str, since: datetime) -> int:
@@ -98,14 +119,8 @@ class UsageRepository:
         periods start on the hour (midnight, first of the month), where this is exact.
         """
         require_aware("since", since)
-        total = func.coalesce(
-            func.sum(usage_hourly.c.prompt_tokens + usage_hourly.c.completion_tokens), 0
-        )
-        stmt = select(cast(total, BigInteger)).where(
-            usage_hourly.c.key_id == key_id, usage_hourly.c.hour >= truncate_to_hour(since)
-        )
-        async with transaction(self._engine, f"summing the tokens of key {key_id}") as conn:
-            return int((await conn.execute(stmt)).scalar_one())
+        rows = await self.query(key_id=key_id, since=since, group_by=())
+        return sum(r.prompt_tokens + r.completion_tokens for r in rows)
 
     async def query(
         self,
@@ -126,39 +141,96 @@ class UsageRepository:
         dims = _check_dimensions(group_by)
         require_aware("since", since)
         require_aware("until", until)
-        columns = {
-            "hour": usage_hourly.c.hour,
-            "key": usage_hourly.c.key_id,
-            "model": usage_hourly.c.model,
-        }
-        grouped = [columns[d] for d in USAGE_DIMENSIONS if d in dims]
-        stmt = select(*grouped, *_sums()).group_by(*grouped).order_by(*grouped)
-        if key_id is not None:
-            stmt = stmt.where(usage_hourly.c.key_id == key_id)
-        if model is not None:
-            stmt = stmt.where(usage_hourly.c.model == model)
-        if since is not None:
-            stmt = stmt.where(usage_hourly.c.hour >= truncate_to_hour(since))
-        if until is not None:
-            stmt = stmt.where(usage_hourly.c.hour < until)
+        names = [name for name in ("key_id", "model") if _DIMENSION_OF[name] in dims]
+        start = truncate_to_hour(since) if since is not None else None
+        if "hour" in dims:
+            parts = [_part(usage_hourly, "hour", start, until, key_id, model, ["hour", *names])]
+            names = ["hour", *names]
+        else:
+            parts = [
+                _part(table, column, lo, hi, key_id, model, names)
+                for table, column, lo, hi in _split(start, until)
+            ]
+        source = parts[0].subquery() if len(parts) == 1 else union_all(*parts).subquery()
+        grouped = [source.c[name] for name in names]
+        stmt = select(*grouped, *_sums(source.c)).group_by(*grouped).order_by(*grouped)
         async with transaction(self._engine, "reading usage") as conn:
             rows = [row._mapping for row in await conn.execute(stmt)]
         return [_usage_row(row, dims) for row in rows if row["requests"]]
 
 
-def _hourly_upsert(dialect: str) -> Insert:
+def _upsert(dialect: str, table: Table, time_column: str) -> Insert:
     stmt: sqlite.Insert | postgresql.Insert
     if dialect == "sqlite":
-        stmt = sqlite.insert(usage_hourly)
+        stmt = sqlite.insert(table)
     elif dialect == "postgresql":
-        stmt = postgresql.insert(usage_hourly)
+        stmt = postgresql.insert(table)
     else:
         raise StoreError(f"usage roll-ups need SQLite or PostgreSQL, not {dialect}")
-    increments = {name: usage_hourly.c[name] + stmt.excluded[name] for name in _SUMMED}
+    increments = {name: table.c[name] + stmt.excluded[name] for name in _SUMMED}
     return stmt.on_conflict_do_update(
-        index_elements=[usage_hourly.c.hour, usage_hourly.c.key_id, usage_hourly.c.model],
+        index_elements=[table.c[time_column], table.c.key_id, table.c.model],
         set_=increments,
     )
+
+
+def truncate_to_day(ts: datetime) -> datetime:
+    """Midnight UTC of the day containing `ts` (which must be timezone-aware)."""
+    return truncate_to_hour(ts).replace(hour=0)
+
+
+def _ceil_day(ts: datetime) -> datetime:
+    day = truncate_to_day(ts)
+    return day if day == ts else day + _DAY
+
+
+def _split(
+    start: datetime | None, until: datetime | None
+) -> list[tuple[Table, str, datetime | None, datetime | None]]:
+    """The parts of a range [start, until) to read: (table, time column, from, before).
+
+    `start` is on the hour; an hour is in the range when it starts before `until`.
+    A day is whole when its last hour (23:00) is in the range, so the days are
+    those from the first midnight at or after `start` up to (not including) the
+    first midnight whose 23:00 is not before `until`; the hours before and after
+    them come from the hourly roll-ups.
+    """
+    first = _ceil_day(start) if start is not None else None
+    end = _ceil_day(until - _LAST_HOUR) if until is not None else None
+    if first is not None and end is not None and first >= end:
+        return [(usage_hourly, "hour", start, until)]
+    parts: list[tuple[Table, str, datetime | None, datetime | None]] = []
+    if start is not None and start != first:
+        parts.append((usage_hourly, "hour", start, first))
+    parts.append((usage_daily, "day", first, end))
+    if until is not None and end is not None and end < until:
+        parts.append((usage_hourly, "hour", end, until))
+    return parts
+
+
+def _part(
+    table: Table,
+    column: str,
+    lo: datetime | None,
+    hi: datetime | None,
+    key_id: str | None,
+    model: str | None,
+    names: Sequence[str],
+) -> Select[Any]:
+    """The rows of one table in [lo, hi), with the grouped columns (the time one as "hour")."""
+    picked = [
+        (table.c[column].label("hour") if name == "hour" else table.c[name]) for name in names
+    ]
+    stmt = select(*picked, *(table.c[name] for name in _SUMMED))
+    if key_id is not None:
+        stmt = stmt.where(table.c.key_id == key_id)
+    if model is not None:
+        stmt = stmt.where(table.c.model == model)
+    if lo is not None:
+        stmt = stmt.where(table.c[column] >= lo)
+    if hi is not None:
+        stmt = stmt.where(table.c[column] < hi)
+    return stmt
 
 
 def _raw_row(r: UsageRecord) -> dict[str, Any]:
@@ -177,10 +249,12 @@ def _raw_row(r: UsageRecord) -> dict[str, Any]:
     }
 
 
-def _roll_up(records: Sequence[UsageRecord]) -> list[dict[str, Any]]:
+def _roll_up(
+    records: Sequence[UsageRecord], time_column: str, truncate: Callable[[datetime], datetime]
+) -> list[dict[str, Any]]:
     sums: dict[tuple[datetime, str, str], list[float]] = {}
     for r in records:
-        group = (truncate_to_hour(r.ts), r.key_id or NO_KEY, r.model)
+        group = (truncate(r.ts), r.key_id or NO_KEY, r.model)
         acc = sums.get(group)
         if acc is None:
             acc = sums[group] = [0, 0, 0, 0, 0.0]
@@ -191,7 +265,7 @@ def _roll_up(records: Sequence[UsageRecord]) -> list[dict[str, Any]]:
         acc[4] += r.latency_ms
     return [
         {
-            "hour": hour,
+            time_column: moment,
             "key_id": key,
             "model": model,
             "requests": int(acc[0]),
@@ -200,14 +274,14 @@ def _roll_up(records: Sequence[UsageRecord]) -> list[dict[str, Any]]:
             "completion_tokens": int(acc[3]),
             "latency_ms_sum": acc[4],
         }
-        for (hour, key, model), acc in sorted(sums.items(), key=lambda item: item[0])
+        for (moment, key, model), acc in sorted(sums.items(), key=lambda item: item[0])
     ]
 
 
-def _sums() -> list[ColumnElement[Any]]:
+def _sums(columns: Any) -> list[ColumnElement[Any]]:
     out: list[ColumnElement[Any]] = []
     for name in _SUMMED:
-        total = func.coalesce(func.sum(usage_hourly.c[name]), 0)
+        total = func.coalesce(func.sum(columns[name]), 0)
         # PostgreSQL sums bigints as numeric (Decimal); bring them back to integers.
         typed = total if name == "latency_ms_sum" else cast(total, BigInteger)
         out.append(typed.label(name))
