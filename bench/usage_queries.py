@@ -1,4 +1,4 @@
-"""Usage queries over a seeded store: hourly roll-ups against the raw rows.
+"""Usage queries over a seeded store: the roll-ups against the hourly ones alone and the raw rows.
 
 One run seeds a fresh store (a temporary SQLite file, or a private schema in
 the PostgreSQL at 127.0.0.1:5432, database `test`, user `postgres`) with
@@ -9,13 +9,17 @@ log-normal token counts, 2% errors and 60% streamed answers, in batches of
 `--record-batch-rows` (100,000) go through `store.usage.record_batch`, onto the
 full tables, which gives the write path's throughput; the older ones are
 inserted in bulk (the driver's executemany, then one `INSERT INTO usage_hourly
-SELECT ... GROUP BY`) only so that a 2M-row store is built in about a minute.
+SELECT ... GROUP BY` and one into `usage_daily` from it) only so that a 2M-row
+store is built in about a minute.
 `--record-batch-rows` equal to `--rows` writes everything through `record_batch`.
 
 Then four typical questions are asked 20 times each, first through
-`store.usage.query` (which reads only `usage_hourly`), then as the equivalent
-`SELECT ... FROM usage_records WHERE ts >= ... GROUP BY ...` (what a gateway
-without roll-ups does). The two answers are checked to agree group by group.
+`store.usage.query` (whole days from `usage_daily`, the hours at either end
+from `usage_hourly`), then as `SELECT ... FROM usage_hourly WHERE hour >= ...
+GROUP BY ...` (what llmgw ran before it kept daily roll-ups), then as the
+equivalent `SELECT ... FROM usage_records WHERE ts >= ... GROUP BY ...` (what a
+gateway without roll-ups does). The three answers are checked to agree group by
+group.
 Last, `prune_raw` deletes the raw rows older than 30 days, and the 90-day total
 by model is asked again and must not change. On SQLite, question (a) is then
 timed once more after a one-off `ANALYZE` (llmgw runs none), with the query
@@ -98,7 +102,7 @@ MODELS = (
     "bge-m3",
     "nomic-embed-text-v1.5",
 )
-TABLES = ("usage_records", "usage_hourly")
+TABLES = ("usage_records", "usage_hourly", "usage_daily")
 EMBEDDERS = frozenset({"bge-m3", "nomic-embed-text-v1.5"})
 # One request as the columns of `usage_records` (and the fields of `UsageRecord`).
 RAW_COLUMNS = (
@@ -278,7 +282,32 @@ def raw_sql(q: Question, dialect: str) -> str:
     )
 
 
+def hourly_sql(q: Question, dialect: str) -> str:
+    """The same question over `usage_hourly` alone, as llmgw asked it before `usage_daily`."""
+    hour = "substr(hour, 1, 13)" if dialect == "sqlite" else "(hour AT TIME ZONE 'UTC')"
+    columns = {"hour": hour, "key": "key_id", "model": "model"}
+    dims = ", ".join(columns[d] for d in ("hour", "key", "model") if d in q.group_by)
+    where = ["hour >= :since"]
+    if q.key_id is not None:
+        where.append("key_id = :key_id")
+    if q.model is not None:
+        where.append("model = :model")
+    return (
+        f"SELECT {dims}, SUM(requests), SUM(errors), SUM(prompt_tokens), "
+        "SUM(completion_tokens), SUM(latency_ms_sum) "
+        f"FROM usage_hourly WHERE {' AND '.join(where)} GROUP BY {dims} ORDER BY {dims}"
+    )
+
+
+async def ask_hourly(engine: AsyncEngine, q: Question, now: datetime.datetime) -> Answer:
+    return await _ask_sql(engine, q, now, hourly_sql(q, engine.dialect.name))
+
+
 async def ask_raw(engine: AsyncEngine, q: Question, now: datetime.datetime) -> Answer:
+    return await _ask_sql(engine, q, now, raw_sql(q, engine.dialect.name))
+
+
+async def _ask_sql(engine: AsyncEngine, q: Question, now: datetime.datetime, sql: str) -> Answer:
     # The roll-ups count whole hours from the one containing `since`; ask the same.
     since = truncate_to_hour(now - timedelta(days=q.days))
     dialect = engine.dialect.name
@@ -290,7 +319,7 @@ async def ask_raw(engine: AsyncEngine, q: Question, now: datetime.datetime) -> A
     params = {"since": bound, "key_id": q.key_id, "model": q.model}
     ngroups = len(q.group_by)
     async with engine.connect() as conn:
-        result = await conn.execute(text(raw_sql(q, dialect)), params)
+        result = await conn.execute(text(sql), params)
         rows = result.all()
     answer = []
     for row in rows:
@@ -337,8 +366,9 @@ class StoreResult:
     batch_rows: int = 0
     batch_s: float = 0.0
     hourly_rows: int = 0
+    daily_rows: int = 0
     sizes: dict[str, int] = field(default_factory=dict)
-    timings: list[tuple[Question, Timing, Timing, int]] = field(default_factory=list)
+    timings: list[tuple[Question, Timing, Timing, Timing, int]] = field(default_factory=list)
     pruned: int = 0
     prune_s: float = 0.0
     raw_left: int = 0
@@ -357,7 +387,7 @@ class Analyzed:
 
 
 class StatementLog:
-    """The last SELECT on usage_hourly sent by any engine: what the store really ran.
+    """The last SELECT on the usage tables sent by any engine: what the store really ran.
 
     The store keeps its engine private; listening on the Engine class lets the
     benchmark EXPLAIN the exact statement and parameters of `store.usage.query`.
@@ -367,7 +397,7 @@ class StatementLog:
         self.last: tuple[str, Any] | None = None
 
     def __call__(self, _conn: Any, _cursor: Any, statement: str, params: Any, *_: Any) -> None:
-        if statement.lstrip().upper().startswith("SELECT") and "usage_hourly" in statement:
+        if statement.lstrip().upper().startswith("SELECT") and "usage_" in statement:
             self.last = (statement, params)
 
 
@@ -426,15 +456,22 @@ async def _bench(
     counted = await count_rows(raw)
     assert counted["usage_records"] == rows, counted
     res.hourly_rows = counted["usage_hourly"]
+    res.daily_rows = counted["usage_daily"]
     res.sizes = await table_sizes(raw)
 
     for q in questions(workload):
         fast, rolled = await timed(functools.partial(ask_rollups, store, q, now))
+        hours, hourly = await timed(functools.partial(ask_hourly, raw, q, now))
         slow, scanned = await timed(functools.partial(ask_raw, raw, q, now))
+        if rolled != hourly:
+            raise AssertionError(f"{kind} {q.label}: the roll-ups and the hours alone disagree")
         if rolled != scanned:
             raise AssertionError(f"{kind} {q.label}: the roll-ups and the raw rows disagree")
-        res.timings.append((q, fast, slow, len(rolled)))
-        progress(f"{kind}: {q.label}: roll-ups p50 {fast.p50:.1f} ms, raw p50 {slow.p50:.1f} ms")
+        res.timings.append((q, fast, hours, slow, len(rolled)))
+        progress(
+            f"{kind}: {q.label}: roll-ups p50 {fast.p50:.1f} ms, hours alone p50 "
+            f"{hours.p50:.1f} ms, raw p50 {slow.p50:.1f} ms"
+        )
 
     total_q = questions(workload)[2]
     before = await ask_rollups(store, total_q, now)
@@ -469,7 +506,7 @@ async def analyze_effect(
 
 
 async def explain(engine: AsyncEngine, log: StatementLog) -> str:
-    assert log.last is not None, "store.usage.query sent no SELECT on usage_hourly"
+    assert log.last is not None, "store.usage.query sent no SELECT on the usage tables"
     statement, params = log.last
     async with engine.connect() as conn:
         rows = await conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, params)
@@ -544,8 +581,20 @@ async def build_rollups(engine: AsyncEngine) -> None:
         "SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END), SUM(prompt_tokens), "
         "SUM(completion_tokens), SUM(latency_ms) FROM usage_records GROUP BY 1, 2, 3"
     )
+    day = (
+        "substr(hour, 1, 10) || ' 00:00:00.000000'"
+        if engine.dialect.name == "sqlite"
+        else "date_trunc('day', hour, 'UTC')"
+    )
+    daily = (
+        "INSERT INTO usage_daily (day, key_id, model, requests, errors, prompt_tokens, "
+        "completion_tokens, latency_ms_sum) "
+        f"SELECT {day}, key_id, model, SUM(requests), SUM(errors), SUM(prompt_tokens), "
+        "SUM(completion_tokens), SUM(latency_ms_sum) FROM usage_hourly GROUP BY 1, 2, 3"
+    )
     async with engine.begin() as conn:
         await conn.execute(text(sql))
+        await conn.execute(text(daily))
 
 
 async def settle(engine: AsyncEngine) -> None:
@@ -556,6 +605,7 @@ async def settle(engine: AsyncEngine) -> None:
         else:
             await conn.execute(text("ANALYZE usage_records"))
             await conn.execute(text("ANALYZE usage_hourly"))
+            await conn.execute(text("ANALYZE usage_daily"))
         await conn.commit()
 
 
@@ -621,13 +671,15 @@ def render(args: argparse.Namespace, results: list[StoreResult], wall_s: float, 
         f"{args.rows:,} raw usage rows over the last {DAYS} days: {N_KEYS} keys with Zipf-like "
         f"traffic, each using 1-3 of {len(MODELS)} models, log-normal token counts, 2% errors. "
         f"The oldest rows are inserted in bulk (executemany, then one `INSERT INTO usage_hourly "
-        f"SELECT ... GROUP BY`) only to keep the run short; the newest "
+        f"SELECT ... GROUP BY` and the same into `usage_daily`) only to keep the run short; "
+        f"the newest "
         f"{args.record_batch_rows:,} go through `store.usage.record_batch` in batches of "
         f"{BATCH:,}, appending to the full tables. Each question is asked {REPEATS}x of the "
-        "roll-ups (`store.usage.query`), then "
-        f"{REPEATS}x of the raw table (`SELECT ... FROM usage_records WHERE ts >= ... GROUP BY`, "
-        "what a gateway without roll-ups runs); the two answers are asserted equal group by "
-        "group. (b) is the busiest key, (d) its favourite model.",
+        "roll-ups (`store.usage.query`: whole days from `usage_daily`, the hours at either end "
+        f"from `usage_hourly`), {REPEATS}x of the hourly roll-ups alone (what llmgw ran before "
+        f"`usage_daily`), then {REPEATS}x of the raw table (`SELECT ... FROM usage_records WHERE "
+        "ts >= ... GROUP BY`, what a gateway without roll-ups runs); the three answers are "
+        "asserted equal group by group. (b) is the busiest key, (d) its favourite model.",
     ]
     for r in results:
         out += render_store(r)
@@ -640,16 +692,18 @@ def render_store(r: StoreResult) -> list[str]:
         "",
         f"### {name}",
         "",
-        "| question | groups | roll-ups p50 / max (ms) | raw p50 / max (ms) | raw / roll-ups |",
-        "|---|---:|---:|---:|---:|",
+        "| question | groups | roll-ups p50 / max (ms) | hours alone p50 / max (ms) "
+        "| raw p50 / max (ms) | hours alone / roll-ups | raw / roll-ups |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for q, fast, slow, groups in r.timings:
+    for q, fast, hours, slow, groups in r.timings:
         out.append(
             f"| {q.label} | {groups} | {fast.p50:.1f} / {fast.max:.1f} "
-            f"| {slow.p50:.1f} / {slow.max:.1f} | {ratio(slow.p50 / fast.p50)} |"
+            f"| {hours.p50:.1f} / {hours.max:.1f} | {slow.p50:.1f} / {slow.max:.1f} "
+            f"| {ratio(hours.p50 / fast.p50)} | {ratio(slow.p50 / fast.p50)} |"
         )
     assert r.after_prune is not None
-    raw_b, hourly_b = r.sizes["usage_records"], r.sizes["usage_hourly"]
+    raw_b, hourly_b, daily_b = (r.sizes[t] for t in TABLES)
     file_note = f", file {mib(r.sizes['file'])}" if "file" in r.sizes else ""
     after = r.sizes_after_prune
     if "file" in after:
@@ -670,8 +724,9 @@ def render_store(r: StoreResult) -> list[str]:
         f"- write path: **{r.batch_rows / r.batch_s:,.0f} rows/s** through `record_batch` "
         f"({r.batch_rows:,} rows in {r.batch_s:.1f} s{onto}){bulk}",
         f"- tables: `usage_records` {r.rows:,} rows ({mib(raw_b)}), `usage_hourly` "
-        f"{r.hourly_rows:,} rows ({mib(hourly_b)}){file_note}; "
-        f"{r.rows / r.hourly_rows:.1f} raw rows per roll-up row",
+        f"{r.hourly_rows:,} rows ({mib(hourly_b)}), `usage_daily` {r.daily_rows:,} rows "
+        f"({mib(daily_b)}){file_note}; {r.rows / r.hourly_rows:.1f} raw rows per hourly row, "
+        f"{r.hourly_rows / r.daily_rows:.1f} hourly rows per daily row",
         f"- `prune_raw(now - {RETENTION_DAYS} days)`: {r.pruned:,} rows deleted in "
         f"{r.prune_s:.1f} s, {r.raw_left:,} left ({left})",
         f"- (c) again after pruning: p50 {r.after_prune.p50:.1f} ms, max "
