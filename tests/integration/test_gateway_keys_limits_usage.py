@@ -362,6 +362,10 @@ def test_admin_api_manages_keys_and_reports_usage(gateway: tuple[Sim, Server, Pa
             break
         time.sleep(0.1)
     assert report[0]["key_name"] == "from-api" and report[0]["requests"] == 2
+    (daily,) = httpx.get(api + "/usage", params={"key": "from-api", "by": "day"}).json()["usage"]
+    # The UTC date of the requests (a minute ago at most, should midnight have just passed).
+    dates = {time.strftime("%Y-%m-%d", time.gmtime(time.time() - s)) for s in (0, 60)}
+    assert daily["day"] in dates and daily["requests"] == 2
 
     assert httpx.post(api + "/keys/from-api/revoke").json()["state"] == "revoked"
 
@@ -382,6 +386,8 @@ def test_admin_api_manages_keys_and_reports_usage(gateway: tuple[Sim, Server, Pa
     assert httpx.post(api + "/keys", content=b"{").json()["error"]["code"] == "invalid_json"
     assert httpx.post(api + "/keys/nobody/revoke").status_code == 404
     assert httpx.get(api + "/usage", params={"by": "color"}).json()["error"]["param"] == "by"
+    both = httpx.get(api + "/usage", params={"by": "hour,day"})
+    assert both.status_code == 400 and "hour or day, not both" in both.json()["error"]["message"]
     assert (
         httpx.get(api + "/usage", params={"since": "yesterday"}).json()["error"]["param"] == "since"
     )

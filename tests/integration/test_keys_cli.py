@@ -208,6 +208,11 @@ def test_usage_report(tmp_path: Path) -> None:
         )
     )
     assert [(h["hour"], h["requests"]) for h in hours] == [("2025-03-01T11:00:00+00:00", 4)]
+    days = ok("usage", "--by", "day,key", "--since", "2025-02-28", data_dir=tmp_path)
+    header, *lines = days.splitlines()
+    assert header.split()[:3] == ["DAY", "KEY", "REQUESTS"]
+    assert lines[0].split()[:4] == ["2025-03-01", "(no", "key)", "2"]
+    assert lines[1].split()[:4] == ["2025-03-01", created["id"], "(team-a)", "8"]
     assert "no usage recorded since" in ok("usage", "--since", "1h", data_dir=tmp_path)
 
 
@@ -233,7 +238,8 @@ def test_bad_input_gives_one_error_line_and_exit_2(tmp_path: Path) -> None:
         ("keys", "revoke", "nobody"): "no key has the id, name or prefix 'nobody'",
         ("keys", "rotate", "nobody"): "'nobody'",
         ("usage", "--since", "yesterday"): "--since 'yesterday'",
-        ("usage", "--by", "day"): "--by 'day'",
+        ("usage", "--by", "week"): "--by 'week': use hour, day, key or model",
+        ("usage", "--by", "hour,day"): "--by takes hour or day, not both",
         ("usage", "--key", "nobody"): "'nobody'",
     }
     # Independent commands: run them side by side, each starts a Python process.

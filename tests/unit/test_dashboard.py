@@ -458,6 +458,12 @@ async def test_usage_by_key_and_model_over_a_range(dash: Dash) -> None:
 
     week = (await dash.client.get("/admin/usage?range=7d", headers=HX)).text
     assert "model-002" in week.split("<h2>By model</h2>")[1]
+    assert "Tokens / hour" in week
+    # Beyond a week the charts are per day: 30 points, not 720.
+    month = (await dash.client.get("/admin/usage?range=30d", headers=HX)).text
+    assert "Tokens / day" in month and "Requests / day" in month
+    assert "Tokens / hour" not in month
+    assert "model-002" in month.split("<h2>By model</h2>")[1]
     custom = await dash.client.get(
         "/admin/usage", params={"since": "2025-12-31T05:00", "until": "2026-01-01T12:00"}
     )
@@ -494,6 +500,14 @@ async def test_usage_csv_export(dash: Dash) -> None:
     hourly = await dash.client.get("/admin/usage.csv?range=24h&by=hour,model")
     header, *lines = list(csv.reader(io.StringIO(hourly.text)))
     assert header[:2] == ["hour", "model"] and len(lines) == 3
+    daily = await dash.client.get("/admin/usage.csv?range=24h&by=day,model")
+    header, *lines = list(csv.reader(io.StringIO(daily.text)))
+    assert header[:2] == ["day", "model"]
+    # Three hours ago to an hour ago: the same day or two, whole dates.
+    assert all(len(line[0]) == 10 and line[0].count("-") == 2 for line in lines)
+    assert sum(int(line[2]) for line in lines) == 3
+    both = await dash.client.get("/admin/usage.csv?by=hour,day")
+    assert both.status_code == 400 and "hour or day, not both" in both.text
     bad = await dash.client.get("/admin/usage.csv?by=colour")
     assert bad.status_code == 400 and "'by' takes" in bad.text
 

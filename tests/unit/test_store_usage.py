@@ -57,6 +57,7 @@ def expected(recs: list[UsageRecord], dims: tuple[str, ...]) -> list[UsageRow]:
             hour if "hour" in dims else None,
             r.key_id if "key" in dims else None,
             r.model if "model" in dims else None,
+            hour.replace(hour=0) if "day" in dims else None,
         )
         acc = sums[group]
         acc[0] += 1
@@ -64,13 +65,13 @@ def expected(recs: list[UsageRecord], dims: tuple[str, ...]) -> list[UsageRow]:
         acc[2] += r.prompt_tokens
         acc[3] += r.completion_tokens
         acc[4] += r.latency_ms
-    rows = [UsageRow(*group, *acc) for group, acc in sums.items()]
-    return sorted(rows, key=lambda r: (r.hour or H0, r.key_id or "", r.model or ""))
+    rows = [UsageRow(*group[:3], *acc, day=group[3]) for group, acc in sums.items()]
+    return sorted(rows, key=lambda r: (r.hour or r.day or H0, r.key_id or "", r.model or ""))
 
 
 def assert_rows(actual: list[UsageRow], wanted: list[UsageRow]) -> None:
-    assert [(r.hour, r.key_id, r.model, r.requests, r.errors) for r in actual] == [
-        (r.hour, r.key_id, r.model, r.requests, r.errors) for r in wanted
+    assert [(r.hour, r.day, r.key_id, r.model, r.requests, r.errors) for r in actual] == [
+        (r.hour, r.day, r.key_id, r.model, r.requests, r.errors) for r in wanted
     ]
     assert [(r.prompt_tokens, r.completion_tokens) for r in actual] == [
         (r.prompt_tokens, r.completion_tokens) for r in wanted
@@ -131,6 +132,8 @@ async def test_bad_report_arguments_are_refused(store: Store) -> None:
         await store.usage.query(group_by=("key", "key"))
     with pytest.raises(InvalidValue, match="group_by"):
         await store.usage.query(group_by=("endpoint",))  # type: ignore[arg-type]
+    with pytest.raises(InvalidValue, match="hour or day, not both"):
+        await store.usage.query(group_by=("hour", "day"))
     with pytest.raises(InvalidValue, match=r"since=.* has no time zone"):
         await store.usage.query(since=datetime(2025, 1, 1))
     naive = UsageRecord(datetime(2025, 1, 1), "r", None, "m", "e", 200, 1, 1, 1.0, None, False)
@@ -233,7 +236,8 @@ def in_range(r: UsageRecord, since: datetime | None, until: datetime | None) -> 
 async def test_ranges_across_days_sum_to_the_requests_in_them(store: Store) -> None:
     # Five days of requests. Ranges start and end mid-hour, on the hour, at midnight
     # and open-ended, so each of them reads whole days from the daily roll-ups and
-    # the hours at either end from the hourly ones; the sums must not tell.
+    # the hours at either end from the hourly ones; the sums must not tell, by day
+    # neither (the hours at either end are summed into their days).
     rng = random.Random(11)
     begin = START - timedelta(days=3, hours=7)
     recs = [
@@ -257,7 +261,7 @@ async def test_ranges_across_days_sum_to_the_requests_in_them(store: Store) -> N
         for until in moments:
             if since is not None and until is not None and since >= until:
                 continue
-            for dims in ((), ("key",), ("model",), ("key", "model")):
+            for dims in ((), ("key",), ("model",), ("key", "model"), ("day",), ("day", "key")):
                 wanted = [r for r in recs if in_range(r, since, until)]
                 got = await store.usage.query(since=since, until=until, group_by=dims)
                 assert_rows(got, expected(wanted, dims) if wanted else [])

@@ -1,7 +1,7 @@
-"""`llmgw usage`: a usage report from the store's hourly roll-ups.
+"""`llmgw usage`: a usage report from the store's hourly and daily roll-ups.
 
-Filters by key (id, name or prefix), model and time window, and groups by any
-of hour, key and model. Reads only the roll-ups, so it stays fast and still
+Filters by key (id, name or prefix), model and time window, and groups by hour
+or day, key and model. Reads only the roll-ups, so it stays fast and still
 covers hours whose raw records have been pruned.
 
 Not guaranteed: sub-hour resolution. `--since` is rounded down to its hour (that
@@ -32,7 +32,7 @@ from llmgw.cli.storeopts import (
 if TYPE_CHECKING:
     from llmgw.store import Store, UsageDimension, UsageRow
 
-DIMENSIONS: tuple[UsageDimension, ...] = ("hour", "key", "model")
+DIMENSIONS: tuple[UsageDimension, ...] = ("hour", "day", "key", "model")
 NO_KEY = "(no key)"
 
 
@@ -57,14 +57,15 @@ def usage(
         list[str] | None,
         typer.Option(
             "--by",
-            help="Group by hour, key and/or model; repeat or comma-separate [default: key,model].",
+            help="Group by hour or day, key and/or model; repeat or comma-separate "
+            "[default: key,model].",
         ),
     ] = None,
     json_out: JsonOption = False,
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     store: StoreOption = None,
 ) -> None:
-    """Show tokens, requests and errors per key and model (or hour)."""
+    """Show tokens, requests and errors per key and model (or hour, or day)."""
     from llmgw.usage.views import usage_row_view
 
     now = datetime.now(UTC)
@@ -110,9 +111,11 @@ def _dimensions(by: list[str] | None) -> tuple[UsageDimension, ...]:
         for part in value.split(","):
             name = part.strip().lower()
             if name not in DIMENSIONS:
-                raise BadInput(f"--by {part.strip()!r}: use hour, key or model")
+                raise BadInput(f"--by {part.strip()!r}: use hour, day, key or model")
             if name not in wanted:
                 wanted.append(name)
+    if "hour" in wanted and "day" in wanted:
+        raise BadInput("--by takes hour or day, not both")
     return tuple(d for d in DIMENSIONS if d in wanted)
 
 
@@ -143,6 +146,7 @@ def _table(
     for row in rows:
         group = {
             "hour": format_time(row.hour),
+            "day": row.day.date().isoformat() if row.day is not None else "",
             "key": _key_label(row.key_id, names),
             "model": row.model or "",
         }

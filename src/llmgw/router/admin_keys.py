@@ -252,6 +252,8 @@ def key_routes(
                     raise AdminInputError(
                         f"'by' takes {', '.join(_DIMENSIONS)}; got {dimension!r}", param="by"
                     )
+            if "hour" in by and "day" in by:
+                raise AdminInputError("'by' takes hour or day, not both", param="by")
             key_id: str | None = None
             if params.get("key"):
                 key_id = (await service.resolve(params["key"])).id

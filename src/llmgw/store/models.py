@@ -19,8 +19,8 @@ from llmgw.store.errors import InvalidValue
 BudgetPeriod = Literal["day", "month"]
 BUDGET_PERIODS: tuple[BudgetPeriod, ...] = ("day", "month")
 
-UsageDimension = Literal["hour", "key", "model"]
-USAGE_DIMENSIONS: tuple[UsageDimension, ...] = ("hour", "key", "model")
+UsageDimension = Literal["hour", "day", "key", "model"]
+USAGE_DIMENSIONS: tuple[UsageDimension, ...] = ("hour", "day", "key", "model")
 
 
 def utc_now() -> datetime:
@@ -163,10 +163,11 @@ class UsageRecord:
 
 @dataclass(frozen=True, slots=True)
 class UsageRow:
-    """One row of a usage report, summed from the hourly roll-ups.
+    """One row of a usage report, summed from the roll-ups.
 
-    `hour`, `key_id` and `model` are None when the report is not grouped by
-    them; `key_id` is also None for requests made without a key (open mode).
+    `hour`, `key_id`, `model` and `day` (midnight UTC) are None when the report
+    is not grouped by them; `key_id` is also None for requests made without a key
+    (open mode).
     """
 
     hour: datetime | None
@@ -177,6 +178,7 @@ class UsageRow:
     prompt_tokens: int
     completion_tokens: int
     latency_ms_sum: float
+    day: datetime | None = None
 
     @property
     def total_tokens(self) -> int:

@@ -35,6 +35,7 @@ from sqlalchemy import (
     delete,
     func,
     select,
+    type_coerce,
     union_all,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -51,7 +52,7 @@ from llmgw.store.models import (
     require_aware,
     truncate_to_hour,
 )
-from llmgw.store.tables import usage_daily, usage_hourly, usage_records
+from llmgw.store.tables import UTCDateTime, usage_daily, usage_hourly, usage_records
 
 # The roll-ups' key_id for requests made without a key (open mode).
 NO_KEY = ""
@@ -141,14 +142,19 @@ class UsageRepository:
         dims = _check_dimensions(group_by)
         require_aware("since", since)
         require_aware("until", until)
+        dialect = self._engine.dialect.name
         names = [name for name in ("key_id", "model") if _DIMENSION_OF[name] in dims]
         start = truncate_to_hour(since) if since is not None else None
         if "hour" in dims:
-            parts = [_part(usage_hourly, "hour", start, until, key_id, model, ["hour", *names])]
+            parts = [
+                _part(dialect, usage_hourly, "hour", start, until, key_id, model, ["hour", *names])
+            ]
             names = ["hour", *names]
         else:
+            if "day" in dims:
+                names = ["day", *names]
             parts = [
-                _part(table, column, lo, hi, key_id, model, names)
+                _part(dialect, table, column, lo, hi, key_id, model, names)
                 for table, column, lo, hi in _split(start, until)
             ]
         source = parts[0].subquery() if len(parts) == 1 else union_all(*parts).subquery()
@@ -209,6 +215,7 @@ def _split(
 
 
 def _part(
+    dialect: str,
     table: Table,
     column: str,
     lo: datetime | None,
@@ -217,10 +224,8 @@ def _part(
     model: str | None,
     names: Sequence[str],
 ) -> Select[Any]:
-    """The rows of one table in [lo, hi), with the grouped columns (the time one as "hour")."""
-    picked = [
-        (table.c[column].label("hour") if name == "hour" else table.c[name]) for name in names
-    ]
+    """The rows of one table in [lo, hi), with the grouped columns ("hour", "day" named so)."""
+    picked = [_grouped(dialect, table, column, name) for name in names]
     stmt = select(*picked, *(table.c[name] for name in _SUMMED))
     if key_id is not None:
         stmt = stmt.where(table.c.key_id == key_id)
@@ -247,6 +252,23 @@ def _raw_row(r: UsageRecord) -> dict[str, Any]:
         "ttft_ms": r.ttft_ms,
         "streamed": r.streamed,
     }
+
+
+def _grouped(dialect: str, table: Table, column: str, name: str) -> ColumnElement[Any]:
+    if name == "hour":
+        return table.c[column].label("hour")
+    if name != "day":
+        return table.c[name]
+    if column == "day":
+        return table.c.day
+    # An hour's day. SQLite keeps UTC times as naive text ("2026-01-31 09:00:00.000000").
+    hour = table.c.hour
+    day: ColumnElement[Any] = (
+        func.substr(hour, 1, 10).concat(" 00:00:00.000000")
+        if dialect == "sqlite"
+        else func.date_trunc("day", hour, "UTC")
+    )
+    return type_coerce(day, UTCDateTime).label("day")
 
 
 def _roll_up(
@@ -296,6 +318,8 @@ def _check_dimensions(group_by: Sequence[UsageDimension]) -> frozenset[UsageDime
             f"group_by takes distinct values among {', '.join(USAGE_DIMENSIONS)}, "
             f"got {tuple(group_by)!r}"
         )
+    if {"hour", "day"} <= dims:
+        raise InvalidValue("group_by takes hour or day, not both")
     return dims
 
 
@@ -310,4 +334,5 @@ def _usage_row(row: Any, dims: frozenset[UsageDimension]) -> UsageRow:
         prompt_tokens=int(row["prompt_tokens"]),
         completion_tokens=int(row["completion_tokens"]),
         latency_ms_sum=float(row["latency_ms_sum"]),
+        day=row["day"] if "day" in dims else None,
     )

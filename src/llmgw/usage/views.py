@@ -15,6 +15,8 @@ def usage_row_view(
     out: dict[str, Any] = {}
     if "hour" in group_by:
         out["hour"] = row.hour.isoformat() if row.hour is not None else None
+    if "day" in group_by:
+        out["day"] = row.day.date().isoformat() if row.day is not None else None
     if "key" in group_by:
         out["key_id"] = row.key_id
         out["key_name"] = names.get(row.key_id) if row.key_id is not None else None

@@ -1,11 +1,12 @@
-"""The usage page and its CSV export: tokens and requests by key, by model and by hour.
+"""The usage page and its CSV export: tokens and requests by key, by model and over time.
 
-Rows come from the usage repository's hourly roll-ups through the same
+Rows come from the usage repository's roll-ups through the same
 `usage_row_view` the admin API's `/admin/api/usage` and `llmgw usage --json`
 use, with key names from the key service (revoked keys included, so old usage
 keeps its name). A range is a preset ("1h", "24h", "7d", "30d") ending now, or
 `since`/`until` given as ISO 8601 or as a browser's datetime-local value
-(read as UTC).
+(read as UTC). The charts are per hour up to 7 days and per day beyond, so
+a month is 30 points read from the daily roll-ups, not 720 hours.
 
 Not guaranteed: resolution below an hour (the roll-ups are hourly, so "last
 hour" covers the current and the previous clock hour), or a CSV that
@@ -37,6 +38,8 @@ PRESETS: dict[str, timedelta] = {
 DEFAULT_PRESET = "24h"
 DIMENSIONS: tuple[str, ...] = get_args(UsageDimension)
 TOP = 10
+# Ranges longer than this are charted per day.
+HOURLY_CHART_LIMIT = timedelta(days=7)
 CSV_COLUMNS = (
     "requests",
     "errors",
@@ -97,6 +100,8 @@ def parse_by(text: str) -> tuple[UsageDimension, ...]:
     for dimension in by:
         if dimension not in DIMENSIONS:
             raise UsageInputError(f"'by' takes {', '.join(DIMENSIONS)}; got {dimension!r}")
+    if "hour" in by and "day" in by:
+        raise UsageInputError("'by' takes hour or day, not both")
     return by  # type: ignore[return-value]
 
 
@@ -124,27 +129,40 @@ def _bars(rows: Sequence[dict[str, Any]], label: str) -> list[dict[str, Any]]:
     ]
 
 
-def _hourly_charts(rows: Sequence[Mapping[str, Any]], span: UsageRange) -> list[LineChart]:
-    by_hour = {datetime.fromisoformat(r["hour"]): r for r in rows if r.get("hour")}
-    start = span.since.replace(minute=0, second=0, microsecond=0)
-    hours = []
-    hour = start
-    while hour < span.until:
-        hours.append(hour)
-        hour += timedelta(hours=1)
-    x_range = (0.0, float(max(1, len(hours) - 1)))
-    left = f"{start:%m-%d %H:00}"
-    right = f"{hours[-1]:%m-%d %H:00}" if hours else left
+def chart_step(span: UsageRange) -> UsageDimension:
+    """ "hour" or "day": what one point of the page's charts covers."""
+    return "hour" if span.until - span.since <= HOURLY_CHART_LIMIT else "day"
+
+
+def _charts(
+    rows: Sequence[Mapping[str, Any]], span: UsageRange, step: UsageDimension
+) -> list[LineChart]:
+    if step == "day":
+        by_time = {datetime.fromisoformat(r["day"]).replace(tzinfo=UTC): r for r in rows}
+        start = span.since.replace(hour=0, minute=0, second=0, microsecond=0)
+        delta, fmt = timedelta(days=1), "%m-%d"
+    else:
+        by_time = {datetime.fromisoformat(r["hour"]): r for r in rows if r.get("hour")}
+        start = span.since.replace(minute=0, second=0, microsecond=0)
+        delta, fmt = timedelta(hours=1), "%m-%d %H:00"
+    moments = []
+    moment = start
+    while moment < span.until:
+        moments.append(moment)
+        moment += delta
+    x_range = (0.0, float(max(1, len(moments) - 1)))
+    left = f"{start:{fmt}}"
+    right = f"{moments[-1]:{fmt}}" if moments else left
 
     def series(field: str) -> list[tuple[float, float | None]]:
         return [
-            (float(i), float(by_hour[h][field]) if h in by_hour else 0.0)
-            for i, h in enumerate(hours)
+            (float(i), float(by_time[m][field]) if m in by_time else 0.0)
+            for i, m in enumerate(moments)
         ]
 
     return [
         line_chart(
-            "Tokens / hour",
+            f"Tokens / {step}",
             series("total_tokens"),
             x_range=x_range,
             fmt=lambda v: f"{v:,.0f}",
@@ -152,7 +170,7 @@ def _hourly_charts(rows: Sequence[Mapping[str, Any]], span: UsageRange) -> list[
             right_label=right,
         ),
         line_chart(
-            "Requests / hour",
+            f"Requests / {step}",
             series("requests"),
             x_range=x_range,
             fmt=lambda v: f"{v:,.0f}",
@@ -166,7 +184,8 @@ async def usage_page(sources: DashboardSources, span: UsageRange) -> dict[str, A
     """The page's context; raises the store's `StoreError`."""
     by_key = await usage_rows(sources, span, ("key",))
     by_model = await usage_rows(sources, span, ("model",))
-    by_hour = await usage_rows(sources, span, ("hour",))
+    step = chart_step(span)
+    over_time = await usage_rows(sources, span, (step,))
     for row in by_key:
         row["label"] = key_label(row)
     for row in by_model:
@@ -179,7 +198,7 @@ async def usage_page(sources: DashboardSources, span: UsageRange) -> dict[str, A
         "by_model": sorted(by_model, key=lambda r: r["total_tokens"], reverse=True),
         "key_bars": _bars(by_key, "label"),
         "model_bars": _bars(by_model, "label"),
-        "charts": _hourly_charts(by_hour, span),
+        "charts": _charts(over_time, span, step),
         "totals": totals,
     }
 
@@ -195,6 +214,8 @@ def usage_csv(rows: Sequence[Mapping[str, Any]], by: Sequence[UsageDimension]) -
     columns: list[str] = []
     if "hour" in by:
         columns.append("hour")
+    if "day" in by:
+        columns.append("day")
     if "key" in by:
         columns += ["key_id", "key_name"]
     if "model" in by:
