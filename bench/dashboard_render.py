@@ -54,6 +54,7 @@ from dashboard_fleet import (  # noqa: E402
     FixedLeader,
     build_fleet,
     fake_events,
+    fixed_servers,
     full_history,
     seed_store,
 )
@@ -122,6 +123,8 @@ async def build(data_dir: Path) -> tuple[DashboardSources, str, Any]:
         keys=KeyService(keys=store.keys, wall_clock=fleet.clock.wall),
         usage=store.usage,
         leadership=FixedLeader(),
+        servers=fixed_servers,
+        lease_ttl=15.0,
         history=full_history(),
         wall_clock=fleet.clock.wall,
     )

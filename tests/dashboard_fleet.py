@@ -36,7 +36,7 @@ from llmgw.control.reconciler.controller import Controller
 from llmgw.control.reconciler.state import ReadyEndpoint
 from llmgw.control.reconciler.views import ModelControlService
 from llmgw.metrics import MetricsHistory, RouterTotals
-from llmgw.store import Store, UsageRecord
+from llmgw.store import ControlServer, Store, UsageRecord
 from llmgw.web import DashboardSources
 
 GIB = 1 << 30
@@ -331,6 +331,18 @@ class FixedLeader:
         )
 
 
+def fixed_servers() -> list[ControlServer]:
+    """The leader of `FixedLeader` and a standby, both seen just now."""
+    return [
+        ControlServer(
+            server=name, hostname=name.split(":")[0], version="0.1.0",
+            api_url=f"http://{name.split(':')[0]}:8080", agent_address=f"{name.split(':')[0]}:9443",
+            started_at=START, last_seen=START,
+        )
+        for name in ("ctl-1:4242", "ctl-2:4343")
+    ]  # fmt: skip
+
+
 async def fleet_sources(
     store: Store,
     *,
@@ -348,6 +360,8 @@ async def fleet_sources(
         keys=KeyService(keys=store.keys, wall_clock=fleet.clock.wall),
         usage=store.usage,
         leadership=FixedLeader(),
+        servers=fixed_servers,
+        lease_ttl=15.0,
         history=history if history is not None else full_history(),
         wall_clock=fleet.clock.wall,
     )

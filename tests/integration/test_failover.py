@@ -106,6 +106,12 @@ def start_agent(node: str, servers: list[int], tmp: Path) -> Proc:
     )  # fmt: skip
 
 
+def servers(server: Server) -> list[tuple[str, str]]:
+    """(server id, role) of every server on the store, as `server` lists them."""
+    listed = httpx.get(server.admin + "/admin/api/servers", timeout=5).json()["servers"]
+    return [(s["server"], s["role"]) for s in listed]
+
+
 def replicas(server: Server, model: str) -> list[dict[str, Any]]:
     status = httpx.get(f"{server.admin}/admin/api/models/{model}", timeout=5).json()["status"]
     found: list[dict[str, Any]] = status["replicas"]
@@ -137,6 +143,13 @@ def test_killing_the_leader_hands_over_without_a_failed_request(
         procs.append(second.proc)
         assert leader(second)["role"] == "standby"
         assert leader(second)["leader"] == leader(first)["server"]
+        ids = [leader(first)["server"], leader(second)["server"]]
+        # Both servers list both, the leader first.
+        for server in (first, second):
+            wait_for(
+                lambda s=server: servers(s) == [(ids[0], "leader"), (ids[1], "standby")],
+                "both servers to be listed",
+            )
         for node in ("node-1", "node-2"):
             procs.append(start_agent(node, ports, tmp_path))
         wait_for(lambda: len(ready(first, "steady")) == 2, "two Ready replicas")
@@ -196,6 +209,11 @@ def test_killing_the_leader_hands_over_without_a_failed_request(
         events = httpx.get(second.admin + "/admin/api/events", timeout=5).json()["events"]
         assert not [e for e in events if e["kind"] == "start"], events
         assert leader(second)["epoch"] == 2
+        # The killed server stays listed, as gone, until the leader forgets it (an hour).
+        wait_for(
+            lambda: servers(second) == [(ids[1], "leader"), (ids[0], "gone")],
+            "the killed server to show as gone",
+        )
     finally:
         for proc in reversed(procs):
             proc.stop()
@@ -263,6 +281,14 @@ def test_a_standby_refuses_agents_and_names_the_leader(tmp_path: Path, database:
         assert f'llmgw_leader{{server="{leader(first)["server"]}"}} 1.0' in metrics
         standby_metrics = httpx.get(second.admin + "/metrics", timeout=5).text
         assert f'llmgw_leader{{server="{leader(second)["server"]}"}} 0.0' in standby_metrics
+        # A server that stops cleanly leaves the list at once.
+        ids = [leader(first)["server"], leader(second)["server"]]
+        wait_for(
+            lambda: servers(first) == [(ids[0], "leader"), (ids[1], "standby")],
+            "both servers to be listed",
+        )
+        assert second.proc.stop() == 0
+        assert servers(first) == [(ids[0], "leader")]
     finally:
         for proc in reversed(procs):
             proc.stop()

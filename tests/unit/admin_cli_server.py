@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from llmgw.control.adminapi import model_routes, node_routes
 from llmgw.control.catalog import Catalog, CatalogModel, parse_model
 from llmgw.control.inventory import Inventory, Node
 from llmgw.control.leadership import LeaderInfo, leader_routes
-from llmgw.store import open_store, store_url
+from llmgw.store import ControlServer, open_store, store_url
 
 SINCE = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -113,6 +113,19 @@ class StaticLeader:
             agent_address="10.0.0.1:9443",
             role_since=SINCE,
         )
+
+
+class StaticServers:
+    """The two servers of StaticLeader, both seen at SINCE."""
+
+    async def servers(self) -> list[ControlServer]:
+        return [
+            ControlServer(
+                server=name, hostname=name, version="0.1.0", api_url=f"http://{name}:8080",
+                agent_address=f"{name}:9443", started_at=SINCE, last_seen=SINCE,
+            )
+            for name in ("srv-a", "srv-b")
+        ]  # fmt: skip
 
 
 Step = Callable[[Inventory], object]
@@ -202,7 +215,17 @@ def serve(
             [
                 *node_routes(inventory=inventory, remove_weights=remove_weights),
                 *model_routes(catalog=catalog, control=control),
-                *(leader_routes(leadership=leader) if leader is not None else []),
+                *(
+                    leader_routes(
+                        leadership=leader,
+                        servers=StaticServers(),
+                        # Just before SINCE: StaticLeader's lease (to SINCE) still holds.
+                        wall_clock=lambda: SINCE - timedelta(seconds=1),
+                        ttl=15.0,
+                    )
+                    if leader is not None
+                    else []
+                ),
             ]
         )
         try:

@@ -145,6 +145,13 @@ async def test_pages_show_the_fleet_as_the_admin_api_describes_it(dash: Dash) ->
     assert f"{in_use} <span" in overview and f"/ {gpus}</span>" in overview
     assert f"ready {len(nodes)}" in overview
     assert "ctl-1:4242" in overview and "leader" in overview
+    # Every server on the store, the leader first, each with its role.
+    servers = overview.split("Servers on this store")[1].split("</ul>")[0]
+    rows = [re.sub(r"<[^>]+>", "", li).split() for li in servers.split("<li>")[1:]]
+    assert [r[:3] for r in rows] == [
+        ["ctl-1:4242", "leader", "this"],
+        ["ctl-2:4343", "standby", "v0.1.0,"],
+    ]
     assert "Requests / s" in overview and "<polyline" in overview
 
     page = (await dash.client.get("/admin/nodes")).text

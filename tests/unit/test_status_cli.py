@@ -111,6 +111,7 @@ def test_one_screen_with_leader_nodes_models_and_totals(
     assert (code, err) == (0, "")
     assert out.splitlines() == [
         "server srv-a: leader (epoch 3, since 2026-03-01 12:00 UTC)",
+        "servers: srv-a (leader), srv-b (standby)",
         "",
         "NODE    STATE  DRAINING  GPUS  GPU MEMORY              SHARDS         HEARTBEAT",
         "node-a  ready  -          2/2  [######--] 120/160 GiB  1 (+1 failed)  0s ago",
@@ -144,8 +145,12 @@ def test_json_is_the_apis_own_shapes(server: AdminServer, tmp_path: Path) -> Non
     code, out, err = run(tmp_path, "--json", "--admin", server.url)
     assert (code, err) == (0, "")
     snap = json.loads(out)
-    assert set(snap) == {"leader", "nodes", "models"}
+    assert set(snap) == {"leader", "servers", "nodes", "models"}
     assert snap["leader"]["role"] == "leader" and snap["leader"]["epoch"] == 3
+    assert [(s["server"], s["role"], s["this"]) for s in snap["servers"]] == [
+        ("srv-a", "leader", True),
+        ("srv-b", "standby", False),
+    ]
     assert [n["id"] for n in snap["nodes"]] == ["node-a", "node-b"]
     assert snap["nodes"][1]["draining"] is True
     assert [m["name"] for m in snap["models"]] == ["gemma", "llama-8b", "qwen"]
@@ -216,4 +221,4 @@ def test_watch_with_json_prints_one_object_per_line(server: AdminServer, tmp_pat
     assert (code, err) == (0, "")
     objects = [json.loads(line) for line in lines if line]
     assert len(objects) >= 2
-    assert all(set(o) == {"leader", "nodes", "models"} for o in objects)
+    assert all(set(o) == {"leader", "servers", "nodes", "models"} for o in objects)

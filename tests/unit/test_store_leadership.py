@@ -1,4 +1,4 @@
-"""The lease, fenced endpoint publishing and demand rows, on SQLite and PostgreSQL."""
+"""The lease, fenced endpoint publishing, demand rows and the server list, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from store_fixtures import (  # noqa: F401
     target_fixture,
 )
 
-from llmgw.store import Demand, StaleEpoch, Store
+from llmgw.store import ControlServer, Demand, StaleEpoch, Store
 
 TTL = 10.0
 
@@ -78,3 +78,35 @@ async def test_demand_rows_are_replaced_per_server(store: Store) -> None:
     await store.leadership.report_demand("a", [Demand("n", "a", START, 1, None)])
     rows = sorted((d.model, d.server, d.in_flight) for d in await store.leadership.demand())
     assert rows == [("m", "b", 0), ("n", "a", 1)]
+
+
+def control_server(name: str) -> ControlServer:
+    return ControlServer(
+        server=name, hostname=f"host-{name}", version="0.1.0", api_url=f"http://{name}:8080",
+        agent_address=f"{name}:9443", started_at=START, last_seen=START,
+    )  # fmt: skip
+
+
+async def test_servers_announce_themselves_and_are_forgotten_with_their_demand(
+    store: Store, store_clock: FakeClock
+) -> None:
+    await store.leadership.announce(control_server("b"))
+    await store.leadership.announce(control_server("a"))
+    store_clock.advance(seconds=4)
+    await store.leadership.announce(control_server("a"))  # a refresh, not a second row
+    listed = await store.leadership.servers()
+    assert [(s.server, s.hostname, s.agent_address) for s in listed] == [
+        ("a", "host-a", "a:9443"),
+        ("b", "host-b", "b:9443"),
+    ]
+    # last_seen is the store's clock at each announcement; started_at stays.
+    assert [(s.last_seen - START).total_seconds() for s in listed] == [4.0, 0.0]
+    assert {s.started_at for s in listed} == {START}
+
+    await store.leadership.report_demand("a", [Demand("m", "a", START, 2, None)])
+    await store.leadership.report_demand("b", [Demand("m", "b", START, 1, START)])
+    await store.leadership.forget(["b", "never-announced"])
+    assert [s.server for s in await store.leadership.servers()] == ["a"]
+    assert [d.server for d in await store.leadership.demand()] == ["a"]
+    await store.leadership.forget([])
+    assert [s.server for s in await store.leadership.servers()] == ["a"]

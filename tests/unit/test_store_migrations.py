@@ -32,6 +32,7 @@ TABLES = {
     "leases",
     "replica_endpoints",
     "model_demand",
+    "control_servers",
     "users",
     "admin_sessions",
 }
@@ -55,7 +56,7 @@ async def test_migrations_create_the_schema_from_empty(store_target: StoreTarget
     try:
         assert await store.revision() is None
         await store.upgrade()
-        assert await store.revision() == head_revision() == "0005"
+        assert await store.revision() == head_revision() == "0006"
         assert await store.keys.list(include_revoked=True) == []
         assert await store.usage.query() == []
     finally:

@@ -29,9 +29,9 @@ from llmgw.control.catalog import (
     parse_model,
 )
 from llmgw.control.inventory import Inventory, UnknownNode
-from llmgw.control.leadership.views import LeaderSource, leader_view
+from llmgw.control.leadership.views import LeaderSource, leader_view, servers_view
 from llmgw.control.reconciler.views import ModelControlService
-from llmgw.store import StoreError, StoreUnavailable, UsageRepository
+from llmgw.store import ControlServer, StoreError, StoreUnavailable, UsageRepository
 from llmgw.web import ActionError, DashboardSources, HistorySource
 
 Json = dict[str, Any]
@@ -133,6 +133,8 @@ def dashboard_sources(
     keys: KeyService,
     usage: UsageRepository,
     leadership: LeaderSource,
+    servers: Callable[[], list[ControlServer]],
+    lease_ttl: float,
     history: HistorySource,
     wall_clock: Callable[[], datetime],
 ) -> DashboardSources:
@@ -156,6 +158,7 @@ def dashboard_sources(
         placement=models.placement,
         events=model_control.events,
         leader=lambda: leader_view(leadership.info()),
+        servers=lambda: servers_view(servers(), leadership.info(), wall_clock(), lease_ttl),
         set_draining=set_draining,
         add_model=models.add,
         replace_model=models.replace,

@@ -42,6 +42,7 @@ from llmgw.control.leadership import (
     LEASE_NAME,
     LeaderMetrics,
     Leadership,
+    ServerDirectory,
     StorePublisher,
     follow_endpoints,
     leader_routes,
@@ -61,7 +62,7 @@ from llmgw.router.endpoints import EjectionPolicy, EndpointPool, EndpointSpec
 from llmgw.router.health import HealthProber
 from llmgw.router.proxy import Proxy
 from llmgw.router.upstream import Upstream
-from llmgw.store import Store, StoreError, open_store, store_url, utc_now
+from llmgw.store import ControlServer, Store, StoreError, open_store, store_url, utc_now
 from llmgw.usage import RetentionPruner, UsageRecorder
 from llmgw.web import create_admin_portal, create_dashboard_routes
 
@@ -130,6 +131,17 @@ def _agent_address(cfg: ServerConfig) -> str:
     if host in ("0.0.0.0", "::", ""):
         host = socket.getfqdn()
     return f"[{host}]:{cfg.agent_listen.port}" if ":" in host else f"{host}:{cfg.agent_listen.port}"
+
+
+def _api_url(cfg: ServerConfig) -> str:
+    """Where clients reach this server's API, as the server list shows it."""
+    host = cfg.listen.host
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.getfqdn()
+    if ":" in host:
+        host = f"[{host}]"
+    scheme = "https" if cfg.api_tls is not None else "http"
+    return f"{scheme}://{host}:{cfg.listen.port}"
 
 
 class StartupError(Exception):
@@ -235,6 +247,22 @@ async def _serve(
         wall_clock=utc_now,
     )
     LeaderMetrics(registry=registry, leadership=leadership)
+    started = utc_now()
+    directory = ServerDirectory(
+        store=store.leadership,
+        server=ControlServer(
+            server=server_id,
+            hostname=socket.gethostname(),
+            version=__version__,
+            api_url=_api_url(cfg),
+            agent_address=_agent_address(cfg),
+            started_at=started,
+            last_seen=started,
+        ),
+        leading=leadership.is_leader,
+        wall_clock=utc_now,
+        interval=cfg.control.lease_ttl / 3,
+    )
     store_publisher = StorePublisher(
         local=publisher, store=store.leadership, lease_name=LEASE_NAME, on_fenced=leadership.lost
     )
@@ -330,7 +358,12 @@ async def _serve(
             *node_routes(inventory=inventory, remove_weights=agents.remove_weights),
             *model_routes(catalog=catalog, control=model_control),
             *event_routes(source=model_control),
-            *leader_routes(leadership=leadership),
+            *leader_routes(
+                leadership=leadership,
+                servers=store.leadership,
+                wall_clock=utc_now,
+                ttl=cfg.control.lease_ttl,
+            ),
             *create_dashboard_routes(
                 sources=dashboard_sources(
                     inventory=inventory,
@@ -339,6 +372,8 @@ async def _serve(
                     keys=key_service,
                     usage=store.usage,
                     leadership=leadership,
+                    servers=directory.latest,
+                    lease_ttl=cfg.control.lease_ttl,
                     history=history,
                     wall_clock=utc_now,
                 )
@@ -424,7 +459,15 @@ async def _serve(
                             leading=leadership.is_leader,
                             on_remote=controller.wake,
                             interval=DEMAND_INTERVAL,
+                            wall_clock=utc_now,
+                            ttl=cfg.control.lease_ttl,
                         ),
+                    )
+                ),
+                group.create_task(
+                    guard(
+                        "server announcer",
+                        directory.run(),
                     )
                 ),
                 group.create_task(guard("catalog poller", _poll_catalog(catalog))),

@@ -1,9 +1,10 @@
 """`llmgw status`: the fleet at a glance, from the admin API.
 
-One screen: who leads (`GET /admin/api/leader`), the nodes (state, draining,
+One screen: who leads (`GET /admin/api/leader`) and which servers share the
+store (`GET /admin/api/servers`), the nodes (state, draining,
 GPUs assigned, GPU memory as a text bar, live shards, last heartbeat), the
 models (state, ready/desired replicas, where they run, why one is not
-running) and a totals line. `--json` prints `{leader, nodes, models}` in the
+running) and a totals line. `--json` prints `{leader, servers, nodes, models}` in the
 admin API's own shapes; `--watch N` redraws every N seconds until Ctrl-C
 (exit 0). Failures are one `error: ...` line on stderr: exit 1 when the admin
 API cannot be reached (`--watch` keeps trying), 2 for bad input.
@@ -49,19 +50,21 @@ GIB = 1 << 30
 
 
 def snapshot(admin: Admin) -> dict[str, Any]:
-    """`{leader, nodes, models}` from the admin API; raises `AdminError`.
+    """`{leader, servers, nodes, models}` from the admin API; raises `AdminError`.
 
-    `leader` is None for a server that does not report leadership (404).
+    `leader` is None and `servers` empty for a server that does not report
+    leadership (404).
     """
     try:
         leader = call("GET", admin, "/admin/api/leader")
+        servers = call("GET", admin, "/admin/api/servers")["servers"]
     except AdminError as exc:
         if exc.status != 404:
             raise
-        leader = None
+        leader, servers = None, []
     nodes = call("GET", admin, "/admin/api/nodes")["nodes"]
     models = call("GET", admin, "/admin/api/models")["models"]
-    return {"leader": leader, "nodes": nodes, "models": models}
+    return {"leader": leader, "servers": servers, "nodes": nodes, "models": models}
 
 
 # ---- formatting ----
@@ -83,6 +86,13 @@ def leader_line(leader: dict[str, Any] | None) -> str:
     if not leader.get("leader"):
         return f"server {server}: {role}; no server holds the lease"
     return f"server {server}: {role}; leader {leader['leader']} ({lease})"
+
+
+def servers_line(servers: list[dict[str, Any]]) -> str | None:
+    """`servers: a (leader), b (standby), c (gone)`; None when there are none to list."""
+    if not servers:
+        return None
+    return "servers: " + ", ".join(f"{s.get('server')} ({s.get('role')})" for s in servers)
 
 
 def _gib(value: float) -> str:
@@ -242,7 +252,11 @@ def totals_line(nodes: list[dict[str, Any]], models: list[dict[str, Any]]) -> st
 def status_text(snap: dict[str, Any], columns: int | None = None) -> str:
     """The whole screen; `columns` is the terminal's width (None: a pipe, cut nothing)."""
     nodes, models = snap["nodes"], snap["models"]
-    lines = [leader_line(snap["leader"]), ""]
+    lines = [leader_line(snap["leader"])]
+    listed = servers_line(snap.get("servers", []))
+    if listed is not None:
+        lines.append(listed)
+    lines.append("")
     lines.append(
         nodes_table(nodes) if nodes else "no nodes: no agent has registered with this server"
     )

@@ -22,7 +22,13 @@ from llmgw.store.errors import (
     StoreUnavailable,
 )
 from llmgw.store.keys import KeyRepository
-from llmgw.store.leadership import Demand, LeadershipRepository, Lease, PublishedEndpoint
+from llmgw.store.leadership import (
+    ControlServer,
+    Demand,
+    LeadershipRepository,
+    Lease,
+    PublishedEndpoint,
+)
 from llmgw.store.models import (
     KEEP,
     ApiKey,
@@ -51,6 +57,7 @@ __all__ = [
     "BudgetPeriod",
     "CatalogRepository",
     "Conflict",
+    "ControlServer",
     "Demand",
     "InvalidValue",
     "Keep",

@@ -1,4 +1,5 @@
-"""The control-plane lease, the Ready endpoints the leader publishes, and demand per server.
+"""The control-plane lease, the Ready endpoints the leader publishes, demand per server,
+and the servers themselves.
 
 The lease is one row (`leases`, name "control"): owner, epoch, expiry. Taking a
 free or expired lease raises the epoch; renewing keeps it. Every write the
@@ -11,6 +12,12 @@ Times come from the caller's wall clock. Not guaranteed: correctness under
 clock skew between servers larger than a small fraction of the lease TTL; run
 NTP. Not guaranteed either: that a reader sees a write committed after its
 query began (followers poll).
+
+Every server announces itself (`announce`) every third of the lease TTL, so
+all of them can be listed, and so the leader can ignore the demand rows of a
+server that died without withdrawing them (`servers` says when each was last
+seen); `forget` removes a server and its demand, on a clean stop or when the
+leader clears out servers silent for long.
 """
 
 from __future__ import annotations
@@ -22,12 +29,13 @@ from datetime import datetime, timedelta
 from typing import Any, cast
 
 from sqlalchemy import delete, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from llmgw.store.engine import transaction
 from llmgw.store.errors import StaleEpoch
-from llmgw.store.tables import leases, model_demand, replica_endpoints
+from llmgw.store.tables import control_servers, leases, model_demand, replica_endpoints
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +68,19 @@ class Demand:
     last_active: datetime
     in_flight: int
     wanted_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class ControlServer:
+    """One `llmgw server` on this store, as it last announced itself."""
+
+    server: str
+    hostname: str
+    version: str
+    api_url: str
+    agent_address: str  # "" without an agent listener
+    started_at: datetime
+    last_seen: datetime
 
 
 class LeadershipRepository:
@@ -226,6 +247,45 @@ class LeadershipRepository:
                         for d in rows
                     ],
                 )  # fmt: skip
+
+    # ---- the servers ----
+
+    async def announce(self, server: ControlServer) -> None:
+        """Insert or refresh `server`'s row; `last_seen` is the store's clock now."""
+        row = {
+            "server": server.server, "hostname": server.hostname, "version": server.version,
+            "api_url": server.api_url, "agent_address": server.agent_address,
+            "started_at": server.started_at, "last_seen": self._clock(),
+        }  # fmt: skip
+        insert = (postgresql.insert if self._postgres else sqlite.insert)(control_servers)
+        upsert = insert.values(**row).on_conflict_do_update(
+            index_elements=[control_servers.c.server],
+            set_={name: insert.excluded[name] for name in row if name != "server"},
+        )
+        async with transaction(self._engine, f"announcing server {server.server!r}") as conn:
+            await conn.execute(upsert)
+
+    async def servers(self) -> builtins.list[ControlServer]:
+        """Every server that announced itself and was not forgotten, by id."""
+        async with transaction(self._engine, "reading the servers") as conn:
+            rows = (
+                await conn.execute(select(control_servers).order_by(control_servers.c.server))
+            ).all()
+        return [
+            ControlServer(
+                server=r.server, hostname=r.hostname, version=r.version, api_url=r.api_url,
+                agent_address=r.agent_address, started_at=r.started_at, last_seen=r.last_seen,
+            )
+            for r in rows
+        ]  # fmt: skip
+
+    async def forget(self, servers: Sequence[str]) -> None:
+        """Remove these servers and their demand rows."""
+        if not servers:
+            return
+        async with transaction(self._engine, f"forgetting servers {list(servers)!r}") as conn:
+            await conn.execute(delete(model_demand).where(model_demand.c.server.in_(servers)))
+            await conn.execute(delete(control_servers).where(control_servers.c.server.in_(servers)))
 
     async def demand(self) -> builtins.list[Demand]:
         """Every server's demand rows."""

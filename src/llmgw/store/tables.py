@@ -212,6 +212,21 @@ model_demand = Table(
     PrimaryKeyConstraint("model", "server"),
 )
 
+control_servers = Table(
+    "control_servers",
+    metadata,
+    # Every `llmgw server` on this store, announced every third of the lease TTL;
+    # the leader counts demand only from servers announced within one TTL.
+    Column("server", String(200), primary_key=True),
+    Column("hostname", String(255), nullable=False),
+    Column("version", String(64), nullable=False),
+    Column("api_url", String(300), nullable=False),
+    # Where agents dial this server; empty when it has no agent listener.
+    Column("agent_address", String(300), nullable=False),
+    Column("started_at", UTCDateTime, nullable=False),
+    Column("last_seen", UTCDateTime, nullable=False),
+)
+
 users = Table(
     "users",
     metadata,

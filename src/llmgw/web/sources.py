@@ -117,6 +117,7 @@ class DashboardSources:
       placement(name)   GET /admin/api/models/{name}/placement (`explain`)
       events()          GET /admin/api/events -> "events", newest first
       leader()          GET /admin/api/leader
+      servers()         GET /admin/api/servers -> "servers", as this server last read them
     Actions (raise `ActionError`):
       set_draining(node_id, draining)   POST /admin/api/nodes/{id}/drain|undrain
       add_model(spec)                   POST /admin/api/models (spec: the parsed body)
@@ -136,6 +137,7 @@ class DashboardSources:
     placement: Callable[[str], Json]
     events: Callable[[], list[Json]]
     leader: Callable[[], Json]
+    servers: Callable[[], list[Json]]
     set_draining: Callable[[str, bool], Json]
     add_model: Callable[[object], Awaitable[Json]]
     replace_model: Callable[[str, object], Awaitable[Json]]

@@ -194,6 +194,7 @@ def overview(sources: DashboardSources) -> dict[str, Any]:
         "charts": history_charts(sources.history),
         "answered": answered,
         "leader": sources.leader(),
+        "servers": sources.servers(),
     }
 
 

@@ -2,12 +2,13 @@
 
 from llmgw.control.leadership.lease import LEASE_NAME, LeaderInfo, Leadership, LeaseStore
 from llmgw.control.leadership.sync import (
+    ServerDirectory,
     StorePublisher,
     follow_endpoints,
     published,
     sync_demand,
 )
-from llmgw.control.leadership.views import LeaderMetrics, leader_routes, leader_view
+from llmgw.control.leadership.views import LeaderMetrics, leader_routes, leader_view, servers_view
 
 __all__ = [
     "LEASE_NAME",
@@ -15,10 +16,12 @@ __all__ = [
     "LeaderMetrics",
     "Leadership",
     "LeaseStore",
+    "ServerDirectory",
     "StorePublisher",
     "follow_endpoints",
     "leader_routes",
     "leader_view",
     "published",
+    "servers_view",
     "sync_demand",
 ]

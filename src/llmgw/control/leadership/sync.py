@@ -8,7 +8,11 @@
   and hands it to the controller (which publishes it to the local router), so
   clients may use any server.
 - `sync_demand` runs on every server: it reports this server's demand and, on
-  the leader, reads everyone else's.
+  the leader, reads everyone else's, counting only servers announced within one
+  lease TTL (a server killed mid-request leaves rows nobody withdraws).
+- `ServerDirectory` runs on every server: it refreshes this server's row every
+  third of the lease TTL, so every server can list them all; the leader forgets
+  servers silent for an hour, and a clean stop forgets this one at once.
 
 Not guaranteed: followers see the leader's changes within one poll interval,
 not at once.
@@ -17,18 +21,24 @@ not at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from llmgw.control.reconciler.demand import DemandBook
 from llmgw.control.reconciler.state import EndpointPublisher, ReadyEndpoint
 from llmgw.lifecycle import wait_for_event
-from llmgw.store import Demand, PublishedEndpoint, StaleEpoch, StoreError
+from llmgw.store import ControlServer, Demand, PublishedEndpoint, StaleEpoch, StoreError
 
 log = logging.getLogger("llmgw.control.leadership")
 
 STORE_RETRY_SECONDS = 1.0
+# A server silent this long is removed from the list (and its demand rows with it).
+FORGET_AFTER = timedelta(hours=1)
+# How long a clean stop waits for the store to forget this server.
+FORGET_TIMEOUT_SECONDS = 2.0
 
 
 class EndpointStore(Protocol):
@@ -50,6 +60,21 @@ class DemandStore(Protocol):
     async def report_demand(self, server: str, rows: Sequence[Demand]) -> None: ...
 
     async def demand(self) -> list[Demand]: ...
+
+    async def servers(self) -> list[ControlServer]: ...
+
+
+class ServerStore(Protocol):
+    async def announce(self, server: ControlServer) -> None: ...
+
+    async def servers(self) -> list[ControlServer]: ...
+
+    async def forget(self, servers: Sequence[str]) -> None: ...
+
+
+def is_live(server: ControlServer, now: datetime, ttl: float) -> bool:
+    """Announced within one lease TTL (three announcements)."""
+    return (now - server.last_seen).total_seconds() <= ttl
 
 
 class StorePublisher:
@@ -163,9 +188,12 @@ async def sync_demand(
     leading: Callable[[], bool],
     on_remote: Callable[[], None],
     interval: float,
+    wall_clock: Callable[[], datetime],
+    ttl: float,
 ) -> None:
     """Report this server's demand when it changes (at most every `interval` s, at
-    once for a new activation), and while leading read the other servers' rows."""
+    once for a new activation), and while leading read the rows of the other
+    servers that are live (announced within `ttl` seconds)."""
     reported: list[Demand] | None = None
     remote_wanted: list[str] = []
     while True:
@@ -175,7 +203,11 @@ async def sync_demand(
                 await store.report_demand(server_id, rows)
                 reported = rows
             if leading():
-                others = [d for d in await store.demand() if d.server != server_id]
+                now = wall_clock()
+                live = {s.server for s in await store.servers() if is_live(s, now, ttl)}
+                others = [
+                    d for d in await store.demand() if d.server != server_id and d.server in live
+                ]
                 demand.set_remote(others)
                 if demand.remote_wanted() != remote_wanted:
                     remote_wanted = demand.remote_wanted()
@@ -184,3 +216,61 @@ async def sync_demand(
             log.warning("cannot share demand through the store (retrying): %s", exc)
         demand.changed.clear()
         await wait_for_event(demand.changed, interval)
+
+
+class ServerDirectory:
+    """Announces this server every `interval` s and keeps the list it last read.
+
+    `run` refreshes this server's row, reads every server's (for `latest`, which
+    the dashboard shows without a store round trip) and, while leading, forgets
+    the servers silent for `FORGET_AFTER`. Cancelled (a clean stop), it forgets
+    this server at once.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: ServerStore,
+        server: ControlServer,
+        leading: Callable[[], bool],
+        wall_clock: Callable[[], datetime],
+        interval: float,
+    ) -> None:
+        self._store = store
+        self._server = server
+        self._leading = leading
+        self._wall_clock = wall_clock
+        self._interval = interval
+        self._latest: list[ControlServer] = []
+
+    def latest(self) -> list[ControlServer]:
+        """The servers as last read (at most `interval` s ago); empty before the first read."""
+        return list(self._latest)
+
+    async def run(self) -> None:
+        try:
+            while True:
+                try:
+                    await self._pass()
+                except StoreError as exc:
+                    log.warning("cannot announce this server in the store (retrying): %s", exc)
+                await asyncio.sleep(self._interval)
+        finally:
+            # A clean stop: leave the list at once rather than show as gone for an hour.
+            with contextlib.suppress(StoreError, TimeoutError):
+                async with asyncio.timeout(FORGET_TIMEOUT_SECONDS):
+                    await asyncio.shield(self._store.forget([self._server.server]))
+
+    async def _pass(self) -> None:
+        await self._store.announce(self._server)
+        servers = await self._store.servers()
+        if self._leading():
+            now = self._wall_clock()
+            silent = [s.server for s in servers if now - s.last_seen > FORGET_AFTER]
+            if silent:
+                log.info(
+                    "forgetting servers silent for over %s: %s", FORGET_AFTER, ", ".join(silent)
+                )
+                await self._store.forget(silent)
+                servers = [s for s in servers if s.server not in silent]
+        self._latest = servers
