@@ -125,39 +125,30 @@ usage_records = Table(
     Column("streamed", Boolean, nullable=False),
 )
 
-usage_hourly = Table(
-    "usage_hourly",
-    metadata,
-    Column("hour", UTCDateTime, nullable=False),
-    # '' rather than NULL for "no key": NULLs never collide in a primary key.
-    Column("key_id", String(32), nullable=False),
-    Column("model", String(200), nullable=False),
-    Column("requests", BigInteger, nullable=False),
-    Column("errors", BigInteger, nullable=False),
-    Column("prompt_tokens", BigInteger, nullable=False),
-    Column("completion_tokens", BigInteger, nullable=False),
-    Column("latency_ms_sum", Float, nullable=False),
-    PrimaryKeyConstraint("hour", "key_id", "model"),
-    # tokens_used reads one key over a time range.
-    Index("ix_usage_hourly_key_id_hour", "key_id", "hour"),
-)
+def _usage_rollup(name: str, period: str) -> Table:
+    """Requests summed per `period` ("hour" or "day": its UTC start), key and model."""
+    return Table(
+        name,
+        metadata,
+        Column(period, UTCDateTime, nullable=False),
+        # '' rather than NULL for "no key": NULLs never collide in a primary key.
+        Column("key_id", String(32), nullable=False),
+        Column("model", String(200), nullable=False),
+        Column("requests", BigInteger, nullable=False),
+        Column("errors", BigInteger, nullable=False),
+        Column("prompt_tokens", BigInteger, nullable=False),
+        Column("completion_tokens", BigInteger, nullable=False),
+        Column("latency_ms_sum", Float, nullable=False),
+        PrimaryKeyConstraint(period, "key_id", "model"),
+        # tokens_used reads one key over a time range.
+        Index(f"ix_{name}_key_id_{period}", "key_id", period),
+    )
 
+
+usage_hourly = _usage_rollup("usage_hourly", "hour")
 # The same sums per UTC day: reports over whole days read these, 24x fewer rows
 # than the hours when traffic is steady (`UsageRepository.query` splits a range).
-usage_daily = Table(
-    "usage_daily",
-    metadata,
-    Column("day", UTCDateTime, nullable=False),  # midnight UTC
-    Column("key_id", String(32), nullable=False),
-    Column("model", String(200), nullable=False),
-    Column("requests", BigInteger, nullable=False),
-    Column("errors", BigInteger, nullable=False),
-    Column("prompt_tokens", BigInteger, nullable=False),
-    Column("completion_tokens", BigInteger, nullable=False),
-    Column("latency_ms_sum", Float, nullable=False),
-    PrimaryKeyConstraint("day", "key_id", "model"),
-    Index("ix_usage_daily_key_id_day", "key_id", "day"),
-)
+usage_daily = _usage_rollup("usage_daily", "day")
 
 catalog_models = Table(
     "catalog_models",
