@@ -136,8 +136,10 @@ class UsageRepository:
 
         `key_id=None` means every key, `key_id=""` the requests made without a
         key. `since` is truncated to its hour (that hour is included); an hour is
-        included if it starts before `until`. `group_by` is any of "hour", "key",
-        "model"; an empty one gives a single total row (none if nothing matched).
+        included if it starts before `until`. `group_by` is any of "hour" or "day"
+        (midnight UTC; the hours at either end of the range count in their days),
+        "key" and "model"; an empty one gives a single total row (none if nothing
+        matched). Without "hour", whole days are read from the daily roll-ups.
         """
         dims = _check_dimensions(group_by)
         require_aware("since", since)
