@@ -125,6 +125,7 @@ usage_records = Table(
     Column("streamed", Boolean, nullable=False),
 )
 
+
 def _usage_rollup(name: str, period: str) -> Table:
     """Requests summed per `period` ("hour" or "day": its UTC start), key and model."""
     return Table(
