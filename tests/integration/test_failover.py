@@ -287,6 +287,14 @@ def test_a_standby_refuses_agents_and_names_the_leader(tmp_path: Path, database:
             lambda: servers(first) == [(ids[0], "leader"), (ids[1], "standby")],
             "both servers to be listed",
         )
+        # For alerts: the servers by role, as the leader last read them (every TTL/3).
+        wait_for(
+            lambda: (
+                'llmgw_servers{role="standby"} 1.0'
+                in httpx.get(first.admin + "/metrics", timeout=5).text
+            ),
+            "the standby to be counted in the metrics",
+        )
         assert second.proc.stop() == 0
         assert servers(first) == [(ids[0], "leader")]
     finally:

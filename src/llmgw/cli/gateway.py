@@ -246,7 +246,6 @@ async def _serve(
         clock=clock,
         wall_clock=utc_now,
     )
-    LeaderMetrics(registry=registry, leadership=leadership)
     started = utc_now()
     directory = ServerDirectory(
         store=store.leadership,
@@ -262,6 +261,13 @@ async def _serve(
         leading=leadership.is_leader,
         wall_clock=utc_now,
         interval=cfg.control.lease_ttl / 3,
+    )
+    LeaderMetrics(
+        registry=registry,
+        leadership=leadership,
+        servers=directory.latest,
+        wall_clock=utc_now,
+        ttl=cfg.control.lease_ttl,
     )
     store_publisher = StorePublisher(
         local=publisher, store=store.leadership, lease_name=LEASE_NAME, on_fenced=leadership.lost

@@ -2,7 +2,9 @@
 every server on the store: `GET /admin/api/servers`.
 
 `llmgw_leader{server}` is 1 on the server that holds the lease and 0 on
-standbys; `llmgw_leader_epoch` is the epoch of the lease this server last saw.
+standbys; `llmgw_leader_epoch` is the epoch of the lease this server last saw;
+`llmgw_servers{role}` counts the servers on the store by role (leader, standby,
+gone) as this server last read them, so an alert can fire when a standby is gone.
 Values are read at request or scrape time. Not guaranteed: a standby's view is
 as old as its last look at the lease (a third of the TTL at most).
 
@@ -54,6 +56,7 @@ def leader_view(info: LeaderInfo) -> dict[str, object]:
 
 
 _ROLE_ORDER = {"leader": 0, "standby": 1, "gone": 2}
+_SERVERS_HELP = "Servers on the store by role, as this server last read them"
 
 
 def servers_view(
@@ -111,8 +114,19 @@ def leader_routes(
 class LeaderMetrics(Collector):
     """Registers itself on `registry`."""
 
-    def __init__(self, *, registry: CollectorRegistry, leadership: LeaderSource) -> None:
+    def __init__(
+        self,
+        *,
+        registry: CollectorRegistry,
+        leadership: LeaderSource,
+        servers: Callable[[], list[ControlServer]],
+        wall_clock: Callable[[], datetime],
+        ttl: float,
+    ) -> None:
         self._leadership = leadership
+        self._servers = servers
+        self._wall_clock = wall_clock
+        self._ttl = ttl
         registry.register(self)
 
     def describe(self) -> Iterator[Metric]:
@@ -120,6 +134,7 @@ class LeaderMetrics(Collector):
             "llmgw_leader", "1 on the server holding the lease", labels=["server"]
         )
         yield GaugeMetricFamily("llmgw_leader_epoch", "Epoch of the lease last seen")
+        yield GaugeMetricFamily("llmgw_servers", _SERVERS_HELP, labels=["role"])
 
     def collect(self) -> Iterator[Metric]:
         info = self._leadership.info()
@@ -131,3 +146,8 @@ class LeaderMetrics(Collector):
         epoch = GaugeMetricFamily("llmgw_leader_epoch", "Epoch of the lease last seen")
         epoch.add_metric([], float(info.epoch or 0))
         yield epoch
+        listed = servers_view(self._servers(), info, self._wall_clock(), self._ttl)
+        servers = GaugeMetricFamily("llmgw_servers", _SERVERS_HELP, labels=["role"])
+        for role in _ROLE_ORDER:
+            servers.add_metric([role], float(sum(1 for s in listed if s["role"] == role)))
+        yield servers
