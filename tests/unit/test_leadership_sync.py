@@ -15,7 +15,9 @@ import logging
 from collections.abc import Callable
 from datetime import timedelta
 
+import httpx
 import pytest
+from starlette.applications import Starlette
 from store_fixtures import (  # noqa: F401
     START,
     FakeClock,
@@ -25,10 +27,10 @@ from store_fixtures import (  # noqa: F401
     target_fixture,
 )
 
-from llmgw.control.leadership import ServerDirectory, servers_view, sync_demand
+from llmgw.control.leadership import ServerDirectory, leader_routes, servers_view, sync_demand
 from llmgw.control.leadership.lease import LeaderInfo
 from llmgw.control.reconciler.demand import DemandBook
-from llmgw.store import ControlServer, Demand, Store
+from llmgw.store import ControlServer, Demand, Store, StoreUnavailable
 
 TTL = 9.0
 
@@ -135,3 +137,35 @@ def test_roles_in_the_list_leader_standby_gone() -> None:
         "standby",
         "gone",
     ]
+
+
+class UnreachableStore:
+    async def servers(self) -> list[ControlServer]:
+        raise StoreUnavailable("connection refused (127.0.0.1:5432)")
+
+
+class Standby:
+    def info(self) -> LeaderInfo:
+        return LeaderInfo(
+            server="b", role="standby", leader=None, epoch=None, since=None,
+            expires_at=None, agent_address=None, role_since=START,
+        )  # fmt: skip
+
+
+async def test_the_server_list_says_so_when_the_store_cannot_be_read() -> None:
+    routes = leader_routes(
+        leadership=Standby(), servers=UnreachableStore(), wall_clock=lambda: START, ttl=TTL
+    )
+    transport = httpx.ASGITransport(app=Starlette(routes=routes))
+    async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
+        answer = await client.get("/admin/api/servers")
+        assert answer.status_code == 503
+        assert answer.json()["error"] == {
+            "message": "cannot read the servers from the store: connection refused "
+            "(127.0.0.1:5432)",
+            "type": "api_error",
+            "param": None,
+            "code": "store_unavailable",
+        }
+        # Who leads is this server's own view, and still answers.
+        assert (await client.get("/admin/api/leader")).json()["role"] == "standby"
