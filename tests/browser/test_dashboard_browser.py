@@ -213,6 +213,11 @@ def test_every_page_loads_with_real_data(fleet: Fleet, page: Page, browser: Brow
     overview_counts = page.goto(admin + "/admin/")
     assert overview_counts is not None and overview_counts.status == 200
     expect(page.locator("#live")).to_contain_text("ready 2")  # both nodes
+    # The servers on the store: this one, leading.
+    this_server = fleet.admin_get("/admin/api/leader")["server"]
+    listed = page.locator("#live ul.servers li")
+    expect(listed).to_have_count(1)
+    expect(listed.first).to_contain_text(f"{this_server} leader this one")
 
     phone = browser.new_context(viewport=PHONE, is_mobile=True)
     try:
