@@ -102,7 +102,7 @@ async def test_a_standby_and_a_refused_node_id_are_warnings_and_the_next_is_trie
     standby, _ = await servers.add("standby", lambda n: "standby")
     denies, _ = await servers.add("denies", lambda n: "deny")
     leader, _ = await servers.add("leader", lambda n: "register" if n == 1 else "refuse")
-    caplog.set_level(logging.INFO, logger="llmgw.agent.connection")
+    caplog.set_level(logging.DEBUG, logger="llmgw.agent.connection")
 
     conn = connection([standby, denies, leader], servers.events, tmp_path, sleeps=1)
     await run_until_stopped(conn)
@@ -118,11 +118,17 @@ async def test_a_standby_and_a_refused_node_id_are_warnings_and_the_next_is_trie
         f"the server at {denies} refused this agent: certificate is for node 'n0' but the "
         "agent registered as 'n1'; trying the next server",
     ]
-    assert warnings(caplog) == [
+    expected = [
         *refusals,
         f"the control plane at {leader} closed the stream",
         *refusals,  # the leader's plain refusal is no warning of its own, only in the summary
     ]
+    # gRPC may lose the standby's refusal to the Register send crossing it and report
+    # INTERNAL instead (the agent logs that as a plain failure); the rest is exact.
+    lost = sum(1 for m in caplog.messages if m.startswith(f"control plane {standby}: INTERNAL"))
+    got = warnings(caplog)
+    assert [w for w in got if w != refusals[0]] == [w for w in expected if w != refusals[0]]
+    assert got.count(refusals[0]) + lost == 2, got
     assert any(m.startswith(f"registered as n1 with {leader}") for m in caplog.messages)
 
 
