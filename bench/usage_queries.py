@@ -268,34 +268,34 @@ def raw_sql(q: Question, dialect: str) -> str:
     hour = (
         "substr(ts, 1, 13)" if dialect == "sqlite" else "date_trunc('hour', ts AT TIME ZONE 'UTC')"
     )
-    columns = {"hour": hour, "key": "key_id", "model": "model"}
-    dims = ", ".join(columns[d] for d in ("hour", "key", "model") if d in q.group_by)
-    where = ["ts >= :since"]
-    if q.key_id is not None:
-        where.append("key_id = :key_id")
-    if q.model is not None:
-        where.append("model = :model")
-    return (
-        f"SELECT {dims}, COUNT(*), SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END), "
-        "SUM(prompt_tokens), SUM(completion_tokens), SUM(latency_ms) "
-        f"FROM usage_records WHERE {' AND '.join(where)} GROUP BY {dims} ORDER BY {dims}"
+    sums = (
+        "COUNT(*), SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END), SUM(prompt_tokens), "
+        "SUM(completion_tokens), SUM(latency_ms)"
     )
+    return _grouped_sql(q, "usage_records", "ts", hour, sums)
 
 
 def hourly_sql(q: Question, dialect: str) -> str:
     """The same question over `usage_hourly` alone, as llmgw asked it before `usage_daily`."""
     hour = "substr(hour, 1, 13)" if dialect == "sqlite" else "(hour AT TIME ZONE 'UTC')"
+    sums = (
+        "SUM(requests), SUM(errors), SUM(prompt_tokens), SUM(completion_tokens), "
+        "SUM(latency_ms_sum)"
+    )
+    return _grouped_sql(q, "usage_hourly", "hour", hour, sums)
+
+
+def _grouped_sql(q: Question, table: str, time_column: str, hour: str, sums: str) -> str:
     columns = {"hour": hour, "key": "key_id", "model": "model"}
     dims = ", ".join(columns[d] for d in ("hour", "key", "model") if d in q.group_by)
-    where = ["hour >= :since"]
+    where = [f"{time_column} >= :since"]
     if q.key_id is not None:
         where.append("key_id = :key_id")
     if q.model is not None:
         where.append("model = :model")
     return (
-        f"SELECT {dims}, SUM(requests), SUM(errors), SUM(prompt_tokens), "
-        "SUM(completion_tokens), SUM(latency_ms_sum) "
-        f"FROM usage_hourly WHERE {' AND '.join(where)} GROUP BY {dims} ORDER BY {dims}"
+        f"SELECT {dims}, {sums} FROM {table} WHERE {' AND '.join(where)} "
+        f"GROUP BY {dims} ORDER BY {dims}"
     )
 
 

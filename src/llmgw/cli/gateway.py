@@ -127,21 +127,20 @@ def _agent_address(cfg: ServerConfig) -> str:
         return cfg.control.advertise_agent_address
     if cfg.agent_listen is None:
         return ""
-    host = cfg.agent_listen.host
+    return _reachable(cfg.agent_listen.host, cfg.agent_listen.port)
+
+
+def _reachable(host: str, port: int) -> str:
+    """`host:port` as others dial it: this host's name for a wildcard address."""
     if host in ("0.0.0.0", "::", ""):
         host = socket.getfqdn()
-    return f"[{host}]:{cfg.agent_listen.port}" if ":" in host else f"{host}:{cfg.agent_listen.port}"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _api_url(cfg: ServerConfig) -> str:
     """Where clients reach this server's API, as the server list shows it."""
-    host = cfg.listen.host
-    if host in ("0.0.0.0", "::", ""):
-        host = socket.getfqdn()
-    if ":" in host:
-        host = f"[{host}]"
     scheme = "https" if cfg.api_tls is not None else "http"
-    return f"{scheme}://{host}:{cfg.listen.port}"
+    return f"{scheme}://{_reachable(cfg.listen.host, cfg.listen.port)}"
 
 
 class StartupError(Exception):
