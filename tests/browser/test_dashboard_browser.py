@@ -285,7 +285,10 @@ def test_create_a_key_and_use_it(fleet: Fleet, page: Page) -> None:
     # Edit it. The form opens outside the refreshing table: a refresh while typing
     # leaves what was typed alone.
     row = page.locator('tr[data-key="browser-key"]')
-    row.get_by_role("button", name="Edit", exact=True).click()
+    with page.expect_response(lambda r: r.request.method == "GET" and r.url.endswith("/edit")):
+        row.get_by_role("button", name="Edit", exact=True).click()
+    # Nothing else in flight (the page's own refresh may be) before typing starts.
+    page.wait_for_load_state("networkidle")
     editor = page.locator("#key-edit form")
     rpm = editor.get_by_label("Requests / min")
     expect(rpm).to_have_value("100")
