@@ -35,6 +35,9 @@ TABLES = {
     "control_servers",
     "users",
     "admin_sessions",
+    "cluster_cas",
+    "join_tokens",
+    "issued_certificates",
 }
 
 
@@ -56,7 +59,7 @@ async def test_migrations_create_the_schema_from_empty(store_target: StoreTarget
     try:
         assert await store.revision() is None
         await store.upgrade()
-        assert await store.revision() == head_revision() == "0006"
+        assert await store.revision() == head_revision() == "0007"
         assert await store.keys.list(include_revoked=True) == []
         assert await store.usage.query() == []
     finally:

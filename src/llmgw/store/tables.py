@@ -27,10 +27,12 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     PrimaryKeyConstraint,
     String,
     Table,
+    Text,
     text,
 )
 from sqlalchemy.types import TypeDecorator
@@ -249,4 +251,69 @@ admin_sessions = Table(
     Column("created_at", UTCDateTime, nullable=False),
     Column("expires_at", UTCDateTime, nullable=False, index=True),
     Column("last_seen_at", UTCDateTime, nullable=False),
+)
+
+cluster_cas = Table(
+    "cluster_cas",
+    metadata,
+    # SHA-256 (hex) of the CA certificate's SubjectPublicKeyInfo: what join tokens carry.
+    Column("id", String(64), primary_key=True),
+    # "active" issues; "next" is a rotation's new CA, trusted but not yet issuing;
+    # "retired" is kept so certificates it issued verify until they expire.
+    Column("role", String(16), nullable=False),
+    Column("cert_pem", Text, nullable=False),
+    # The CA's PKCS#8 private key sealed with AES-256-GCM under the cluster key
+    # (a file each server holds, never stored here): nonce || ciphertext || tag.
+    Column("key_sealed", LargeBinary, nullable=False),
+    # SHA-256 (hex) of a value derived from the cluster key, so a server holding
+    # another key file says so instead of failing to decrypt.
+    Column("sealing_key_id", String(64), nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("not_after", UTCDateTime, nullable=False),
+    Column("retired_at", UTCDateTime, nullable=True),
+    CheckConstraint("role IN ('active', 'next', 'retired')", name="role"),
+    # One active CA and at most one next: the first server to insert wins, the
+    # others get an IntegrityError and read the winner's row.
+    Index(
+        "uq_cluster_cas_role",
+        "role",
+        unique=True,
+        sqlite_where=text("role <> 'retired'"),
+        postgresql_where=text("role <> 'retired'"),
+    ),
+)
+
+join_tokens = Table(
+    "join_tokens",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    # SHA-256 (hex) of the token's secret; the secret itself is never stored.
+    Column("secret_hash", String(64), nullable=False),
+    # Labels given to every node that joins with the token.
+    Column("labels", JSON, nullable=False),
+    Column("max_uses", Integer, nullable=True),
+    Column("uses", Integer, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime, nullable=False),
+    Column("last_used_at", UTCDateTime, nullable=True),
+    Column("revoked_at", UTCDateTime, nullable=True),
+)
+
+issued_certificates = Table(
+    "issued_certificates",
+    metadata,
+    # The certificate's serial number in hex: unique per CA (random, 159 bits).
+    Column("serial", String(64), primary_key=True),
+    Column("kind", String(16), nullable=False),
+    # The node id (kind "node") or the server id (kind "server").
+    Column("subject", String(255), nullable=False),
+    Column("ca_id", String(64), nullable=False),
+    # SHA-256 (hex) of the certificate's SubjectPublicKeyInfo.
+    Column("spki_sha256", String(64), nullable=False),
+    # The join token a node's first certificate was issued for; NULL for renewals.
+    Column("token_id", String(32), nullable=True),
+    Column("issued_at", UTCDateTime, nullable=False),
+    Column("not_after", UTCDateTime, nullable=False),
+    CheckConstraint("kind IN ('server', 'node')", name="kind"),
+    Index("ix_issued_certificates_kind_subject", "kind", "subject"),
 )
