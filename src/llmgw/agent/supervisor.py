@@ -30,6 +30,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
+from llmgw.agent.addresses import EngineAddresses, probe_host
 from llmgw.agent.errors import (
     AgentClosingError,
     CommandError,
@@ -38,7 +39,7 @@ from llmgw.agent.errors import (
     SpecError,
     WeightsPathError,
 )
-from llmgw.agent.flags import PortRange, is_loopback
+from llmgw.agent.flags import PortRange
 from llmgw.agent.settings import SupervisorSettings
 from llmgw.agent.shard import ProbeTarget, Shard, ShardReport
 from llmgw.agent.spec import engine_spec
@@ -82,7 +83,7 @@ class Supervisor:
         *,
         adapters: Callable[[str], EngineAdapter],
         port_range: PortRange,
-        advertise_host: str,
+        advertise_host: str | EngineAddresses,
         weights_dir: Path,
         gpu_count: int,
         settings: SupervisorSettings,
@@ -94,9 +95,12 @@ class Supervisor:
     ) -> None:
         self._adapters = adapters
         self._port_range = port_range
-        self._advertise_host = advertise_host
-        # Engines listen on every interface only when the router reaches them from afar.
-        self._bind_host = "127.0.0.1" if is_loopback(advertise_host) else "0.0.0.0"
+        # Read at each launch: the connection learns the advertised address (addresses.py).
+        self._addresses = (
+            advertise_host
+            if isinstance(advertise_host, EngineAddresses)
+            else EngineAddresses(advertise_host=advertise_host)
+        )
         self._weights_dir = weights_dir
         self._gpu_count = gpu_count
         self._settings = settings
@@ -232,7 +236,7 @@ class Supervisor:
         # A refusal is returned, not raised: a failed task would end the whole group.
         try:
             plan = self._plan(spec)
-            if not await asyncio.to_thread(port_is_free, self._bind_host, spec.port):
+            if not await asyncio.to_thread(port_is_free, self._addresses.bind, spec.port):
                 raise SpecError(
                     "port",
                     f"{spec.port} is in use by another process on this node (not one of "
@@ -250,8 +254,10 @@ class Supervisor:
             shard = Shard(
                 spec=spec,
                 process=process,
-                endpoint_url=endpoint_url(self._advertise_host, spec.port),
-                probe=ProbeTarget(host="127.0.0.1", port=spec.port, path=plan.ready_path),
+                endpoint_url=endpoint_url(self._addresses.advertise, spec.port),
+                probe=ProbeTarget(
+                    host=probe_host(self._addresses.bind), port=spec.port, path=plan.ready_path
+                ),
                 settings=self._settings,
                 on_change=self._on_change,
                 wall_clock=self._wall_clock,
@@ -269,7 +275,7 @@ class Supervisor:
         converted = engine_spec(
             spec,
             port_range=self._port_range,
-            bind_host=self._bind_host,
+            bind_host=self._addresses.bind,
             gpu_count=self._gpu_count,
         )
         try:
