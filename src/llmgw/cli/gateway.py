@@ -213,6 +213,7 @@ async def _serve(
     pool = EndpointPool(
         policy=EjectionPolicy(health.failure_threshold, health.ejection_base, health.ejection_max),
         clock=clock,
+        on_forget=metrics.retain_endpoints,
     )
     publisher = PoolPublisher(
         sink=pool,

@@ -4,15 +4,26 @@ Per-request series are cached per (model, endpoint) so the request path pays one
 dict lookup instead of prometheus-client's locked label lookup per metric.
 In-flight counts and endpoint health are not updated on the request path at
 all: a collector reads them from the live endpoint objects at scrape time.
+
+Series of endpoints that are gone are removed: each replica gets a new endpoint
+id (scale to zero and back makes a new one every time), so keeping them would
+grow `/metrics` without bound. They are dropped when the router forgets an
+endpoint and again at every scrape (a request that was in flight when its
+endpoint went away may re-create them once); their counts are kept in
+`totals()`, so the dashboard's rates do not jump back.
+
+Not guaranteed: the last observations of a request still in flight when its
+endpoint is removed may be lost from the per-endpoint series.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from llmgw.metrics.history import RouterTotals
@@ -31,10 +42,21 @@ class EndpointSnapshot:
 
 
 class _EndpointCollector(Collector):
-    def __init__(self, snapshot: Callable[[], Iterable[EndpointSnapshot]]) -> None:
-        self._snapshot = snapshot
+    """Gauges read at scrape time; first drops the series of endpoints that are gone.
+
+    Registered before every other router metric, so the registry runs it first
+    and a scrape never shows a gone endpoint's series.
+    """
+
+    def __init__(self, retain: Callable[[Collection[str]], None]) -> None:
+        self._retain = retain
+        self.snapshot: Callable[[], Iterable[EndpointSnapshot]] | None = None
 
     def collect(self) -> Iterator[Metric]:
+        if self.snapshot is None:
+            return
+        snapshots = list(self.snapshot())
+        self._retain({snap.endpoint for snap in snapshots})
         in_flight = GaugeMetricFamily(
             "llmgw_endpoint_in_flight",
             "Requests currently being served by each endpoint.",
@@ -45,7 +67,7 @@ class _EndpointCollector(Collector):
             "1 when the endpoint takes traffic (probe passing, not ejected), else 0.",
             labels=["endpoint"],
         )
-        for snap in self._snapshot():
+        for snap in snapshots:
             in_flight.add_metric([snap.endpoint], snap.in_flight)
             healthy.add_metric([snap.endpoint], 1.0 if snap.healthy else 0.0)
         yield in_flight
@@ -70,6 +92,8 @@ class RouterMetrics:
 
     def __init__(self, *, registry: CollectorRegistry) -> None:
         self.registry = registry
+        self._endpoint_collector = _EndpointCollector(self.retain_endpoints)
+        registry.register(self._endpoint_collector)
         self.requests = Counter(
             "llmgw_requests",
             "Requests answered, by model, endpoint ('none' when none was reached) and status.",
@@ -130,22 +154,61 @@ class RouterMetrics:
         )
         self._series: dict[tuple[str, str], RequestSeries] = {}
         self.request_counter = RequestCounter(self.requests)
+        # What the series of removed endpoints had counted, so totals() stays monotonic.
+        self._retired = RouterTotals(0.0, 0.0, 0.0, 0.0)
 
     def watch_endpoints(self, snapshot: Callable[[], Iterable[EndpointSnapshot]]) -> None:
-        """Expose in-flight and health gauges read from `snapshot` at scrape time."""
-        self.registry.register(_EndpointCollector(snapshot))
+        """Expose in-flight and health gauges read from `snapshot` at scrape time;
+        the endpoints `snapshot` does not list are gone, and so are their series."""
+        self._endpoint_collector.snapshot = snapshot
+
+    def retain_endpoints(self, live: Collection[str]) -> None:
+        """Remove every per-endpoint series whose endpoint is not in `live`
+        ("none", the label of requests that reached no endpoint, always stays)."""
+        gone = self._endpoint_labels() - set(live) - {"none"}
+        if not gone:
+            return
+        requests, errors = _sum_requests(self.requests, gone)
+        ttft_sum, ttft_count = _sum_histogram(self.ttft, gone)
+        retired = self._retired
+        self._retired = RouterTotals(
+            retired.requests + requests,
+            retired.errors + errors,
+            retired.ttft_sum + ttft_sum,
+            retired.ttft_count + ttft_count,
+        )
+        for metric in (
+            self.requests,
+            self.latency,
+            self.ttft,
+            self.inter_token,
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.upstream_errors,
+        ):
+            _remove_series(metric, gone)
+        self._series = {k: v for k, v in self._series.items() if k[1] not in gone}
+        self.request_counter.forget(gone)
+
+    def _endpoint_labels(self) -> set[str]:
+        found: set[str] = set()
+        for metric in (self.requests, self.latency, self.upstream_errors):
+            for family in metric.collect():
+                found.update(sample.labels["endpoint"] for sample in family.samples)
+        return found
 
     def totals(self) -> RouterTotals:
         """Every request answered so far, those answered with a 5xx, and the TTFT
         histogram's sum and count, summed over all models and endpoints."""
-        requests = errors = 0.0
+        retired = self._retired
+        requests, errors = retired.requests, retired.errors
         for metric in self.requests.collect():
             for sample in metric.samples:
                 if sample.name.endswith("_total"):
                     requests += sample.value
                     if sample.labels["status"].startswith("5"):
                         errors += sample.value
-        ttft_sum = ttft_count = 0.0
+        ttft_sum, ttft_count = retired.ttft_sum, retired.ttft_count
         for metric in self.ttft.collect():
             for sample in metric.samples:
                 if sample.name.endswith("_sum"):
@@ -160,6 +223,41 @@ class RouterMetrics:
         if found is None:
             found = self._series[key] = RequestSeries(self, model, endpoint)
         return found
+
+
+def _sum_requests(counter: Counter, endpoints: set[str]) -> tuple[float, float]:
+    requests = errors = 0.0
+    for family in counter.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total") and sample.labels["endpoint"] in endpoints:
+                requests += sample.value
+                if sample.labels["status"].startswith("5"):
+                    errors += sample.value
+    return requests, errors
+
+
+def _sum_histogram(histogram: Histogram, endpoints: set[str]) -> tuple[float, float]:
+    total = count = 0.0
+    for family in histogram.collect():
+        for sample in family.samples:
+            if sample.labels["endpoint"] not in endpoints:
+                continue
+            if sample.name.endswith("_sum"):
+                total += sample.value
+            elif sample.name.endswith("_count"):
+                count += sample.value
+    return total, count
+
+
+def _remove_series(metric: MetricWrapperBase, endpoints: set[str]) -> None:
+    names = metric._labelnames  # the label order remove() takes
+    doomed: set[tuple[str, ...]] = set()
+    for family in metric.collect():
+        for sample in family.samples:
+            if sample.labels.get("endpoint") in endpoints:
+                doomed.add(tuple(sample.labels[name] for name in names))
+    for values in doomed:
+        metric.remove(*values)
 
 
 class RequestCounter:
@@ -177,3 +275,7 @@ class RequestCounter:
         if child is None:
             child = self._children[key] = self._counter.labels(model, endpoint, str(status))
         child.inc()
+
+    def forget(self, endpoints: set[str]) -> None:
+        """Drop the cached children of `endpoints` (their series were removed)."""
+        self._children = {k: v for k, v in self._children.items() if k[1] not in endpoints}

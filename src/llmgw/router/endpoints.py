@@ -13,7 +13,7 @@ fail the next request, which is why the proxy retries.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -142,9 +142,17 @@ class EndpointSink(Protocol):
 class EndpointPool:
     """The endpoints of every model; implements `EndpointSink`."""
 
-    def __init__(self, *, policy: EjectionPolicy, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        *,
+        policy: EjectionPolicy,
+        clock: Callable[[], float],
+        on_forget: Callable[[Collection[str]], None] | None = None,
+    ) -> None:
         self._policy = policy
         self._clock = clock
+        # Told the ids still known whenever endpoints are forgotten (metrics drop the rest).
+        self._on_forget = on_forget
         self._by_id: dict[str, Endpoint] = {}
         self._by_model: dict[str, list[Endpoint]] = {}
         self._aliases: dict[str, str] = {}
@@ -190,8 +198,11 @@ class EndpointPool:
 
     def _forget_unused(self) -> None:
         used = {ep.id for eps in self._by_model.values() for ep in eps}
-        for endpoint_id in [i for i in self._by_id if i not in used]:
+        unused = [i for i in self._by_id if i not in used]
+        for endpoint_id in unused:
             del self._by_id[endpoint_id]
+        if unused and self._on_forget is not None:
+            self._on_forget(used)
 
     def snapshots(self) -> list[EndpointSnapshot]:
         now = self._clock()
