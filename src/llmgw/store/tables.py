@@ -289,6 +289,10 @@ join_tokens = Table(
     Column("id", String(32), primary_key=True),
     # SHA-256 (hex) of the token's secret; the secret itself is never stored.
     Column("secret_hash", String(64), nullable=False),
+    # A self-signed certificate for the key derived from the secret: servers trust
+    # it for client certificates until the token is spent, so a joining agent
+    # proves it holds the secret in the TLS handshake (public; no secret in it).
+    Column("root_pem", Text, nullable=False),
     # Labels given to every node that joins with the token.
     Column("labels", JSON, nullable=False),
     Column("max_uses", Integer, nullable=True),
@@ -316,4 +320,25 @@ issued_certificates = Table(
     Column("not_after", UTCDateTime, nullable=False),
     CheckConstraint("kind IN ('server', 'node')", name="kind"),
     Index("ix_issued_certificates_kind_subject", "kind", "subject"),
+)
+
+node_identities = Table(
+    "node_identities",
+    metadata,
+    # A node id belongs to the key that first registered under it (`store.nodeids`).
+    Column("node_id", String(253), primary_key=True),
+    # SHA-256 (hex) of the owning certificate's SubjectPublicKeyInfo.
+    Column("key_hash", String(64), nullable=False, index=True),
+    Column("bound_at", UTCDateTime, nullable=False),
+    Column("last_seen_at", UTCDateTime, nullable=False),
+)
+
+node_revocations = Table(
+    "node_revocations",
+    metadata,
+    # The deny-list: keys of removed nodes, checked at every Register; never deleted.
+    Column("key_hash", String(64), primary_key=True),
+    Column("node_id", String(253), nullable=False),
+    Column("revoked_at", UTCDateTime, nullable=False),
+    Column("reason", String(500), nullable=False),
 )

@@ -46,6 +46,7 @@ def upgrade() -> None:
         "join_tokens",
         sa.Column("id", sa.String(32), nullable=False),
         sa.Column("secret_hash", sa.String(64), nullable=False),
+        sa.Column("root_pem", sa.Text(), nullable=False),
         sa.Column("labels", sa.JSON(), nullable=False),
         sa.Column("max_uses", sa.Integer(), nullable=True),
         sa.Column("uses", sa.Integer(), nullable=False),
