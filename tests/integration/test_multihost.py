@@ -1,0 +1,114 @@
+"""The fleet across separate network stacks: agents in network namespaces, the server outside.
+
+Every agent runs in a namespace of its own (tests/netns.py) and reaches the
+server only through the bridge address; engines the agents start run in the
+agents' namespaces. Nothing here is reachable through 127.0.0.1 across them.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+from netns import Host, Network
+from procs import Proc, Server, free_port_block, llmgw
+
+CONFIG = """
+control:
+  heartbeat_interval: 0.3
+  unreachable_after: 1.5
+  lost_after: 4
+  reconcile_interval: 0.5
+router: {health: {interval: 0.5}}
+models:
+  - name: chat
+    weights: none
+    min_replicas: 0
+    profiles: [{name: one-gpu, engine: sim, gpus: 1}]
+"""
+
+
+def wait_for(check: Callable[[], object], what: str, within: float = 60.0) -> Any:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def free_port_on(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def start_server(network: Network, tmp: Path, *args: str) -> tuple[Server, int]:
+    """A server whose agent listener is on the bridge address only."""
+    (tmp / "llmgw.yaml").write_text(CONFIG)
+    agent_port = free_port_on(network.gateway)
+    server = Server(
+        "--agent-listen", f"{network.gateway}:{agent_port}",
+        "--config", str(tmp / "llmgw.yaml"), *args,
+    )  # fmt: skip
+    return server, agent_port
+
+
+def start_agent(host: Host, node: str, server: str, tmp: Path, *extra: str) -> Proc:
+    low = free_port_block(10)
+    return host.spawn(
+        llmgw(
+            "agent", "--server", server, "--node-id", node, "--gpus", "2x24GiB",
+            "--weights-dir", str(tmp / node), "--port-range", f"{low}-{low + 9}", *extra,
+        )
+    )  # fmt: skip
+
+
+def node_view(server: Server, node: str) -> dict[str, Any] | None:
+    answer = httpx.get(f"{server.admin}/admin/api/nodes/{node}", timeout=5)
+    if answer.status_code == 404:
+        return None
+    found: dict[str, Any] = answer.json()
+    return found
+
+
+def test_namespaces_are_separate_stacks(netns: Network) -> None:
+    # A listener on the root namespace's loopback is not reachable from a host,
+    # while the bridge address is.
+    with socket.socket() as loop, socket.socket() as bridge:
+        loop.bind(("127.0.0.1", 0))
+        loop.listen()
+        bridge.bind((netns.gateway, 0))
+        bridge.listen()
+        host = netns.hosts[0]
+        probe = (
+            "import socket,sys\n"
+            "s=socket.socket();s.settimeout(5)\n"
+            "print(s.connect_ex((sys.argv[1],int(sys.argv[2]))))"
+        )
+        loop_port, bridge_port = loop.getsockname()[1], bridge.getsockname()[1]
+        far = host.run(["python3", "-c", probe, "127.0.0.1", str(loop_port)])
+        near = host.run(["python3", "-c", probe, netns.gateway, str(bridge_port)])
+    assert far.stdout.strip() not in ("", "0"), far
+    assert near.stdout.strip() == "0", near
+    addresses = host.run(["ip", "-o", "-4", "addr", "show", "dev", "eth0"]).stdout
+    assert f"{host.address}/24" in addresses
+
+
+def test_agent_in_a_namespace_registers(netns: Network, tmp_path: Path) -> None:
+    server, agent_port = start_server(netns, tmp_path)
+    try:
+        agent = start_agent(netns.hosts[0], "far", f"{netns.gateway}:{agent_port}", tmp_path)
+        node = wait_for(
+            lambda: (n := node_view(server, "far")) and n["state"] == "ready" and n,
+            "the agent in its namespace to register",
+        )
+        assert node["id"] == "far"
+        assert agent.popen.poll() is None
+    finally:
+        server.proc.stop()
