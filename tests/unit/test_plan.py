@@ -471,3 +471,99 @@ def test_the_same_input_gives_the_same_plan_whatever_the_input_order() -> None:
     actions: list[Action] = list(first.actions)
     stop_keys = [(a.node_id, a.shard_id) for a in actions if isinstance(a, Stop)]
     assert stop_keys == sorted(stop_keys)
+
+
+# --- a node in doubt ------------------------------------------------------------------
+
+
+def test_replicas_on_an_unreachable_node_are_replaced_elsewhere_and_kept_where_they_are() -> None:
+    doubted = make_node(
+        "node-a", state="unreachable", shards=[make_shard("a-1", "a", gpus=(0,), port=20000)]
+    )
+
+    result = run([Desired(make_model("a"), 1)], [doubted, make_node("node-b")])
+
+    # Nothing goes to the node in doubt (no stop: it may come back), and its GPU
+    # stays taken there; the replacement goes to the other node.
+    assert stops(result) == []
+    assert where(result) == [("node-b", "a", (0,), 20000)]
+    assert result.in_doubt == {"a": ("a-1",)}
+
+
+def test_a_node_in_doubt_takes_no_replacement_even_when_it_is_the_only_node() -> None:
+    doubted = make_node(
+        "node-a", state="unreachable", shards=[make_shard("a-1", "a", gpus=(0,), port=20000)]
+    )
+
+    result = run([Desired(make_model("a"), 1)], [doubted])
+
+    assert result.actions == ()
+    assert result.in_doubt == {"a": ("a-1",)}
+    assert "node-a: unreachable (no heartbeat)" in result.unplaced["a"].summary()
+
+
+def test_a_closed_stream_with_recent_heartbeats_is_not_replaced() -> None:
+    # An agent restarting: its replicas leave the routers (the controller's
+    # business), but loading the model elsewhere for a few seconds' gap is waste.
+    restarting = make_node(
+        "node-a", connected=False, shards=[make_shard("a-1", "a", gpus=(0,), port=20000)]
+    )
+
+    result = run([Desired(make_model("a"), 1)], [restarting, make_node("node-b")])
+
+    assert result.actions == ()
+    assert result.in_doubt == {}
+
+
+def test_a_start_sent_to_a_node_now_in_doubt_is_not_counted() -> None:
+    spec = ShardSpec(shard_id="a-1", model="a", engine="vllm", weights="org/a", port=20000)
+    result = run(
+        [Desired(make_model("a"), 1)],
+        [make_node("node-a", state="unreachable"), make_node("node-b")],
+        pending=[Pending("node-a", spec)],
+    )
+
+    assert where(result) == [("node-b", "a", (0,), 20000)]
+
+
+def test_when_the_node_comes_back_the_replacement_still_loading_is_retired() -> None:
+    back = make_node("node-a", shards=[make_shard("a-1", "a", gpus=(0,), port=20000, age=600)])
+    replacement = make_node(
+        "node-b", shards=[make_shard("a-2", "a", gpus=(0,), port=20000, state="loading", age=5)]
+    )
+
+    result = run([Desired(make_model("a"), 1)], [back, replacement])
+
+    assert result.actions == (Stop("node-b", "a-2", "a", "scale_down", drain=True),)
+    detail = stops(result)[0].detail
+    assert detail == (
+        "2 replicas for 1 wanted; keeping a-1 on node-a (ready); "
+        "Ready ones are kept first, then the oldest"
+    )
+    assert result.in_doubt == {}
+
+
+def test_when_both_are_ready_the_older_replica_is_kept() -> None:
+    back = make_node("node-a", shards=[make_shard("a-1", "a", gpus=(0,), port=20000, age=600)])
+    replacement = make_node(
+        "node-b", shards=[make_shard("a-2", "a", gpus=(0,), port=20000, age=30)]
+    )
+
+    result = run([Desired(make_model("a"), 1)], [back, replacement])
+
+    assert result.actions == (Stop("node-b", "a-2", "a", "scale_down", drain=True),)
+
+
+def test_when_the_returning_replica_is_not_ready_the_ready_replacement_is_kept() -> None:
+    back = make_node(
+        "node-a",
+        shards=[make_shard("a-1", "a", gpus=(0,), port=20000, state="loading", age=600)],
+    )
+    replacement = make_node(
+        "node-b", shards=[make_shard("a-2", "a", gpus=(0,), port=20000, age=30)]
+    )
+
+    result = run([Desired(make_model("a"), 1)], [back, replacement])
+
+    assert result.actions == (Stop("node-a", "a-1", "a", "scale_down", drain=True),)
+    assert "keeping a-2 on node-b (ready)" in stops(result)[0].detail

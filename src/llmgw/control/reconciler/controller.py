@@ -9,7 +9,10 @@ the `Dispatcher`. Steps run on an interval and at
 once on every inventory or catalog change and every activation.
 
 It also publishes Ready replicas to the router (through `EndpointPublisher`)
-and takes them out *before* a stop is sent, keeps the failure history that
+and takes them out *before* a stop is sent, and at once when their node is in
+doubt (its agent's stream closed, or heartbeats missed): requests then wait as
+in an activation, while a replacement starts elsewhere once the node has missed
+its heartbeats (see `plan`). It keeps the failure history that
 drives exponential backoff (retrying on another node where one fits), and
 answers activations: concurrent requests for a model share one start.
 
@@ -54,6 +57,7 @@ from llmgw.control.reconciler.state import (
     Failure,
     ModelState,
     ReadyEndpoint,
+    routable,
 )
 from llmgw.control.reconciler.types import (
     Actual,
@@ -172,6 +176,8 @@ class Controller:
         self._health: dict[str, _Health] = {}
         self._activations: dict[str, _Activation] = {}
         self._unplaced: dict[str, Explanation] = {}
+        # Per model, its replicas on unreachable nodes (not counted, being replaced).
+        self._in_doubt: dict[str, tuple[str, ...]] = {}
         self._targets: dict[str, int] = {}
         self._load: dict[str, _LoadTarget] = {}
         self._published: dict[str, tuple[tuple[str, ...], tuple[ReadyEndpoint, ...]]] = {}
@@ -262,6 +268,7 @@ class Controller:
                 log.warning("%s", explanation.summary())
                 self._event("unplaceable", model_name, "", explanation.summary())
         self._unplaced = dict(result.unplaced)
+        self._in_doubt = dict(result.in_doubt)
         for action in result.actions:
             if isinstance(action, Start):
                 self._start(action)
@@ -395,6 +402,12 @@ class Controller:
             f"starting replica {spec.shard_id} on node {action.node_id} "
             f"(profile {action.profile}, engine {spec.engine}, GPUs {gpus}, port {spec.port})"
         )
+        doubted = self._in_doubt.get(action.model)
+        if doubted:
+            message += (
+                f"; it replaces {', '.join(doubted)}, on a node that stopped answering "
+                "(kept there in case the node comes back)"
+            )
         log.info("model %s: %s", action.model, message)
         self._event("start", action.model, action.node_id, message)
         self._spawn(self._run_start(action), f"start {spec.shard_id}")
@@ -427,6 +440,8 @@ class Controller:
             "not_in_catalog": "its model is no longer in the catalog",
         }[action.reason]
         message = f"stopping replica {action.shard_id} on node {action.node_id}: {why}"
+        if action.detail:
+            message += f" ({action.detail})"
         log.info("model %s: %s", action.model, message)
         self._event("stop", action.model, action.node_id, message)
         self._spawn(self._run_stop(action), f"stop {action.shard_id}")
@@ -520,7 +535,9 @@ class Controller:
     def _publish(self, nodes: Sequence[Node]) -> None:
         ready: dict[str, list[ReadyEndpoint]] = {}
         for node in nodes:
-            if node.state == "lost":
+            # A node in doubt (stream closed, heartbeats missed) may be gone with
+            # its engines: requests wait for a replica rather than try it.
+            if not routable(node):
                 continue
             for shard in node.shards.values():
                 if shard.state == "ready" and shard.endpoint_url and shard.id not in self._stopping:
@@ -790,13 +807,19 @@ def _node_message(change: Change, node: Node) -> str:
             f"(agent {node.agent_version})"
         )
     if change.kind == "node_disconnected":
-        return "the agent's stream closed; the node stays until its heartbeats run out"
+        return (
+            "the agent's stream closed: its replicas leave the routers until it reconnects; "
+            "they are replaced elsewhere if its heartbeats run out"
+        )
     if change.kind == "node_draining":
         if node.draining:
             return "draining: its replicas move elsewhere, nothing new is placed here"
         return "no longer draining: new replicas may be placed here"
     if node.state == "ready":
-        return "ready again: heartbeats resumed"
+        return "ready again: heartbeats resumed; a surplus replica placed meanwhile is retired"
     if node.state == "lost":
         return "lost: no heartbeats; its replicas are placed elsewhere"
-    return "unreachable: heartbeats stopped; its replicas still serve while it may come back"
+    return (
+        "unreachable: heartbeats stopped; its replicas are out of the routers and replaced "
+        "elsewhere; they are kept in case it comes back"
+    )

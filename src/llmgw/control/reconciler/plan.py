@@ -8,6 +8,14 @@ A pure function of its inputs: same input, same actions in the same order
   plus its pending starts. A shard the agent is already draining is on its
   way out and is not counted. Shards on lost nodes are neither counted (so
   replacements get placed) nor stopped (nothing can reach them).
+- In doubt: shards on an unreachable node (heartbeats missed, not lost yet)
+  are not counted either, so a replacement is placed on another node while the
+  node may still come back; they are not stopped (nothing can reach them) and
+  keep their GPUs and ports on that node. `Plan.in_doubt` names them. A node
+  whose stream merely closed, with heartbeats still recent, is not in doubt
+  here: an agent restarting comes back within seconds, and a replacement
+  started elsewhere for every agent restart would load weights for nothing.
+  (Its replicas do leave the routers at once; see the controller.)
 - Starts: a model with fewer replicas off draining nodes than wanted, and not
   on hold, gets the missing ones placed one at a time by `Fleet.place`, so two
   starts never share a GPU or port. Models are placed largest first (GPUs of
@@ -18,6 +26,9 @@ A pure function of its inputs: same input, same actions in the same order
   ready replicas elsewhere as wanted; then they are drained.
 - Scale down: the surplus is drained, replicas not ready yet first, then the
   newest. Pending starts count but are never picked (they are not shards yet).
+  This is also how a node that comes back after its replicas were replaced
+  loses the surplus: the Ready one is kept, and of two Ready ones the older.
+  Each such stop's `detail` says which replicas are kept and why.
 - Clean up: shards of models no longer wanted are drained; shards that have
   already stopped or failed get a stop so that the agent forgets them.
 
@@ -62,6 +73,8 @@ class _Replicas:
     pending: int = 0
     # Shards on draining nodes, waiting for their replacements.
     draining: list[tuple[Node, Shard]] = field(default_factory=list)
+    # Shards on unreachable nodes: not counted, not stopped, replaced elsewhere.
+    in_doubt: list[tuple[Node, Shard]] = field(default_factory=list)
 
     @property
     def count(self) -> int:
@@ -93,7 +106,12 @@ def plan(
     fleet = Fleet(actual.nodes, actual.pending, policy=policy, filters=filters)
     starts, unplaced = _place(short, fleet, new_shard_id)
     stops.sort(key=lambda s: (s.node_id, s.shard_id))
-    return Plan(actions=(*stops, *starts), unplaced=unplaced)
+    in_doubt = {
+        name: tuple(sorted(shard.id for _, shard in have.in_doubt))
+        for name, have in sorted(replicas.items())
+        if have.in_doubt
+    }
+    return Plan(actions=(*stops, *starts), unplaced=unplaced, in_doubt=in_doubt)
 
 
 def _count(actual: Actual, replicas: dict[str, _Replicas]) -> list[Stop]:
@@ -115,6 +133,8 @@ def _count(actual: Actual, replicas: dict[str, _Replicas]) -> list[Stop]:
                     stops.append(_stop(node, shard, "not_in_catalog", drain=True))
             elif shard.state == "draining":
                 continue
+            elif node.state == "unreachable":
+                have.in_doubt.append((node, shard))
             elif node.draining:
                 have.draining.append((node, shard))
             else:
@@ -124,11 +144,12 @@ def _count(actual: Actual, replicas: dict[str, _Replicas]) -> list[Stop]:
         target = nodes.get(start.node_id)
         have = replicas.get(start.spec.model)
         # A start the node already reports is counted as its shard; one sent to
-        # a node that is gone or lost will never run.
+        # a node that is gone or lost will never run, and one sent to a node in
+        # doubt is as uncertain as the node's shards.
         if (
             have is None
             or target is None
-            or target.state == "lost"
+            or target.state != "ready"
             or target.draining
             or start.spec.shard_id in target.shards
         ):
@@ -157,7 +178,26 @@ def _scale_down(want: Desired, have: _Replicas) -> list[Stop]:
     # Stable sorts: by id, then newest first, then not-ready before ready.
     candidates.sort(key=lambda ns: ns[1].since, reverse=True)
     candidates.sort(key=lambda ns: ns[1].state == "ready")
-    return [_stop(node, shard, "scale_down", drain=True) for node, shard in candidates[:surplus]]
+    victims = candidates[:surplus]
+    gone = {shard.id for _, shard in victims}
+    kept = [(node, shard) for node, shard in have.serving if shard.id not in gone]
+    detail = _surplus_detail(have.count, want.replicas, kept, have.pending)
+    return [_stop(node, shard, "scale_down", drain=True, detail=detail) for node, shard in victims]
+
+
+def _surplus_detail(count: int, wanted: int, kept: list[tuple[Node, Shard]], pending: int) -> str:
+    """Why these replicas stop and which stay, e.g. "2 replicas for 1 wanted;
+    keeping a-1 on node-a (ready); Ready ones are kept first, then the oldest"."""
+    text = f"{count} replica{'' if count == 1 else 's'} for {max(wanted, 0)} wanted"
+    parts = [
+        f"{shard.id} on {node.id} ({shard.state})"
+        for node, shard in sorted(kept, key=lambda ns: (ns[1].since, ns[1].id))
+    ]
+    if pending:
+        parts.append(f"{pending} start{'' if pending == 1 else 's'} in flight")
+    if not parts:
+        return text
+    return f"{text}; keeping {', '.join(parts)}; Ready ones are kept first, then the oldest"
 
 
 def _place(
@@ -203,5 +243,12 @@ def _start(model: CatalogModel, placement: Placement, shard_id: str) -> Start:
     return Start(node_id=placement.node_id, model=model.name, profile=profile.name, spec=spec)
 
 
-def _stop(node: Node, shard: Shard, reason: StopReason, *, drain: bool) -> Stop:
-    return Stop(node_id=node.id, shard_id=shard.id, model=shard.model, reason=reason, drain=drain)
+def _stop(node: Node, shard: Shard, reason: StopReason, *, drain: bool, detail: str = "") -> Stop:
+    return Stop(
+        node_id=node.id,
+        shard_id=shard.id,
+        model=shard.model,
+        reason=reason,
+        drain=drain,
+        detail=detail,
+    )

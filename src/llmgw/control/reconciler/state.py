@@ -16,6 +16,13 @@ from llmgw.control.inventory import Node, Shard
 from llmgw.control.reconciler.types import Explanation, Pending
 
 
+def routable(node: Node) -> bool:
+    """Whether the router may send requests to this node's Ready replicas: it is
+    ready (heartbeats on time) and its agent's stream is open. A node in doubt may
+    be gone with its engines, and a request waits better than it fails."""
+    return node.state == "ready" and node.connected
+
+
 @dataclass(frozen=True, slots=True)
 class ReadyEndpoint:
     """A Ready replica as the router needs it."""
@@ -102,7 +109,7 @@ class ModelState:
     def state(self) -> str:
         """ready / starting / backoff / unplaceable / stopped, for people."""
         live = [s for n, s in self.replicas if s.holds_gpus and n.state != "lost"]
-        if any(s.state == "ready" for s in live):
+        if any(s.state == "ready" and routable(n) for n, s in self.replicas):
             return "ready"
         if live or self.pending:
             return "starting"

@@ -77,6 +77,8 @@ class Stop:
     Reasons: `scale_down` (more replicas than wanted), `node_draining` (its
     replacement is ready), `not_in_catalog` (no model of that name any more),
     `ended` (the shard already stopped or failed: the stop makes the agent forget it).
+    `detail`: for people (events, logs), e.g. which replicas a scale down keeps;
+    not part of the action's identity.
     """
 
     node_id: str
@@ -84,6 +86,7 @@ class Stop:
     model: str
     reason: StopReason
     drain: bool
+    detail: str = field(default="", compare=False)
 
 
 Action = Start | Stop
@@ -156,8 +159,10 @@ class Plan:
     """The actions that bring the fleet towards the desired state.
 
     `unplaced` names the models still short of replicas after this plan, with
-    the reason (not counting models on hold).
+    the reason (not counting models on hold). `in_doubt` names, per model, the
+    replicas on unreachable nodes that were not counted (and are being replaced).
     """
 
     actions: tuple[Action, ...]
     unplaced: Mapping[str, Explanation] = field(default_factory=dict)
+    in_doubt: Mapping[str, tuple[str, ...]] = field(default_factory=dict)

@@ -11,7 +11,7 @@ from llmgw.control.catalog.model import CatalogModel
 from llmgw.control.inventory.model import Node, Shard
 from llmgw.control.reconciler.controller import Controller
 from llmgw.control.reconciler.errors import ActivationRefused, NotInCatalog
-from llmgw.control.reconciler.state import Event, Failure, ModelState
+from llmgw.control.reconciler.state import Event, Failure, ModelState, routable
 from llmgw.control.reconciler.types import Explanation
 
 
@@ -86,9 +86,8 @@ def state_view(state: ModelState) -> dict[str, object]:
     return {
         "state": state.state,
         "desired_replicas": state.desired,
-        "ready_replicas": sum(
-            1 for n, s in state.replicas if s.state == "ready" and n.state != "lost"
-        ),
+        # Replicas on a node in doubt are out of the routers: not counted as ready.
+        "ready_replicas": sum(1 for n, s in state.replicas if s.state == "ready" and routable(n)),
         "replicas": replicas,
         "in_flight": state.in_flight,
         "idle_seconds": None if state.idle_for is None else round(state.idle_for, 1),
