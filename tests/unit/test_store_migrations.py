@@ -38,6 +38,8 @@ TABLES = {
     "cluster_cas",
     "join_tokens",
     "issued_certificates",
+    "node_identities",
+    "node_revocations",
 }
 
 
@@ -59,7 +61,7 @@ async def test_migrations_create_the_schema_from_empty(store_target: StoreTarget
     try:
         assert await store.revision() is None
         await store.upgrade()
-        assert await store.revision() == head_revision() == "0007"
+        assert await store.revision() == head_revision() == "0008"
         assert await store.keys.list(include_revoked=True) == []
         assert await store.usage.query() == []
     finally:

@@ -42,6 +42,7 @@ from llmgw.store.models import (
     truncate_to_hour,
     utc_now,
 )
+from llmgw.store.nodeids import Claim, NodeBinding, NodeIdentityRepository, Revocation
 from llmgw.store.store import Store, open_store, upgrade
 from llmgw.store.urls import store_url
 from llmgw.store.usage import UsageRepository
@@ -56,6 +57,7 @@ __all__ = [
     "BadStoreUrl",
     "BudgetPeriod",
     "CatalogRepository",
+    "Claim",
     "Conflict",
     "ControlServer",
     "Demand",
@@ -66,8 +68,11 @@ __all__ = [
     "LeadershipRepository",
     "Lease",
     "NewApiKey",
+    "NodeBinding",
+    "NodeIdentityRepository",
     "NotFound",
     "PublishedEndpoint",
+    "Revocation",
     "SessionRepository",
     "StaleEpoch",
     "Store",

@@ -27,6 +27,7 @@ from llmgw.store.keys import KeyRepository
 from llmgw.store.leadership import LeadershipRepository
 from llmgw.store.migrate import current_revision, upgrade_engine
 from llmgw.store.models import utc_now
+from llmgw.store.nodeids import NodeIdentityRepository
 from llmgw.store.urls import describe, normalize_url
 from llmgw.store.usage import UsageRepository
 from llmgw.store.users import SessionRepository, UserRepository
@@ -43,6 +44,7 @@ class Store:
         self.leadership = LeadershipRepository(engine=engine, clock=clock)
         self.users = UserRepository(engine=engine, clock=clock)
         self.sessions = SessionRepository(engine=engine)
+        self.nodeids = NodeIdentityRepository(engine=engine)
 
     @property
     def url(self) -> str:
