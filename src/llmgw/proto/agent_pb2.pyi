@@ -24,6 +24,40 @@ SHARD_STATE_DRAINING: ShardState
 SHARD_STATE_STOPPED: ShardState
 SHARD_STATE_FAILED: ShardState
 
+class JoinRequest(_message.Message):
+    __slots__ = ("token", "node_id", "csr_pem")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    CSR_PEM_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    node_id: str
+    csr_pem: bytes
+    def __init__(self, token: _Optional[str] = ..., node_id: _Optional[str] = ..., csr_pem: _Optional[bytes] = ...) -> None: ...
+
+class JoinResponse(_message.Message):
+    __slots__ = ("certificate_pem", "ca_pem", "node_id")
+    CERTIFICATE_PEM_FIELD_NUMBER: _ClassVar[int]
+    CA_PEM_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    certificate_pem: bytes
+    ca_pem: bytes
+    node_id: str
+    def __init__(self, certificate_pem: _Optional[bytes] = ..., ca_pem: _Optional[bytes] = ..., node_id: _Optional[str] = ...) -> None: ...
+
+class RenewRequest(_message.Message):
+    __slots__ = ("csr_pem",)
+    CSR_PEM_FIELD_NUMBER: _ClassVar[int]
+    csr_pem: bytes
+    def __init__(self, csr_pem: _Optional[bytes] = ...) -> None: ...
+
+class RenewResponse(_message.Message):
+    __slots__ = ("certificate_pem", "ca_pem")
+    CERTIFICATE_PEM_FIELD_NUMBER: _ClassVar[int]
+    CA_PEM_FIELD_NUMBER: _ClassVar[int]
+    certificate_pem: bytes
+    ca_pem: bytes
+    def __init__(self, certificate_pem: _Optional[bytes] = ..., ca_pem: _Optional[bytes] = ...) -> None: ...
+
 class AgentMessage(_message.Message):
     __slots__ = ("register", "heartbeat", "shard_status", "command_result")
     REGISTER_FIELD_NUMBER: _ClassVar[int]
@@ -183,7 +217,7 @@ class Registered(_message.Message):
     def __init__(self, heartbeat_interval_seconds: _Optional[float] = ..., leader_id: _Optional[str] = ..., server_version: _Optional[str] = ...) -> None: ...
 
 class ShardSpec(_message.Message):
-    __slots__ = ("shard_id", "model", "engine", "weights", "gpu_indices", "port", "engine_args", "env", "tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization")
+    __slots__ = ("shard_id", "model", "engine", "weights", "gpu_indices", "port", "engine_args", "env", "tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization", "load_timeout_seconds", "unhealthy_after_seconds", "drain_grace_seconds")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -202,6 +236,9 @@ class ShardSpec(_message.Message):
     TENSOR_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
     GPU_MEMORY_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    LOAD_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    UNHEALTHY_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_GRACE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     shard_id: str
     model: str
     engine: str
@@ -213,7 +250,10 @@ class ShardSpec(_message.Message):
     tensor_parallel_size: int
     pipeline_parallel_size: int
     gpu_memory_utilization: float
-    def __init__(self, shard_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., weights: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., port: _Optional[int] = ..., engine_args: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., tensor_parallel_size: _Optional[int] = ..., pipeline_parallel_size: _Optional[int] = ..., gpu_memory_utilization: _Optional[float] = ...) -> None: ...
+    load_timeout_seconds: float
+    unhealthy_after_seconds: float
+    drain_grace_seconds: float
+    def __init__(self, shard_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., weights: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., port: _Optional[int] = ..., engine_args: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., tensor_parallel_size: _Optional[int] = ..., pipeline_parallel_size: _Optional[int] = ..., gpu_memory_utilization: _Optional[float] = ..., load_timeout_seconds: _Optional[float] = ..., unhealthy_after_seconds: _Optional[float] = ..., drain_grace_seconds: _Optional[float] = ...) -> None: ...
 
 class StartShard(_message.Message):
     __slots__ = ("spec",)

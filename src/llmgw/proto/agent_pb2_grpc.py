@@ -39,6 +39,16 @@ class AgentServiceStub:
                 request_serializer=llmgw_dot_agent_dot_v1_dot_agent__pb2.AgentMessage.SerializeToString,
                 response_deserializer=llmgw_dot_agent_dot_v1_dot_agent__pb2.ServerMessage.FromString,
                 _registered_method=True)
+        self.Join = channel.unary_unary(
+                '/llmgw.agent.v1.AgentService/Join',
+                request_serializer=llmgw_dot_agent_dot_v1_dot_agent__pb2.JoinRequest.SerializeToString,
+                response_deserializer=llmgw_dot_agent_dot_v1_dot_agent__pb2.JoinResponse.FromString,
+                _registered_method=True)
+        self.Renew = channel.unary_unary(
+                '/llmgw.agent.v1.AgentService/Renew',
+                request_serializer=llmgw_dot_agent_dot_v1_dot_agent__pb2.RenewRequest.SerializeToString,
+                response_deserializer=llmgw_dot_agent_dot_v1_dot_agent__pb2.RenewResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -50,6 +60,22 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Join(self, request, context):
+        """A new node asks for its certificate. TLS; the client certificate is one the
+        agent derives from the join token (see llmgw.pki.cluster): the token authenticates.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Renew(self, request, context):
+        """A joined node renews its certificate before it expires, with the same key
+        pair. mTLS: the node's current certificate authenticates.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -57,6 +83,16 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.Connect,
                     request_deserializer=llmgw_dot_agent_dot_v1_dot_agent__pb2.AgentMessage.FromString,
                     response_serializer=llmgw_dot_agent_dot_v1_dot_agent__pb2.ServerMessage.SerializeToString,
+            ),
+            'Join': grpc.unary_unary_rpc_method_handler(
+                    servicer.Join,
+                    request_deserializer=llmgw_dot_agent_dot_v1_dot_agent__pb2.JoinRequest.FromString,
+                    response_serializer=llmgw_dot_agent_dot_v1_dot_agent__pb2.JoinResponse.SerializeToString,
+            ),
+            'Renew': grpc.unary_unary_rpc_method_handler(
+                    servicer.Renew,
+                    request_deserializer=llmgw_dot_agent_dot_v1_dot_agent__pb2.RenewRequest.FromString,
+                    response_serializer=llmgw_dot_agent_dot_v1_dot_agent__pb2.RenewResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +122,60 @@ class AgentService:
             '/llmgw.agent.v1.AgentService/Connect',
             llmgw_dot_agent_dot_v1_dot_agent__pb2.AgentMessage.SerializeToString,
             llmgw_dot_agent_dot_v1_dot_agent__pb2.ServerMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Join(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmgw.agent.v1.AgentService/Join',
+            llmgw_dot_agent_dot_v1_dot_agent__pb2.JoinRequest.SerializeToString,
+            llmgw_dot_agent_dot_v1_dot_agent__pb2.JoinResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Renew(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmgw.agent.v1.AgentService/Renew',
+            llmgw_dot_agent_dot_v1_dot_agent__pb2.RenewRequest.SerializeToString,
+            llmgw_dot_agent_dot_v1_dot_agent__pb2.RenewResponse.FromString,
             options,
             channel_credentials,
             insecure,
