@@ -250,7 +250,7 @@ def test_drain_a_node_from_its_page(fleet: Fleet, page: Page) -> None:
     shoot(page, "drain-node-2")
 
     # A change made elsewhere shows up by the page's own refresh (every 5 s).
-    answer = httpx.post(fleet.server.admin + "/admin/api/nodes/node-2/undrain", timeout=10)
+    answer = httpx.post(fleet.server.admin + "/admin/api/nodes/node-2/undrain", json={}, timeout=10)
     assert answer.status_code == 200
     expect(card.get_by_role("button", name="Drain", exact=True)).to_be_visible(timeout=12_000)
     expect(card.locator(".node-state")).not_to_contain_text("draining")

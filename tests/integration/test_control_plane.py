@@ -376,7 +376,7 @@ def test_draining_a_node_starts_the_replacement_before_stopping_the_old_one(
         in_flight = threading.Thread(target=stream)
         in_flight.start()
         time.sleep(0.3)
-        drained = httpx.post(f"{f.server.admin}/admin/api/nodes/{old['node']}/drain")
+        drained = httpx.post(f"{f.server.admin}/admin/api/nodes/{old['node']}/drain", json={})
         assert drained.status_code == 200
 
         def moved() -> bool:
@@ -424,7 +424,9 @@ def test_a_model_added_through_the_api_survives_a_restart(tmp_path: Path) -> Non
         assert f.chat("extra").status_code == 200
         assert len(f.status("extra")["replicas"]) == 1
 
-        removed = httpx.delete(f"{f.server.admin}/admin/api/models/extra")
+        removed = httpx.delete(
+            f"{f.server.admin}/admin/api/models/extra", headers={"Content-Type": "application/json"}
+        )
         assert removed.status_code == 200
         wait_for(lambda: not any(
             r for n in httpx.get(f.server.admin + "/admin/api/nodes").json()["nodes"]

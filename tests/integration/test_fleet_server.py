@@ -78,9 +78,11 @@ def test_agents_register_go_lost_and_come_back_after_a_server_restart(tmp_path: 
         assert "llmgw_gpus_total 4.0" in metrics
 
         # Drain is an operator's flag, visible at once.
-        assert httpx.post(server.admin + "/admin/api/nodes/node-1/drain").status_code == 200
+        assert (
+            httpx.post(server.admin + "/admin/api/nodes/node-1/drain", json={}).status_code == 200
+        )
         assert nodes(server)["node-1"]["draining"] is True
-        unknown = httpx.post(server.admin + "/admin/api/nodes/nobody/drain")
+        unknown = httpx.post(server.admin + "/admin/api/nodes/nobody/drain", json={})
         assert unknown.status_code == 404
         assert unknown.json()["error"]["code"] == "node_not_found"
 

@@ -345,7 +345,9 @@ def test_admin_api_manages_keys_and_reports_usage(gateway: tuple[Sim, Server, Pa
     assert "from-api" in [k["name"] for k in listed]
     assert all("secret" not in k for k in listed)
 
-    rotated = httpx.post(api + "/keys/from-api/rotate").json()
+    rotated = httpx.post(
+        api + "/keys/from-api/rotate", headers={"Content-Type": "application/json"}
+    ).json()
     assert rotated["secret"] != secret
     new_secret = rotated["secret"]
     assert (
@@ -367,7 +369,12 @@ def test_admin_api_manages_keys_and_reports_usage(gateway: tuple[Sim, Server, Pa
     dates = {time.strftime("%Y-%m-%d", time.gmtime(time.time() - s)) for s in (0, 60)}
     assert daily["day"] in dates and daily["requests"] == 2
 
-    assert httpx.post(api + "/keys/from-api/revoke").json()["state"] == "revoked"
+    assert (
+        httpx.post(
+            api + "/keys/from-api/revoke", headers={"Content-Type": "application/json"}
+        ).json()["state"]
+        == "revoked"
+    )
 
     # Bad input is named, nothing is created.
     dup = httpx.post(api + "/keys", json={"name": "everything"})
@@ -383,8 +390,18 @@ def test_admin_api_manages_keys_and_reports_usage(gateway: tuple[Sim, Server, Pa
         httpx.post(api + "/keys", json={"name": "x", "admin": "yes"}).json()["error"]["param"]
         == "admin"
     )
-    assert httpx.post(api + "/keys", content=b"{").json()["error"]["code"] == "invalid_json"
-    assert httpx.post(api + "/keys/nobody/revoke").status_code == 404
+    assert (
+        httpx.post(
+            api + "/keys", content=b"{", headers={"Content-Type": "application/json"}
+        ).json()["error"]["code"]
+        == "invalid_json"
+    )
+    assert (
+        httpx.post(
+            api + "/keys/nobody/revoke", headers={"Content-Type": "application/json"}
+        ).status_code
+        == 404
+    )
     assert httpx.get(api + "/usage", params={"by": "color"}).json()["error"]["param"] == "by"
     both = httpx.get(api + "/usage", params={"by": "hour,day"})
     assert both.status_code == 400 and "hour or day, not both" in both.json()["error"]["message"]

@@ -216,6 +216,10 @@ def call(
 
     url = admin.url + path
     headers = {"Authorization": f"Bearer {admin.key}"} if admin.key else {}
+    if method.upper() not in ("GET", "HEAD"):
+        # The admin API takes changes only as JSON, even with no body: a web page
+        # cannot send that to it without the browser asking first.
+        headers["Content-Type"] = "application/json"
     try:
         response = httpx.request(method, url, headers=headers, json=json_body, timeout=timeout)
     except httpx.InvalidURL as exc:

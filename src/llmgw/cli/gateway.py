@@ -27,7 +27,7 @@ from llmgw.auth import Authenticator, KeyAuthenticator, KeyService, OpenAuthenti
 from llmgw.cli.control_wiring import ControllerActivator, PoolPublisher
 from llmgw.cli.dashboard_wiring import dashboard_sources
 from llmgw.cli.serving import BoundListener, QuietServer, make_server
-from llmgw.config import ServerConfig
+from llmgw.config import ListenAddress, ServerConfig
 from llmgw.control.adminapi import event_routes, model_routes, node_routes
 from llmgw.control.agentsvc import (
     AgentListener,
@@ -58,6 +58,7 @@ from llmgw.router.admin import create_admin_app, create_metrics_app
 from llmgw.router.admin_keys import admin_guard, key_routes
 from llmgw.router.app import RouterApp
 from llmgw.router.balancer import Balancer
+from llmgw.router.browser_guard import browser_guard
 from llmgw.router.endpoints import EjectionPolicy, EndpointPool, EndpointSpec
 from llmgw.router.health import HealthProber
 from llmgw.router.proxy import Proxy
@@ -65,6 +66,7 @@ from llmgw.router.upstream import Upstream
 from llmgw.store import ControlServer, Store, StoreError, open_store, store_url, utc_now
 from llmgw.usage import RetentionPruner, UsageRecorder
 from llmgw.web import create_admin_portal, create_dashboard_routes
+from llmgw.web.portal import FORM_PATHS, SECRET_READS
 
 log = logging.getLogger("llmgw.server")
 
@@ -135,6 +137,18 @@ def _reachable(host: str, port: int) -> str:
     if host in ("0.0.0.0", "::", ""):
         host = socket.getfqdn()
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _own_names(address: ListenAddress, allowed: list[str]) -> set[str]:
+    """The names browsers may use in `Host` for a listener: the configured
+    `admin.allowed_hosts`, and the listener's own host, or this host's names
+    when it listens on every address."""
+    names = {name.lower() for name in allowed}
+    if address.host in ("0.0.0.0", "::", ""):
+        names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+    else:
+        names.add(address.host.lower())
+    return names
 
 
 def _api_url(cfg: ServerConfig) -> str:
@@ -411,9 +425,21 @@ async def _serve(
             clock=clock,
             wall_clock=utc_now,
             started_at=int(time.time()),
-            admin_portal=admin_portal,
+            admin_portal=browser_guard(
+                admin_portal,
+                surface="/admin on the API port",
+                allowed_hosts=_own_names(cfg.listen, cfg.admin.allowed_hosts),
+                form_paths=FORM_PATHS,
+                secret_reads=SECRET_READS,
+            ),
         ),
-        "admin": admin_guard(admin_app, authenticator=authenticator),
+        "admin": browser_guard(
+            admin_guard(admin_app, authenticator=authenticator),
+            surface="the admin listener",
+            allowed_hosts=_own_names(cfg.admin_listen, cfg.admin.allowed_hosts),
+            # A liveness probe learns nothing but "up".
+            host_exempt=("/healthz",),
+        ),
         "metrics": create_metrics_app(registry=registry),
     }
     stop = asyncio.Event()

@@ -43,6 +43,16 @@ def server(
             help="Admin listener HOST:PORT; keep it on loopback [default: 127.0.0.1:9090]."
         ),
     ] = None,
+    admin_allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--admin-allowed-host",
+            help="A host name browsers may use to reach the admin listener and /admin on "
+            "the API port, besides IP addresses, localhost and the listeners' own names "
+            "(e.g. gw.example.com); repeat for more. Added to admin.allowed_hosts.",
+            show_default=False,
+        ),
+    ] = None,
     metrics_listen: Annotated[
         str | None, typer.Option(help="Metrics-only listener HOST:PORT [default: off].")
     ] = None,
@@ -109,6 +119,8 @@ def server(
             overrides["data_dir"] = data_dir
         if store is not None:
             overrides["store"] = store
+        if admin_allowed_host:
+            overrides["admin_allowed_hosts"] = admin_allowed_host
         if auth_mode is not None:
             if auth_mode not in ("required", "open"):
                 raise ConfigError(f"--auth-mode {auth_mode!r}: use required or open")

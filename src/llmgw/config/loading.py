@@ -63,7 +63,8 @@ def load_server_config(path: Path | None, overrides: dict[str, Any]) -> ServerCo
     """The file's settings with `overrides` (from flags, already parsed) laid on top.
 
     `overrides` may hold `listen`, `admin_listen`, `metrics_listen`, `data_dir`,
-    `store`, `auth_mode` and `extra_endpoints` (appended to the file's endpoints).
+    `store`, `auth_mode`, `extra_endpoints` (appended to the file's endpoints) and
+    `admin_allowed_hosts` (appended to the file's `admin.allowed_hosts`).
     """
     data: dict[str, Any] = read_yaml_mapping(path) if path is not None else {}
     source = str(path) if path is not None else "command line"
@@ -78,6 +79,10 @@ def load_server_config(path: Path | None, overrides: dict[str, Any]) -> ServerCo
     if "auth_mode" in overrides:
         merged["auth"]["mode"] = overrides["auth_mode"]
     merged["endpoints"] = [*merged["endpoints"], *overrides.get("extra_endpoints", [])]
+    merged["admin"]["allowed_hosts"] = [
+        *merged["admin"]["allowed_hosts"],
+        *overrides.get("admin_allowed_hosts", []),
+    ]
     try:
         return ServerConfig.model_validate(merged)
     except ValidationError as exc:

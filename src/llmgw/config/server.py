@@ -6,6 +6,7 @@ ranges; they do not check that an endpoint is reachable.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Annotated, Literal
 
@@ -373,6 +374,53 @@ class ApiTLSConfig(_Strict):
     key: str = Field(description="PEM private key of that certificate.")
 
 
+_HOST_NAME = re.compile(r"^[a-z0-9_]([a-z0-9_-]{0,62})(\.[a-z0-9_]([a-z0-9_-]{0,62}))*$")
+
+
+class AdminConfig(_Strict):
+    """Who may reach the admin listener and the API port's `/admin` through a browser."""
+
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Host names (or addresses) browsers and tools may use to reach the admin "
+            "listener and /admin on the API port, besides IP addresses, localhost and the "
+            "listeners' own names, e.g. gw.example.com when the dashboard is "
+            "opened at https://gw.example.com/admin. Empty by default: any other Host "
+            "header is refused, so that a web page cannot reach these listeners through "
+            "a name of its own that resolves to this machine (DNS rebinding). Names only, "
+            "without scheme or port."
+        ),
+    )
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _check_hosts(cls, value: list[str]) -> list[str]:
+        return [normalize_allowed_host(entry) for entry in value]
+
+
+def normalize_allowed_host(entry: str) -> str:
+    """`entry` as the admin guard compares it (lower case, no brackets, no trailing
+    dot); ValueError naming what is wrong with it."""
+    name = entry.strip().lower()
+    if "://" in name or "/" in name:
+        raise ValueError(f"{entry!r}: give a host name only, without scheme or path")
+    if name.startswith("[") and name.endswith("]"):
+        name = name[1:-1]
+    name = name.rstrip(".")
+    if ":" in name and name.count(":") == 1:
+        raise ValueError(f"{entry!r}: leave the port out; any port of an allowed name is accepted")
+    if ":" in name:
+        try:
+            ipaddress.IPv6Address(name)
+        except ValueError as exc:
+            raise ValueError(f"{entry!r} is not a host name or IP address") from exc
+        return name
+    if not _HOST_NAME.match(name):
+        raise ValueError(f"{entry!r} is not a host name or IP address")
+    return name
+
+
 class ServerConfig(_Strict):
     """Everything `llmgw server` needs; flags override the file."""
 
@@ -409,6 +457,7 @@ class ServerConfig(_Strict):
     limits: LimitsConfig = LimitsConfig()
     usage: UsageConfig = UsageConfig()
     control: ControlConfig = ControlConfig()
+    admin: AdminConfig = AdminConfig()
     models: list[ModelConfig] = Field(
         default_factory=list,
         description=(

@@ -83,6 +83,10 @@ NOT_ADMIN = "your account has no admin rights"
 LOGIN_BODY_LIMIT = 16 * 1024
 # Form posts carrying a csrf_token field are read here before being passed on.
 FORM_BODY_LIMIT = 64 * 1024
+# For the browser guard in front of the portal: the forms the portal checks itself
+# (origin, CSRF token) and the read that answers the session's CSRF token.
+FORM_PATHS = frozenset({LOGIN, LOGOUT})
+SECRET_READS = frozenset({SESSION_API})
 _READ = frozenset({"GET", "HEAD"})
 _UNSAFE = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
