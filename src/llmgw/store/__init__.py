@@ -43,6 +43,13 @@ from llmgw.store.models import (
     utc_now,
 )
 from llmgw.store.nodeids import Claim, NodeBinding, NodeIdentityRepository, Revocation
+from llmgw.store.pki import (
+    IssuedCertificate,
+    PkiRepository,
+    StoredCa,
+    StoredJoinToken,
+    TokenUnusable,
+)
 from llmgw.store.store import Store, open_store, upgrade
 from llmgw.store.urls import store_url
 from llmgw.store.usage import UsageRepository
@@ -62,6 +69,7 @@ __all__ = [
     "ControlServer",
     "Demand",
     "InvalidValue",
+    "IssuedCertificate",
     "Keep",
     "KeyChanges",
     "KeyRepository",
@@ -71,6 +79,7 @@ __all__ = [
     "NodeBinding",
     "NodeIdentityRepository",
     "NotFound",
+    "PkiRepository",
     "PublishedEndpoint",
     "Revocation",
     "SessionRepository",
@@ -78,7 +87,10 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreUnavailable",
+    "StoredCa",
+    "StoredJoinToken",
     "StoredModel",
+    "TokenUnusable",
     "UsageDimension",
     "UsageRecord",
     "UsageRepository",

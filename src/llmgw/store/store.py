@@ -28,6 +28,7 @@ from llmgw.store.leadership import LeadershipRepository
 from llmgw.store.migrate import current_revision, upgrade_engine
 from llmgw.store.models import utc_now
 from llmgw.store.nodeids import NodeIdentityRepository
+from llmgw.store.pki import PkiRepository
 from llmgw.store.urls import describe, normalize_url
 from llmgw.store.usage import UsageRepository
 from llmgw.store.users import SessionRepository, UserRepository
@@ -44,6 +45,7 @@ class Store:
         self.leadership = LeadershipRepository(engine=engine, clock=clock)
         self.users = UserRepository(engine=engine, clock=clock)
         self.sessions = SessionRepository(engine=engine)
+        self.pki = PkiRepository(engine=engine, clock=clock)
         self.nodeids = NodeIdentityRepository(engine=engine)
 
     @property
