@@ -325,6 +325,7 @@ async def _serve(
         clock=clock,
         activator=ControllerActivator(controller=controller),
         activation_keepalive=control.activation_keepalive,
+        activation_timeout=control.activation_timeout,
     )
     prober = HealthProber(
         pool=pool, upstream=upstream, interval=health.interval, timeout=health.timeout

@@ -8,8 +8,23 @@ connect timeout), first byte (engine queue + prefill; for a non-streaming answer
 first byte is the whole answer, so `total` bounds it), idle between stream
 chunks, and total. A stream that fails after its first byte ends with an SSE
 `error` event and is closed; it is never retried.
+
+With an `Activator` (a control plane), a request for a catalog model that finds
+no replica to use waits as in an activation instead of failing: when the model
+has no replica in the pool, when none of its replicas passes health checks, and
+when every replica it tried died before the first byte (connection refused or
+lost). It waits until a replica it has not just seen fail is in the pool (a
+replica that failed is tried again after a short pause, since the failure may
+have been its own), up to the activation timeout, with SSE comments keeping a
+stream alive; a stream whose headers went out while it waited names its replica
+in an SSE comment (`: llmgw replica ID`), since the `x-llmgw-replica` header
+was sent before a replica was chosen.
+
 Not guaranteed: an engine that received a request and then failed may have
-done work for it before the retry.
+done work for it before the retry. A request already sent to an engine that
+stops answering without closing its connection (a frozen node) waits for it,
+up to the first-byte deadline; only requests that arrive after the control
+plane takes the node's replicas out of the pool go elsewhere.
 """
 
 from __future__ import annotations
@@ -51,6 +66,13 @@ Message = MutableMapping[str, Any]
 Send = Callable[[Message], Awaitable[None]]
 
 _RETRY_STATUSES = frozenset({429, 502, 503, 504})
+# Failures that mean the engine is gone, not busy: worth waiting for a replacement.
+_ENGINE_GONE = frozenset({"connect", "disconnect"})
+# Pauses between looks at the pool while only replicas that just failed are in
+# it: the control plane takes a dead engine's replica out within moments, and a
+# replica that failed once (a stale pooled connection) is tried again soon.
+_RECHECK_FIRST = 0.25
+_RECHECK_MAX = 2.0
 _JSON = b"application/json"
 _EVENT_STREAM = b"text/event-stream"
 
@@ -63,6 +85,16 @@ class _Retryable(Exception):
         self.error = error
         self.kind = kind
         self.counts_as_failure = counts_as_failure
+
+
+class _NoReplicaLeft(Exception):
+    """Nothing was sent, and no replica of the model can take the request now:
+    none passes health checks, or each one tried lost its engine."""
+
+    def __init__(self, error: RouterError, failed: frozenset[str]) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.failed = failed
 
 
 # nginx's code for "the client closed the connection before the answer was complete".
@@ -90,9 +122,13 @@ class Proxy:
         clock: Callable[[], float],
         activator: Activator | None = None,
         activation_keepalive: float = 5.0,
+        activation_timeout: float = 600.0,
     ) -> None:
+        """`activation_timeout` bounds how long a request waits for a replica in
+        all (the activator's own wait included)."""
         self._activator = activator
         self._keepalive = activation_keepalive
+        self._activation_timeout = activation_timeout
         self._pool = pool
         self._balancer = balancer
         self._upstream = upstream
@@ -115,18 +151,28 @@ class Proxy:
         """Serve `req`; RouterError when nothing was sent and the client gets an error."""
         activator = self._activator
         if activator is None:
-            return await self._dispatch(req, request_id, send, start, extra_headers)
+            try:
+                return await self._dispatch(req, request_id, send, start, extra_headers)
+            except _NoReplicaLeft as exc:
+                raise exc.error from None
         activator.request_started(req.model)
         try:
             if not self._pool.by_model.get(req.model) and activator.knows(req.model):
-                return await self._activate_then_dispatch(
-                    activator, req, request_id, send, start, extra_headers
+                return await self._wait_then_dispatch(
+                    activator, req, request_id, send, start, extra_headers, failed=frozenset()
                 )
-            return await self._dispatch(req, request_id, send, start, extra_headers)
+            try:
+                return await self._dispatch(req, request_id, send, start, extra_headers)
+            except _NoReplicaLeft as exc:
+                if not activator.knows(req.model):
+                    raise exc.error from None
+                return await self._wait_then_dispatch(
+                    activator, req, request_id, send, start, extra_headers, failed=exc.failed
+                )
         finally:
             activator.request_finished(req.model)
 
-    async def _activate_then_dispatch(
+    async def _wait_then_dispatch(
         self,
         activator: Activator,
         req: ParsedRequest,
@@ -134,42 +180,113 @@ class Proxy:
         send: Send,
         start: float,
         extra_headers: list[tuple[bytes, bytes]],
+        *,
+        failed: frozenset[str],
     ) -> Outcome:
-        """Wait for the model to start, then serve; a stream gets SSE comments meanwhile.
+        """Wait for a replica to use, then serve; a stream gets SSE comments meanwhile.
 
         Once a stream's headers went out (after the first keep-alive interval), every
         later failure is an SSE `error` event, as for any stream that already began.
         """
-        activation = asyncio.ensure_future(activator.activate(req.model))
+        deadline = self._clock() + self._activation_timeout
         started = False
-        try:
-            if req.stream:
-                while not activation.done():
-                    await asyncio.wait({activation}, timeout=self._keepalive)
-                    if activation.done():
-                        break
-                    if not started:
-                        await send(_stream_start(200, request_id, extra_headers))
-                        started = True
-                    comment = f": llmgw is starting model {req.model}\n\n".encode()
-                    await send({"type": "http.response.body", "body": comment, "more_body": True})
+        while True:
+            waiting = asyncio.ensure_future(
+                self._replica_for(activator, req.model, failed, deadline)
+            )
             try:
-                await activation
-            except ModelUnavailable as exc:
-                if not started:
-                    raise
-                await _send_error_event(send, exc)
-                return Outcome(exc.status, "none")
-        finally:
-            # The client went away (or we were cancelled): stop waiting, not the activation.
-            activation.cancel()
-        if not started:
-            return await self._dispatch(req, request_id, send, start, extra_headers)
-        try:
-            return await self._dispatch(req, request_id, _HeadersSent(send), start, extra_headers)
-        except RouterError as exc:
-            await _send_error_event(send, exc)
-            return Outcome(exc.status, exc.endpoint_id or "none")
+                if req.stream:
+                    while not waiting.done():
+                        await asyncio.wait({waiting}, timeout=self._keepalive)
+                        if waiting.done():
+                            break
+                        if not started:
+                            await send(_stream_start(200, request_id, extra_headers))
+                            started = True
+                        comment = f": llmgw is starting model {req.model}\n\n".encode()
+                        await send(
+                            {"type": "http.response.body", "body": comment, "more_body": True}
+                        )
+                try:
+                    await waiting
+                except ModelUnavailable as exc:
+                    if not started:
+                        raise
+                    await _send_error_event(send, exc)
+                    return Outcome(exc.status, "none")
+            finally:
+                # The client went away (or we were cancelled): stop waiting, not the activation.
+                waiting.cancel()
+            target = _HeadersSent(send) if started else send
+            error: RouterError
+            try:
+                return await self._dispatch(req, request_id, target, start, extra_headers)
+            except _NoReplicaLeft as exc:
+                now = self._clock()
+                if now < deadline:
+                    # The replica it waited for died too: wait again, within the same bound.
+                    failed = exc.failed
+                    continue
+                error = self._no_replica_in_time(
+                    req.model, self._pool.by_model.get(req.model) or [], now, exc.error
+                )
+            except RouterError as exc:
+                error = exc
+            if not started:
+                raise error
+            await _send_error_event(send, error)
+            return Outcome(error.status, error.endpoint_id or "none")
+
+    async def _replica_for(
+        self, activator: Activator, model: str, failed: frozenset[str], deadline: float
+    ) -> None:
+        """Return once the pool has a replica of `model` worth trying: one that passes
+        health checks and did not just fail this request (`failed`, forgotten after
+        each pause). With none in the pool, the activator starts one and waits.
+        Raises ModelUnavailable (the activator's reason, or the deadline)."""
+        pause = _RECHECK_FIRST
+        while True:
+            now = self._clock()
+            endpoints = self._pool.by_model.get(model)
+            if endpoints and any(e.available(now) and e.id not in failed for e in endpoints):
+                return
+            if now >= deadline:
+                raise self._no_replica_in_time(model, endpoints or [], now)
+            if not endpoints:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        await activator.activate(model)
+                except TimeoutError:
+                    raise self._no_replica_in_time(model, [], self._clock()) from None
+            else:
+                await asyncio.sleep(min(pause, deadline - now))
+                pause = min(pause * 2, _RECHECK_MAX)
+            failed = frozenset()
+
+    def _no_replica_in_time(
+        self,
+        model: str,
+        endpoints: list[Endpoint],
+        now: float,
+        last: RouterError | None = None,
+    ) -> ModelUnavailable:
+        if last is not None:
+            state = f"last: {last.message}"
+        elif endpoints:
+            why = "; ".join(
+                f"{e.id}: {e.last_error or 'failing health checks'}"
+                for e in endpoints
+                if not e.available(now)
+            )
+            state = f"its replicas fail ({why})" if why else "its replicas keep failing"
+        else:
+            state = "no replica is ready"
+        return ModelUnavailable(
+            f"model '{model}' has no replica to serve the request after waiting "
+            f"{self._activation_timeout:g} s ({state}); retry later",
+            code="activation_timeout",
+            retry_after=self._retry_after,
+        )
 
     async def _dispatch(
         self,
@@ -190,6 +307,9 @@ class Proxy:
             req.send_as(engine_model)
         tried: list[Endpoint] = []
         failure: RouterError | None = None
+        # Replicas whose engine was gone, and whether any failure was something else.
+        gone: set[str] = set()
+        other = False
         for _ in range(self._attempts):
             endpoint = self._balancer.pick(endpoints, tried)
             if endpoint is None:
@@ -206,16 +326,25 @@ class Proxy:
                     endpoint.record_failure(exc.error.message)
                 failure = exc.error
                 failure.endpoint_id = endpoint.id
+                if exc.kind in _ENGINE_GONE:
+                    gone.add(endpoint.id)
+                else:
+                    other = True
                 continue
             finally:
                 endpoint.in_flight -= 1
             return outcome
         if failure is not None:
-            raise failure
-        raise NoHealthyEndpoint(
-            f"no healthy replica of model '{req.model}' right now "
-            f"({len(endpoints)} known, none passing health checks); retry later",
-            retry_after=self._retry_after,
+            if other:
+                raise failure
+            raise _NoReplicaLeft(failure, frozenset(gone))
+        raise _NoReplicaLeft(
+            NoHealthyEndpoint(
+                f"no healthy replica of model '{req.model}' right now "
+                f"({len(endpoints)} known, none passing health checks); retry later",
+                retry_after=self._retry_after,
+            ),
+            frozenset(),
         )
 
     async def _attempt(
@@ -473,7 +602,9 @@ async def _send_error_event(send: Send, error: RouterError) -> None:
 
 
 class _HeadersSent:
-    """A `send` for a stream whose response start already went out: drops the second one."""
+    """A `send` for a stream whose response start already went out: the second one
+    is not sent, and the replica it names becomes an SSE comment (`: llmgw replica ID`),
+    since the client saw no `x-llmgw-replica` header."""
 
     __slots__ = ("_send",)
 
@@ -483,6 +614,11 @@ class _HeadersSent:
     async def __call__(self, message: Message) -> None:
         if message["type"] != "http.response.start":
             await self._send(message)
+            return
+        for name, value in message.get("headers", ()):
+            if name == b"x-llmgw-replica":
+                comment = b": llmgw replica " + value + b"\n\n"
+                await self._send({"type": "http.response.body", "body": comment, "more_body": True})
 
 
 def _upstream_id(request_id: bytes) -> bytes:
