@@ -349,26 +349,28 @@ async def test_a_cancelled_stream_disconnects_the_node(service: Service) -> None
     assert service.servicer.connected() == []
 
 
-async def test_a_second_stream_for_a_node_replaces_the_first(service: Service) -> None:
-    old = await service.register()
-    new = await service.register()
-    with pytest.raises(grpc.aio.AioRpcError) as ended:
-        await asyncio.wait_for(old.read(), 5)
-    assert ended.value.code() == grpc.StatusCode.ABORTED
-    assert "replaced by a newer stream" in (ended.value.details() or "")
-    # The old stream's end does not disconnect the node: the new one is live.
+async def test_a_second_plaintext_stream_for_a_live_node_is_refused(service: Service) -> None:
+    # Without certificates nothing says the second agent is the same node: the
+    # live one keeps its stream (a reconnect with the node's key replaces it:
+    # test_node_identity.py).
+    live = await service.register()
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await service.register()
+    assert refused.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    details = refused.value.details() or ""
+    assert "node id 'node-a' is in use" in details and "--node-id" in details
     assert service.inventory.node("node-a").connected
     assert service.servicer.connected() == ["node-a"]
 
     started = asyncio.create_task(service.servicer.start_shard("node-a", SPEC))
-    command = await asyncio.wait_for(new.read(), 5)
-    await new.write(
+    command = await asyncio.wait_for(live.read(), 5)
+    await live.write(
         agent_pb2.AgentMessage(
             command_result=agent_pb2.CommandResult(command_id=command.command_id, ok=True)
         )
     )
     await asyncio.wait_for(started, 5)
-    await new.done_writing()
+    await live.done_writing()
 
 
 async def test_reported_running_shards_are_adopted(service: Service) -> None:

@@ -2,10 +2,11 @@
 
 gRPC reports every failure to connect as UNAVAILABLE with a free-text detail.
 `explain` recognises the ones that need a person (TLS on one side only, a
-certificate the other side does not accept, a node id the server refuses) or
-that are routine in a cluster (a standby naming its leader), and turns them
-into one sentence that says what happened and what to do. The patterns are
-what grpcio 1.6x-1.8x reports; an unrecognised failure keeps gRPC's own text.
+certificate the other side does not accept, a node id the server refuses or
+that another agent holds) or that are routine in a cluster (a standby naming
+its leader), and turns them into one sentence that says what happened and
+what to do. The patterns are what grpcio 1.6x-1.8x reports; an unrecognised
+failure keeps gRPC's own text.
 
 Not guaranteed: the diagnosis. A plaintext agent and an agent whose
 certificate the server rejects both see only "Socket closed"; the message
@@ -27,6 +28,7 @@ REFUSED_STANDBY = "standby"
 
 _VERIFY = re.compile(r"CERTIFICATE_VERIFY_FAILED: ([^:]+)")
 TLS_FLAGS = "--tls-ca/--tls-cert/--tls-key"
+NODE_ID_HINT = "give this agent a node id of its own with --node-id NAME"
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,13 @@ def explain(
         return Refusal(f"{address} is a standby: {details}", notable=True)
     if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
         return Refusal(f"the server at {address} refused this agent: {details}", notable=True)
+    if code in (grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.FAILED_PRECONDITION):
+        # Another agent holds this node id; the connection loop backs off.
+        hint = "" if "--node-id" in details else f"; {NODE_ID_HINT}"
+        return Refusal(
+            f"the server at {address} refused this agent's node id: {details}{hint}",
+            notable=True,
+        )
     if code != grpc.StatusCode.UNAVAILABLE:
         return Refusal(f"{address}: {code.name}: {details}" if details else code.name, False)
     if "Socket closed" in details or "Connection reset" in details:

@@ -5,6 +5,12 @@ handles (register, heartbeat, shard_status, command_result): the time from
 having the decoded message to having applied it (inventory updated, command
 answered, `Registered` queued). `llmgw_agent_streams` is read from the
 servicer's sessions when Prometheus scrapes; nothing updates it on the stream.
+`llmgw_agent_registers_total{outcome}` counts Registers by what became of them:
+accepted, reconnected (the node's older stream was closed), in_use (another
+stream holds the node id), taken (the id belongs to another certificate),
+revoked, invalid, unavailable (the store could not be asked). Refusals before
+the Register is read (a standby's, a certificate naming another node) are not
+counted here.
 
 Not guaranteed: the whole cost of a message. Decoding the protobuf, the gRPC
 transport and the event loop's scheduling happen before the clock starts; the
@@ -16,11 +22,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 MESSAGE_KINDS = ("register", "heartbeat", "shard_status", "command_result")
+REGISTER_OUTCOMES = (
+    "accepted",
+    "reconnected",
+    "in_use",
+    "taken",
+    "revoked",
+    "invalid",
+    "unavailable",
+)
 # Handling a heartbeat is tens of microseconds; the top bucket catches a
 # stalled event loop or a registration carrying many shards.
 _MESSAGE_BUCKETS = (
@@ -78,6 +93,18 @@ class AgentMetrics:
         # prometheus-client's locked label lookup.
         self._by_kind = {kind: self.message_seconds.labels(kind) for kind in MESSAGE_KINDS}
         registry.register(_StreamsCollector(streams))
+        self.registers = Counter(
+            "llmgw_agent_registers",
+            "Agent Registers by outcome: accepted, reconnected, or why refused.",
+            ["outcome"],
+            registry=registry,
+        )
+        for outcome in REGISTER_OUTCOMES:
+            self.registers.labels(outcome)
+
+    def registered(self, outcome: str) -> None:
+        """Count one Register by its outcome (one of REGISTER_OUTCOMES)."""
+        self.registers.labels(outcome).inc()
 
     def handled(self, kind: str | None, seconds: float) -> None:
         """Record one handled message; kinds this server does not know are not recorded."""

@@ -42,12 +42,19 @@ log = logging.getLogger("llmgw.control.agentsvc")
 # downwards: the third early ping would get GOAWAY "too_many_pings". Allow one
 # per second, with or without calls; that is still a bound on a ping flood.
 MIN_AGENT_PING_INTERVAL_MS = 1000
+SERVER_PING_INTERVAL_MS = 10_000
+SERVER_PING_TIMEOUT_MS = 10_000
 SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
     # gRPC sets SO_REUSEPORT by default: a second server on the same port would
     # bind silently and share the agents. Refuse instead.
     ("grpc.so_reuseport", 0),
     ("grpc.http2.min_ping_interval_without_data_ms", MIN_AGENT_PING_INTERVAL_MS),
     ("grpc.keepalive_permit_without_calls", 1),
+    # The server pings too: the stream of an agent whose host vanished (no FIN,
+    # no RST) ends within keepalive time + timeout instead of TCP's ~15 minutes,
+    # so the node shows as disconnected and its id is free again for its restart.
+    ("grpc.keepalive_time_ms", SERVER_PING_INTERVAL_MS),
+    ("grpc.keepalive_timeout_ms", SERVER_PING_TIMEOUT_MS),
 )
 
 

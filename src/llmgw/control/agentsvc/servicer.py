@@ -4,10 +4,12 @@ An agent opens `Connect`; its first message must be `Register` (otherwise the
 stream ends with INVALID_ARGUMENT saying so). The servicer answers
 `Registered`, then reads reports (heartbeats, shard statuses, command results)
 and writes commands concurrently: a reader task feeds the inventory and
-resolves command answers; a writer task drains the session's queue. A second
-stream for a node id replaces the first, which ends with ABORTED. When a
-stream ends, the node is marked disconnected in the inventory (unless a newer
-stream already took over).
+resolves command answers; a writer task drains the session's queue. A node
+has one stream: a second Register for a connected node id is refused unless it
+comes with the key that owns the id (then it is the node reconnecting, and the
+old stream ends with ABORTED); see `identity.py`. When a stream ends, the node
+is marked disconnected in the inventory (unless a newer stream already took
+over).
 
 `AgentServicer` also implements `Dispatcher`: it is the only object that can
 deliver a command to a node. Given a registry, it times every message it
@@ -19,11 +21,16 @@ leader), and the stream ends UNAVAILABLE with that text and the trailing
 metadata `llmgw-refused: standby`, so the agent tries its next server. With
 `require_identity` (mTLS on), the Register's node id must be one of the names
 on the agent's client certificate; otherwise the attempt is logged and the
-stream ends PERMISSION_DENIED before the node touches the inventory.
+stream ends PERMISSION_DENIED before the node touches the inventory. Then the
+`IdentityGate` claims the node id for the certificate's key in the store (a
+revoked key, or an id owned by another key, is refused) and refuses a second
+live stream; every refusal happens before the node touches the inventory and
+is counted in `llmgw_agent_registers_total{outcome}`.
 
 Not guaranteed:
 - Authentication without TLS. On a plaintext listener any client that reaches
-  it may register as any node id; run it on a trusted network.
+  it may register as any node id that is not connected; run it on a trusted
+  network.
 - Exactly-once commands. A command whose stream breaks fails with
   `NodeNotConnected` even if the agent had already acted on it.
 """
@@ -35,6 +42,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import UTC, datetime
 from typing import Protocol
 
 import grpc
@@ -47,6 +55,7 @@ from llmgw.control.agentsvc.errors import (
     CommandTimeout,
     NodeNotConnected,
 )
+from llmgw.control.agentsvc.identity import IdentityGate, NodeIdentities, Refused, peer_key_hash
 from llmgw.control.agentsvc.metrics import AgentMetrics
 from llmgw.control.agentsvc.session import CommandOutcome, NodeSession
 from llmgw.control.inventory.model import GpuUsage, NodeRegistration, ShardReport, ShardSpec
@@ -102,13 +111,29 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         registry: CollectorRegistry | None = None,
         require_identity: bool = False,
         admission: Callable[[], str | None] | None = None,
+        identities: NodeIdentities | None = None,
+        record_event: Callable[[str, str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         """`admission()` returns None to take a stream, or the reason it is refused.
 
         `require_identity`: the node id must be a name on the client certificate
         (turn on with mTLS; without a certificate every stream is refused).
+        `identities`: where node ids are claimed for certificate keys (the
+        store); `record_event(node_id, message)` notes refused registrations.
         """
         self._inventory = inventory
+        self._clock = clock
+        # Three heartbeats missed: the agent's stream is dead even if its TCP
+        # connection was never closed (the same margin the inventory gives).
+        self._gate = IdentityGate(
+            identities=identities,
+            silent_after=3 * heartbeat_interval,
+            clock=clock,
+            wall_clock=wall_clock,
+            record_event=record_event,
+        )
         self._require_identity = require_identity
         self._admission = admission
         self._heartbeat_interval = heartbeat_interval
@@ -139,6 +164,17 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             log.info("node %s disconnected (%s): %s", session.node_id, session.peer, reason)
         # Let the handlers see the end and finish their streams.
         await asyncio.sleep(0)
+
+    def disconnect(self, node_id: str, reason: str) -> str | None:
+        """End the node's stream now, without marking it disconnected in the inventory
+        (the caller is about to forget the node); the peer it was connected from, or
+        None when it had no stream."""
+        session = self._sessions.pop(node_id, None)
+        if session is None:
+            return None
+        session.close(reason)
+        log.info("closed node %s's stream from %s: %s", node_id, session.peer, reason)
+        return session.peer
 
     # ---- the stream ----
 
@@ -174,7 +210,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if self._require_identity:
             await self._check_identity(registration.node_id, context)
-        session = self._open(registration, peer=context.peer())
+        session = await self._admit(registration, context)
         if self._metrics is not None:
             self._metrics.handled("register", time.perf_counter() - started)
         try:
@@ -230,12 +266,36 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             f"{node_id!r} (`llmgw certs issue --node {node_id}`)",
         )
 
-    def _open(self, registration: NodeRegistration, *, peer: str) -> NodeSession:
+    async def _admit(self, registration: NodeRegistration, context: Context) -> NodeSession:
+        """Open the node's session, or end the stream with why the Register is refused."""
+        node_id, peer = registration.node_id, context.peer()
+        key_hash = peer_key_hash(context.auth_context())
+        refused = await self._gate.claim(node_id, key_hash, peer)
+        # From the live-stream check to the open session: no await, so of two
+        # Registers for one id only one can pass.
+        if refused is None:
+            refused = self._gate.live_stream(node_id, key_hash, peer, self._sessions.get(node_id))
+        if refused is not None:
+            await self._refuse(refused, context)
+        replacing = node_id in self._sessions
+        session = self._open(registration, peer=peer, key_hash=key_hash)
+        if self._metrics is not None:
+            self._metrics.registered("reconnected" if replacing else "accepted")
+        return session
+
+    async def _refuse(self, refused: Refused, context: Context) -> None:
+        if self._metrics is not None:
+            self._metrics.registered(refused.outcome)
+        await context.abort(refused.code, refused.message)
+
+    def _open(
+        self, registration: NodeRegistration, *, peer: str, key_hash: str | None = None
+    ) -> NodeSession:
         node_id = registration.node_id
         # Inventory first: if it refuses, no session state has changed. No await
         # from here to the end, so no other stream sees a half-open session.
         self._inventory.register(registration)
-        session = NodeSession(node_id=node_id, peer=peer)
+        session = NodeSession(node_id=node_id, peer=peer, key_hash=key_hash, opened=self._clock())
         old = self._sessions.get(node_id)
         self._sessions[node_id] = session
         if old is not None:
@@ -290,6 +350,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             message = await _next(context)
             if message is None:
                 return
+            session.last_heard = self._clock()
             started = time.perf_counter()
             kind = self._handle(session, message)
             if metrics is not None:

@@ -29,9 +29,17 @@ class CommandOutcome:
 class NodeSession:
     """The server's side of one agent stream."""
 
-    def __init__(self, *, node_id: str, peer: str) -> None:
+    def __init__(
+        self, *, node_id: str, peer: str, key_hash: str | None = None, opened: float = 0.0
+    ) -> None:
         self.node_id = node_id
         self.peer = peer
+        # The client certificate's key (None on a plaintext stream): a Register
+        # with the same key is this node reconnecting; any other is refused.
+        self.key_hash = key_hash
+        # When the agent last sent anything (servicer's monotonic clock): a stream
+        # silent for several heartbeats is treated as dead by a new Register.
+        self.last_heard = opened
         self._outgoing: asyncio.Queue[agent_pb2.ServerMessage | None] = asyncio.Queue()
         self._pending: dict[str, asyncio.Future[CommandOutcome]] = {}
         self._closed_because: str | None = None
