@@ -245,6 +245,7 @@ class Proxy:
         each pause). With none in the pool, the activator starts one and waits.
         Raises ModelUnavailable (the activator's reason, or the deadline)."""
         pause = _RECHECK_FIRST
+        activated = False
         while True:
             now = self._clock()
             endpoints = self._pool.by_model.get(model)
@@ -252,15 +253,19 @@ class Proxy:
                 return
             if now >= deadline:
                 raise self._no_replica_in_time(model, endpoints or [], now)
-            if not endpoints:
+            # Right after an activation the pool may have lost the replica again:
+            # pause before asking once more rather than spin.
+            if not endpoints and not activated:
                 try:
                     async with asyncio.timeout_at(deadline):
                         await activator.activate(model)
                 except TimeoutError:
                     raise self._no_replica_in_time(model, [], self._clock()) from None
+                activated = True
             else:
                 await asyncio.sleep(min(pause, deadline - now))
                 pause = min(pause * 2, _RECHECK_MAX)
+                activated = False
             failed = frozenset()
 
     def _no_replica_in_time(
