@@ -4,12 +4,18 @@ A principal is built once per cached key (not per request) from the stored
 `ApiKey`: its id and name, the models it may use, whether it is an admin key, and
 its `KeyLimits` for the limiter. In open mode every request gets `ANONYMOUS`.
 
+A key's model list names models by any of their names: a key allowed `llama`
+may call the alias `llama-chat` of the same model and the other way round. The
+caller passes every name of the requested model (`names`); the principal does
+not know the catalog.
+
 Not guaranteed: that a principal is current. It is a snapshot of the key when it
 was read; the authenticator replaces it when the key changes in the store.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from llmgw.auth.errors import ModelNotAllowed
@@ -32,15 +38,18 @@ class Principal:
     is_admin: bool
     limits: KeyLimits | None
 
-    def may_use(self, model: str) -> bool:
-        """True when this caller may send requests for `model`."""
-        return self.models is None or model in self.models
+    def may_use(self, model: str, names: Collection[str] = ()) -> bool:
+        """True when this caller may send requests for `model`, also known as `names`
+        (the model's own name and its aliases)."""
+        allowed = self.models
+        return allowed is None or model in allowed or not allowed.isdisjoint(names)
 
-    def check_model(self, model: str) -> None:
-        """Raise `ModelNotAllowed` (403) unless this caller may use `model`."""
-        if self.models is None or model in self.models:
+    def check_model(self, model: str, names: Collection[str] = ()) -> None:
+        """Raise `ModelNotAllowed` (403) unless this caller may use `model`, also
+        known as `names`."""
+        if self.may_use(model, names):
             return
-        allowed = ", ".join(sorted(self.models)) or "none"
+        allowed = ", ".join(sorted(self.models or ())) or "none"
         raise ModelNotAllowed(
             f"API key {self.name!r} may not use model {model!r}; it may use: {allowed}. "
             "Ask an administrator to extend the key's models"

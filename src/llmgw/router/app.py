@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Collection, MutableMapping
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -35,7 +35,14 @@ from llmgw.router.errors import (
 )
 from llmgw.router.ids import new_request_id
 from llmgw.router.proxy import CLIENT_CLOSED, Outcome, Proxy
-from llmgw.router.requests import CHAT, COMPLETIONS, EMBEDDINGS, ParsedRequest, parse_request
+from llmgw.router.requests import (
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+    ParsedRequest,
+    named_model,
+    parse_request,
+)
 from llmgw.store import StoreError, UsageRecord
 
 Scope = MutableMapping[str, Any]
@@ -78,9 +85,12 @@ class RouterApp:
         wall_clock: Callable[[], datetime],
         started_at: int,
         admin_portal: ASGIApp | None = None,
+        model_names: Callable[[str], Collection[str]] | None = None,
     ) -> None:
         """`admin_portal` answers every `/admin` and `/admin/...` path (the login and
-        admin pages); without one those paths are 404 like any unknown route."""
+        admin pages); without one those paths are 404 like any unknown route.
+        `model_names` gives every name of the model a name stands for (its own and
+        its aliases), so a key allowed one of them may use them all."""
         self._proxy = proxy
         self._pool = pool
         self._metrics = metrics
@@ -92,6 +102,7 @@ class RouterApp:
         self._wall_clock = wall_clock
         self._created = started_at
         self._admin_portal = admin_portal
+        self._model_names = model_names or _only_itself
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -160,18 +171,28 @@ class RouterApp:
     ) -> None:
         start = self._clock()
         model = "none"
+        asked: str | None = None
+        streamed = False
         try:
             if content_length > self._max_body:
                 raise BodyTooLarge(self._too_large(content_length))
             raw = await self._read_body(receive)
-            req = parse_request(path, raw)
+            try:
+                req = parse_request(path, raw)
+            except RouterError:
+                asked = named_model(raw)
+                raise
+            asked, streamed = req.model, req.stream
             model = req.model if req.model in self._pool.by_model else "unknown"
             try:
-                principal.check_model(req.model)
+                principal.check_model(req.model, self._model_names(req.model))
             except AuthError as exc:
                 raise _refused(exc) from None
         except RouterError as exc:
             self._metrics.request_counter.inc(model, "none", exc.status)
+            # Every request of a key is recorded, refused ones too (bad body: 400,
+            # model not allowed: 403), so a key's usage shows what it was refused.
+            self._record_refused(asked, streamed, principal, request_id, start, exc.status)
             raise
         limits = principal.limits
         admission: Admission | None = None
@@ -273,6 +294,33 @@ class RouterApp:
             )
         )
 
+    def _record_refused(
+        self,
+        model: str | None,
+        streamed: bool,
+        principal: Principal,
+        request_id: bytes,
+        start: float,
+        status: int,
+    ) -> None:
+        """Record a request refused before routing; "none" as its model when its
+        body did not name one."""
+        self._usage.record(
+            UsageRecord(
+                ts=self._wall_clock(),
+                request_id=request_id.decode("latin-1"),
+                key_id=principal.key_id,
+                model=model or "none",
+                endpoint="none",
+                status=status,
+                prompt_tokens=0,
+                completion_tokens=0,
+                latency_ms=(self._clock() - start) * 1000.0,
+                ttft_ms=None,
+                streamed=streamed,
+            )
+        )
+
     def _too_large(self, size: int) -> str:
         return (
             f"request body of {size} bytes is over the limit of {self._max_body} bytes "
@@ -300,18 +348,22 @@ class RouterApp:
         return b"".join(chunks)
 
     async def _models(self, path: str, send: Send, request_id: bytes, principal: Principal) -> None:
-        models = [m for m in self._pool.models() if principal.may_use(m)]
+        models = [m for m in self._pool.models() if principal.may_use(m, self._model_names(m))]
         if path == "/v1/models":
             data = [self._model_object(m) for m in models]
             await _send_json(send, 200, {"object": "list", "data": data}, request_id)
             return
         name = path[len("/v1/models/") :]
-        if name not in self._pool.by_model or not principal.may_use(name):
+        if name not in self._pool.by_model or not principal.may_use(name, self._model_names(name)):
             raise ModelNotFound(f"model '{name}' is not served here", param="model")
         await _send_json(send, 200, self._model_object(name), request_id)
 
     def _model_object(self, name: str) -> dict[str, object]:
         return {"id": name, "object": "model", "created": self._created, "owned_by": "llmgw"}
+
+
+def _only_itself(name: str) -> tuple[str, ...]:
+    return (name,)
 
 
 def _refused(exc: AuthError) -> Refused:

@@ -87,6 +87,17 @@ def _check_type(body: dict[str, Any], field: str, types: tuple[type, ...], name:
         raise InvalidRequest(f"'{field}' must be {name}, got {_type_name(value)}", param=field)
 
 
+def named_model(raw: bytes, limit: int = 200) -> str | None:
+    """The model a (possibly invalid) body names, cut to `limit` characters; None
+    when it names none. For recording a refused request, not for routing."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    model = body.get("model") if isinstance(body, dict) else None
+    return model[:limit] if isinstance(model, str) and model else None
+
+
 def parse_request(path: str, raw: bytes) -> ParsedRequest:
     """Check a request body for `path`; raise InvalidRequest naming the field."""
     try:
