@@ -46,6 +46,7 @@ import grpc
 import grpc.aio
 
 from llmgw.agent import wire
+from llmgw.agent.addresses import EngineAddresses, local_address_towards
 from llmgw.agent.backoff import Backoff
 from llmgw.agent.errors import CommandError, ConnectError
 from llmgw.agent.feed import StatusFeed
@@ -120,7 +121,10 @@ class Connection:
         settings: ConnectionSettings,
         tls: TlsMaterial | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        engine_addresses: EngineAddresses | None = None,
     ) -> None:
+        """`engine_addresses`: told the local address of each connection before
+        Register (unless --advertise-host fixed it), for the engines' URLs."""
         if not addresses:
             raise ValueError("Connection needs at least one server address")
         self._addresses = tuple(addresses)
@@ -139,6 +143,7 @@ class Connection:
         self._backoff = backoff
         self._settings = settings
         self._sleep = sleep
+        self._engine_addresses = engine_addresses
         self._options = channel_options(settings)
         self._sequence = 0
         self._live_outbox: asyncio.Queue[_Outgoing] | None = None  # of a registered stream
@@ -240,10 +245,33 @@ class Connection:
                 call.cancel()
             await channel.close()
 
+    async def _advertise_host(self, address: str) -> str:
+        """The host engine URLs use, learned from the route to `address` by default."""
+        engines = self._engine_addresses
+        if engines is None:
+            return ""
+        if not engines.explicit:
+            try:
+                local = await asyncio.to_thread(local_address_towards, address)
+            except OSError as exc:
+                raise ConnectError(address, f"cannot find a route to it: {exc}") from exc
+            if engines.learn(local):
+                log.info(
+                    "engines on this node are advertised at %s (this connection's local "
+                    "address; --advertise-host overrides)",
+                    local,
+                )
+        return engines.advertise
+
     async def _register(
         self, address: str, call: _Call, shards: list[ShardReport]
     ) -> agent_pb2.Registered:
-        message = wire.register(self._identity, await self._hardware.report(), shards)
+        message = wire.register(
+            self._identity,
+            await self._hardware.report(),
+            shards,
+            advertise_host=await self._advertise_host(address),
+        )
         timeout = self._settings.connect_timeout_seconds
         try:
             async with asyncio.timeout(timeout):

@@ -74,7 +74,11 @@ def hardware(report: HardwareReport) -> agent_pb2.Hardware:
 
 
 def register(
-    identity: NodeIdentity, machine: HardwareReport, shards: Iterable[ShardReport]
+    identity: NodeIdentity,
+    machine: HardwareReport,
+    shards: Iterable[ShardReport],
+    *,
+    advertise_host: str = "",
 ) -> agent_pb2.AgentMessage:
     return agent_pb2.AgentMessage(
         register=agent_pb2.Register(
@@ -88,6 +92,7 @@ def register(
             port_range_start=identity.port_range.start,
             port_range_end=identity.port_range.end,
             weights_dir=str(identity.weights_dir),
+            advertise_host=advertise_host,
         )
     )
 

@@ -95,12 +95,22 @@ def agent(
         ),
     ] = None,
     advertise_host: Annotated[
-        str,
+        str | None,
         typer.Option(
-            help="Host the router uses to reach engines on this node; engines listen on "
-            "0.0.0.0 unless it is a loopback address."
+            help="Host or address the servers' routers use to reach engines on this node "
+            "(default: the local address of this agent's connection to the control plane, "
+            "learned on each connect). Engines listen on 0.0.0.0 unless it is loopback.",
+            show_default=False,
         ),
-    ] = "127.0.0.1",
+    ] = None,
+    engine_host: Annotated[
+        str | None,
+        typer.Option(
+            help="Address engines listen on, for a node with several networks (default: "
+            "0.0.0.0, or 127.0.0.1 when the advertised address is loopback).",
+            show_default=False,
+        ),
+    ] = None,
     engine_python: Annotated[
         str | None,
         typer.Option(
@@ -152,7 +162,8 @@ def agent(
             fabric=parse_key_values("--fabric", fabric),
             port_range=parse_port_range(port_range),
             declared_gpus=parse_gpus(gpus),
-            advertise_host=_advertise_host(advertise_host),
+            advertise_host=_host("--advertise-host", advertise_host),
+            engine_host=_host("--engine-host", engine_host),
             engine_python=_engine_python(engine_python),
             # Last: the only check with a side effect (it creates the directory).
             weights_dir=_weights_dir(weights_dir),
@@ -185,7 +196,8 @@ class _Options:
     weights_dir: Path
     port_range: PortRange
     declared_gpus: tuple[int, ...]
-    advertise_host: str
+    advertise_host: str | None
+    engine_host: str | None
     engine_python: str
 
 
@@ -234,12 +246,12 @@ def _weights_dir(value: str) -> Path:
     return Path(os.path.realpath(path))
 
 
-def _advertise_host(value: str) -> str:
+def _host(flag: str, value: str | None) -> str | None:
+    if value is None:
+        return None
     host = value.strip()
     if not host or "/" in host or any(c.isspace() for c in host):
-        raise FlagError(
-            "--advertise-host", f"{value!r} is not a host name or address (e.g. 10.0.0.7)"
-        )
+        raise FlagError(flag, f"{value!r} is not a host name or address (e.g. 10.0.0.7)")
     return host
 
 
@@ -260,6 +272,7 @@ async def _serve(options: _Options) -> None:
     import signal
 
     from llmgw import __version__
+    from llmgw.agent.addresses import EngineAddresses
     from llmgw.agent.backoff import Backoff
     from llmgw.agent.connection import Connection
     from llmgw.agent.feed import StatusFeed
@@ -301,12 +314,15 @@ async def _serve(options: _Options) -> None:
         )
         supervisor_settings = SupervisorSettings()
         feed = StatusFeed()
+        engine_addresses = EngineAddresses(
+            advertise_host=options.advertise_host, engine_host=options.engine_host
+        )
         supervisor = Supervisor(
             adapters=functools.partial(
                 adapter_for, settings=EngineSettings(python=options.engine_python)
             ),
             port_range=options.port_range,
-            advertise_host=options.advertise_host,
+            advertise_host=engine_addresses,
             weights_dir=options.weights_dir,
             gpu_count=len(inventory),
             settings=supervisor_settings,
@@ -329,6 +345,7 @@ async def _serve(options: _Options) -> None:
             backoff=Backoff(rng=random.Random()),
             settings=ConnectionSettings(),
             tls=options.tls,
+            engine_addresses=engine_addresses,
         )
         await run_node(
             supervisor=supervisor,

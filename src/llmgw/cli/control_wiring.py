@@ -11,8 +11,10 @@ balanced as one set; the operator decides whether that makes sense.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
+from llmgw.control.reachability import ReachabilityGate, ReplicaUnreachable
 from llmgw.control.reconciler.controller import Controller
 from llmgw.control.reconciler.errors import ActivationRefused
 from llmgw.control.reconciler.state import ReadyEndpoint
@@ -53,10 +55,16 @@ class PoolPublisher:
 
 
 class ControllerActivator:
-    """The router's `Activator`, backed by the controller."""
+    """The router's `Activator`, backed by the controller.
 
-    def __init__(self, *, controller: Controller) -> None:
+    With a `gate`, activation also waits until this server's router has one of
+    the model's replicas (each is checked from here first), and a model whose
+    Ready replicas this server cannot reach is refused, naming their URLs.
+    """
+
+    def __init__(self, *, controller: Controller, gate: ReachabilityGate | None = None) -> None:
         self._controller = controller
+        self._gate = gate
 
     def knows(self, model: str) -> bool:
         return self._controller.knows(model)
@@ -67,6 +75,14 @@ class ControllerActivator:
         except ActivationRefused as exc:
             raise ModelUnavailable(
                 exc.message, code=exc.code, retry_after=exc.retry_after
+            ) from None
+        if self._gate is None:
+            return
+        try:
+            await self._gate.wait_routable(model)
+        except ReplicaUnreachable as exc:
+            raise ModelUnavailable(
+                exc.message, code="replica_unreachable", retry_after=math.ceil(exc.retry_after)
             ) from None
 
     def request_started(self, model: str) -> None:

@@ -49,6 +49,7 @@ from llmgw.control.leadership import (
     published,
     sync_demand,
 )
+from llmgw.control.reachability import ReachabilityGate, tcp_probe
 from llmgw.control.reconciler.controller import Controller
 from llmgw.control.reconciler.views import ModelControlService
 from llmgw.lifecycle import guard
@@ -88,6 +89,8 @@ FOLLOW_INTERVAL = 0.5
 DEMAND_INTERVAL = 1.0
 # Models added through another server's admin API are seen within this long.
 CATALOG_POLL_INTERVAL = 2.0
+# A replica this server cannot dial is dialled again this often (cheap: a TCP connect).
+REACH_RECHECK_SECONDS = 2.0
 
 
 async def _lead(
@@ -216,12 +219,6 @@ async def _run(
         await store.close()
 
 
-def _model_names(catalog: Catalog, name: str) -> tuple[str, ...]:
-    """Every name of the model `name` stands for in the catalog (just `name` if none)."""
-    model = catalog.get(name)
-    return model.names if model is not None else (name,)
-
-
 async def _serve(
     cfg: ServerConfig, listeners: list[BoundListener], store: Store, config_file: str | None
 ) -> None:
@@ -289,8 +286,17 @@ async def _serve(
         wall_clock=utc_now,
         ttl=cfg.control.lease_ttl,
     )
+    # This server dials every replica before its router may use it (each server
+    # for itself: the store carries the leader's whole view, unchecked).
+    gate = ReachabilityGate(
+        local=publisher,
+        probe=lambda url: tcp_probe(url, seconds=timeouts.connect),
+        clock=clock,
+        wall_clock=utc_now,
+        recheck_interval=REACH_RECHECK_SECONDS,
+    )
     store_publisher = StorePublisher(
-        local=publisher, store=store.leadership, lease_name=LEASE_NAME, on_fenced=leadership.lost
+        local=gate, store=store.leadership, lease_name=LEASE_NAME, on_fenced=leadership.lost
     )
     agents = AgentServicer(
         inventory=inventory,
@@ -329,7 +335,7 @@ async def _serve(
         metrics=metrics,
         config=cfg.router,
         clock=clock,
-        activator=ControllerActivator(controller=controller),
+        activator=ControllerActivator(controller=controller, gate=gate),
         activation_keepalive=control.activation_keepalive,
         activation_timeout=control.activation_timeout,
     )
@@ -372,7 +378,7 @@ async def _serve(
         interval=PRUNE_INTERVAL,
         wall_clock=utc_now,
     )
-    model_control = ModelControlService(controller=controller)
+    model_control = ModelControlService(controller=controller, reach=gate.reach)
     key_service = KeyService(keys=store.keys, wall_clock=utc_now)
     history = MetricsHistory(sample=metrics.totals, clock=clock)
     admin_app = create_admin_app(
@@ -439,7 +445,6 @@ async def _serve(
                 form_paths=FORM_PATHS,
                 secret_reads=SECRET_READS,
             ),
-            model_names=lambda name: _model_names(catalog, name),
         ),
         "admin": browser_guard(
             admin_guard(admin_app, authenticator=authenticator),
@@ -473,6 +478,7 @@ async def _serve(
         async with asyncio.TaskGroup() as group:
             background = [
                 group.create_task(guard("health prober", prober.run())),
+                group.create_task(guard("reachability checker", gate.run())),
                 group.create_task(guard("usage pruner", pruner.run())),
                 group.create_task(
                     guard(

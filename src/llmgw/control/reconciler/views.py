@@ -7,8 +7,11 @@ Not guaranteed: a stable shape beyond the fields documented in the admin API.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from llmgw.control.catalog.model import CatalogModel
 from llmgw.control.inventory.model import Node, Shard
+from llmgw.control.reachability import Reach
 from llmgw.control.reconciler.controller import Controller
 from llmgw.control.reconciler.errors import ActivationRefused, NotInCatalog
 from llmgw.control.reconciler.state import Event, Failure, ModelState, routable
@@ -52,7 +55,12 @@ def explanation_view(explanation: Explanation) -> dict[str, object]:
     }
 
 
-def state_view(state: ModelState) -> dict[str, object]:
+ReachLookup = Callable[[str], Reach | None]
+"""A replica id -> this server's last check of its endpoint (`ReachabilityGate.reach`)."""
+
+
+def state_view(state: ModelState, reach: ReachLookup | None = None) -> dict[str, object]:
+    """`reach`: how this server last found each replica's endpoint, shown per replica."""
     replicas: list[dict[str, object]] = [
         {
             "id": shard.id,
@@ -65,6 +73,7 @@ def state_view(state: ModelState) -> dict[str, object]:
             "message": shard.message,
             "since": shard.since.isoformat(),
             "output_tail": list(shard.output_tail) if shard.state == "failed" else [],
+            "reach": _reach_view(reach, shard.id),
         }
         for node, shard in state.replicas
     ]
@@ -80,6 +89,7 @@ def state_view(state: ModelState) -> dict[str, object]:
             "message": "start sent to the node",
             "since": None,
             "output_tail": [],
+            "reach": None,
         }
         for p in state.pending
     ]
@@ -97,6 +107,11 @@ def state_view(state: ModelState) -> dict[str, object]:
         "last_failure": None if state.last_failure is None else failure_view(state.last_failure),
         "unplaceable": None if state.unplaced is None else state.unplaced.summary(),
     }
+
+
+def _reach_view(reach: ReachLookup | None, replica_id: str) -> dict[str, object] | None:
+    found = None if reach is None else reach(replica_id)
+    return None if found is None else found.view()
 
 
 def _replica_state(node: Node, shard: Shard, stopping: frozenset[str]) -> str:
@@ -121,17 +136,20 @@ def event_view(event: Event) -> dict[str, object]:
 class ModelControlService:
     """The admin API's view of the controller (implements `ModelControl`)."""
 
-    def __init__(self, *, controller: Controller) -> None:
+    def __init__(self, *, controller: Controller, reach: ReachLookup | None = None) -> None:
         self._controller = controller
+        self._reach = reach
 
     def status(self, name: str) -> dict[str, object]:
         state = self._controller.snapshot(name)
         if state is None:
             return {"state": "unknown"}
-        return state_view(state)
+        return state_view(state, self._reach)
 
     def statuses(self) -> dict[str, dict[str, object]]:
-        return {name: state_view(s) for name, s in self._controller.snapshots().items()}
+        return {
+            name: state_view(s, self._reach) for name, s in self._controller.snapshots().items()
+        }
 
     def explain(self, name: str) -> dict[str, object]:
         state = self._controller.snapshot(name)
