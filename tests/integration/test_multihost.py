@@ -112,3 +112,73 @@ def test_agent_in_a_namespace_registers(netns: Network, tmp_path: Path) -> None:
         assert agent.popen.poll() is None
     finally:
         server.proc.stop()
+
+
+def replicas(server: Server, model: str) -> list[dict[str, Any]]:
+    status = httpx.get(f"{server.admin}/admin/api/models/{model}", timeout=5).json()["status"]
+    found: list[dict[str, Any]] = status["replicas"]
+    return found
+
+
+def chat(server: Server, model: str = "chat") -> httpx.Response:
+    return httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        timeout=120,
+    )
+
+
+def test_first_request_is_served_by_an_engine_in_a_namespace(
+    netns: Network, tmp_path: Path
+) -> None:
+    server, agent_port = start_server(netns, tmp_path)
+    host = netns.hosts[0]
+    try:
+        start_agent(host, "far", f"{netns.gateway}:{agent_port}", tmp_path)
+        wait_for(lambda: (n := node_view(server, "far")) and n["state"] == "ready", "the node")
+        answer = chat(server)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["message"]["content"]
+        (replica,) = replicas(server, "chat")
+        assert replica["endpoint_url"].startswith(f"http://{host.address}:")
+        assert replica["state"] == "ready"
+        assert replica["reach"]["state"] == "reachable"
+        assert replica["reach"]["url"] == replica["endpoint_url"]
+        assert "engines on this node are advertised at " + host.address in agent_output(host)
+    finally:
+        server.proc.stop()
+
+
+def agent_output(host: Host) -> str:
+    return "\n".join(proc.output() for proc in host.procs)
+
+
+def test_an_agent_advertising_loopback_is_shown_unreachable_not_published(
+    netns: Network, tmp_path: Path
+) -> None:
+    server, agent_port = start_server(netns, tmp_path)
+    host = netns.hosts[1]
+    try:
+        start_agent(
+            host, "lo", f"{netns.gateway}:{agent_port}", tmp_path, "--advertise-host", "127.0.0.1"
+        )
+        wait_for(lambda: (n := node_view(server, "lo")) and n["state"] == "ready", "the node")
+        answer = chat(server)
+        # A clear refusal naming the URL and why, not a 502 from dialling 127.0.0.1.
+        assert answer.status_code == 503, answer.text
+        error = answer.json()["error"]
+        assert error["code"] == "replica_unreachable"
+        (replica,) = replicas(server, "chat")
+        url = replica["endpoint_url"]
+        assert url.startswith("http://127.0.0.1:")
+        assert f"at {url}: cannot connect to 127.0.0.1:" in error["message"]
+        assert "--advertise-host" in error["message"]
+        assert replica["state"] == "ready"
+        reach = replica["reach"]
+        assert reach["state"] == "unreachable" and reach["url"] == url
+        assert reach["error"].startswith("cannot connect to 127.0.0.1:")
+        # Not in this server's router.
+        assert all(e["url"] != url for e in server.endpoints())
+        assert "this server cannot reach it at " + url in server.proc.output()
+    finally:
+        server.proc.stop()
