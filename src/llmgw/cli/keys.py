@@ -106,7 +106,7 @@ def create(
         typer.Option(
             "--expires",
             help="Expiry: YYYY-MM-DD (midnight UTC), an ISO datetime (UTC), or a duration "
-            "from now such as 90d [default: never].",
+            "from now such as 3600s, 12h or 90d [default: never].",
         ),
     ] = None,
     admin: Annotated[
@@ -200,7 +200,7 @@ def update(
         typer.Option(
             "--expires",
             help="Expiry: YYYY-MM-DD (midnight UTC), an ISO datetime (UTC), or a duration "
-            "from now such as 90d.",
+            "from now such as 3600s, 12h or 90d.",
         ),
     ] = None,
     never_expires: Annotated[

@@ -51,8 +51,16 @@ StoreOption = Annotated[
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
-_DURATION = re.compile(r"^(\d+)\s*(m|min|h|d|w)$")
-_UNITS = {"m": "minutes", "min": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+_DURATION = re.compile(r"^(\d+)\s*(s|sec|m|min|h|d|w)$")
+_UNITS = {
+    "s": "seconds",
+    "sec": "seconds",
+    "m": "minutes",
+    "min": "minutes",
+    "h": "hours",
+    "d": "days",
+    "w": "weeks",
+}
 
 
 class BadInput(Exception):
@@ -106,22 +114,28 @@ def parse_time(flag: str, value: str, *, now: datetime, future: bool = False) ->
     """An aware UTC datetime from what people type after `flag`.
 
     YYYY-MM-DD (midnight UTC), an ISO datetime (UTC unless it carries an offset),
-    or a duration like 30m, 24h, 7d, 2w: that long before `now`, or after it
-    when `future`.
+    or a duration like 3600s, 30m, 24h, 7d, 2w: that long before `now`, or after
+    it when `future`. A bare number is refused rather than guessed at: it could
+    mean seconds or a compact date (20250301).
     """
     text = value.strip()
+    relative = "from now" if future else "ago"
     match = _DURATION.match(text)
     if match:
         delta = timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
         return now + delta if future else now - delta
+    if text.isdigit() and len(text) != 8:
+        raise BadInput(
+            f"{flag} {value!r}: a duration needs a unit: {text}s (seconds), {text}m, "
+            f"{text}h or {text}d {relative}; or give a date YYYY-MM-DD"
+        )
     try:
         parsed = datetime.fromisoformat(text)
     except ValueError:
-        relative = "from now" if future else "ago"
         raise BadInput(
             f"{flag} {value!r}: expected YYYY-MM-DD, an ISO datetime such as "
             f"2025-03-01T12:00 (UTC unless it has an offset), or a duration {relative} "
-            "such as 30m, 24h, 7d or 2w"
+            "such as 3600s, 30m, 24h, 7d or 2w"
         ) from None
     if parsed.tzinfo is None:
         return parsed.replace(tzinfo=UTC)
