@@ -29,6 +29,10 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Help texts are plain text: with rich markup, "[default: unlimited]" in a help
+    # string was taken for a markup tag and vanished, leaving a stray " .".
+    # Sub-commands inherit this from the root app.
+    rich_markup_mode=None,
 )
 
 
