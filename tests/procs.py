@@ -143,12 +143,7 @@ class Sim:
 
 
 class Server:
-    """A real `llmgw server`; open auth and a fresh SQLite data dir unless told otherwise.
-
-    Its agent listener is plaintext (`--insecure-agents`) so plain test agents can
-    register; `insecure_agents=False` gives the default (the cluster CA: agents join
-    with a token) or, with `agent_tls` in a config file, certificates of the test's own.
-    """
+    """A real `llmgw server`; open auth and a fresh SQLite data dir unless told otherwise."""
 
     def __init__(
         self,
@@ -156,7 +151,6 @@ class Server:
         wait_ready: bool = True,
         auth: bool = False,
         data_dir: Path | None = None,
-        insecure_agents: bool = True,
     ) -> None:
         self.port = free_port()
         self.admin_port = free_port()
@@ -178,7 +172,6 @@ class Server:
                     else ["--agent-listen", f"127.0.0.1:{free_port()}"]
                 ),
                 *([] if auth else ["--auth-mode", "open"]),
-                *(["--insecure-agents"] if insecure_agents else []),
                 *args,
             )
         )

@@ -8,6 +8,7 @@ agents' namespaces. Nothing here is reachable through 127.0.0.1 across them.
 from __future__ import annotations
 
 import socket
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -69,6 +70,18 @@ def start_agent(host: Host, node: str, server: str, tmp: Path, *extra: str) -> P
     )  # fmt: skip
 
 
+def cli(server: Server, *args: str) -> str:
+    done = subprocess.run(
+        llmgw(*args, "--admin", server.admin),
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def node_view(server: Server, node: str) -> dict[str, Any] | None:
     answer = httpx.get(f"{server.admin}/admin/api/nodes/{node}", timeout=5)
     if answer.status_code == 404:
@@ -109,6 +122,16 @@ def test_agent_in_a_namespace_registers(netns: Network, tmp_path: Path) -> None:
             "the agent in its namespace to register",
         )
         assert node["id"] == "far"
+        host = netns.hosts[0]
+        # The server sees the agent from its namespace's address, and engines are
+        # advertised there (the connection's local address), with nothing to warn of.
+        assert node["seen_from"] == host.address
+        assert node["advertise_host"] == host.address
+        assert node["address_warning"] is None
+        assert f"node far connects from {host.address}" in server.proc.output()
+        shown = cli(server, "nodes", "show", "far")
+        assert f"seen from {host.address}, engines advertised at {host.address}" in shown
+        assert "warning:" not in shown
         assert agent.popen.poll() is None
     finally:
         server.proc.stop()
@@ -180,5 +203,17 @@ def test_an_agent_advertising_loopback_is_shown_unreachable_not_published(
         # Not in this server's router.
         assert all(e["url"] != url for e in server.endpoints())
         assert "this server cannot reach it at " + url in server.proc.output()
+        shown = cli(server, "models", "show", "chat")
+        assert f"cannot reach it at {url}: cannot connect to 127.0.0.1:" in shown
+        # The node says why: a loopback address advertised from another host.
+        node = node_view(server, "lo")
+        assert node is not None
+        assert node["seen_from"] == host.address and node["advertise_host"] == "127.0.0.1"
+        warning = (
+            f"advertises 127.0.0.1 (loopback) for its engines but connects from {host.address}"
+        )
+        assert warning in node["address_warning"]
+        assert warning in cli(server, "nodes", "show", "lo")
+        assert "node lo advertises 127.0.0.1 (loopback)" in server.proc.output()
     finally:
         server.proc.stop()

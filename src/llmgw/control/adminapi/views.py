@@ -67,6 +67,10 @@ def node_view(node: Node, heartbeat_age: float) -> dict[str, Any]:
         "port_range": list(node.port_range),
         "labels": dict(node.labels),
         "fabric": dict(node.fabric),
+        # Where this server sees the agent from, and the host its engine URLs use.
+        "seen_from": node.seen_from or None,
+        "advertise_host": node.advertise_host or None,
+        "address_warning": node.address_warning(),
         "gpu_source": node.gpu_source,
         "gpus": [
             {

@@ -11,6 +11,7 @@ shards and dropped otherwise; pid 0 means "no process".
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Iterable
 from datetime import UTC, datetime
 
@@ -67,7 +68,18 @@ def registration(msg: agent_pb2.Register) -> NodeRegistration:
         running_shards=tuple(shard_report(s) for s in msg.running_shards),
         port_range=(start, end),
         weights_dir=msg.weights_dir,
+        advertise_host=msg.advertise_host,
     )
+
+
+def peer_host(peer: str) -> str:
+    """The address in a gRPC peer string (`ipv4:10.0.0.7:5123`, `ipv6:[::1]:5123`)."""
+    kind, _, rest = peer.partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        return peer
+    rest = urllib.parse.unquote(rest)
+    host = rest.rsplit(":", 1)[0] if ":" in rest else rest
+    return host.strip("[]")
 
 
 def gpu_usage(gpus: Iterable[agent_pb2.GpuUsage]) -> list[GpuUsage]:

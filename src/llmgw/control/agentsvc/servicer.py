@@ -38,6 +38,7 @@ Not guaranteed:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -58,7 +59,13 @@ from llmgw.control.agentsvc.errors import (
 from llmgw.control.agentsvc.identity import IdentityGate, NodeIdentities, Refused, peer_key_hash
 from llmgw.control.agentsvc.metrics import AgentMetrics
 from llmgw.control.agentsvc.session import CommandOutcome, NodeSession
-from llmgw.control.inventory.model import GpuUsage, NodeRegistration, ShardReport, ShardSpec
+from llmgw.control.inventory.model import (
+    GpuUsage,
+    NodeRegistration,
+    ShardReport,
+    ShardSpec,
+    is_loopback,
+)
 from llmgw.proto import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger("llmgw.control.agentsvc")
@@ -91,6 +98,26 @@ async def _next(context: Context) -> agent_pb2.AgentMessage | None:
         return None
     assert isinstance(message, agent_pb2.AgentMessage)
     return message
+
+
+def _log_addresses(registration: NodeRegistration) -> None:
+    """Where the agent is seen from, and a warning when its engines cannot work from here."""
+    advertised = registration.advertise_host or "(not said: an older agent)"
+    log.info(
+        "node %s connects from %s; its engines are advertised at %s",
+        registration.node_id,
+        registration.seen_from,
+        advertised,
+    )
+    if is_loopback(registration.advertise_host) and not is_loopback(registration.seen_from):
+        log.warning(
+            "node %s advertises %s (loopback) for its engines but connects from %s: this "
+            "server cannot reach them; start its agent without --advertise-host, or with an "
+            "address this server can dial",
+            registration.node_id,
+            registration.advertise_host,
+            registration.seen_from,
+        )
 
 
 class _ClosedByServer(Exception):
@@ -292,9 +319,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         self, registration: NodeRegistration, *, peer: str, key_hash: str | None = None
     ) -> NodeSession:
         node_id = registration.node_id
+        registration = dataclasses.replace(registration, seen_from=convert.peer_host(peer))
         # Inventory first: if it refuses, no session state has changed. No await
         # from here to the end, so no other stream sees a half-open session.
         self._inventory.register(registration)
+        _log_addresses(registration)
         session = NodeSession(node_id=node_id, peer=peer, key_hash=key_hash, opened=self._clock())
         old = self._sessions.get(node_id)
         self._sessions[node_id] = session

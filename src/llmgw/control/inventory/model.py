@@ -11,6 +11,7 @@ copies; a copy is a snapshot taken when it was asked for.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -98,6 +99,10 @@ class NodeRegistration:
     running_shards: tuple[ShardReport, ...] = ()
     port_range: tuple[int, int] = (0, 0)
     weights_dir: str = ""
+    # The host engine URLs use, as the agent says (empty from older agents), and
+    # the address this server sees the agent's connection from (its gRPC peer).
+    advertise_host: str = ""
+    seen_from: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +172,18 @@ class Node:
     last_heartbeat: float
     last_heartbeat_at: datetime
     shards: dict[str, Shard]
+    advertise_host: str = ""
+    seen_from: str = ""
+
+    def address_warning(self) -> str | None:
+        """Why this node's engine URLs cannot work from this server, if they cannot."""
+        if is_loopback(self.advertise_host) and self.seen_from and not is_loopback(self.seen_from):
+            return (
+                f"the agent advertises {self.advertise_host} (loopback) for its engines but "
+                f"connects from {self.seen_from}: this server cannot reach them; start it "
+                "without --advertise-host, or with an address this server can dial"
+            )
+        return None
 
     def copy(self) -> Node:
         """A snapshot: GPUs and shards are immutable, so only the shard dict is copied."""
@@ -175,3 +192,14 @@ class Node:
     def gpus_in_use(self) -> frozenset[int]:
         """Indices of GPUs assigned to shards that may still hold them."""
         return frozenset(i for s in self.shards.values() if s.holds_gpus for i in s.gpu_indices)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address or `localhost`) is reachable from its own machine only."""
+    bare = host.strip("[]").lower()
+    if bare == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(bare.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
