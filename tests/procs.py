@@ -143,7 +143,12 @@ class Sim:
 
 
 class Server:
-    """A real `llmgw server`; open auth and a fresh SQLite data dir unless told otherwise."""
+    """A real `llmgw server`; open auth and a fresh SQLite data dir unless told otherwise.
+
+    Its agent listener is plaintext (`--insecure-agents`) so plain test agents can
+    register; `insecure_agents=False` gives the default (the cluster CA: agents join
+    with a token) or, with `agent_tls` in a config file, certificates of the test's own.
+    """
 
     def __init__(
         self,
@@ -151,6 +156,7 @@ class Server:
         wait_ready: bool = True,
         auth: bool = False,
         data_dir: Path | None = None,
+        insecure_agents: bool = True,
     ) -> None:
         self.port = free_port()
         self.admin_port = free_port()
@@ -172,6 +178,7 @@ class Server:
                     else ["--agent-listen", f"127.0.0.1:{free_port()}"]
                 ),
                 *([] if auth else ["--auth-mode", "open"]),
+                *(["--insecure-agents"] if insecure_agents else []),
                 *args,
             )
         )

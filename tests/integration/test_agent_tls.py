@@ -98,6 +98,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     server = Server(
         "--endpoint", "x=http://127.0.0.1:1=unused", "--agent-listen", f"127.0.0.1:{agent_port}",
         "--config", str(config(tmp, ca)), data_dir=tmp / "data", wait_ready=False,
+        insecure_agents=False,
     )  # fmt: skip
     made = Fleet(tmp=tmp, server=server, agent_port=agent_port, ca=ca, other=other, agents=[])
     try:

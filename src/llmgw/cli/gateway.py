@@ -24,11 +24,20 @@ from prometheus_client import CollectorRegistry
 
 from llmgw import __version__
 from llmgw.auth import Authenticator, KeyAuthenticator, KeyService, OpenAuthenticator
+from llmgw.cli.cluster_wiring import (
+    ClusterSetupError,
+    agent_security,
+    announce_join,
+    dialable,
+    open_cluster_pki,
+    tokens_unavailable,
+)
 from llmgw.cli.control_wiring import ControllerActivator, PoolPublisher
 from llmgw.cli.dashboard_wiring import dashboard_sources
 from llmgw.cli.serving import BoundListener, QuietServer, make_server
 from llmgw.config import ListenAddress, ServerConfig
 from llmgw.control.adminapi import event_routes, model_routes, node_routes
+from llmgw.control.adminapi.tokens import join_token_routes
 from llmgw.control.agentsvc import (
     AgentListener,
     AgentListenerError,
@@ -36,6 +45,8 @@ from llmgw.control.agentsvc import (
     run_sweeper,
     serve_agents,
 )
+from llmgw.control.agentsvc.cluster_pki import ClusterPki
+from llmgw.control.agentsvc.join import serve_cluster_agents
 from llmgw.control.catalog import Catalog, CatalogError, model_from_config
 from llmgw.control.inventory import FleetMetrics, Inventory
 from llmgw.control.leadership import (
@@ -255,6 +266,19 @@ async def _serve(
     )
     FleetMetrics(registry=registry, inventory=inventory)
     server_id = f"{socket.gethostname()}:{os.getpid()}"
+    security = agent_security(cfg)
+    pki: ClusterPki | None = None
+    if security == "cluster":
+        try:
+            pki = await open_cluster_pki(
+                cfg,
+                store,
+                data_dir=cfg.data_dir or DEFAULT_DATA_DIR,
+                server_id=server_id,
+                wall_clock=utc_now,
+            )
+        except ClusterSetupError as exc:
+            raise StartupError(str(exc)) from exc
     leadership = Leadership(
         store=store.leadership,
         server_id=server_id,
@@ -305,7 +329,7 @@ async def _serve(
         server_version=__version__,
         command_timeout=AGENT_COMMAND_TIMEOUT,
         registry=registry,
-        require_identity=cfg.agent_tls is not None,
+        require_identity=security in ("own", "cluster"),
         admission=leadership.admission,
     )
     control = cfg.control
@@ -390,6 +414,12 @@ async def _serve(
             *key_routes(service=key_service, usage=store.usage, wall_clock=utc_now),
             *node_routes(inventory=inventory, remove_weights=agents.remove_weights),
             *model_routes(catalog=catalog, control=model_control),
+            *join_token_routes(
+                issuer=pki,
+                unavailable=tokens_unavailable(security),
+                wall_clock=utc_now,
+                agent_address=_agent_address(cfg),
+            ),
             *event_routes(source=model_control),
             *leader_routes(
                 leadership=leadership,
@@ -466,18 +496,36 @@ async def _serve(
     try:
         if cfg.agent_listen is not None:
             try:
-                agent_listener = await serve_agents(
-                    servicer=agents,
-                    host=cfg.agent_listen.host,
-                    port=cfg.agent_listen.port,
-                    tls=cfg.agent_tls,
-                )
+                if pki is not None:
+                    agent_listener = await serve_cluster_agents(
+                        servicer=agents,
+                        pki=pki,
+                        host=cfg.agent_listen.host,
+                        port=cfg.agent_listen.port,
+                    )
+                else:
+                    agent_listener = await serve_agents(
+                        servicer=agents,
+                        host=cfg.agent_listen.host,
+                        port=cfg.agent_listen.port,
+                        tls=cfg.agent_tls,
+                    )
             except AgentListenerError as exc:
                 raise StartupError(str(exc)) from exc
+            if security == "insecure":
+                log.warning(
+                    "INSECURE AGENTS (--insecure-agents): the agent listener on %s:%d takes "
+                    "plaintext agents without certificates; any host that reaches it can "
+                    "register as any node and receive users' prompts. Restart without "
+                    "--insecure-agents to have nodes join with a token over mTLS",
+                    cfg.agent_listen.host,
+                    agent_listener.port,
+                )
             log.info("agent listener on %s:%d", cfg.agent_listen.host, agent_listener.port)
         async with asyncio.TaskGroup() as group:
             background = [
                 group.create_task(guard("health prober", prober.run())),
+                *([group.create_task(guard("cluster PKI", pki.run()))] if pki is not None else []),
                 group.create_task(guard("reachability checker", gate.run())),
                 group.create_task(guard("usage pruner", pruner.run())),
                 group.create_task(
@@ -559,6 +607,12 @@ async def _serve(
                     len(cfg.endpoints),
                     ", ".join(pool.models()),
                     store.url,
+                )
+            if pki is not None and agent_listener is not None and cfg.agent_listen is not None:
+                await announce_join(
+                    pki,
+                    cfg.control.advertise_agent_address
+                    or dialable(cfg.agent_listen.host, agent_listener.port),
                 )
             await stop.wait()
             log.info("shutting down: no new connections, finishing in-flight requests")

@@ -14,6 +14,7 @@ from llmgw.cli import nodes as nodes_cmd
 from llmgw.cli import server as server_cmd
 from llmgw.cli import sim as sim_cmd
 from llmgw.cli import status as status_cmd
+from llmgw.cli import tokens as tokens_cmd
 from llmgw.cli import up as up_cmd
 from llmgw.cli import usage as usage_cmd
 from llmgw.cli import users as users_cmd
@@ -28,6 +29,10 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Help texts are plain text: with rich markup, "[default: unlimited]" in a help
+    # string was taken for a markup tag and vanished, leaving a stray " .".
+    # Sub-commands inherit this from the root app.
+    rich_markup_mode=None,
 )
 
 
@@ -53,6 +58,7 @@ app.add_typer(keys_cmd.keys_app, name="keys")
 app.add_typer(users_cmd.users_app, name="users")
 app.command(name="usage")(usage_cmd.usage)
 app.add_typer(db_cmd.db_app, name="db")
+nodes_cmd.nodes_app.add_typer(tokens_cmd.token_app, name="token")
 app.add_typer(nodes_cmd.nodes_app, name="nodes")
 app.add_typer(certs_cmd.certs_app, name="certs")
 app.add_typer(models_cmd.models_app, name="models")

@@ -387,10 +387,15 @@ def add(
     engine: Annotated[
         str | None, typer.Option(help="vllm, sglang, llamacpp or sim.", show_default=False)
     ] = None,
-    gpus: Annotated[int | None, typer.Option(help="GPUs per replica.", show_default=False)] = None,
+    gpus: Annotated[
+        int | None, typer.Option(help="GPUs per replica [default: 0].", show_default=False)
+    ] = None,
     gpu_memory: Annotated[
         str | None,
-        typer.Option(help="Free memory each GPU needs, e.g. 24GiB.", show_default=False),
+        typer.Option(
+            help="Free memory each GPU needs, e.g. 24GiB [default: 0, any GPU].",
+            show_default=False,
+        ),
     ] = None,
     engine_arg: Annotated[
         list[str] | None,
@@ -399,28 +404,33 @@ def add(
         ),
     ] = None,
     min_replicas: Annotated[
-        int | None, typer.Option(help="Replicas kept even when idle (0).", show_default=False)
+        int | None,
+        typer.Option(help="Replicas kept even when idle [default: 0].", show_default=False),
     ] = None,
     max_replicas: Annotated[
-        int | None, typer.Option(help="Most replicas under load (1).", show_default=False)
+        int | None, typer.Option(help="Most replicas under load [default: 1].", show_default=False)
     ] = None,
     keep_alive: Annotated[
         str | None,
-        typer.Option(help="Idle time before scale-down: 300, 5m, 1h; -1 pins.", show_default=False),
+        typer.Option(
+            help="Idle time before scale-down: 300, 5m, 1h; -1 pins [default: 5m].",
+            show_default=False,
+        ),
     ] = None,
     target_in_flight: Annotated[
         int | None,
         typer.Option(
             min=1,
             help="Scale on load: one replica per this many requests in flight, up to "
-            "--max-replicas (off).",
+            "--max-replicas [default: off].",
             show_default=False,
         ),
     ] = None,
     scale_down_delay: Annotated[
         str | None,
         typer.Option(
-            help="How long load must stay lower before load replicas stop: 60, 90s, 5m (60).",
+            help="How long load must stay lower before load replicas stop: 60, 90s, 5m "
+            "[default: 60s].",
             show_default=False,
         ),
     ] = None,

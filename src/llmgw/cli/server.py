@@ -63,6 +63,25 @@ def server(
             show_default=False,
         ),
     ] = None,
+    insecure_agents: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-agents",
+            help="Plaintext agent listener without certificates (any host that reaches it can "
+            "register as a node; trusted networks only) [default: off: TLS with the cluster "
+            "CA, nodes join with a token].",
+            show_default=False,
+        ),
+    ] = False,
+    cluster_key_file: Annotated[
+        str | None,
+        typer.Option(
+            envvar="LLMGW_CLUSTER_KEY_FILE",
+            help="Key file that seals the cluster CA in the store; the same file on every "
+            "server of a store [default: <data-dir>/cluster.key].",
+            show_default=False,
+        ),
+    ] = None,
     data_dir: Annotated[
         str | None,
         typer.Option(
@@ -115,6 +134,10 @@ def server(
             overrides["agent_listen"] = (
                 None if agent_listen == "off" else parse_listen("--agent-listen", agent_listen)
             )
+        if insecure_agents:
+            overrides["insecure_agents"] = True
+        if cluster_key_file is not None:
+            overrides["cluster_key_file"] = cluster_key_file
         if data_dir is not None:
             overrides["data_dir"] = data_dir
         if store is not None:

@@ -63,7 +63,8 @@ def load_server_config(path: Path | None, overrides: dict[str, Any]) -> ServerCo
     """The file's settings with `overrides` (from flags, already parsed) laid on top.
 
     `overrides` may hold `listen`, `admin_listen`, `metrics_listen`, `data_dir`,
-    `store`, `auth_mode`, `extra_endpoints` (appended to the file's endpoints) and
+    `store`, `insecure_agents`, `cluster_key_file`, `auth_mode`, `extra_endpoints`
+    (appended to the file's endpoints) and
     `admin_allowed_hosts` (appended to the file's `admin.allowed_hosts`).
     """
     data: dict[str, Any] = read_yaml_mapping(path) if path is not None else {}
@@ -73,9 +74,19 @@ def load_server_config(path: Path | None, overrides: dict[str, Any]) -> ServerCo
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(source, exc)) from exc
     merged = file_config.model_dump()
-    for key in ("listen", "admin_listen", "metrics_listen", "agent_listen", "data_dir", "store"):
+    for key in (
+        "listen",
+        "admin_listen",
+        "metrics_listen",
+        "agent_listen",
+        "data_dir",
+        "store",
+        "insecure_agents",
+    ):
         if key in overrides:
             merged[key] = overrides[key]
+    if "cluster_key_file" in overrides:
+        merged["control"]["cluster_key_file"] = overrides["cluster_key_file"]
     if "auth_mode" in overrides:
         merged["auth"]["mode"] = overrides["auth_mode"]
     merged["endpoints"] = [*merged["endpoints"], *overrides.get("extra_endpoints", [])]

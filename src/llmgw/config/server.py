@@ -338,6 +338,46 @@ class ControlConfig(_Strict):
             "engine is killed; matches the server's own shutdown grace."
         ),
     )
+    cluster_key_file: str | None = Field(
+        default=None,
+        description=(
+            "File of the cluster key that seals the cluster CA's private key in the store "
+            "(32 random bytes, hex, mode 0600); every server of a shared store needs the "
+            "same file. Unset: <data-dir>/cluster.key, created by the first server."
+        ),
+    )
+    agent_server_names: list[str] = Field(
+        default_factory=list,
+        description=(
+            "More DNS names or IP addresses agents dial this server by (a load balancer's "
+            "name, a NAT address), added to its certificate; its listen address, host "
+            "name, interface addresses and loopback are always in it."
+        ),
+    )
+    ca_lifetime: float = Field(
+        default=10 * 365 * 86400.0,
+        gt=0,
+        description=(
+            "Seconds the cluster CA created by the first server is valid: 10 years, since "
+            "replacing it means every node joins again."
+        ),
+    )
+    server_cert_lifetime: float = Field(
+        default=90 * 86400.0,
+        gt=0,
+        description=(
+            "Seconds a server's certificate for agents is valid (90 days); it is renewed "
+            "automatically after two thirds of that."
+        ),
+    )
+    node_cert_lifetime: float = Field(
+        default=30 * 86400.0,
+        gt=0,
+        description=(
+            "Seconds a node certificate is valid (30 days): short, so a stolen one is not "
+            "useful for long; agents renew after two thirds of it."
+        ),
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> ControlConfig:
@@ -433,7 +473,18 @@ class ServerConfig(_Strict):
     )
     agent_tls: AgentTLSConfig | None = Field(
         default=None,
-        description="mTLS for the agent listener; unset: plaintext, for a trusted network only.",
+        description=(
+            "mTLS for the agent listener with certificates of your own (`llmgw certs`); "
+            "unset: the cluster CA in the store, and nodes join with a token."
+        ),
+    )
+    insecure_agents: bool = Field(
+        default=False,
+        description=(
+            "Serve the agent listener in plaintext, without certificates: any host that "
+            "reaches it can register as a node. Off: TLS with the cluster CA, and nodes join "
+            "with a token (or agent_tls, with certificates of your own)."
+        ),
     )
     api_tls: ApiTLSConfig | None = Field(
         default=None,
@@ -465,6 +516,15 @@ class ServerConfig(_Strict):
             "the control plane on; models added through the admin API are kept in the store."
         ),
     )
+
+    @model_validator(mode="after")
+    def _one_agent_security(self) -> ServerConfig:
+        if self.insecure_agents and self.agent_tls is not None:
+            raise ValueError(
+                "insecure_agents and agent_tls are both set: drop insecure_agents to use "
+                "agent_tls, or drop agent_tls for a plaintext agent listener"
+            )
+        return self
 
     @model_validator(mode="after")
     def _unique_endpoint_ids(self) -> ServerConfig:

@@ -1,0 +1,348 @@
+"""The install the README makes, tested: `pip install .` alone, then the README's commands.
+
+`make run` installs the project with its runtime dependencies only; the test suite
+runs with the test extra on top, which hid a missing runtime dependency once
+(`llmgw models list` ended in `ModuleNotFoundError: httpx` after `make run`). So
+this module builds a fresh venv with a plain, non-editable `pip install` of a copy
+of the working tree (once per test session: about a minute; pip's cache makes it
+faster), starts `llmgw up` from it, and runs every admin command the README shows
+against that running gateway: each must exit 0, print no traceback, and show what
+it is for. `llmgw --help` and every sub-command's `--help` run in that venv too.
+
+The commands are read from README.md: each `llmgw GROUP SUB` it mentions (in code
+blocks, inline code or the sample output) must have a run here (RUNS), and each
+run here must be one the README mentions, so the test follows the README. Lines of
+code blocks without placeholders (`llmgw keys create --name my-team`) are also run
+exactly as written. Admin commands are those that act on a running gateway or its
+store (models, nodes, keys, users, usage, status); `llmgw certs` writes files and
+is covered by its own tests.
+
+Not guaranteed: that the install works offline. pip needs the package index (or
+its cache) for the dependencies, as the README's `make run` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import typer
+from procs import free_port, free_port_block
+from typer.core import TyperGroup
+
+from llmgw.cli.main import app
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+# What `pip install .` reads: the build config, the readme it names, the sources.
+BUILD_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "src")
+ADMIN_GROUPS = ("models", "nodes", "keys", "users", "usage", "status")
+NODE = "local"
+SIM = "sim-small"
+KEY = "readme-key"
+PIP_TIMEOUT = 900.0
+COMMAND_TIMEOUT = 180.0
+READY_TIMEOUT = 120.0
+
+pytestmark = pytest.mark.timeout(1200)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One admin command the README shows, made runnable, and what its output must hold."""
+
+    form: str  # "GROUP SUB" as the README names it, or "GROUP" for a command without subs
+    args: tuple[str, ...]
+    shows: str
+    stdin: str | None = None
+
+
+ADD_MODEL = (
+    "models", "add", "--name", "readme-sim", "--engine", "sim", "--weights", "simulated",
+    "--gpus", "0", "--keep-alive", "5m",
+)  # fmt: skip
+# In order: each may rely on what the ones before it did. The drain runs while
+# nothing is running on the node (a single node has nowhere to move a replica to).
+RUNS = (
+    Run("status", ("status",), NODE),
+    Run("nodes list", ("nodes", "list"), NODE),
+    Run("models list", ("models", "list"), SIM),
+    Run("models add", ADD_MODEL, "readme-sim"),
+    Run("models explain", ("models", "explain", SIM), NODE),
+    Run("nodes drain", ("nodes", "drain", NODE, "--wait", "--timeout", "120"), NODE),
+    Run("nodes undrain", ("nodes", "undrain", NODE), NODE),
+    Run("models activate", ("models", "activate", SIM, "--timeout", "120"), "ready"),
+    Run("nodes remove-weights", ("nodes", "remove-weights", NODE, "no-such-model.gguf"), NODE),
+    Run("keys create", ("keys", "create", "--name", KEY), "sk-llmgw-"),
+    Run("keys list", ("keys", "list"), KEY),
+    Run("keys update", ("keys", "update", KEY, "--rpm", "100", "--no-budget"), "100"),
+    Run("keys rotate", ("keys", "rotate", KEY), "sk-llmgw-"),
+    Run("keys revoke", ("keys", "revoke", KEY), KEY),
+    Run("usage", ("usage", "--by", "day,key"), ""),
+    Run(
+        "users create",
+        ("users", "create", "readme-admin", "--admin", "--password-stdin"),
+        "readme-admin",
+        stdin="a long enough password 123\n",
+    ),
+)
+
+# `llmgw nodes undrain` is not in the README; it puts the node back for the activation.
+SETUP_ONLY = frozenset({"nodes undrain"})
+_MENTION = re.compile(r"\bllmgw\s+([a-z][a-z-]*)(?:\s+([a-z][a-z|-]*))?")
+_FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
+_VERBATIM = re.compile(r"(?:\S*/)?llmgw\s+(?:" + "|".join(ADMIN_GROUPS) + r")\b[^\n#]*")
+_PLACEHOLDER = re.compile(r"[A-Z]{2,}|[|\[\]<>…]|\.\.\.")
+
+
+def cli_groups() -> dict[str, set[str]]:
+    """The admin groups and their sub-commands, as the CLI itself has them."""
+    root = typer.main.get_command(app)
+    assert isinstance(root, TyperGroup)
+    groups: dict[str, set[str]] = {}
+    for name in ADMIN_GROUPS:
+        command = root.commands[name]
+        groups[name] = set(command.commands) if isinstance(command, TyperGroup) else set()
+    return groups
+
+
+def readme_forms(text: str) -> set[str]:
+    """Every admin command the README mentions, as "GROUP SUB" (or "GROUP")."""
+    groups = cli_groups()
+    forms: set[str] = set()
+    for match in _MENTION.finditer(text):
+        group, rest = match.group(1), match.group(2) or ""
+        if group not in groups:
+            continue  # `llmgw server`, `llmgw is up`, ...
+        if not groups[group]:
+            forms.add(group)
+            continue
+        forms.update(f"{group} {sub}" for sub in rest.split("|") if sub in groups[group])
+    return forms
+
+
+def readme_verbatim(text: str) -> list[list[str]]:
+    """Admin command lines in the README's code blocks that can be run as written."""
+    found: list[list[str]] = []
+    for block in _FENCE.findall(text):
+        for match in _VERBATIM.finditer(block):
+            line = match.group(0).strip()
+            if _PLACEHOLDER.search(line):
+                continue
+            words = shlex.split(line)
+            found.append(["llmgw", *words[1:]])
+    return found
+
+
+def test_the_runs_here_are_the_admin_commands_the_readme_shows() -> None:
+    shown = readme_forms(README.read_text(encoding="utf-8"))
+    runs = {run.form for run in RUNS} - SETUP_ONLY
+    assert shown - runs == set(), (
+        f"README.md shows {sorted(shown - runs)}, which this test does not run: add each to RUNS"
+    )
+    assert runs - shown == set(), (
+        f"RUNS has {sorted(runs - shown)}, which README.md no longer shows: remove them"
+    )
+    # What the parsing is meant to find, on today's README.
+    assert {"models list", "nodes list", "status", "keys create"} <= shown
+
+
+@pytest.fixture(scope="session")
+def fresh_install(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv with `pip install <copy of this tree>` and nothing else; its bin directory."""
+    work = tmp_path_factory.mktemp("fresh-install")
+    source = work / "source"
+    source.mkdir()
+    for name in BUILD_INPUTS:
+        path = ROOT / name
+        if path.is_dir():
+            shutil.copytree(
+                path, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+            )
+        elif path.exists():
+            shutil.copy2(path, source / name)
+    venv = work / "venv"
+    # The base interpreter, not this venv's: the fresh venv must not see the test extra.
+    base = getattr(sys, "_base_executable", sys.executable)
+    steps = [
+        [base, "-m", "venv", str(venv)],
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(source)],
+    ]
+    for argv in steps:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=PIP_TIMEOUT, check=False, cwd=work
+        )
+        if done.returncode != 0:
+            pytest.fail(
+                f"{shlex.join(argv)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}",
+                pytrace=False,
+            )
+    test_only = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import pytest"], capture_output=True, check=False
+    )
+    assert test_only.returncode != 0, "the fresh venv has the test extra; it must not"
+    return venv / "bin"
+
+
+def clean_env(home: Path, **extra: str) -> dict[str, str]:
+    """The environment of a new shell: no LLMGW_* settings from the test run, a fresh HOME."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMGW_", "XDG_"))}
+    env.pop("VIRTUAL_ENV", None)
+    env.update(HOME=str(home), COLUMNS="200", **extra)
+    return env
+
+
+@dataclass(frozen=True)
+class Gateway:
+    admin: str
+    data_dir: Path
+    output: Path
+
+
+@pytest.fixture
+def gateway(fresh_install: Path, tmp_path: Path) -> Iterator[Gateway]:
+    """`llmgw up` from the fresh venv, with its local agent registered."""
+    home = tmp_path / "home"
+    home.mkdir()
+    data_dir = tmp_path / "data"
+    port, admin_port, agent_port = free_port(), free_port(), free_port()
+    low = free_port_block(10)
+    argv = [
+        str(fresh_install / "llmgw"), "up",
+        "--listen", f"127.0.0.1:{port}",
+        "--admin-listen", f"127.0.0.1:{admin_port}",
+        "--agent-listen", f"127.0.0.1:{agent_port}",
+        "--data-dir", str(data_dir),
+        "--port-range", f"{low}-{low + 9}",
+    ]  # fmt: skip
+    output = tmp_path / "up.log"
+    admin = f"http://127.0.0.1:{admin_port}"
+    with output.open("wb") as log:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=clean_env(home),
+            start_new_session=True,
+        )
+    try:
+        wait_for_node(proc, admin, output)
+        yield Gateway(admin=admin, data_dir=data_dir, output=output)
+    finally:
+        # The agent and its engines run in sessions of their own: found through /proc.
+        left = descendants(proc.pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=60)
+        for pid in [proc.pid, *left]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below pid (parent links read from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                stat = (entry / "stat").read_text()
+                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        below = [child for child, parent in parents.items() if parent == todo[-1]]
+        todo.pop()
+        found += below
+        todo += below
+    return found
+
+
+def wait_for_node(proc: subprocess.Popen[bytes], admin: str, output: Path) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(
+                f"`llmgw up` exited {proc.returncode}:\n{output.read_text(errors='replace')}",
+                pytrace=False,
+            )
+        with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+            nodes = httpx.get(f"{admin}/admin/api/nodes", timeout=5).json()["nodes"]
+            if any(n["id"] == NODE and n["state"] == "ready" for n in nodes):
+                return
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"node {NODE!r} not ready within {READY_TIMEOUT:.0f} s:\n"
+                f"{output.read_text(errors='replace')}",
+                pytrace=False,
+            )
+        time.sleep(0.2)
+
+
+def run_llmgw(
+    bin_dir: Path, args: list[str], env: dict[str, str], stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """One `llmgw` command from the fresh venv; fails the test on a traceback or exit != 0."""
+    argv = [str(bin_dir / "llmgw"), *args]
+    done = subprocess.run(
+        argv,
+        input=stdin,
+        stdin=None if stdin is not None else subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=COMMAND_TIMEOUT,
+        check=False,
+    )
+    said = f"$ llmgw {shlex.join(args)}\nexit {done.returncode}\n{done.stdout}\n{done.stderr}"
+    assert "Traceback" not in done.stdout + done.stderr, said
+    assert done.returncode == 0, said
+    return done
+
+
+def test_every_admin_command_the_readme_shows_runs_from_a_plain_install(
+    fresh_install: Path, gateway: Gateway, tmp_path: Path
+) -> None:
+    home = tmp_path / "cli-home"
+    home.mkdir()
+    env = clean_env(home, LLMGW_ADMIN_URL=gateway.admin, LLMGW_DATA_DIR=str(gateway.data_dir))
+    for words in readme_verbatim(README.read_text(encoding="utf-8")):
+        run_llmgw(fresh_install, words[1:], env)
+    for run in RUNS:
+        done = run_llmgw(fresh_install, list(run.args), env, run.stdin)
+        assert run.shows in done.stdout + done.stderr, (
+            f"$ llmgw {shlex.join(run.args)} does not show {run.shows!r}:\n{done.stdout}\n"
+            f"{done.stderr}"
+        )
+    # What the admin commands did is what the gateway now holds.
+    models = httpx.get(f"{gateway.admin}/admin/api/models", timeout=10).json()
+    names = {m["name"] for m in models["models"]}
+    assert {SIM, "readme-sim"} <= names, models
+
+
+def test_help_of_every_command_from_a_plain_install(fresh_install: Path, tmp_path: Path) -> None:
+    env = clean_env(tmp_path)
+    root = typer.main.get_command(app)
+    assert isinstance(root, TyperGroup)
+    paths: list[list[str]] = [[]]
+    for name, command in sorted(root.commands.items()):
+        paths.append([name])
+        if isinstance(command, TyperGroup):
+            paths += [[name, sub] for sub in sorted(command.commands)]
+    for path in paths:
+        done = run_llmgw(fresh_install, [*path, "--help"], env)
+        assert "Usage: llmgw" in done.stdout, done.stdout
