@@ -1,7 +1,12 @@
 """Leadership: one server holds the store's lease and places work; the others stand by.
 
 `Leadership.run(lead=..., follow=...)` alternates between two roles. As a standby
-it runs `follow()` and tries to take the lease every third of its TTL. Once it
+it runs `follow()` and tries to take the lease every third of its TTL, and also
+just after the moment the lease it last read runs out: a leader that dies right
+after renewing leaves a lease valid for a whole TTL, and trying only every TTL/3
+would take it over up to TTL + TTL/3 later; waking at the expiry makes it TTL
+plus the store's round trip. (Expiry is judged by each server's own wall clock,
+in the store and here alike.) Once it
 holds the lease it runs `lead(epoch)` (the leader-only tasks, as one task) and
 renews every third of the TTL; when a renewal is refused, or the store cannot
 be reached until the lease would have run out, it cancels `lead` and goes back
@@ -31,6 +36,9 @@ from llmgw.store import Lease, StoreError
 log = logging.getLogger("llmgw.control.leadership")
 
 LEASE_NAME = "control"
+# How long after the seen lease's expiry a standby tries: the store takes it only
+# once its own reading of the clock is past the expiry.
+EXPIRY_MARGIN = 0.01
 Role = Literal["leader", "standby"]
 
 
@@ -87,6 +95,7 @@ class Leadership:
         self._role_since = wall_clock()
         self._lost = asyncio.Event()
         self._elected = asyncio.Event()
+        self._store_answered = False  # whether the last try to acquire reached the store
 
     @property
     def server_id(self) -> str:
@@ -162,7 +171,9 @@ class Leadership:
                 self._seen = await self._store.current(LEASE_NAME)
         except StoreError as exc:
             log.warning("cannot reach the store for the lease: %s", exc)
+            self._store_answered = False
             return None
+        self._store_answered = True
         if lease is not None:
             self._valid_until = started + self._ttl
         return lease
@@ -182,11 +193,22 @@ class Leadership:
                     follower = asyncio.ensure_future(follow())
                 elif follower.done():
                     follower.result()  # a follower that failed ends the process
-                await self._sleep(self._ttl / 3)
+                await self._sleep(self._next_try())
         finally:
             if follower is not None:
                 follower.cancel()
                 await asyncio.gather(follower, return_exceptions=True)
+
+    def _next_try(self) -> float:
+        """Seconds until a standby tries again: TTL/3, or just after the lease it
+        read runs out when that is sooner. A healthy leader renews every TTL/3, so
+        its lease always runs longer than that and the standby keeps its pace."""
+        delay = self._ttl / 3
+        seen = self._seen
+        if self._store_answered and seen is not None and seen.owner != self._server:
+            left = (seen.expires_at - self._wall_clock()).total_seconds()
+            delay = min(delay, max(left, 0.0) + EXPIRY_MARGIN)
+        return delay
 
     async def _lead(self, lease: Lease, lead: Callable[[int], Awaitable[None]]) -> None:
         self._lease = self._seen = lease
