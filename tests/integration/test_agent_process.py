@@ -352,16 +352,19 @@ async def test_drain_then_sigterm_stops_engines_and_exits_0(node: Node) -> None:
     assert not alive(first.pid)
 
     assert node.agent is not None
+    mark = len(node.plane.messages)
     node.agent.proc.signal(signal.SIGTERM)
-    await node.plane.expect(
-        "shard_status", lambda s: s.shard_id == "d2" and s.state == S.SHARD_STATE_STOPPED
-    )
-    for _ in range(100):
+    for _ in range(200):
         if node.agent.proc.popen.poll() is not None:
             break
         await asyncio.sleep(0.05)
     assert node.agent.proc.popen.returncode == 0, node.agent.proc.output()
-    assert not alive(second.pid)
+    # A clean agent stop leaves its engines running for the next agent, and reports
+    # no replica failure.
+    assert alive(second.pid)
+    assert node.plane.statuses("d2")[-1] == S.SHARD_STATE_READY
+    assert all(m.WhichOneof("kind") != "shard_status" for m in node.plane.messages[mark:])
+    assert "leaving 1 engine running" in node.agent.proc.output()
 
 
 async def test_reconnect_adopts_running_shard_and_sigkill_leaves_no_orphans(node: Node) -> None:
@@ -378,7 +381,31 @@ async def test_reconnect_adopts_running_shard_and_sigkill_leaves_no_orphans(node
     assert adopted.spec.model == "model-r1" and adopted.spec.port == node.range[0] + 1
     assert alive(ready.pid)
 
-    # The agent is SIGKILLed: the kernel kills its engine too.
+    # The agent is SIGKILLed: its engine keeps serving, and the restarted agent
+    # adopts it (same pid, ready at once, no reload).
     assert node.agent is not None
     os.kill(node.agent.proc.popen.pid, signal.SIGKILL)
+    node.agent.proc.popen.wait(10)
+    assert alive(ready.pid)
+    async with httpx.AsyncClient() as client:
+        assert (await client.get(ready.endpoint_url + "/health")).status_code == 200
+    mark = len(node.plane.messages)
+    pids = node.agent.engine_pids
+    node.agent = Agent(node.port, node.range, node.tmp / "weights")
+    node.agent.engine_pids |= pids
+    register = await node.plane.expect("register", after=mark)
+    [adopted] = register.running_shards
+    assert adopted.shard_id == "r1" and adopted.state == S.SHARD_STATE_READY
+    assert adopted.pid == ready.pid and adopted.endpoint_url == ready.endpoint_url
+    assert adopted.message.startswith("adopted")
+
+    # StopShard on the adopted engine: stopped, exit code unknown (not a child).
+    node.plane.send("stop-r1", stop_shard=S.StopShard(shard_id="r1", grace_seconds=5))
+    stopped = await node.plane.expect(
+        "shard_status",
+        lambda s: s.shard_id == "r1" and s.state == S.SHARD_STATE_STOPPED,
+        after=mark,
+        within=60,
+    )
+    assert "exit code unknown" in stopped.message
     await wait_gone(ready.pid)

@@ -27,6 +27,7 @@ from llmgw.agent.feed import StatusFeed
 from llmgw.agent.flags import PortRange
 from llmgw.agent.hardware import DeclaredGpus, Hardware
 from llmgw.agent.settings import ConnectionSettings, SupervisorSettings
+from llmgw.agent.state import EngineStore
 from llmgw.agent.supervisor import Supervisor
 from llmgw.agent.wire import NodeIdentity
 from llmgw.control.agentsvc.server import SERVER_OPTIONS
@@ -159,6 +160,7 @@ def connection(
         gpu_count=1,
         settings=SupervisorSettings(),
         on_change=feed.publish,
+        store=EngineStore(tmp_path / "state", node_id="n1"),
     )
     return Connection(
         addresses=addresses,

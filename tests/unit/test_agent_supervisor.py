@@ -9,7 +9,9 @@ periods under a second).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import signal
 import socket
 import sys
 from collections.abc import AsyncIterator
@@ -29,8 +31,16 @@ from llmgw.agent.errors import (
 from llmgw.agent.flags import PortRange
 from llmgw.agent.settings import SupervisorSettings
 from llmgw.agent.shard import ShardReport, ShardState
+from llmgw.agent.state import EngineStore
 from llmgw.agent.supervisor import Supervisor
-from llmgw.engines import EngineAdapter, EngineLoad, EngineSettings, EngineSpec, LaunchPlan
+from llmgw.engines import (
+    EngineAdapter,
+    EngineLoad,
+    EngineSettings,
+    EngineSpec,
+    EngineTimings,
+    LaunchPlan,
+)
 from llmgw.engines import adapter_for as real_adapter_for
 from llmgw.proto import agent_pb2
 
@@ -48,6 +58,42 @@ class Handler(http.server.BaseHTTPRequestHandler):
 print("engine listening on", port, flush=True)
 http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
 """
+SLOW = """
+import sys, time
+print("still loading", flush=True)
+time.sleep(120)
+"""
+CHILD = (
+    "import signal, sys, time\n"
+    "def term(*_):\n"
+    "    print('child: SIGTERM', flush=True)\n"
+    "    sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, term)\n"
+    "print('child started', flush=True)\n"
+    "while True:\n"
+    "    time.sleep(1)\n"
+)
+FAMILY = (
+    "import http.server, signal, subprocess, sys, threading, time\n"
+    "port = int(sys.argv[1])\n"
+    f"child = subprocess.Popen([sys.executable, '-c', {CHILD!r}])\n"
+    "def term(*_):\n"
+    "    print('main: SIGTERM, finishing in-flight requests', flush=True)\n"
+    "    time.sleep(0.3)\n"
+    "    print('main: done', flush=True)\n"
+    "    sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, term)\n"
+    "class Handler(http.server.BaseHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        self.send_response(200 if self.path == '/ready' else 404)\n"
+    "        self.end_headers()\n"
+    "    def log_message(self, *args):\n"
+    "        pass\n"
+    "server = http.server.HTTPServer(('127.0.0.1', port), Handler)\n"
+    "threading.Thread(target=server.serve_forever, daemon=True).start()\n"
+    "while True:\n"
+    "    time.sleep(0.05)\n"
+)
 CRASH = """
 import sys
 print("loading weights", flush=True)
@@ -59,7 +105,9 @@ FAST = SupervisorSettings(
     probe_interval_ready_seconds=0.05,
     probe_timeout_seconds=1.0,
     default_grace_seconds=2.0,
+    output_poll_seconds=0.02,
 )
+TIMINGS = EngineTimings(load_timeout=60.0, unhealthy_after=30.0, drain_grace=2.0)
 
 
 @dataclass
@@ -83,6 +131,7 @@ class ScriptAdapter:
             unset_env=("LLMGW_UNSET_ME",),
             ready_path="/ready",
             metrics_path=None,
+            timings=TIMINGS.resolve(spec),
         )
 
     def parse_metrics(self, text: str) -> EngineLoad:
@@ -127,9 +176,12 @@ def make_supervisor(
     adapters: dict[str, ScriptAdapter],
     *,
     advertise: str = "127.0.0.1",
+    ports: PortRange | None = None,
+    settings: SupervisorSettings = FAST,
 ) -> tuple[Supervisor, PortRange]:
-    low = free_port_block(6)
-    ports = PortRange(low, low + 5)
+    if ports is None:
+        low = free_port_block(6)
+        ports = PortRange(low, low + 5)
 
     def adapter_for(engine: str) -> EngineAdapter:
         if engine in adapters:
@@ -142,8 +194,9 @@ def make_supervisor(
         advertise_host=advertise,
         weights_dir=tmp_path,
         gpu_count=2,
-        settings=FAST,
+        settings=settings,
         on_change=reports.append,
+        store=EngineStore(tmp_path / "state", node_id="n1"),
         environ={**os.environ, "LLMGW_UNSET_ME": "x"},
     )
     return supervisor, ports
@@ -317,21 +370,206 @@ async def test_shutdown_stops_everything_and_refuses_new_shards(tmp_path: Path) 
         )
 
 
-async def test_a_cancelled_supervisor_kills_its_engines(tmp_path: Path) -> None:
+async def test_a_cancelled_supervisor_leaves_its_engines_for_the_next_to_adopt(
+    tmp_path: Path,
+) -> None:
+    reports: list[ShardReport] = []
+    supervisor, ports = make_supervisor(tmp_path, reports, {"serve": ScriptAdapter(SERVE)})
+    running = asyncio.create_task(supervisor.run())
+    await asyncio.sleep(0)
+    spec = agent_pb2.ShardSpec(shard_id="a", model="m", engine="serve", port=ports.start)
+    started = await supervisor.start(spec)
+    async with asyncio.timeout(10):
+        while True:
+            if any(r.state is ShardState.READY for r in reports):
+                break
+            await asyncio.sleep(0.02)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert alive(started.pid)
+
+    # The next supervisor (a restarted agent) adopts it: same pid, ready at once.
+    again: list[ShardReport] = []
+    successor, _ = make_supervisor(tmp_path, again, {"serve": ScriptAdapter(SERVE)}, ports=ports)
+    running = asyncio.create_task(successor.run())
+    [adopted] = await successor.adopt()
+    assert adopted.pid == started.pid and adopted.state is ShardState.READY
+    assert adopted.spec == spec and adopted.message.startswith("adopted")
+    assert adopted.endpoint_url == f"http://127.0.0.1:{ports.start}"
+    # The control plane wants it (StartShard with the same spec): the same shard.
+    assert (await successor.start(spec)).pid == started.pid
+    stopped = await successor.stop("a", grace=1.0)
+    assert stopped is not None and stopped.state is ShardState.STOPPED
+    # Not this agent's child: the exit code cannot be read.
+    assert stopped.exit_code is None
+    assert "engine exited (adopted; exit code unknown)" in stopped.message
+    await wait_gone(started.pid)
+    await successor.shutdown(grace=1.0)
+    await running
+    state = json.loads((tmp_path / "state" / "engines" / "n1" / "state.json").read_text())
+    assert state["engines"] == []
+
+
+async def test_shutdown_leaving_engines_and_an_unconfirmed_adoption_is_stopped(
+    tmp_path: Path,
+) -> None:
     reports: list[ShardReport] = []
     supervisor, ports = make_supervisor(tmp_path, reports, {"serve": ScriptAdapter(SERVE)})
     running = asyncio.create_task(supervisor.run())
     await asyncio.sleep(0)
     started = await supervisor.start(
-        agent_pb2.ShardSpec(
-            shard_id="a", model="m", engine="serve", port=ports.start, engine_args=["--ignore-term"]
-        )
+        agent_pb2.ShardSpec(shard_id="a", model="m", engine="serve", port=ports.start)
     )
-    running.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await running
-    async with asyncio.timeout(5):
+    await supervisor.shutdown(grace=1.0, stop_engines=False)
+    await running
+    # Left running, and nothing reported: a clean agent stop is not a replica failure.
+    assert alive(started.pid)
+    assert not any(r.state.terminal for r in reports)
+
+    again: list[ShardReport] = []
+    short = FAST.model_copy(update={"adopt_grace_seconds": 0.3})
+    successor, _ = make_supervisor(
+        tmp_path, again, {"serve": ScriptAdapter(SERVE)}, ports=ports, settings=short
+    )
+    running = asyncio.create_task(successor.run())
+    [adopted] = await successor.adopt()
+    assert adopted.pid == started.pid
+    async with asyncio.timeout(15):
         while True:
-            if not alive(started.pid):
+            if any(r.state is ShardState.STOPPED for r in again):
                 break
+            await asyncio.sleep(0.02)
+    [stopped] = [r for r in again if r.state is ShardState.STOPPED]
+    assert "no control plane confirmed this adopted engine within 0.3s" in stopped.message
+    await wait_gone(started.pid)
+    await successor.shutdown(grace=1.0)
+    await running
+
+
+async def test_a_confirmed_adoption_is_kept(tmp_path: Path) -> None:
+    reports: list[ShardReport] = []
+    supervisor, ports = make_supervisor(tmp_path, reports, {"serve": ScriptAdapter(SERVE)})
+    running = asyncio.create_task(supervisor.run())
+    await asyncio.sleep(0)
+    started = await supervisor.start(
+        agent_pb2.ShardSpec(shard_id="a", model="m", engine="serve", port=ports.start)
+    )
+    await supervisor.shutdown(stop_engines=False)
+    await running
+    short = FAST.model_copy(update={"adopt_grace_seconds": 0.2})
+    again: list[ShardReport] = []
+    successor, _ = make_supervisor(
+        tmp_path, again, {"serve": ScriptAdapter(SERVE)}, ports=ports, settings=short
+    )
+    running = asyncio.create_task(successor.run())
+    adopted = await successor.adopt()
+    successor.confirm(adopted)
+    # Well past the grace, it still runs.
+    for _ in range(40):
+        await asyncio.sleep(0.02)
+    assert alive(started.pid)
+    assert not any(r.state.terminal for r in again)
+    await successor.shutdown(grace=1.0)
+    await running
+    await wait_gone(started.pid)
+
+
+async def test_a_reused_pid_is_not_adopted(tmp_path: Path) -> None:
+    reports: list[ShardReport] = []
+    supervisor, ports = make_supervisor(tmp_path, reports, {"serve": ScriptAdapter(SERVE)})
+    running = asyncio.create_task(supervisor.run())
+    await asyncio.sleep(0)
+    started = await supervisor.start(
+        agent_pb2.ShardSpec(shard_id="a", model="m", engine="serve", port=ports.start)
+    )
+    await supervisor.shutdown(stop_engines=False)
+    await running
+    # The engine is gone and its pid now names another process: write that process's
+    # pid into the record, as if the kernel had reused it.
+    os.killpg(started.pid, signal.SIGKILL)
+    await wait_gone(started.pid)
+    other = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "import time; time.sleep(60)"
+    )
+    try:
+        path = tmp_path / "state" / "engines" / "n1" / "state.json"
+        state = json.loads(path.read_text())
+        state["engines"][0]["pid"] = other.pid
+        path.write_text(json.dumps(state))
+        successor, _ = make_supervisor(tmp_path, [], {"serve": ScriptAdapter(SERVE)}, ports=ports)
+        running = asyncio.create_task(successor.run())
+        assert await successor.adopt() == []
+        assert json.loads(path.read_text())["engines"] == []
+        assert other.returncode is None and alive(other.pid)  # never signalled
+        await successor.shutdown(grace=1.0)
+        await running
+    finally:
+        other.kill()
+        await other.wait()
+
+
+async def test_load_timeout_fails_the_shard_with_its_output(harness: Harness) -> None:
+    harness.adapters["slow"] = ScriptAdapter(SLOW)
+    spec = harness.spec("s", engine="slow")
+    spec.load_timeout_seconds = 0.5
+    started = await harness.supervisor.start(spec)
+    failed = await harness.wait_for("s", ShardState.FAILED)
+    assert failed.message.startswith("did not become ready within 0.5s (last probe: /ready:")
+    assert "still loading" in failed.output_tail
+    await wait_gone(started.pid)
+
+
+async def test_unhealthy_after_restarts_a_hung_engine(harness: Harness) -> None:
+    spec = harness.spec("h")
+    spec.unhealthy_after_seconds = 0.5
+    spec.drain_grace_seconds = 0.2
+    await harness.supervisor.start(spec)
+    ready = await harness.wait_for("h", ShardState.READY)
+    os.kill(ready.pid, signal.SIGSTOP)  # hung: accepts nothing, answers nothing
+    failed = await harness.wait_for("h", ShardState.FAILED, within=20)
+    assert failed.message.startswith("health probe failing for 0.5s: /ready"), failed.message
+    await wait_gone(ready.pid)
+
+
+async def test_stop_signals_the_main_process_before_its_group(harness: Harness) -> None:
+    harness.adapters["family"] = ScriptAdapter(FAMILY)
+    spec = harness.spec("f", engine="family")
+    spec.drain_grace_seconds = 5
+    await harness.supervisor.start(spec)
+    ready = await harness.wait_for("f", ShardState.READY)
+    log = harness.weights / "state" / "engines" / "n1" / "f.log"
+    async with asyncio.timeout(10):
+        while True:
+            if "child started" in log.read_text():
+                break
+            await asyncio.sleep(0.02)
+    stopped = await harness.supervisor.stop("f", grace=2.0, drain=True)
+    assert stopped is not None and stopped.state is ShardState.STOPPED
+    assert stopped.exit_code == 0
+    lines = [line for line in log.read_text().splitlines() if line.startswith(("main", "child:"))]
+    # The main process got SIGTERM first and finished its in-flight work; only then
+    # did the group (its child) get one.
+    assert lines == ["main: SIGTERM, finishing in-flight requests", "main: done", "child: SIGTERM"]
+    assert not alive(ready.pid)
+
+
+async def test_relative_weights_resolve_in_the_weights_dir(harness: Harness) -> None:
+    (harness.weights / "models").mkdir()
+    (harness.weights / "models" / "m.gguf").write_bytes(b"x")
+    spec = harness.spec("w")
+    spec.weights = "models/m.gguf"
+    await harness.supervisor.start(spec)
+    assert harness.adapters["serve"].specs[-1].weights == str(harness.weights / "models/m.gguf")
+    hub = harness.spec("x", port=harness.ports.start + 1)
+    hub.weights = "org/model"  # not in the weights dir: a hub id, as given
+    await harness.supervisor.start(hub)
+    assert harness.adapters["serve"].specs[-1].weights == "org/model"
+
+
+async def wait_gone(pid: int) -> None:
+    async with asyncio.timeout(15):
+        while True:
+            if not alive(pid):
+                return
             await asyncio.sleep(0.02)

@@ -11,14 +11,16 @@ Modules, each importable on its own (this package re-exports nothing, so that
                 commands, reconnect forever
 - `wire`        the protobuf messages the agent sends, built in one place
 - `feed`        fan-out of shard reports to the live stream
-- `supervisor`  engine processes: validate, spawn, stop, drain; weights removal
+- `supervisor`  engine processes: validate, spawn, stop, drain, adopt; weights removal
 - `shard`       one engine process's state machine (`ShardState`, `ShardReport`)
+- `process`     engine processes detached from the agent, watched through pidfds
+- `state`       the state directory and the engines state file (for adoption)
 - `spec`        wire ShardSpec → engines' EngineSpec, with this node's checks
-- `probe`       the readiness GET; `output` the engine output ring buffer
+- `probe`       the readiness GET; `output` the engine output ring buffer and log follower
 - `weights`     removal strictly inside the weights directory
 - `node`        the process lifecycle: guarded loops in one TaskGroup, shutdown order
 - `errors`      the exception tree
-- `_deathsig_exec.py`  run as a script: arms PR_SET_PDEATHSIG, then execs the engine
+- `_deathsig_exec.py`  run as a script: arms PR_SET_PDEATHSIG, then execs (`llmgw up`'s agent)
 
 Every long-lived object is built in `llmgw.cli.agent` and passed in.
 """

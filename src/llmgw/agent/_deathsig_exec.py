@@ -1,19 +1,20 @@
-"""Run as a script: arm PR_SET_PDEATHSIG(SIGKILL), then exec the engine in place.
+"""Run as a script: arm PR_SET_PDEATHSIG(SIGKILL), then exec a program in place.
 
-    python -I -S _deathsig_exec.py AGENT_PID -- ARGV...
+    python -I -S _deathsig_exec.py PARENT_PID -- ARGV...
 
-Why a script and not `preexec_fn`: the agent has gRPC threads, and Python code in
+Used by `llmgw up` for its local agent, so that a SIGKILLed `llmgw up` takes the
+agent with it. (Engines are not started this way: they outlive their agent.)
+
+Why a script and not `preexec_fn`: the parent has threads, and Python code in
 a forked child of a threaded process may deadlock before exec. Here the prctl
 runs in a fresh single-threaded interpreter, and exec keeps the setting, so the
-kernel SIGKILLs the engine when the thread that spawned it (the agent's event
-loop thread, its main thread) dies — even when the agent is SIGKILLed.
+kernel SIGKILLs the program when the thread that spawned it dies — even when
+the parent is SIGKILLed.
 
-If the agent died between fork and prctl, the signal would never come: the
+If the parent died between fork and prctl, the signal would never come: the
 parent pid check catches that and exits instead of running an orphan.
 
-Not guaranteed: processes the engine itself spawns are the engine's concern
-(the agent SIGKILLs the whole process group when it stops a shard, but a
-SIGKILLed agent can only rely on the kernel signal to the engine's leader).
+Not guaranteed: processes the program itself spawns get no such signal.
 Linux only. Imports nothing from llmgw: it runs before any environment is set up.
 """
 

@@ -80,9 +80,30 @@ class SupervisorSettings(BaseModel):
         ge=1,
         description="Engine output lines kept per shard for the failure report.",
     )
+    output_poll_seconds: float = Field(
+        default=0.5,
+        gt=0,
+        description="How often an engine's log file is read for new lines; the tail only "
+        "matters when the engine fails, so twice a second is plenty.",
+    )
+    log_max_bytes: int = Field(
+        default=64 * 2**20,
+        ge=4096,
+        description="Size at which an engine's log file is rotated (copied to .1 and cut): "
+        "64 MiB keeps a chatty engine's recent history without filling the disk.",
+    )
     default_grace_seconds: float = Field(
         default=10.0,
         ge=0,
-        description="SIGTERM-to-SIGKILL time when a command gives 0 (proto3's unset) and on "
-        "agent shutdown; vLLM and SGLang exit within a few seconds of SIGTERM.",
+        description="Process group SIGTERM-to-SIGKILL time when a command gives 0 (proto3's "
+        "unset), for an unconfirmed adopted engine, and on agent shutdown with "
+        "--stop-engines-on-exit; vLLM and SGLang exit within a few seconds of SIGTERM.",
+    )
+    adopt_grace_seconds: float = Field(
+        default=120.0,
+        ge=0,
+        description="How long engines adopted from an earlier agent wait for a control plane "
+        "to confirm them (a leader answered a Register that listed them) before they are "
+        "stopped; two minutes covers a control plane restarting or failing over, and a "
+        "retired node leaves nothing running for long.",
     )

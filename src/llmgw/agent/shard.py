@@ -2,42 +2,57 @@
 
     starting ──> loading ──> ready ──┐        (ready ──> loading when probes keep failing)
         │           │          │     ├──> draining ──> stopped    (DrainShard)
-        │           │          │     └──────────────> stopped    (StopShard, agent shutdown)
-        └───────────┴──────────┴────────────────────> failed     (exit while not stopping)
+        │           │          │     └──────────────> stopped    (StopShard, unconfirmed adoption)
+        └───────────┴──────────┴────────────────────> failed     (exit while not stopping,
+                                                                  load_timeout, unhealthy_after)
 
 `starting` is reported when the process is spawned, `loading` once it is
 running and the readiness probe has not passed yet, `ready` when GET ready_path
-answers 200. A stop sends SIGTERM to the engine's process group and SIGKILL
-after the grace period. Every transition is handed to `on_change` as an
-immutable `ShardReport`.
+answers 200. An engine adopted from an earlier agent starts at `ready` or
+`loading`, as one probe finds it. Every transition is handed to `on_change` as
+an immutable `ShardReport`.
+
+Deadlines (`EngineTimings`): an engine not ready `load_timeout` seconds after
+it was spawned fails ("did not become ready within 120s"); a ready engine
+whose probe keeps failing for `unhealthy_after` seconds fails ("health probe
+failing for 60s: ..."); both are stopped first and reported with their output
+tail, so the control plane frees the GPUs and retries with backoff.
+
+A stop (and a drain) sends SIGTERM to the engine's *main process* only and
+gives its in-flight requests up to `drain_grace` seconds; then the whole
+process group gets SIGTERM, and SIGKILL after the command's grace period.
+
+`detach()` ends the watch and leaves the engine running (the agent stops, a
+later agent adopts it); so does cancelling `run()`.
 
 Not guaranteed: that `ready` means more than "the readiness path answered 200";
-that a stopped engine finished its in-flight requests (that is what draining
-and the grace period are for); exit codes of processes killed by a signal are
-reported as minus the signal number.
+that a stopped engine finished its in-flight requests (drain_grace is all they
+get); exit codes of processes killed by a signal are reported as minus the
+signal number, and those of adopted engines (not this agent's children) are
+unknown.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import logging
-import os
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
-from llmgw.agent.output import OutputTail
+from llmgw.agent.output import LogFollower, OutputTail
 from llmgw.agent.probe import ProbeError, http_status
+from llmgw.agent.process import EngineProcess
 from llmgw.agent.settings import SupervisorSettings
+from llmgw.engines import EngineTimings
 from llmgw.proto import agent_pb2
 
 log = logging.getLogger("llmgw.agent.shard")
 
-# After the engine's leader exits, its output pipe may be held open by a child
-# it left behind; the tail is read for at most this long.
-_OUTPUT_DRAIN_SECONDS = 1.0
+# How often a stopping engine's process group is checked for leftovers.
+_GROUP_POLL_SECONDS = 0.05
 
 
 class ShardState(enum.StrEnum):
@@ -78,7 +93,9 @@ class ProbeTarget:
     path: str
 
 
-def describe_exit(code: int) -> str:
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "engine exited (adopted; exit code unknown)"
     if code < 0:
         try:
             name = signal.Signals(-code).name
@@ -88,45 +105,78 @@ def describe_exit(code: int) -> str:
     return f"engine exited with code {code}"
 
 
-class Shard:
-    """Watches one spawned engine process from `starting` to `stopped` or `failed`.
+async def probe_once(target: ProbeTarget, deadline_seconds: float) -> str:
+    """One readiness probe: "" when it answered 200, else what went wrong."""
+    try:
+        async with asyncio.timeout(deadline_seconds):
+            status = await http_status(target.host, target.port, target.path)
+    except ProbeError as exc:
+        return f"{target.path}: {exc}"
+    except TimeoutError:
+        return f"{target.path}: no answer in {deadline_seconds:g}s"
+    return "" if status == 200 else f"{target.path} answered {status}"
 
-    `run()` owns the whole life of the process; `stop()` asks it to end and
-    waits. Cancelling `run()` SIGKILLs the process group, so no engine outlives
-    its watcher.
+
+class _End(enum.Enum):
+    STOP = "stop"
+    FAIL = "fail"
+    DETACH = "detach"
+
+
+class Shard:
+    """Watches one engine process from `starting` (or adoption) to `stopped` or `failed`.
+
+    `run()` owns the watch; `stop()` asks the engine to end and waits;
+    `detach()` ends the watch and leaves the engine running.
     """
 
     def __init__(
         self,
         *,
         spec: agent_pb2.ShardSpec,
-        process: asyncio.subprocess.Process,
+        process: EngineProcess,
         endpoint_url: str,
         probe: ProbeTarget,
+        timings: EngineTimings,
+        log_path: Path,
+        started: float,
         settings: SupervisorSettings,
         on_change: Callable[[ShardReport], None],
         wall_clock: Callable[[], float],
         sleep: Callable[[float], Awaitable[None]],
+        adopted: ShardState | None = None,
     ) -> None:
         self._spec = spec
         self._process = process
         self._probe = probe
+        self._timings = timings
+        self._started = started
         self._settings = settings
         self._on_change = on_change
         self._wall_clock = wall_clock
         self._sleep = sleep
         self._tail = OutputTail(max_lines=settings.output_lines)
-        self._stop_requested = asyncio.Event()
+        self._follower = LogFollower(log_path, self._tail, max_bytes=settings.log_max_bytes)
+        self._end: _End | None = None
+        self._end_message = ""
+        self._ending = asyncio.Event()
         self._stop_grace = settings.default_grace_seconds
         self._drain = False
         self._done = asyncio.Event()
+        self.been_ready = adopted is ShardState.READY
+        self.adopted = adopted is not None
+        if adopted is None:
+            state, message = ShardState.STARTING, "engine process spawned"
+        else:
+            state = adopted
+            message = f"adopted: engine (pid {process.pid}) kept running from an earlier agent"
         self._report = ShardReport(
             shard_id=spec.shard_id,
             model=spec.model,
-            state=ShardState.STARTING,
+            state=state,
             since=wall_clock(),
             spec=spec,
-            message="engine process spawned",
+            message=message,
             pid=process.pid,
             endpoint_url=endpoint_url,
         )
@@ -145,6 +195,10 @@ class Shard:
         return self._process.pid
 
     @property
+    def follower(self) -> LogFollower:
+        return self._follower
+
+    @property
     def live(self) -> bool:
         """The process has not been reported stopped or failed yet."""
         return not self._report.state.terminal
@@ -157,6 +211,8 @@ class Shard:
         exit_code: int | None = None,
         output_tail: tuple[str, ...] = (),
     ) -> None:
+        if state is ShardState.READY:
+            self.been_ready = True
         report = ShardReport(
             shard_id=self._report.shard_id,
             model=self._report.model,
@@ -173,114 +229,157 @@ class Shard:
         log.info("shard %s (%s): %s — %s", report.shard_id, report.model, state, message)
         self._on_change(report)
 
-    async def stop(self, *, grace: float, drain: bool) -> ShardReport:
+    def _request_end(self, end: _End, message: str = "") -> None:
+        if self._end is None:
+            self._end = end
+            self._end_message = message
+            self._ending.set()
+
+    async def stop(self, *, grace: float, drain: bool, reason: str = "stopped") -> ShardReport:
         """Ask the engine to stop (the first request's grace and drain win) and wait for it."""
-        if not self._stop_requested.is_set():
+        if self._end is None:
             self._stop_grace = grace
             self._drain = drain
-            self._stop_requested.set()
+            self._request_end(_End.STOP, reason)
         await self._done.wait()
         return self._report
+
+    async def detach(self) -> None:
+        """End the watch and leave the engine running; waits for the watch to end."""
+        self._request_end(_End.DETACH)
+        await self._done.wait()
 
     async def run(self) -> None:
         try:
             async with asyncio.TaskGroup() as group:
-                output = group.create_task(self._pump_output())
+                output = group.create_task(self._follow_output())
                 probing = group.create_task(self._probe_loop())
                 exited = group.create_task(self._process.wait())
-                stop = group.create_task(self._stop_requested.wait())
-                await asyncio.wait({exited, stop}, return_when=asyncio.FIRST_COMPLETED)
+                ending = group.create_task(self._ending.wait())
+                await asyncio.wait({exited, ending}, return_when=asyncio.FIRST_COMPLETED)
+                probing.cancel()
+                if self._end is _End.DETACH and not exited.done():
+                    for task in (output, exited, ending):
+                        task.cancel()
+                    return
                 if not exited.done():
-                    probing.cancel()
                     await self._terminate(exited)
                 code = await exited
-                stop.cancel()
-                probing.cancel()
-                # Whatever the engine left in its group goes with it.
-                self._kill_group(signal.SIGKILL)
-                await asyncio.wait({output}, timeout=_OUTPUT_DRAIN_SECONDS)
+                ending.cancel()
                 output.cancel()
-            for line in self._tail.close():
+                # Whatever the engine left in its group goes with it.
+                self._process.send_group(signal.SIGKILL)
+            for line in await asyncio.to_thread(self._follower.read) + self._tail.close():
                 log.debug("[%s] %s", self._spec.shard_id, line)
-            if self._stop_requested.is_set():
-                self._set(ShardState.STOPPED, f"stopped ({describe_exit(code)})", exit_code=code)
-            else:
-                self._set(
-                    ShardState.FAILED,
-                    f"{describe_exit(code)} while {self._report.state}",
-                    exit_code=code,
-                    output_tail=self._tail.lines(),
-                )
+            self._report_end(code)
         finally:
-            if self._process.returncode is None:
-                # Cancelled (agent shutting down hard or a bug elsewhere): never leave
-                # the engine running without a watcher.
-                self._kill_group(signal.SIGKILL)
-                await self._reap()
+            # Cancelled (the agent stopping hard): the engine keeps running for the
+            # next agent to adopt; only the watch ends.
+            self._process.close()
             self._done.set()
 
-    async def _reap(self) -> None:
-        # Wait (briefly) for the exit and the end of the output pipe, so that the
-        # process's transport closes instead of leaking.
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(_OUTPUT_DRAIN_SECONDS):
-                await self._process.wait()
-                if self._process.stdout is not None:
-                    await self._process.stdout.read()
+    def _report_end(self, code: int | None) -> None:
+        if self._end is _End.STOP:
+            self._set(
+                ShardState.STOPPED, f"{self._end_message} ({describe_exit(code)})", exit_code=code
+            )
+        elif self._end is _End.FAIL:
+            self._set(
+                ShardState.FAILED,
+                self._end_message,
+                exit_code=code,
+                output_tail=self._tail.lines(),
+            )
+        else:
+            self._set(
+                ShardState.FAILED,
+                f"{describe_exit(code)} while {self._report.state}",
+                exit_code=code,
+                output_tail=self._tail.lines(),
+            )
 
-    async def _terminate(self, exited: asyncio.Task[int]) -> None:
-        if self._drain:
-            self._set(ShardState.DRAINING, "draining: no new requests, then stopping")
+    async def _terminate(self, exited: asyncio.Task[int | None]) -> None:
+        settings = self._settings
+        if self._end is _End.STOP:
+            main_wait, group_wait = self._timings.drain_grace, self._stop_grace
+            if self._drain:
+                self._set(ShardState.DRAINING, "draining: no new requests, then stopping")
+        else:
+            # A failing engine has no requests worth waiting for.
+            main_wait = min(self._timings.drain_grace, settings.default_grace_seconds)
+            group_wait = settings.default_grace_seconds
         log.info(
-            "shard %s: SIGTERM to process group %d (SIGKILL in %gs)",
+            "shard %s: SIGTERM to the engine's main process %d (in-flight requests get %gs)",
             self._spec.shard_id,
             self._process.pid,
-            self._stop_grace,
+            main_wait,
         )
-        self._kill_group(signal.SIGTERM)
-        await asyncio.wait({exited}, timeout=self._stop_grace)
+        self._process.send(signal.SIGTERM)
+        await asyncio.wait({exited}, timeout=main_wait)
         if not exited.done():
             log.warning(
-                "shard %s did not exit %gs after SIGTERM; SIGKILL",
+                "shard %s: the engine is still running %gs after SIGTERM; SIGTERM to its "
+                "process group (SIGKILL in %gs)",
                 self._spec.shard_id,
-                self._stop_grace,
+                main_wait,
+                group_wait,
             )
-            self._kill_group(signal.SIGKILL)
+        await self._end_group(exited, group_wait)
 
-    def _kill_group(self, sig: signal.Signals) -> None:
-        # The engine leads its own session and process group (start_new_session).
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self._process.pid, sig)
-
-    async def _pump_output(self) -> None:
-        stream = self._process.stdout
-        if stream is None:
+    async def _end_group(self, exited: asyncio.Task[int | None], grace: float) -> None:
+        """SIGTERM to the process group, SIGKILL once `grace` has passed with any left."""
+        if not self._process.send_group(signal.SIGTERM):
             return
-        while chunk := await stream.read(65536):
-            for line in self._tail.feed(chunk):
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        while loop.time() < deadline:
+            if exited.done() and not self._process.group_alive():
+                return
+            await asyncio.sleep(_GROUP_POLL_SECONDS)
+        if not exited.done() or self._process.group_alive():
+            log.warning(
+                "shard %s: SIGKILL to process group %d (%gs after SIGTERM)",
+                self._spec.shard_id,
+                self._process.pid,
+                grace,
+            )
+            self._process.send_group(signal.SIGKILL)
+
+    async def _follow_output(self) -> None:
+        while True:
+            for line in await asyncio.to_thread(self._follower.read):
                 log.debug("[%s] %s", self._spec.shard_id, line)
+            await self._sleep(self._settings.output_poll_seconds)
 
     async def _probe_loop(self) -> None:
         settings = self._settings
-        self._set(ShardState.LOADING, f"engine running; waiting for {self._probe.path}")
+        timings = self._timings
+        if self._report.state is ShardState.STARTING:
+            self._set(ShardState.LOADING, f"engine running; waiting for {self._probe.path}")
         failures = 0
+        failing_since: float | None = None
         while True:
-            try:
-                async with asyncio.timeout(settings.probe_timeout_seconds):
-                    status = await http_status(self._probe.host, self._probe.port, self._probe.path)
-                problem = "" if status == 200 else f"{self._probe.path} answered {status}"
-            except ProbeError as exc:
-                problem = f"{self._probe.path}: {exc}"
-            except TimeoutError:
-                problem = f"{self._probe.path}: no answer in {settings.probe_timeout_seconds:g}s"
+            problem = await probe_once(self._probe, settings.probe_timeout_seconds)
             state = self._report.state
+            now = self._wall_clock()
             if not problem:
-                failures = 0
+                failures, failing_since = 0, None
                 if state is ShardState.LOADING:
                     self._set(ShardState.READY, f"{self._probe.path} answered 200")
-            elif state is ShardState.READY:
+            elif not self.been_ready:
+                if now - self._started >= timings.load_timeout:
+                    self._fail(
+                        f"did not become ready within {timings.load_timeout:g}s "
+                        f"(last probe: {problem})"
+                    )
+                    return
+            else:
                 failures += 1
-                if failures >= settings.ready_failures_before_loading:
+                failing_since = now if failing_since is None else failing_since
+                if now - failing_since >= timings.unhealthy_after:
+                    self._fail(f"health probe failing for {timings.unhealthy_after:g}s: {problem}")
+                    return
+                if state is ShardState.READY and failures >= settings.ready_failures_before_loading:
                     self._set(ShardState.LOADING, f"engine stopped answering: {problem}")
             ready = self._report.state is ShardState.READY
             await self._sleep(
@@ -288,3 +387,7 @@ class Shard:
                 if ready
                 else settings.probe_interval_loading_seconds
             )
+
+    def _fail(self, reason: str) -> None:
+        log.warning("shard %s (%s): %s; stopping it", self._spec.shard_id, self._spec.model, reason)
+        self._request_end(_End.FAIL, reason)

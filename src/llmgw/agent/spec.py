@@ -58,4 +58,7 @@ def engine_spec(
         tensor_parallel_size=spec.tensor_parallel_size or 1,
         pipeline_parallel_size=spec.pipeline_parallel_size or 1,
         gpu_memory_utilization=spec.gpu_memory_utilization or None,
+        load_timeout=spec.load_timeout_seconds or None,
+        unhealthy_after=spec.unhealthy_after_seconds or None,
+        drain_grace=spec.drain_grace_seconds or None,
     )

@@ -1,12 +1,23 @@
 """The supervisor: runs engine processes on this node on the control plane's command.
 
 `start` turns a wire `ShardSpec` into an `EngineSpec` (port in the node's range
-and free on this machine, GPUs that exist), asks the engine's adapter for a
-`LaunchPlan` (which validates first) and spawns the process: its own session and
-process group, stdout and stderr merged into the shard's output ring, and the
-kernel told to SIGKILL it if the agent dies (see `_deathsig_exec.py`). `stop`
-and `drain` end a shard; `remove_weights` deletes files strictly inside the
-weights directory; `shutdown` stops every engine and refuses new ones.
+and free on this machine, GPUs that exist, a relative weights path resolved
+against the weights directory when it exists there), asks the engine's adapter
+for a `LaunchPlan` (which validates first) and spawns the process detached
+from the agent: its own session and process group, stdout and stderr appended
+to a log file in the state directory (`process.spawn`). `stop` and `drain` end
+a shard; `remove_weights` deletes files strictly inside the weights directory.
+
+Engines outlive the agent. Every change is written to the engines state file
+(`state.py`); `adopt()`, run once at start before the first Register, takes
+back each engine an earlier agent left that is still the same process, probes
+it and reports it (`ready` at once when it answers), so a control plane adopts
+it without a reload. An adopted engine that no control plane confirms within
+`adopt_grace_seconds` (confirmed: a leader answered Registered to a Register
+that listed it, see `confirm`, or sent StartShard with its exact spec) is
+stopped, so a retired node leaves nothing running. `shutdown` either stops
+every engine or leaves them running for the next agent ("leaving N engines
+running; a restarted agent adopts them").
 
 Every shard transition goes to `on_change`. Stopped and failed shards stay in
 `reports()` until `forget()` is called for that report (the connection does so
@@ -14,20 +25,22 @@ once the control plane has been told), so a failure that happens while
 disconnected reaches the next Register.
 
 Not guaranteed: that a spec which is accepted also loads (that is reported as
-`failed` later); engines surviving an agent restart (they die with the agent);
-that processes an engine spawned itself die when the agent is SIGKILLed (only
-the engine's leader gets the kernel's signal; a normal stop kills the group).
+`failed` later); exit codes of adopted engines (not this agent's children);
+adoption of an engine whose record could not be written (a full disk is
+logged as an error); that processes an engine spawned itself and moved out of
+its process group are stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import socket
-import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from llmgw.agent.addresses import EngineAddresses, probe_host
@@ -40,14 +53,22 @@ from llmgw.agent.errors import (
     WeightsPathError,
 )
 from llmgw.agent.flags import PortRange
+from llmgw.agent.process import EngineProcess, attach, spawn
 from llmgw.agent.settings import SupervisorSettings
-from llmgw.agent.shard import ProbeTarget, Shard, ShardReport
+from llmgw.agent.shard import ProbeTarget, Shard, ShardReport, ShardState, probe_once
 from llmgw.agent.spec import engine_spec
+from llmgw.agent.state import (
+    EngineRecord,
+    EngineStore,
+    ProcessIdentity,
+    StateDirError,
+    read_identity,
+)
 from llmgw.agent.weights import remove_path, resolve_removable
-from llmgw.engines import EngineAdapter, EngineError, LaunchPlan, ProfileError
+from llmgw.engines import EngineAdapter, EngineError, EngineTimings, LaunchPlan, ProfileError
 from llmgw.proto import agent_pb2
 
-DEATHSIG_EXEC = str(Path(__file__).with_name("_deathsig_exec.py"))
+log = logging.getLogger("llmgw.agent.supervisor")
 
 
 def endpoint_url(host: str, port: int) -> str:
@@ -88,11 +109,12 @@ class Supervisor:
         gpu_count: int,
         settings: SupervisorSettings,
         on_change: Callable[[ShardReport], None],
+        store: EngineStore,
         wall_clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        helper_python: str = sys.executable,
         environ: Mapping[str, str] = os.environ,
     ) -> None:
+        """`store` is the engines state directory, already locked by the caller."""
         self._adapters = adapters
         self._port_range = port_range
         # Read at each launch: the connection learns the advertised address (addresses.py).
@@ -105,11 +127,15 @@ class Supervisor:
         self._gpu_count = gpu_count
         self._settings = settings
         self._on_change = on_change
+        self._store = store
         self._wall_clock = wall_clock
         self._sleep = sleep
-        self._helper_python = helper_python
         self._environ = environ
         self._shards: dict[str, Shard] = {}
+        self._records: dict[str, EngineRecord] = {}  # live shards, as the state file has them
+        self._unconfirmed: set[str] = set()  # adopted shards no control plane confirmed yet
+        self._group_ready = asyncio.Event()
+        self._grace_task: asyncio.Task[None] | None = None
         self._launching: dict[str, int] = {}  # shard id -> port, while being spawned
         self._launches: set[asyncio.Task[ShardReport | CommandError]] = set()
         self._group: asyncio.TaskGroup | None = None
@@ -119,19 +145,22 @@ class Supervisor:
     # ---- lifecycle ----
 
     async def run(self) -> None:
-        """Watch every shard until `shutdown()` has stopped them all.
+        """Watch every shard until `shutdown()` has ended every watch.
 
-        Cancelled, it SIGKILLs every engine (each shard's watcher does on its way out).
+        Cancelled, it ends the watches and leaves the engines running (the state
+        file still lists them, for the next agent to adopt).
         """
         try:
             async with asyncio.TaskGroup() as group:
                 self._group = group
+                self._group_ready.set()
                 await self._closed.wait()
         finally:
             self._group = None
 
-    async def shutdown(self, *, grace: float | None = None) -> None:
-        """Refuse new shards, stop every engine (SIGTERM, SIGKILL after `grace`), end `run()`."""
+    async def shutdown(self, *, grace: float | None = None, stop_engines: bool = True) -> None:
+        """Refuse new shards and end `run()`: with `stop_engines`, after stopping every
+        engine (SIGTERM, SIGKILL after `grace`); without, leaving them running."""
         self._closing = True
         grace = self._settings.default_grace_seconds if grace is None else grace
         while True:
@@ -141,10 +170,98 @@ class Supervisor:
                 break
             if launches:
                 await asyncio.wait(launches)
-            await asyncio.gather(*(shard.stop(grace=grace, drain=False) for shard in live))
+                continue
+            if stop_engines:
+                await asyncio.gather(*(shard.stop(grace=grace, drain=False) for shard in live))
+                continue
+            await asyncio.gather(*(shard.detach() for shard in live))
+            log.info(
+                "leaving %d engine%s running (%s); a restarted agent adopts them",
+                len(live),
+                "" if len(live) == 1 else "s",
+                ", ".join(f"{s.spec.shard_id} pid {s.pid}" for s in live),
+            )
+            break
+        if self._grace_task is not None:
+            self._grace_task.cancel()
         self._closed.set()
 
-    # ---- commands ----
+    async def adopt(self) -> list[ShardReport]:
+        """Take back the engines an earlier agent left running; their reports.
+
+        Waits for `run()` to have started. Each recorded engine that is still the
+        same process is watched and probed once (so a ready one is reported ready
+        at once); records of processes that are gone or are now another process
+        are dropped. Those adopted are stopped unless confirmed within the grace.
+        """
+        await self._group_ready.wait()
+        group = self._group
+        if group is None:
+            return []
+        records = await asyncio.to_thread(self._store.load)
+        found = [
+            (record, process) for record in records if (process := self._attach(record)) is not None
+        ]
+        probes = await asyncio.gather(
+            *(
+                probe_once(
+                    ProbeTarget(record.probe_host, record.port, record.ready_path),
+                    self._settings.probe_timeout_seconds,
+                )
+                for record, _ in found
+            )
+        )
+        adopted: list[ShardReport] = []
+        for (record, process), problem in zip(found, probes, strict=True):
+            shard = Shard(
+                spec=record.spec,
+                process=process,
+                endpoint_url=record.endpoint_url,
+                probe=ProbeTarget(record.probe_host, record.port, record.ready_path),
+                timings=EngineTimings(
+                    load_timeout=record.load_timeout,
+                    unhealthy_after=record.unhealthy_after,
+                    drain_grace=record.drain_grace,
+                ),
+                log_path=Path(record.log_path),
+                started=record.started_unix,
+                settings=self._settings,
+                on_change=self._changed,
+                wall_clock=self._wall_clock,
+                sleep=self._sleep,
+                adopted=ShardState.LOADING if problem else ShardState.READY,
+            )
+            await asyncio.to_thread(shard.follower.start_at_end)
+            self._shards[record.shard_id] = shard
+            self._records[record.shard_id] = record
+            self._unconfirmed.add(record.shard_id)
+            group.create_task(shard.run(), name=f"shard {record.shard_id}")
+            adopted.append(shard.report)
+        self._save()
+        if adopted:
+            grace = self._settings.adopt_grace_seconds
+            log.info(
+                "adopted %d engine%s an earlier agent left running (%s); those no control "
+                "plane confirms within %gs are stopped",
+                len(adopted),
+                "" if len(adopted) == 1 else "s",
+                ", ".join(f"{r.shard_id} pid {r.pid} {r.state}" for r in adopted),
+                grace,
+            )
+            self._grace_task = group.create_task(
+                self._stop_unconfirmed(grace), name="adoption grace"
+            )
+        return adopted
+
+    def confirm(self, reports: list[ShardReport]) -> None:
+        """A control plane's leader answered Registered to a Register listing `reports`:
+        from now on, keeping or stopping those engines is its call."""
+        confirmed = [r.shard_id for r in reports if r.shard_id in self._unconfirmed]
+        if confirmed:
+            self._unconfirmed.difference_update(confirmed)
+            log.info("the control plane confirmed adopted engines: %s", ", ".join(confirmed))
+
+        # ---- commands ----
 
     async def start(self, spec: agent_pb2.ShardSpec) -> ShardReport:
         """Validate and spawn a shard; returns its `starting` report.
@@ -160,6 +277,7 @@ class Supervisor:
         current = self._shards.get(spec.shard_id)
         if current is not None and current.live:
             if current.spec == spec:
+                self._unconfirmed.discard(spec.shard_id)
                 return current.report
             raise ShardConflictError(
                 f"shard {spec.shard_id!r} is already running here with another spec "
@@ -235,7 +353,8 @@ class Supervisor:
     ) -> ShardReport | CommandError:
         # A refusal is returned, not raised: a failed task would end the whole group.
         try:
-            plan = self._plan(spec)
+            weights = await asyncio.to_thread(local_weights, self._weights_dir, spec.weights)
+            plan = self._plan(spec, weights)
             if not await asyncio.to_thread(port_is_free, self._addresses.bind, spec.port):
                 raise SpecError(
                     "port",
@@ -248,22 +367,49 @@ class Supervisor:
                 raise LaunchError(
                     f"cannot start shard {spec.shard_id!r}: {plan.argv[0]!r} is not installed "
                     f"on this node (not found on PATH); install the {spec.engine} engine or "
-                    "point --engine-python at an environment that has it"
+                    f"point --engine {spec.engine}=PATH at it"
                 )
-            process = await self._spawn(spec, (program, *plan.argv[1:]), env)
+            log_path = self._store.log_path(spec.shard_id)
+            await asyncio.to_thread(_fresh_log, log_path)
+            process = self._spawn(spec, (program, *plan.argv[1:]), env, log_path)
+            probe = ProbeTarget(
+                host=probe_host(self._addresses.bind), port=spec.port, path=plan.ready_path
+            )
+            url = endpoint_url(self._addresses.advertise, spec.port)
+            started = self._wall_clock()
+            identity = read_identity(process.pid)
             shard = Shard(
                 spec=spec,
                 process=process,
-                endpoint_url=endpoint_url(self._addresses.advertise, spec.port),
-                probe=ProbeTarget(
-                    host=probe_host(self._addresses.bind), port=spec.port, path=plan.ready_path
-                ),
+                endpoint_url=url,
+                probe=probe,
+                timings=plan.timings,
+                log_path=log_path,
+                started=started,
                 settings=self._settings,
-                on_change=self._on_change,
+                on_change=self._changed,
                 wall_clock=self._wall_clock,
                 sleep=self._sleep,
             )
             self._shards[spec.shard_id] = shard
+            self._records[spec.shard_id] = EngineRecord(
+                shard_id=spec.shard_id,
+                pid=process.pid,
+                start_ticks=identity.start_ticks if identity is not None else 0,
+                cmdline_sha256=identity.cmdline_sha256 if identity is not None else "",
+                port=spec.port,
+                spec=spec,
+                log_path=str(log_path),
+                endpoint_url=url,
+                probe_host=probe.host,
+                ready_path=probe.path,
+                load_timeout=plan.timings.load_timeout,
+                unhealthy_after=plan.timings.unhealthy_after,
+                drain_grace=plan.timings.drain_grace,
+                started_unix=started,
+                been_ready=False,
+            )
+            self._save()
             group.create_task(shard.run(), name=f"shard {spec.shard_id}")
             return shard.report
         except CommandError as exc:
@@ -271,13 +417,15 @@ class Supervisor:
         finally:
             self._launching.pop(spec.shard_id, None)
 
-    def _plan(self, spec: agent_pb2.ShardSpec) -> LaunchPlan:
+    def _plan(self, spec: agent_pb2.ShardSpec, weights: str) -> LaunchPlan:
         converted = engine_spec(
             spec,
             port_range=self._port_range,
             bind_host=self._addresses.bind,
             gpu_count=self._gpu_count,
         )
+        if weights != converted.weights:
+            converted = replace(converted, weights=weights)
         try:
             return self._adapters(spec.engine).plan(converted)
         except ProfileError as exc:
@@ -285,32 +433,96 @@ class Supervisor:
         except EngineError as exc:
             raise SpecError("engine", str(exc)) from exc
 
-    async def _spawn(
-        self, spec: agent_pb2.ShardSpec, argv: tuple[str, ...], env: dict[str, str]
-    ) -> asyncio.subprocess.Process:
+    def _spawn(
+        self, spec: agent_pb2.ShardSpec, argv: tuple[str, ...], env: dict[str, str], log: Path
+    ) -> EngineProcess:
         try:
-            # Spawned from the event loop's thread (the main thread): PR_SET_PDEATHSIG
-            # fires when the *thread* that forked the engine ends.
-            process = await asyncio.create_subprocess_exec(
-                self._helper_python,
-                "-I",
-                "-S",
-                DEATHSIG_EXEC,
-                str(os.getpid()),
-                "--",
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
+            return spawn(argv[0], argv, env, log_path=log)
         except OSError as exc:
             raise LaunchError(
                 f"cannot start shard {spec.shard_id!r}: spawning {argv[0]!r} failed: "
                 f"{exc.strerror or exc}"
             ) from exc
+
+    def _attach(self, record: EngineRecord) -> EngineProcess | None:
+        process = attach(
+            record.pid,
+            expected=ProcessIdentity(record.start_ticks, record.cmdline_sha256),
+        )
+        if process is None:
+            log.info(
+                "not adopting shard %s (model %s): pid %d is gone or is another process now",
+                record.shard_id,
+                record.spec.model,
+                record.pid,
+            )
         return process
+
+    async def _stop_unconfirmed(self, grace: float) -> None:
+        await self._sleep(grace)
+        stale = [self._shards[i] for i in sorted(self._unconfirmed) if i in self._shards]
+        self._unconfirmed.clear()
+        reason = (
+            f"stopped: no control plane confirmed this adopted engine within {grace:g}s "
+            "of the agent's start"
+        )
+        for shard in stale:
+            if shard.live:
+                log.warning("shard %s (pid %d): %s", shard.spec.shard_id, shard.pid, reason)
+        await asyncio.gather(
+            *(
+                shard.stop(grace=self._settings.default_grace_seconds, drain=False, reason=reason)
+                for shard in stale
+                if shard.live
+            )
+        )
+
+    def _changed(self, report: ShardReport) -> None:
+        """Every shard transition: keep the state file current, then tell the connection."""
+        record = self._records.get(report.shard_id)
+        if record is not None:
+            if report.state.terminal:
+                del self._records[report.shard_id]
+                self._unconfirmed.discard(report.shard_id)
+                self._save()
+            elif report.state is ShardState.READY and not record.been_ready:
+                # Engines may rename their process once loaded (vLLM does): the
+                # command line is read again, so the next agent recognises it.
+                identity = read_identity(record.pid)
+                self._records[report.shard_id] = replace(
+                    record,
+                    been_ready=True,
+                    cmdline_sha256=(
+                        identity.cmdline_sha256 if identity is not None else record.cmdline_sha256
+                    ),
+                )
+                self._save()
+        self._on_change(report)
+
+    def _save(self) -> None:
+        try:
+            self._store.save(list(self._records.values()))
+        except StateDirError as exc:
+            log.error(
+                "%s; engines started since keep running but a restarted agent will not adopt them",
+                exc,
+            )
+
+
+def local_weights(weights_dir: Path, weights: str) -> str:
+    """A relative weights path that exists in the weights directory, made absolute there;
+    anything else as given (an absolute path, a hub id such as org/model). Blocking: stat."""
+    if not weights or os.path.isabs(weights):
+        return weights
+    candidate = weights_dir / weights
+    return str(candidate) if candidate.exists() else weights
+
+
+def _fresh_log(path: Path) -> None:
+    """Keep the previous run's log as PATH.1 and start an empty one."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.exists():
+        path.replace(path.with_name(path.name + ".1"))
 
 
 def port_is_free(host: str, port: int) -> bool:

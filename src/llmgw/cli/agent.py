@@ -7,8 +7,14 @@ long-lived object built and wired, inside the command. With --tls-ca,
 at that stage too, so a wrong path is an `error:` naming its flag, and the
 node id defaults to the certificate's name (the only one the server accepts).
 
-Not guaranteed: engines outliving the agent. They are stopped gracefully on
-SIGTERM/SIGINT and killed by the kernel if the agent dies any other way.
+Engines outlive the agent: on SIGTERM/SIGINT they are left running (unless
+--stop-engines-on-exit) and a SIGKILLed agent leaves them too; the next agent
+with the same --state-dir and node id adopts them. The state directory is
+locked for the agent's life, so a second agent on it is an `error:`.
+
+Not guaranteed: that engines left running are ever adopted (an agent that
+never comes back leaves them running; one that comes back stops those no
+control plane confirms within --adopt-grace).
 """
 
 from __future__ import annotations
@@ -33,11 +39,16 @@ from llmgw.agent.flags import (
 )
 
 if TYPE_CHECKING:
+    from llmgw.agent.enroll import NodeCredentials
+    from llmgw.agent.state import EngineStore
+    from llmgw.engines import EngineSettings
     from llmgw.pki import TlsMaterial
+    from llmgw.pki.cluster import JoinToken
 
 log = logging.getLogger("llmgw.agent")
 
 DEFAULT_WEIGHTS_DIR = "~/.local/share/llmgw/weights"
+DEFAULT_STATE_DIR = "~/.local/share/llmgw/agent"
 
 
 def _fail(message: str) -> typer.Exit:
@@ -120,6 +131,41 @@ def agent(
             show_default=False,
         ),
     ] = None,
+    engine: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="The executable of one engine kind, KIND=PATH, repeatable: vllm=the vllm "
+            "program, sglang= and llamacpp= the Python of an environment that has it, "
+            "sim=an llmgw program (default: vllm on PATH, --engine-python for the others, "
+            "this llmgw for sim).",
+            show_default=False,
+        ),
+    ] = None,
+    state_dir: Annotated[
+        str,
+        typer.Option(
+            envvar="LLMGW_AGENT_STATE_DIR",
+            help="Directory of the agent's state (created 0700): the engines it runs and "
+            "their logs, so that a restarted agent adopts them.",
+        ),
+    ] = DEFAULT_STATE_DIR,
+    adopt_grace: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Seconds engines adopted from an earlier agent wait for a control plane "
+            "to confirm them before they are stopped (a retired node leaves nothing "
+            "running).",
+        ),
+    ] = 120.0,
+    stop_engines_on_exit: Annotated[
+        bool,
+        typer.Option(
+            "--stop-engines-on-exit",
+            help="On SIGTERM/SIGINT stop every engine (default: leave them running for "
+            "the next agent to adopt).",
+        ),
+    ] = False,
     tls_ca: Annotated[
         str | None,
         typer.Option(
@@ -146,6 +192,16 @@ def agent(
             show_default=False,
         ),
     ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="LLMGW_JOIN_TOKEN",
+            help="Join token (`llmgw nodes token create`, or the line `llmgw server` prints): "
+            "the agent checks the server against it, joins, and keeps this node's certificate "
+            "in --state-dir/tls; later starts reuse it and need no token.",
+            show_default=False,
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Run the node agent: dial out to the control plane and run engines on command."""
@@ -154,10 +210,14 @@ def agent(
         raise _fail(f"--log-level: {log_level!r} is not one of debug, info, warning, error")
     try:
         tls = _tls(ca=tls_ca, cert=tls_cert, key=tls_key)
+        join_token = _join_token(token, tls)
+        joined = None if tls is not None else _joined(state_dir)
         options = _Options(
             addresses=parse_servers(server, servers),
-            node_id=_node_id(node_id, tls),
+            node_id=_node_id(node_id, tls, joined),
             tls=tls,
+            join_token=join_token,
+            cluster=join_token is not None or joined is not None,
             labels=parse_key_values("--labels", labels),
             fabric=parse_key_values("--fabric", fabric),
             port_range=parse_port_range(port_range),
@@ -165,16 +225,28 @@ def agent(
             advertise_host=_host("--advertise-host", advertise_host),
             engine_host=_host("--engine-host", engine_host),
             engine_python=_engine_python(engine_python),
-            # Last: the only check with a side effect (it creates the directory).
+            engines=_engines(engine or []),
+            adopt_grace=adopt_grace,
+            stop_engines_on_exit=stop_engines_on_exit,
+            # Last: the only checks with a side effect (they create directories).
             weights_dir=_weights_dir(weights_dir),
+            state_dir=_state_dir(state_dir),
         )
     except FlagError as exc:
         raise _fail(str(exc)) from None
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import asyncio
 
+    from llmgw.agent.state import EngineStore, StateDirError
+
+    store = EngineStore(options.state_dir, node_id=options.node_id)
     try:
-        asyncio.run(_serve(options))
+        store.lock()
+    except StateDirError as exc:
+        raise _fail(f"--state-dir: {exc}") from None
+    creds = _obtain_certificate(options) if options.cluster else None
+    try:
+        asyncio.run(_serve(options, store, creds))
     except Exception as exc:
         # A loop's failure arrives as an ExceptionGroup, already logged by its guard.
         log.critical(
@@ -191,6 +263,8 @@ class _Options:
     addresses: tuple[str, ...]
     node_id: str
     tls: TlsMaterial | None
+    join_token: JoinToken | None
+    cluster: bool  # the node joins (or joined) the cluster CA
     labels: dict[str, str]
     fabric: dict[str, str]
     weights_dir: Path
@@ -199,6 +273,10 @@ class _Options:
     advertise_host: str | None
     engine_host: str | None
     engine_python: str
+    engines: dict[str, str]
+    adopt_grace: float
+    stop_engines_on_exit: bool
+    state_dir: Path
 
 
 def _tls(*, ca: str | None, cert: str | None, key: str | None) -> TlsMaterial | None:
@@ -225,10 +303,74 @@ def _tls(*, ca: str | None, cert: str | None, key: str | None) -> TlsMaterial | 
         raise FlagError(f"--tls-{exc.role or 'cert'}", str(exc)) from exc
 
 
-def _node_id(value: str | None, tls: TlsMaterial | None) -> str:
+def _join_token(value: str | None, tls: TlsMaterial | None) -> JoinToken | None:
+    if value is None:
+        return None
+    if tls is not None:
+        raise FlagError(
+            "--token",
+            "give either --token (join the cluster CA) or --tls-ca/--tls-cert/--tls-key "
+            "(certificates of your own), not both",
+        )
+    from llmgw.pki import PkiInputError
+    from llmgw.pki.cluster import parse_join_token
+
+    try:
+        return parse_join_token(value)
+    except PkiInputError as exc:
+        raise FlagError("--token", str(exc)) from exc
+
+
+def _joined(state_dir: str) -> NodeCredentials | None:
+    """The certificate this node got when it joined (`<state-dir>/tls`), if it did."""
+    from llmgw.cli.agent_join import stored_credentials
+
+    directory = Path(state_dir).expanduser()
+    try:
+        return stored_credentials(directory)
+    except (OSError, ValueError) as exc:
+        raise FlagError(
+            "--state-dir",
+            f"cannot read this node's certificate in {directory / 'tls'}: {exc}; remove that "
+            "folder to join again with a new --token",
+        ) from exc
+
+
+def _obtain_certificate(options: _Options) -> NodeCredentials:
+    """The node certificate from the store's CA: kept, or joined for now (`error:` if refused)."""
+    import asyncio
+
+    from llmgw.agent.enroll import EnrollError
+    from llmgw.cli.agent_join import obtain
+
+    try:
+        return asyncio.run(
+            obtain(
+                state_dir=options.state_dir,
+                addresses=options.addresses,
+                token=options.join_token,
+                node_id=options.node_id,
+            )
+        )
+    except EnrollError as exc:
+        raise _fail(str(exc)) from None
+
+
+def _node_id(
+    value: str | None, tls: TlsMaterial | None, joined: NodeCredentials | None = None
+) -> str:
     if value is None and tls is not None and tls.names:
         # With mTLS the server accepts only a name on the certificate: default to it.
         return tls.names[0]
+    if joined is not None:
+        if value is not None and value.strip() != joined.node_id:
+            raise FlagError(
+                "--node-id",
+                f"this node joined the cluster as {joined.node_id!r} (its certificate is in "
+                "--state-dir/tls): drop --node-id, or remove that folder and join again with a "
+                "new --token to take another id",
+            )
+        return joined.node_id
     node_id = socket.gethostname() if value is None else value.strip()
     if not node_id or any(c.isspace() for c in node_id):
         raise FlagError("--node-id", f"{value!r} is not an id: give a non-empty word")
@@ -265,8 +407,65 @@ def _engine_python(value: str | None) -> str:
     return value
 
 
-async def _serve(options: _Options) -> None:
+def _engines(values: list[str]) -> dict[str, str]:
+    """--engine KIND=PATH, each PATH an executable file; a kind given once."""
+    from llmgw.engines import KNOWN_ENGINES
+
+    found: dict[str, str] = {}
+    for value in values:
+        kind, sep, path = value.partition("=")
+        kind, path = kind.strip(), path.strip()
+        if not sep or not kind or not path:
+            raise FlagError(
+                "--engine", f"{value!r} is not KIND=PATH (e.g. vllm=/opt/vllm/bin/vllm)"
+            )
+        if kind not in KNOWN_ENGINES:
+            raise FlagError(
+                "--engine",
+                f"{kind!r} is not an engine kind; give one of {', '.join(KNOWN_ENGINES)}",
+            )
+        if kind in found:
+            raise FlagError("--engine", f"{kind} is given twice")
+        resolved = Path(path).expanduser()
+        if not (resolved.is_file() and os.access(resolved, os.X_OK)):
+            raise FlagError(
+                "--engine", f"{kind}={path}: {resolved} is not an executable file on this node"
+            )
+        found[kind] = str(resolved)
+    return found
+
+
+def _engine_settings(options: _Options) -> EngineSettings:
+    from llmgw.engines import EngineSettings
+
+    engines = options.engines
+    extra: dict[str, object] = {}
+    if "sim" in engines:
+        extra["llmgw_command"] = (engines["sim"],)
+    return EngineSettings(
+        python=options.engine_python,
+        vllm_command=engines.get("vllm", "vllm"),
+        sglang_python=engines.get("sglang"),
+        llamacpp_python=engines.get("llamacpp"),
+        weights_dir=str(options.weights_dir),
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def _state_dir(value: str) -> Path:
+    from llmgw.agent.state import StateDirError, prepare_state_dir
+
+    try:
+        return prepare_state_dir(Path(value))
+    except StateDirError as exc:
+        raise FlagError("--state-dir", f"{exc} (LLMGW_AGENT_STATE_DIR)") from exc
+
+
+async def _serve(
+    options: _Options, store: EngineStore, creds: NodeCredentials | None = None
+) -> None:
     import asyncio
+    import contextlib
     import functools
     import random
     import signal
@@ -281,7 +480,8 @@ async def _serve(options: _Options) -> None:
     from llmgw.agent.settings import ConnectionSettings, SupervisorSettings
     from llmgw.agent.supervisor import Supervisor
     from llmgw.agent.wire import NodeIdentity
-    from llmgw.engines import EngineSettings, adapter_for
+    from llmgw.engines import adapter_for
+    from llmgw.lifecycle import guard
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -294,10 +494,29 @@ async def _serve(options: _Options) -> None:
         declared=options.declared_gpus,
         node_id=options.node_id,
     )
+    keeper = None
+    if creds is not None:
+        from datetime import UTC, datetime
+
+        from llmgw.agent.enroll import CertificateKeeper, TlsStore, describe_expiry
+
+        keeper = CertificateKeeper(
+            creds=creds,
+            store=TlsStore(options.state_dir),
+            addresses=options.addresses,
+            clock=lambda: datetime.now(UTC),
+        )
     try:
         inventory = await asyncio.to_thread(gpus.inventory)
-        if options.tls is None:
-            log.info("dialling the control plane in plaintext (no --tls-* flags)")
+        if creds is not None:
+            log.info(
+                "dialling the control plane with mTLS as %s (certificate from the cluster CA, "
+                "valid until %s, renewed after two thirds of its lifetime)",
+                options.node_id,
+                describe_expiry(creds),
+            )
+        elif options.tls is None:
+            log.info("dialling the control plane in plaintext (no --token, no --tls-* flags)")
         else:
             log.info(
                 "dialling the control plane with mTLS as %s (certificate names: %s)",
@@ -312,21 +531,20 @@ async def _serve(options: _Options) -> None:
             options.port_range,
             options.weights_dir,
         )
-        supervisor_settings = SupervisorSettings()
+        supervisor_settings = SupervisorSettings(adopt_grace_seconds=options.adopt_grace)
         feed = StatusFeed()
         engine_addresses = EngineAddresses(
             advertise_host=options.advertise_host, engine_host=options.engine_host
         )
         supervisor = Supervisor(
-            adapters=functools.partial(
-                adapter_for, settings=EngineSettings(python=options.engine_python)
-            ),
+            adapters=functools.partial(adapter_for, settings=_engine_settings(options)),
             port_range=options.port_range,
             advertise_host=engine_addresses,
             weights_dir=options.weights_dir,
             gpu_count=len(inventory),
             settings=supervisor_settings,
             on_change=feed.publish,
+            store=store,
         )
         connection = Connection(
             addresses=options.addresses,
@@ -334,7 +552,8 @@ async def _serve(options: _Options) -> None:
                 node_id=options.node_id,
                 hostname=socket.gethostname(),
                 agent_version=__version__,
-                labels=options.labels,
+                # The join token's labels, then the flags' (which win).
+                labels={**(creds.labels if creds is not None else {}), **options.labels},
                 fabric=options.fabric,
                 port_range=options.port_range,
                 weights_dir=options.weights_dir,
@@ -344,14 +563,26 @@ async def _serve(options: _Options) -> None:
             hardware=Hardware(gpus=gpus, weights_dir=options.weights_dir),
             backoff=Backoff(rng=random.Random()),
             settings=ConnectionSettings(),
-            tls=options.tls,
+            tls=keeper.material if keeper is not None else options.tls,
             engine_addresses=engine_addresses,
         )
-        await run_node(
-            supervisor=supervisor,
-            connection=connection,
-            stop=stop,
-            grace_seconds=supervisor_settings.default_grace_seconds,
+        renewal = (
+            None
+            if keeper is None
+            else asyncio.create_task(guard("certificate renewal", keeper.run()))
         )
+        try:
+            await run_node(
+                supervisor=supervisor,
+                connection=connection,
+                stop=stop,
+                grace_seconds=supervisor_settings.default_grace_seconds,
+                stop_engines=options.stop_engines_on_exit,
+            )
+        finally:
+            if renewal is not None:
+                renewal.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await renewal
     finally:
         await asyncio.to_thread(gpus.close)

@@ -2,18 +2,22 @@
 
 Starts the gateway with the SQLite store in the data dir, a local agent (a child
 process in a session of its own, its output in `<data-dir>/agent.log`) and a
-catalog of two models that start on their first request: `sim-small` (the
-simulated engine) and, when the GGUF file is there and the engine interpreter has
-llama-cpp-python, `gemma-3-270m` on llama.cpp. Before serving it prints the API
-URL, a fresh secret for the key named `quickstart` (rotated on every start, so
-the previous one stops working) and `curl` commands to try.
+catalog of models that start on their first request: `sim-small` (the simulated
+engine) and, when their GGUF files are given and the engine interpreter has
+llama-cpp-python, two real models on llama.cpp: `smollm2-135m-instruct` (alias
+`smollm2`), instruction-tuned, for chat, and `gemma-3-270m`, a base model, for
+completions. Before serving it prints the API URL, a fresh secret for the key
+named `quickstart` (rotated on every start, so the previous one stops working)
+and `curl` commands to try: the first is a chat request.
 
 Every listener is on loopback by default. Bad flags, busy ports and an agent that
 dies are one `error:` line and exit code 2 (bad input) or 1 (failure).
 
 The agent is stopped (SIGTERM to its process group, SIGKILL after a grace) however
-this process ends, and it stops its engines. If this process is SIGKILLed, the
-kernel kills the agent (PR_SET_PDEATHSIG, Linux only) and its engines die with it.
+this process ends, and it stops its engines (`--stop-engines-on-exit`). If this
+process is SIGKILLed, the kernel kills the agent (PR_SET_PDEATHSIG, Linux only);
+its engines keep running and the next `llmgw up` adopts them (its agent state is
+in `<data-dir>/agent`).
 
 Not guaranteed: a graceful stop of the engines after a SIGKILL; and that a request
 sent before the agent has registered (the `ready:` line) finds a node to start
@@ -48,6 +52,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("llmgw.up")
 
 GEMMA = "gemma-3-270m"
+CHAT = "smollm2-135m-instruct"
+CHAT_ALIAS = "smollm2"
 SIM = "sim-small"
 KEY_NAME = "quickstart"
 KEEP_ALIVE_SECONDS = 600
@@ -63,9 +69,15 @@ TAIL_LINES = 30
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 GEMMA_PROMPT = "The capital of France is the city of"
+CHAT_PROMPT = "What is the capital of France?"
 HOW_TO_GET_GEMMA = (
     "`make run` builds the llama.cpp engine and the model and passes them; or give "
     "--model-file FILE.gguf and --engine-python PYTHON (with llama-cpp-python[server])"
+)
+HOW_TO_GET_CHAT = (
+    "`make run` fetches it and passes it; or run `python scripts/fetch_chat_model.py "
+    "FILE.gguf` and give --chat-model-file FILE.gguf and --engine-python PYTHON (with "
+    "llama-cpp-python[server])"
 )
 
 
@@ -90,7 +102,8 @@ class _Plan:
     agent_listen: dict[str, Any]
     data_dir: Path
     model_file: Path | None
-    note: str | None  # why Gemma is not in the catalog, when it is not
+    chat_model_file: Path | None
+    notes: tuple[str, ...]  # why a real model is not in the catalog, when it is not
     engine_python: str
     node_id: str
     port_range: str
@@ -128,6 +141,17 @@ def up(
             show_default=False,
         ),
     ] = None,
+    chat_model_file: Annotated[
+        str | None,
+        typer.Option(
+            envvar="LLMGW_CHAT_MODEL_FILE",
+            help=f"SmolLM2-135M-Instruct as a GGUF file, served as {CHAT} (alias "
+            f"{CHAT_ALIAS}) on llama.cpp with the chat template the file carries: the "
+            "model that answers chat requests. Without it (or when it is missing) chat "
+            "goes to the simulated model only.",
+            show_default=False,
+        ),
+    ] = None,
     engine_python: Annotated[
         str | None,
         typer.Option(
@@ -143,7 +167,7 @@ def up(
     ] = "20000-20099",
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
-    """Start everything on this machine: the gateway, a local agent and two models."""
+    """Start everything on this machine: the gateway, a local agent and the quickstart's models."""
     try:
         plan = _plan(
             listen=listen,
@@ -151,6 +175,7 @@ def up(
             agent_listen=agent_listen,
             data_dir=data_dir,
             model_file=model_file,
+            chat_model_file=chat_model_file,
             engine_python=engine_python,
             node_id=node_id,
             port_range=port_range,
@@ -176,6 +201,7 @@ def _plan(
     agent_listen: str,
     data_dir: str,
     model_file: str | None,
+    chat_model_file: str | None,
     engine_python: str | None,
     node_id: str,
     port_range: str,
@@ -207,14 +233,22 @@ def _plan(
     if not node_id.strip() or any(c.isspace() for c in node_id):
         raise UpError(f"--node-id {node_id!r}: give a non-empty word such as 'local'")
     python = _engine_python(engine_python)
-    gguf, note = _model_file(model_file, python)
+    gguf, note = _model_file(model_file, "--model-file", GEMMA, HOW_TO_GET_GEMMA)
+    chat, chat_note = _model_file(chat_model_file, "--chat-model-file", CHAT, HOW_TO_GET_CHAT)
+    if (gguf is not None or chat is not None) and not _has_llama_cpp(python):
+        missing = f"is not served: {python} has no llama-cpp-python."
+        if gguf is not None:
+            gguf, note = None, f"{GEMMA} {missing} {HOW_TO_GET_GEMMA}"
+        if chat is not None:
+            chat, chat_note = None, f"{CHAT} {missing} {HOW_TO_GET_CHAT}"
     return _Plan(
         listen=addresses[0],
         admin_listen=addresses[1],
         agent_listen=addresses[2],
         data_dir=_data_dir(data_dir),
         model_file=gguf,
-        note=note,
+        chat_model_file=chat,
+        notes=tuple(n for n in (chat_note, note) if n is not None),
         engine_python=python,
         node_id=node_id,
         port_range=port_range,
@@ -233,19 +267,21 @@ def _engine_python(value: str | None) -> str:
     return os.path.abspath(value)
 
 
-def _model_file(value: str | None, python: str) -> tuple[Path | None, str | None]:
-    """The GGUF file to serve as Gemma, or None and the line that says why not."""
+def _model_file(
+    value: str | None, flag: str, model: str, how: str
+) -> tuple[Path | None, str | None]:
+    """The GGUF file to serve as `model`, or None and the line that says why not."""
     if value is None or not value.strip():
-        return None, f"{GEMMA} is not served: no --model-file given. To add it: {HOW_TO_GET_GEMMA}"
+        return None, f"{model} is not served: no {flag} given. To add it: {how}"
     path = Path(value).expanduser().absolute()
     if not path.is_file():
-        return None, (
-            f"{GEMMA} is not served: --model-file {value} does not exist. {HOW_TO_GET_GEMMA}"
-        )
+        return None, f"{model} is not served: {flag} {value} does not exist. {how}"
     if path.suffix.lower() != ".gguf":
-        raise UpError(
-            f"--model-file {value!r}: llama.cpp loads a .gguf file; give the Gemma 3 270M GGUF"
-        )
+        raise UpError(f"{flag} {value!r}: llama.cpp loads a .gguf file; give the {model} GGUF")
+    return path, None
+
+
+def _has_llama_cpp(python: str) -> bool:
     check = "import importlib.util, sys; sys.exit(importlib.util.find_spec('llama_cpp') is None)"
     try:
         found = subprocess.run(
@@ -253,11 +289,7 @@ def _model_file(value: str | None, python: str) -> tuple[Path | None, str | None
         ).returncode
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise UpError(f"--engine-python {python!r} cannot be run: {exc}") from None
-    if found != 0:
-        return None, (
-            f"{GEMMA} is not served: {python} has no llama-cpp-python. {HOW_TO_GET_GEMMA}"
-        )
-    return path, None
+    return found == 0
 
 
 def _data_dir(value: str) -> Path:
@@ -272,25 +304,11 @@ def _data_dir(value: str) -> Path:
 def _catalog(plan: _Plan) -> list[dict[str, Any]]:
     """The models `up` serves; each starts on its first request and stops when idle."""
     models: list[dict[str, Any]] = []
+    if plan.chat_model_file is not None:
+        # No --chat_format: llama-cpp-python applies the chat template the GGUF carries.
+        models.append(_llamacpp_model(CHAT, plan.chat_model_file, aliases=[CHAT_ALIAS]))
     if plan.model_file is not None:
-        models.append(
-            {
-                "name": GEMMA,
-                "weights": str(plan.model_file),
-                # llmgw sets --model, --model_alias, --host, --port, --interrupt_requests.
-                "profiles": [
-                    {
-                        "name": "cpu",
-                        "engine": "llamacpp",
-                        "engine_args": ["--n_ctx", "2048"],
-                        "gpus": 0,
-                    }
-                ],
-                "min_replicas": 0,
-                "keep_alive": KEEP_ALIVE_SECONDS,
-                "activation": True,
-            }
-        )
+        models.append(_llamacpp_model(GEMMA, plan.model_file, aliases=[]))
     models.append(
         {
             "name": SIM,
@@ -302,6 +320,26 @@ def _catalog(plan: _Plan) -> list[dict[str, Any]]:
         }
     )
     return models
+
+
+def _llamacpp_model(name: str, gguf: Path, *, aliases: list[str]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "aliases": aliases,
+        "weights": str(gguf),
+        # llmgw sets --model, --model_alias, --host, --port, --interrupt_requests.
+        "profiles": [
+            {
+                "name": "cpu",
+                "engine": "llamacpp",
+                "engine_args": ["--n_ctx", "2048"],
+                "gpus": 0,
+            }
+        ],
+        "min_replicas": 0,
+        "keep_alive": KEEP_ALIVE_SECONDS,
+        "activation": True,
+    }
 
 
 def _config(plan: _Plan) -> ServerConfig:
@@ -456,6 +494,9 @@ def _agent_argv(plan: _Plan) -> list[str]:
         "--port-range", plan.port_range,
         "--weights-dir", str(plan.data_dir / "weights"),
         "--engine-python", plan.engine_python,
+        "--state-dir", str(plan.data_dir / "agent"),
+        # Ctrl-C on `llmgw up` stops everything it started, engines included.
+        "--stop-engines-on-exit",
         "--log-level", plan.log_level,
     ]  # fmt: skip
 
@@ -477,10 +518,12 @@ class LocalAgent:
     def start(self) -> None:
         # Armed with PR_SET_PDEATHSIG in a fresh interpreter before exec (see the agent's
         # _deathsig_exec.py: preexec_fn is unsafe once threads exist), so a SIGKILLed
-        # `llmgw up` takes its agent, and so the engines, with it.
-        from llmgw.agent.supervisor import DEATHSIG_EXEC
+        # `llmgw up` takes its agent with it; its engines keep running, and the next
+        # `llmgw up` adopts them (or stops those its catalog does not want).
+        import llmgw.agent
 
-        argv = [sys.executable, "-I", "-S", DEATHSIG_EXEC, str(os.getpid()), "--", *self.argv]
+        deathsig_exec = str(Path(llmgw.agent.__file__).with_name("_deathsig_exec.py"))
+        argv = [sys.executable, "-I", "-S", deathsig_exec, str(os.getpid()), "--", *self.argv]
         try:
             with self.log_path.open("wb") as log_file:
                 self._proc = subprocess.Popen(
@@ -579,9 +622,20 @@ def _banner(
     base = api.url(plan.listen["host"])
     admin_url = admin.url(plan.admin_listen["host"])
     header = f"-H 'Content-Type: application/json' -H 'Authorization: Bearer {secret}'"
-    sim_body = {"model": SIM, "messages": [{"role": "user", "content": "Hello!"}]}
+    if plan.chat_model_file is not None:
+        chat_body: dict[str, Any] = {
+            "model": CHAT_ALIAS,
+            "messages": [{"role": "user", "content": CHAT_PROMPT}],
+            "temperature": 0,
+        }
+    else:
+        chat_body = {"model": SIM, "messages": [{"role": "user", "content": "Hello!"}]}
     gemma_body = {"model": GEMMA, "prompt": GEMMA_PROMPT, "max_tokens": 16, "temperature": 0}
-    models = ([GEMMA] if plan.model_file is not None else []) + [SIM]
+    models = [
+        *([f"{CHAT} (alias {CHAT_ALIAS})"] if plan.chat_model_file is not None else []),
+        *([GEMMA] if plan.model_file is not None else []),
+        SIM,
+    ]
     fresh = "rotated: a new secret on every start" if rotated else "created"
     cli = _llmgw_command()
     admin_flag = "" if admin_url == "http://127.0.0.1:9090" else f" --admin {admin_url}"
@@ -595,9 +649,14 @@ def _banner(
         f"Models: {', '.join(models)}. Each starts on its first request (that request waits "
         f"while it loads) and stops after {KEEP_ALIVE_SECONDS // 60} minutes idle.",
     ]
-    if plan.note is not None:
-        lines.append(plan.note)
-    lines += ["", "Try:"]
+    lines += plan.notes
+    lines += [
+        "",
+        "Try:",
+        f"  curl -s {base}/v1/chat/completions {header} \\",
+        f"    -d '{json.dumps(chat_body)}'",
+        "",
+    ]
     if plan.model_file is not None:
         lines += [
             f"  curl -s {base}/v1/completions {header} \\",
@@ -605,9 +664,6 @@ def _banner(
             "",
         ]
     lines += [
-        f"  curl -s {base}/v1/chat/completions {header} \\",
-        f"    -d '{json.dumps(sim_body)}'",
-        "",
         f"See what runs: {cli} models list{admin_flag}",
         f"               {cli} nodes list{admin_flag}",
         f"Data: {plan.data_dir}   agent log: {agent_log}",

@@ -236,6 +236,34 @@ class ProfileConfig(_Strict):
             "engine's own default (0.9 for vLLM), which suits a GPU the replica has alone."
         ),
     )
+    load_timeout: float | None = Field(
+        default=None,
+        description=(
+            "How long a replica may take from its start to its first ready answer: seconds "
+            "or a duration ('20m'). Past it the replica fails with the engine's output and "
+            "is retried with backoff. Unset by default: the engine's own (30 min for vllm "
+            "and sglang, which may download weights first; 2 min for llamacpp; 1 min for "
+            "sim)."
+        ),
+    )
+    unhealthy_after: float | None = Field(
+        default=None,
+        description=(
+            "How long a ready replica's health probe may keep failing before the replica is "
+            "restarted: seconds or a duration ('1m'). Unset by default: the engine's own "
+            "(1 min for vllm and sglang, 2 min for llamacpp, 30 s for sim), long enough "
+            "that a busy engine is not mistaken for a hung one."
+        ),
+    )
+    drain_grace: float | None = Field(
+        default=None,
+        description=(
+            "On drain or stop, how long the engine's in-flight requests get after SIGTERM "
+            "to its main process before the whole process group is signalled: seconds or "
+            "a duration ('45s'). Unset by default: the engine's own (30 s for vllm and "
+            "sglang, 10 s for llamacpp, 5 s for sim)."
+        ),
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -244,6 +272,25 @@ class ProfileConfig(_Strict):
         if isinstance(data, dict) and data.get("name") is None and isinstance(engine, str):
             return {**data, "name": engine}
         return data
+
+    @field_validator("load_timeout", "unhealthy_after", "drain_grace", mode="before")
+    @classmethod
+    def _parse_deadline(cls, value: object, info: ValidationInfo) -> float | None:
+        if value is None:
+            return None
+        try:
+            seconds = parse_duration(value)
+        except ValueError:
+            seconds = -1.0
+        least = 0.0 if info.field_name == "drain_grace" else 1e-9
+        if seconds < least:
+            raise ValueError(
+                f"{value!r} is not a {info.field_name} ("
+                + ("zero or more" if least == 0 else "more than 0")
+                + " seconds, or a duration such as '90s' or '20m'); leave it out for the "
+                "engine's default"
+            )
+        return seconds
 
     @field_validator("name")
     @classmethod

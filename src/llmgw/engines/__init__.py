@@ -25,6 +25,7 @@ from llmgw.engines.spec import (
     EngineLoad,
     EngineSettings,
     EngineSpec,
+    EngineTimings,
     LaunchPlan,
 )
 from llmgw.engines.vllm import VllmAdapter
@@ -36,6 +37,7 @@ __all__ = [
     "EngineLoad",
     "EngineSettings",
     "EngineSpec",
+    "EngineTimings",
     "LaunchPlan",
     "LlamaCppAdapter",
     "ProfileError",

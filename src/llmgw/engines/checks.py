@@ -187,6 +187,38 @@ def plan_env(spec: EngineSpec) -> dict[str, str]:
     return env
 
 
+def check_timings(spec: EngineSpec) -> None:
+    """Deadlines the spec gives are positive, finite numbers of seconds."""
+    for field, value in (
+        ("load_timeout", spec.load_timeout),
+        ("unhealthy_after", spec.unhealthy_after),
+        ("drain_grace", spec.drain_grace),
+    ):
+        if value is None:
+            continue
+        if not math.isfinite(value) or value < 0 or (value == 0 and field != "drain_grace"):
+            raise ProfileError(
+                field,
+                f"must be a positive number of seconds, got {value!r}; leave it unset for "
+                "the engine's default",
+            )
+
+
+HF_ENV = ("HF_HOME", "HF_HUB_CACHE")
+"""Where Hugging Face libraries (vLLM, SGLang) download weights."""
+
+
+def weights_env(spec: EngineSpec, weights_dir: str | None) -> dict[str, str]:
+    """`HF_HOME` and `HF_HUB_CACHE` in the agent's weights directory, so that what an
+    engine downloads counts in the node's disk figures and `nodes remove-weights`
+    reaches it; a profile that sets either keeps its own value."""
+    if weights_dir is None:
+        return {}
+    home = weights_dir.rstrip("/") or "/"
+    env = {"HF_HOME": home, "HF_HUB_CACHE": f"{home.rstrip('/')}/hub"}
+    return {key: value for key, value in env.items() if key not in spec.env}
+
+
 def format_fraction(value: float) -> str:
     """A float as the shortest text that reads back the same (0.9 → "0.9")."""
     return repr(float(value))

@@ -24,7 +24,13 @@ from collections.abc import Mapping
 
 from llmgw.engines import checks
 from llmgw.engines.errors import ProfileError
-from llmgw.engines.spec import EngineLoad, EngineSettings, EngineSpec, LaunchPlan
+from llmgw.engines.spec import (
+    EngineLoad,
+    EngineSettings,
+    EngineSpec,
+    EngineTimings,
+    LaunchPlan,
+)
 
 NO_CONFIG_FILE = (
     "remove it: a config file replaces every command-line setting, the ones llmgw "
@@ -69,6 +75,12 @@ RESERVED_ENV: Mapping[str, str] = {
 }
 
 
+TIMINGS = EngineTimings(load_timeout=120.0, unhealthy_after=120.0, drain_grace=10.0)
+"""A local GGUF file loads in seconds (2 min is generous); the server answers
+/v1/models between tokens but can be slow under a long generation, so it gets
+2 min of failed probes before it counts as hung."""
+
+
 class LlamaCppAdapter:
     """Builds llama-cpp-python server command lines; it has no metrics to read."""
 
@@ -82,6 +94,7 @@ class LlamaCppAdapter:
         """Raise `ProfileError` for a spec the llama.cpp server would refuse."""
         checks.check_engine(spec, self.name)
         checks.check_common(spec)
+        checks.check_timings(spec)
         checks.check_weights(spec)
         if not spec.weights.lower().endswith(".gguf"):
             raise ProfileError(
@@ -112,7 +125,7 @@ class LlamaCppAdapter:
         """Validate `spec`, then build its `python -m llama_cpp.server` command."""
         self.validate(spec)
         argv = [
-            self._settings.python,
+            self._settings.llamacpp_python or self._settings.python,
             "-m",
             "llama_cpp.server",
             "--model",
@@ -134,6 +147,7 @@ class LlamaCppAdapter:
             env=checks.plan_env(spec),
             unset_env=UNSET_ENV,
             ready_path="/v1/models",
+            timings=TIMINGS.resolve(spec),
             metrics_path=None,
         )
 

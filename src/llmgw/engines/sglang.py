@@ -23,7 +23,13 @@ from collections.abc import Mapping
 
 from llmgw.engines import checks
 from llmgw.engines.prometheus import Sample, metric_max, metric_sum, parse_samples
-from llmgw.engines.spec import EngineLoad, EngineSettings, EngineSpec, LaunchPlan
+from llmgw.engines.spec import (
+    EngineLoad,
+    EngineSettings,
+    EngineSpec,
+    EngineTimings,
+    LaunchPlan,
+)
 
 RUNNING = "sglang:num_running_reqs"
 WAITING = "sglang:num_queue_reqs"
@@ -52,6 +58,11 @@ MANAGED_ARGS: Mapping[str, str] = {
 """Options llmgw sets or must not see set, with what to do instead."""
 
 
+TIMINGS = EngineTimings(load_timeout=1800.0, unhealthy_after=60.0, drain_grace=30.0)
+"""SGLang may download weights and capture CUDA graphs before it listens (30 min);
+in-flight requests get 30 s after SIGTERM; a minute of failed /health is a hang."""
+
+
 class SglangAdapter:
     """Builds SGLang server command lines and reads SGLang's metrics."""
 
@@ -65,6 +76,7 @@ class SglangAdapter:
         """Raise `ProfileError` for a spec SGLang would refuse or llmgw could not serve."""
         checks.check_engine(spec, self.name)
         checks.check_common(spec)
+        checks.check_timings(spec)
         checks.check_weights(spec)
         checks.check_gpus(spec, "SGLang")
         checks.check_memory_fraction(spec)
@@ -75,7 +87,7 @@ class SglangAdapter:
         """Validate `spec`, then build its `python -m sglang.launch_server` command."""
         self.validate(spec)
         argv = [
-            self._settings.python,
+            self._settings.sglang_python or self._settings.python,
             "-m",
             "sglang.launch_server",
             "--model-path",
@@ -97,9 +109,10 @@ class SglangAdapter:
         argv += spec.engine_args
         return LaunchPlan(
             argv=tuple(argv),
-            env=checks.plan_env(spec),
+            env={**checks.weights_env(spec, self._settings.weights_dir), **checks.plan_env(spec)},
             unset_env=(),
             ready_path="/health",
+            timings=TIMINGS.resolve(spec),
             metrics_path="/metrics",
         )
 

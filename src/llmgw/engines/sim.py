@@ -14,7 +14,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from llmgw.engines import checks
-from llmgw.engines.spec import EngineLoad, EngineSettings, EngineSpec, LaunchPlan
+from llmgw.engines.spec import (
+    EngineLoad,
+    EngineSettings,
+    EngineSpec,
+    EngineTimings,
+    LaunchPlan,
+)
 from llmgw.engines.vllm import parse_vllm_metrics
 
 MANAGED_ARGS: Mapping[str, str] = {
@@ -23,6 +29,10 @@ MANAGED_ARGS: Mapping[str, str] = {
     "--model": checks.USE_MODEL,
 }
 """Options llmgw sets (click does not expand abbreviations, so only exact names)."""
+
+
+TIMINGS = EngineTimings(load_timeout=60.0, unhealthy_after=30.0, drain_grace=5.0)
+"""The simulator is ready in about a second plus its --load-time."""
 
 
 class SimAdapter:
@@ -38,6 +48,7 @@ class SimAdapter:
         """Raise `ProfileError` for a spec `llmgw sim` would refuse."""
         checks.check_engine(spec, self.name)
         checks.check_common(spec)
+        checks.check_timings(spec)
         checks.check_memory_fraction(spec)
         checks.check_engine_args(spec, MANAGED_ARGS, abbreviations=False)
         checks.check_env(spec, checks.GPU_ENV)
@@ -61,6 +72,7 @@ class SimAdapter:
             env=checks.plan_env(spec),
             unset_env=(),
             ready_path="/health",
+            timings=TIMINGS.resolve(spec),
             metrics_path="/metrics",
         )
 

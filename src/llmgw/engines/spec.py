@@ -42,6 +42,36 @@ class EngineSpec:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     gpu_memory_utilization: float | None = None
+    # Seconds; None means the engine kind's default (`EngineTimings`).
+    load_timeout: float | None = None
+    unhealthy_after: float | None = None
+    drain_grace: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineTimings:
+    """How long an engine of one kind may take, in seconds.
+
+    `load_timeout`: from spawn until the readiness path first answers 200; past
+    it the shard fails. `unhealthy_after`: how long a ready engine's probe may
+    keep failing before it is restarted. `drain_grace`: after SIGTERM to the
+    engine's main process, how long in-flight requests get before the whole
+    process group is signalled.
+    """
+
+    load_timeout: float
+    unhealthy_after: float
+    drain_grace: float
+
+    def resolve(self, spec: EngineSpec) -> EngineTimings:
+        """The spec's own values where it gives them, these defaults elsewhere."""
+        return EngineTimings(
+            load_timeout=self.load_timeout if spec.load_timeout is None else spec.load_timeout,
+            unhealthy_after=(
+                self.unhealthy_after if spec.unhealthy_after is None else spec.unhealthy_after
+            ),
+            drain_grace=self.drain_grace if spec.drain_grace is None else spec.drain_grace,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +84,8 @@ class LaunchPlan:
     remove from the agent's environment first (ones the engine would read in
     place of its flags). `ready_path` answers 200 once the engine can serve;
     `metrics_path` serves Prometheus text, or is None when the engine has none.
+    `timings` are the spec's deadlines with the engine kind's defaults filled in
+    (the default value suits a quick engine; every adapter sets its own).
     """
 
     argv: tuple[str, ...]
@@ -61,6 +93,11 @@ class LaunchPlan:
     unset_env: tuple[str, ...]
     ready_path: str
     metrics_path: str | None
+    timings: EngineTimings = field(
+        default_factory=lambda: EngineTimings(
+            load_timeout=120.0, unhealthy_after=60.0, drain_grace=10.0
+        )
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,11 +130,17 @@ class EngineSettings:
     """How engines are launched on this node.
 
     `python` is the interpreter of a virtual environment that has SGLang and/or
-    llama-cpp-python installed (their servers run as `PYTHON -m ...`).
+    llama-cpp-python installed (their servers run as `PYTHON -m ...`);
+    `sglang_python` and `llamacpp_python` override it for one engine kind.
     `vllm_command` is the `vllm` executable. `llmgw_command` starts this package's
     CLI for the simulated engine; the default is the running interpreter.
+    `weights_dir` is where engines keep weights: vLLM and SGLang get `HF_HOME` and
+    `HF_HUB_CACHE` under it (None: the engine's own default, `~/.cache/huggingface`).
     """
 
     python: str
     vllm_command: str = "vllm"
     llmgw_command: tuple[str, ...] = (sys.executable, "-m", "llmgw")
+    sglang_python: str | None = None
+    llamacpp_python: str | None = None
+    weights_dir: str | None = None

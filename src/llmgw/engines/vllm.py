@@ -17,7 +17,13 @@ from collections.abc import Mapping
 
 from llmgw.engines import checks
 from llmgw.engines.prometheus import metric_max, metric_sum, parse_samples
-from llmgw.engines.spec import EngineLoad, EngineSettings, EngineSpec, LaunchPlan
+from llmgw.engines.spec import (
+    EngineLoad,
+    EngineSettings,
+    EngineSpec,
+    EngineTimings,
+    LaunchPlan,
+)
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
@@ -51,6 +57,11 @@ UNSET_ENV: tuple[str, ...] = ("VLLM_API_KEY",)
 """vLLM reads an API key from this variable when --api-key is absent."""
 
 
+TIMINGS = EngineTimings(load_timeout=1800.0, unhealthy_after=60.0, drain_grace=30.0)
+"""vLLM may download tens of GB of weights before it listens (30 min); requests in
+flight get 30 s after SIGTERM; a /health that fails for a minute is a hung engine."""
+
+
 class VllmAdapter:
     """Builds `vllm serve` command lines and reads vLLM's metrics."""
 
@@ -64,6 +75,7 @@ class VllmAdapter:
         """Raise `ProfileError` for a spec vLLM would refuse or llmgw could not serve."""
         checks.check_engine(spec, self.name)
         checks.check_common(spec)
+        checks.check_timings(spec)
         checks.check_weights(spec)
         checks.check_gpus(spec, "vLLM")
         checks.check_memory_fraction(spec)
@@ -96,9 +108,10 @@ class VllmAdapter:
         argv += spec.engine_args
         return LaunchPlan(
             argv=tuple(argv),
-            env=checks.plan_env(spec),
+            env={**checks.weights_env(spec, self._settings.weights_dir), **checks.plan_env(spec)},
             unset_env=UNSET_ENV,
             ready_path="/health",
+            timings=TIMINGS.resolve(spec),
             metrics_path="/metrics",
         )
 

@@ -108,7 +108,7 @@ class Hardware(_message.Message):
     def __init__(self, gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., cpu_count: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., weights_disk_free_bytes: _Optional[int] = ..., gpu_source: _Optional[str] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("node_id", "hostname", "agent_version", "hardware", "labels", "fabric", "running_shards", "port_range_start", "port_range_end", "weights_dir")
+    __slots__ = ("node_id", "hostname", "agent_version", "hardware", "labels", "fabric", "running_shards", "port_range_start", "port_range_end", "weights_dir", "advertise_host")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -133,6 +133,7 @@ class Register(_message.Message):
     PORT_RANGE_START_FIELD_NUMBER: _ClassVar[int]
     PORT_RANGE_END_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_DIR_FIELD_NUMBER: _ClassVar[int]
+    ADVERTISE_HOST_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     hostname: str
     agent_version: str
@@ -143,7 +144,8 @@ class Register(_message.Message):
     port_range_start: int
     port_range_end: int
     weights_dir: str
-    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., agent_version: _Optional[str] = ..., hardware: _Optional[_Union[Hardware, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., fabric: _Optional[_Mapping[str, str]] = ..., running_shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., port_range_start: _Optional[int] = ..., port_range_end: _Optional[int] = ..., weights_dir: _Optional[str] = ...) -> None: ...
+    advertise_host: str
+    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., agent_version: _Optional[str] = ..., hardware: _Optional[_Union[Hardware, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., fabric: _Optional[_Mapping[str, str]] = ..., running_shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., port_range_start: _Optional[int] = ..., port_range_end: _Optional[int] = ..., weights_dir: _Optional[str] = ..., advertise_host: _Optional[str] = ...) -> None: ...
 
 class GpuUsage(_message.Message):
     __slots__ = ("index", "utilization_percent", "memory_used_bytes", "memory_free_bytes")
@@ -226,7 +228,7 @@ class Registered(_message.Message):
     def __init__(self, heartbeat_interval_seconds: _Optional[float] = ..., leader_id: _Optional[str] = ..., server_version: _Optional[str] = ...) -> None: ...
 
 class ShardSpec(_message.Message):
-    __slots__ = ("shard_id", "model", "engine", "weights", "gpu_indices", "port", "engine_args", "env", "tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization")
+    __slots__ = ("shard_id", "model", "engine", "weights", "gpu_indices", "port", "engine_args", "env", "tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization", "load_timeout_seconds", "unhealthy_after_seconds", "drain_grace_seconds")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -245,6 +247,9 @@ class ShardSpec(_message.Message):
     TENSOR_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
     GPU_MEMORY_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    LOAD_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    UNHEALTHY_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_GRACE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     shard_id: str
     model: str
     engine: str
@@ -256,7 +261,10 @@ class ShardSpec(_message.Message):
     tensor_parallel_size: int
     pipeline_parallel_size: int
     gpu_memory_utilization: float
-    def __init__(self, shard_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., weights: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., port: _Optional[int] = ..., engine_args: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., tensor_parallel_size: _Optional[int] = ..., pipeline_parallel_size: _Optional[int] = ..., gpu_memory_utilization: _Optional[float] = ...) -> None: ...
+    load_timeout_seconds: float
+    unhealthy_after_seconds: float
+    drain_grace_seconds: float
+    def __init__(self, shard_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., weights: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., port: _Optional[int] = ..., engine_args: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., tensor_parallel_size: _Optional[int] = ..., pipeline_parallel_size: _Optional[int] = ..., gpu_memory_utilization: _Optional[float] = ..., load_timeout_seconds: _Optional[float] = ..., unhealthy_after_seconds: _Optional[float] = ..., drain_grace_seconds: _Optional[float] = ...) -> None: ...
 
 class StartShard(_message.Message):
     __slots__ = ("spec",)

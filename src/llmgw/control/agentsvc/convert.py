@@ -126,6 +126,9 @@ def shard_spec(msg: agent_pb2.ShardSpec) -> ShardSpec:
         tensor_parallel_size=msg.tensor_parallel_size or 1,
         pipeline_parallel_size=msg.pipeline_parallel_size or 1,
         gpu_memory_utilization=msg.gpu_memory_utilization,
+        load_timeout=msg.load_timeout_seconds,
+        unhealthy_after=msg.unhealthy_after_seconds,
+        drain_grace=msg.drain_grace_seconds,
     )
 
 
@@ -142,4 +145,7 @@ def shard_spec_message(spec: ShardSpec) -> agent_pb2.ShardSpec:
         tensor_parallel_size=spec.tensor_parallel_size,
         pipeline_parallel_size=spec.pipeline_parallel_size,
         gpu_memory_utilization=spec.gpu_memory_utilization,
+        load_timeout_seconds=spec.load_timeout,
+        unhealthy_after_seconds=spec.unhealthy_after,
+        drain_grace_seconds=spec.drain_grace,
     )

@@ -44,6 +44,10 @@ class Profile:
     tensor_parallel_size: int = 0
     # 0 leaves the engine's own default in place.
     gpu_memory_utilization: float = 0.0
+    # Seconds; None leaves the engine kind's default (set on the agent) in place.
+    load_timeout: float | None = None
+    unhealthy_after: float | None = None
+    drain_grace: float | None = None
 
     @property
     def tensor_parallel(self) -> int:

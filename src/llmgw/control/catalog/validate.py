@@ -117,6 +117,15 @@ def model_to_dict(model: CatalogModel) -> dict[str, Any]:
                 "labels": dict(p.labels),
                 "tensor_parallel_size": p.tensor_parallel_size,
                 "gpu_memory_utilization": p.gpu_memory_utilization,
+                **{
+                    key: _number(value)
+                    for key, value in (
+                        ("load_timeout", p.load_timeout),
+                        ("unhealthy_after", p.unhealthy_after),
+                        ("drain_grace", p.drain_grace),
+                    )
+                    if value is not None
+                },
             }
             for p in model.profiles
         ],
@@ -162,6 +171,9 @@ def _profile(cfg: ProfileConfig) -> Profile:
         labels=dict(cfg.labels),
         tensor_parallel_size=cfg.tensor_parallel_size,
         gpu_memory_utilization=cfg.gpu_memory_utilization,
+        load_timeout=cfg.load_timeout,
+        unhealthy_after=cfg.unhealthy_after,
+        drain_grace=cfg.drain_grace,
     )
 
 
@@ -206,6 +218,9 @@ def _check_engine(model: CatalogModel, index: int, profile: Profile) -> None:
         env=profile.env,
         tensor_parallel_size=tensor_parallel,
         gpu_memory_utilization=profile.gpu_memory_utilization or None,
+        load_timeout=profile.load_timeout,
+        unhealthy_after=profile.unhealthy_after,
+        drain_grace=profile.drain_grace,
     )
     try:
         adapter.validate(spec)
@@ -221,7 +236,16 @@ def _profile_field(exc: ProfileError, profile: Profile) -> tuple[str, str]:
             note = f" (tensor_parallel_size 0 means one rank per GPU, {profile.gpus} here)"
             return "tensor_parallel_size", exc.message + note
         return ("tensor_parallel_size" if profile.tensor_parallel_size else "gpus"), exc.message
-    if exc.field in {"engine", "engine_args", "env", "weights", "gpu_memory_utilization"}:
+    if exc.field in {
+        "engine",
+        "engine_args",
+        "env",
+        "weights",
+        "gpu_memory_utilization",
+        "load_timeout",
+        "unhealthy_after",
+        "drain_grace",
+    }:
         message = exc.message
         for remedy, instead in _PROFILE_REMEDIES.items():
             message = message.replace(remedy, instead)

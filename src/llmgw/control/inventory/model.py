@@ -42,6 +42,10 @@ class ShardSpec:
     pipeline_parallel_size: int = 1
     # 0 leaves the engine's own default in place.
     gpu_memory_utilization: float = 0.0
+    # Seconds; 0 leaves the engine kind's default (on the agent) in place.
+    load_timeout: float = 0.0
+    unhealthy_after: float = 0.0
+    drain_grace: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

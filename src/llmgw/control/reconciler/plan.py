@@ -239,6 +239,9 @@ def _start(model: CatalogModel, placement: Placement, shard_id: str) -> Start:
         env=profile.env,
         tensor_parallel_size=profile.tensor_parallel,
         gpu_memory_utilization=profile.gpu_memory_utilization,
+        load_timeout=profile.load_timeout or 0.0,
+        unhealthy_after=profile.unhealthy_after or 0.0,
+        drain_grace=profile.drain_grace or 0.0,
     )
     return Start(node_id=placement.node_id, model=model.name, profile=profile.name, spec=spec)
 
