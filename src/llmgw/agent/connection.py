@@ -10,7 +10,9 @@ a registration resets it. After a registered stream ends, the next pass starts
 at once from the address *after* the one that served it (see `run_pass`). With
 one address that is simply "dial it again". Failures that need an operator
 (TLS on one side only, a refused certificate or node id) and a standby's
-refusal are logged as warnings that say what to do (`refusal.py`).
+refusal are logged as warnings that say what to do (`refusal.py`). A node id
+refused because another agent holds it backs off like any failed pass (never
+the short standby retry), so two agents sharing an id do not storm the server.
 
 With `tls`, the channel is TLS with this node's client certificate, and the
 server's certificate must verify against the CA and carry the dialled host.
@@ -102,6 +104,9 @@ def channel_options(settings: ConnectionSettings) -> list[tuple[str, int]]:
     return options
 
 
+# Refusals of this node's identity (its id is another agent's, its key revoked).
+IDENTITY_REFUSALS = frozenset({grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.PERMISSION_DENIED})
+
 # The longest wait between passes while a standby answers (see `run`).
 STANDBY_RETRY_SECONDS = 1.0
 
@@ -150,13 +155,16 @@ class Connection:
         # A standby refused this agent since it last registered. Sticky, because
         # the same standby may answer a racing write with INTERNAL instead.
         self._saw_standby = False
+        # A server refused this node's identity in the last pass (id in use,
+        # revoked): a person must act, so the full backoff applies.
+        self._identity_refused = False
 
     async def run(self) -> None:
         """Dial, serve, redial; returns only by cancellation."""
         while True:
             if not await self.run_pass():
                 delay = self._backoff.next_delay()
-                if self._saw_standby:
+                if self._saw_standby and not self._identity_refused:
                     # A standby answered: a control plane is up and a takeover is at
                     # most one lease TTL away, so keep the retries short. Wrapping the
                     # uniform draw into [0, 1 s) keeps a fleet's retries spread out.
@@ -185,6 +193,7 @@ class Connection:
         (the first address given, until a stream has been served) and wraps round.
         """
         count = len(self._addresses)
+        self._identity_refused = False
         failures: list[str] = []  # those not already logged as a warning of their own
         for step in range(count):
             index = (self._first + step) % count
@@ -236,8 +245,6 @@ class Connection:
                 registered = await self._register(address, call, shards)
                 self._backoff.reset()
                 self._saw_standby = False
-                # A leader took the list: adopted engines on it are its to keep or stop.
-                self._supervisor.confirm(shards)
                 for report in shards:
                     if report.state.terminal:
                         self._supervisor.forget(report)
@@ -314,6 +321,7 @@ class Connection:
     ) -> ConnectError:
         standby = is_standby(metadata)
         self._saw_standby = self._saw_standby or standby
+        self._identity_refused = self._identity_refused or code in IDENTITY_REFUSALS
         refusal = explain(
             address,
             code,

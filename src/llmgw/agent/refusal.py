@@ -58,7 +58,7 @@ def explain(
         return Refusal(f"{address} is a standby: {details}", notable=True)
     if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
         return Refusal(f"the server at {address} refused this agent: {details}", notable=True)
-    if code in (grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.FAILED_PRECONDITION):
+    if code == grpc.StatusCode.ALREADY_EXISTS:
         # Another agent holds this node id; the connection loop backs off.
         hint = "" if "--node-id" in details else f"; {NODE_ID_HINT}"
         return Refusal(

@@ -42,6 +42,7 @@ from llmgw.control.agentsvc import (
     AgentListener,
     AgentListenerError,
     AgentServicer,
+    NodeRemoval,
     run_sweeper,
     serve_agents,
 )
@@ -230,12 +231,6 @@ async def _run(
         await store.close()
 
 
-def _model_names(catalog: Catalog, name: str) -> tuple[str, ...]:
-    """Every name of the model `name` stands for in the catalog (just `name` if none)."""
-    model = catalog.get(name)
-    return model.names if model is not None else (name,)
-
-
 async def _serve(
     cfg: ServerConfig, listeners: list[BoundListener], store: Store, config_file: str | None
 ) -> None:
@@ -337,6 +332,10 @@ async def _serve(
         registry=registry,
         require_identity=security in ("own", "cluster"),
         admission=leadership.admission,
+        identities=store.nodeids,
+        # Late-bound: the controller, which keeps the events, is built next.
+        record_event=lambda node_id, message: controller.note("node", node_id, message),
+        wall_clock=utc_now,
     )
     control = cfg.control
     controller = Controller(
@@ -418,7 +417,17 @@ async def _serve(
         on_demand=lambda: [m.name for m in catalog.models() if m.activation],
         extra_routes=[
             *key_routes(service=key_service, usage=store.usage, wall_clock=utc_now),
-            *node_routes(inventory=inventory, remove_weights=agents.remove_weights),
+            *node_routes(
+                inventory=inventory,
+                remove_weights=agents.remove_weights,
+                remove_node=NodeRemoval(
+                    identities=store.nodeids,
+                    inventory=inventory,
+                    streams=agents,
+                    wall_clock=utc_now,
+                    record_event=lambda node_id, message: controller.note("node", node_id, message),
+                ).remove,
+            ),
             *model_routes(catalog=catalog, control=model_control),
             *join_token_routes(
                 issuer=pki,
@@ -481,7 +490,6 @@ async def _serve(
                 form_paths=FORM_PATHS,
                 secret_reads=SECRET_READS,
             ),
-            model_names=lambda name: _model_names(catalog, name),
         ),
         "admin": browser_guard(
             admin_guard(admin_app, authenticator=authenticator),

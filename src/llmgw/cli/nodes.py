@@ -1,4 +1,4 @@
-"""`llmgw nodes`: list, show, drain, undrain GPU nodes and remove weights through the admin API.
+"""`llmgw nodes`: list, show, drain, undrain, remove GPU nodes and their weights (admin API).
 
 Talks HTTP to a running server's admin listener: `--admin`, LLMGW_ADMIN_URL,
 admin_url in the admin config file, or http://127.0.0.1:9090 (see
@@ -42,7 +42,7 @@ REMOVE_TIMEOUT_SECONDS = 60.0
 nodes_app = typer.Typer(
     name="nodes",
     help="See the GPU nodes the agents registered and manage them: list, show, drain, undrain, "
-    "remove-weights.",
+    "remove-weights, remove.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -139,9 +139,6 @@ def _show_text(node: dict[str, Any]) -> str:
         f"ports:      {node['port_range'][0]}-{node['port_range'][1]}",
         f"labels:     {_pairs(node['labels'])}",
         f"fabric:     {_pairs(node['fabric'])}",
-        f"address:    seen from {node.get('seen_from') or '-'}, engines advertised at "
-        f"{node.get('advertise_host') or '-'}",
-        *([f"warning:    {node['address_warning']}"] if node.get("address_warning") else []),
         "",
         f"GPUs ({node['gpu_source']}):",
     ]
@@ -332,3 +329,39 @@ def remove_weights(
         f"after {progress.elapsed():.1f} s",
         err=json_out,
     )
+
+
+@nodes_app.command("remove")
+def remove(
+    node_id: NodeArgument,
+    reason: Annotated[
+        str,
+        typer.Option(
+            "--reason",
+            help="Why the node is removed: kept with its revoked key, and told to its agent "
+            "when it is refused.",
+        ),
+    ] = "removed with llmgw nodes remove",
+    json_out: JsonOption = False,
+    admin: AdminOption = None,
+    admin_key: AdminKeyOption = None,
+    admin_config: AdminConfigOption = None,
+) -> None:
+    """Remove a node for good: revoke its certificate, close its stream, forget it.
+
+    Its certificate's key goes on the deny-list that every server checks at each
+    Register, so the node cannot reconnect; to bring the machine back, join it
+    again with a new token (it may take its old node id). Its replicas are
+    placed elsewhere. The server does not stop its engines: stop the agent on
+    that machine. A node that connected without TLS has no key to revoke; it is
+    forgotten, and its agent registers again unless stopped. --json prints what
+    was done (revoked, key_hash, stream_closed, peer, forgotten).
+    """
+    target = resolve_admin(admin, admin_key, admin_config)
+    if not reason.strip():
+        fail("--reason must not be empty", EXIT_BAD_INPUT)
+    answer = request("POST", target, _node_path(node_id) + "/remove", json_body={"reason": reason})
+    if json_out:
+        print_json(answer)
+        return
+    typer.echo(answer["message"])

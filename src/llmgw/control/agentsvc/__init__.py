@@ -1,7 +1,7 @@
 """The gRPC AgentService: agents' streams, reports into the inventory, commands down.
 
 `AgentServicer` implements `Dispatcher`; `serve_agents` starts its listener;
-`run_sweeper` ages silent nodes.
+`run_sweeper` ages silent nodes; `NodeRemoval` removes a node for good.
 """
 
 from llmgw.control.agentsvc.dispatcher import Dispatcher, ShardSpec
@@ -13,6 +13,7 @@ from llmgw.control.agentsvc.errors import (
     CommandTimeout,
     NodeNotConnected,
 )
+from llmgw.control.agentsvc.removal import NodeRemoval, Removed
 from llmgw.control.agentsvc.server import AgentListener, run_sweeper, serve_agents
 from llmgw.control.agentsvc.servicer import AgentServicer, NodeReports
 
@@ -26,7 +27,9 @@ __all__ = [
     "CommandTimeout",
     "Dispatcher",
     "NodeNotConnected",
+    "NodeRemoval",
     "NodeReports",
+    "Removed",
     "ShardSpec",
     "run_sweeper",
     "serve_agents",

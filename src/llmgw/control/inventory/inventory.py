@@ -42,6 +42,7 @@ ChangeKind = Literal[
     "node_state",  # ready / unreachable / lost changed
     "node_disconnected",  # its agent stream closed
     "node_draining",  # the operator's draining flag changed
+    "node_removed",  # the operator removed the node (`llmgw nodes remove`); it is gone
     "shard_status",  # a shard was added or its status changed
     "shard_removed",  # a shard is no longer on the node
 ]
@@ -150,8 +151,6 @@ class Inventory:
             last_heartbeat=now,
             last_heartbeat_at=wall,
             shards=shards,
-            advertise_host=registration.advertise_host,
-            seen_from=registration.seen_from,
         )
         self._nodes[node.id] = node
         gone = sorted(set(old_shards) - set(shards))
@@ -268,6 +267,18 @@ class Inventory:
             node.draining = draining
             log.info("node %s %s", node_id, "draining" if draining else "no longer draining")
             self._emit("node_draining", node_id)
+        return node.copy()
+
+    def forget(self, node_id: str) -> Node:
+        """Remove a node and its shards from the inventory (the operator removed it);
+        returns its last snapshot. Raises `UnknownNode`."""
+        node = self._nodes.pop(node_id, None)
+        if node is None:
+            raise UnknownNode(node_id)
+        log.info("node %s removed from the inventory with %d shards", node_id, len(node.shards))
+        self._emit("node_removed", node_id)
+        for shard_id in sorted(node.shards):
+            self._emit("shard_removed", node_id, shard_id)
         return node.copy()
 
     def forget_shard(self, node_id: str, shard_id: str) -> None:

@@ -730,6 +730,11 @@ class Controller:
         """Recent decisions and transitions, newest first."""
         return list(reversed(self._events))
 
+    def note(self, kind: str, node_id: str, message: str) -> None:
+        """Record an event about a node that happened outside the reconciler (an agent
+        refused for its identity, a node the operator removed)."""
+        self._event(kind, "", node_id, message)
+
     def _event(self, kind: str, model: str, node_id: str, message: str) -> None:
         self._events.append(Event(self._wall_clock(), kind, model, node_id, message))
 
