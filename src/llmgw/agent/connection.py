@@ -245,6 +245,8 @@ class Connection:
                 registered = await self._register(address, call, shards)
                 self._backoff.reset()
                 self._saw_standby = False
+                # A leader took the list: adopted engines on it are its to keep or stop.
+                self._supervisor.confirm(shards)
                 for report in shards:
                     if report.state.terminal:
                         self._supervisor.forget(report)

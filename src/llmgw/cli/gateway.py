@@ -231,6 +231,12 @@ async def _run(
         await store.close()
 
 
+def _model_names(catalog: Catalog, name: str) -> tuple[str, ...]:
+    """Every name of the model `name` stands for in the catalog (just `name` if none)."""
+    model = catalog.get(name)
+    return model.names if model is not None else (name,)
+
+
 async def _serve(
     cfg: ServerConfig, listeners: list[BoundListener], store: Store, config_file: str | None
 ) -> None:
@@ -490,6 +496,7 @@ async def _serve(
                 form_paths=FORM_PATHS,
                 secret_reads=SECRET_READS,
             ),
+            model_names=lambda name: _model_names(catalog, name),
         ),
         "admin": browser_guard(
             admin_guard(admin_app, authenticator=authenticator),

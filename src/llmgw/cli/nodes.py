@@ -139,6 +139,9 @@ def _show_text(node: dict[str, Any]) -> str:
         f"ports:      {node['port_range'][0]}-{node['port_range'][1]}",
         f"labels:     {_pairs(node['labels'])}",
         f"fabric:     {_pairs(node['fabric'])}",
+        f"address:    seen from {node.get('seen_from') or '-'}, engines advertised at "
+        f"{node.get('advertise_host') or '-'}",
+        *([f"warning:    {node['address_warning']}"] if node.get("address_warning") else []),
         "",
         f"GPUs ({node['gpu_source']}):",
     ]

@@ -151,6 +151,8 @@ class Inventory:
             last_heartbeat=now,
             last_heartbeat_at=wall,
             shards=shards,
+            advertise_host=registration.advertise_host,
+            seen_from=registration.seen_from,
         )
         self._nodes[node.id] = node
         gone = sorted(set(old_shards) - set(shards))
