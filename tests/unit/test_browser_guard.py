@@ -7,6 +7,7 @@ and never reach the app.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -290,3 +291,13 @@ def test_bad_allowed_hosts_name_the_field(tmp_path: Path, entry: str, problem: s
         load_server_config(path, {})
     message = str(caught.value)
     assert f"{path}: admin.allowed_hosts" in message and problem in message
+
+
+def test_a_listener_on_every_address_allows_this_hosts_names() -> None:
+    from llmgw.cli.gateway import _own_names
+    from llmgw.config import ListenAddress
+
+    everywhere = _own_names(ListenAddress(host="0.0.0.0", port=8080), ["GW.example.com"])
+    assert {"gw.example.com", socket.gethostname().lower(), socket.getfqdn().lower()} <= everywhere
+    one = _own_names(ListenAddress(host="admin.internal", port=9090), [])
+    assert one == {"admin.internal"}
