@@ -51,6 +51,11 @@ class FakeControlPlane(agent_pb2_grpc.AgentServiceServicer):
         first = await context.read()
         assert isinstance(first, agent_pb2.AgentMessage)
         await self._record(first)
+        if self.streams:
+            # Commands go to the newest stream: an old one (an agent that was killed)
+            # may not have noticed yet that its peer is gone.
+            self.commands = asyncio.Queue()
+        commands = self.commands
         self.streams += 1
         await context.write(
             S.ServerMessage(
@@ -71,7 +76,7 @@ class FakeControlPlane(agent_pb2_grpc.AgentServiceServicer):
         reader = asyncio.create_task(pump())
         try:
             while True:
-                command = asyncio.create_task(self.commands.get())
+                command = asyncio.create_task(commands.get())
                 done, _ = await asyncio.wait({reader, command}, return_when=asyncio.FIRST_COMPLETED)
                 if command not in done:
                     command.cancel()
@@ -401,11 +406,14 @@ async def test_reconnect_adopts_running_shard_and_sigkill_leaves_no_orphans(node
 
     # StopShard on the adopted engine: stopped, exit code unknown (not a child).
     node.plane.send("stop-r1", stop_shard=S.StopShard(shard_id="r1", grace_seconds=5))
-    stopped = await node.plane.expect(
-        "shard_status",
-        lambda s: s.shard_id == "r1" and s.state == S.SHARD_STATE_STOPPED,
-        after=mark,
-        within=60,
-    )
+    try:
+        stopped = await node.plane.expect(
+            "shard_status",
+            lambda s: s.shard_id == "r1" and s.state == S.SHARD_STATE_STOPPED,
+            after=mark,
+            within=60,
+        )
+    except TimeoutError:
+        raise AssertionError(node.agent.proc.output()) from None
     assert "exit code unknown" in stopped.message
     await wait_gone(ready.pid)
