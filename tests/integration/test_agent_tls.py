@@ -141,6 +141,7 @@ def test_a_plaintext_agent_is_told_the_server_requires_tls(fleet: Fleet) -> None
     agent = fleet.agent("--node-id", "node-p", name="p")
     wait_for(lambda: "it probably requires TLS" in agent.output(), "the agent's diagnosis")
     assert "start the agent with --tls-ca/--tls-cert/--tls-key" in agent.output()
+    assert "join this node with --token TOKEN" in agent.output()
     assert "node-p" not in fleet.nodes()
 
 

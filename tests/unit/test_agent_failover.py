@@ -139,8 +139,8 @@ async def test_a_standby_and_a_refused_node_id_are_warnings_and_the_next_is_trie
             "server",
             None,
             "127.0.0.1",
-            "the server at {address} refused the connection; it probably requires TLS: start "
-            "the agent with --tls-ca/--tls-cert/--tls-key",
+            "the server at {address} refused the connection; it probably requires TLS: join "
+            "this node with --token TOKEN",
         ),
         (
             None,

@@ -14,8 +14,10 @@ refusal are logged as warnings that say what to do (`refusal.py`). A node id
 refused because another agent holds it backs off like any failed pass (never
 the short standby retry), so two agents sharing an id do not storm the server.
 
-With `tls`, the channel is TLS with this node's client certificate, and the
-server's certificate must verify against the CA and carry the dialled host.
+With `tls` (the files, or a callable read at every dial so that a renewed
+certificate is used from the next dial on), the channel is TLS with this
+node's client certificate, and the server's certificate must verify against
+the CA and carry the dialled host.
 HTTP/2 keepalive pings notice a server that stopped answering (a frozen
 process, a vanished host) on an established stream within
 keepalive_time + keepalive_timeout seconds.
@@ -104,6 +106,12 @@ def channel_options(settings: ConnectionSettings) -> list[tuple[str, int]]:
     return options
 
 
+def _credentials(tls: TlsMaterial) -> grpc.ChannelCredentials:
+    return grpc.ssl_channel_credentials(
+        root_certificates=tls.ca, private_key=tls.key, certificate_chain=tls.cert
+    )
+
+
 # Refusals of this node's identity (its id is another agent's, its key revoked).
 IDENTITY_REFUSALS = frozenset({grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.PERMISSION_DENIED})
 
@@ -124,7 +132,7 @@ class Connection:
         hardware: Hardware,
         backoff: Backoff,
         settings: ConnectionSettings,
-        tls: TlsMaterial | None = None,
+        tls: TlsMaterial | Callable[[], TlsMaterial] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         engine_addresses: EngineAddresses | None = None,
     ) -> None:
@@ -134,13 +142,9 @@ class Connection:
             raise ValueError("Connection needs at least one server address")
         self._addresses = tuple(addresses)
         self._first = 0  # index of the address the next pass starts with
-        self._credentials = (
-            None
-            if tls is None
-            else grpc.ssl_channel_credentials(
-                root_certificates=tls.ca, private_key=tls.key, certificate_chain=tls.cert
-            )
-        )
+        # A callable is read at every dial: a renewed certificate is used from the next one.
+        self._tls_source = tls if callable(tls) else None
+        self._credentials = None if tls is None else _credentials(tls() if callable(tls) else tls)
         self._identity = identity
         self._supervisor = supervisor
         self._feed = feed
@@ -228,6 +232,8 @@ class Connection:
         return False
 
     async def _session(self, address: str) -> None:
+        if self._tls_source is not None:
+            self._credentials = _credentials(self._tls_source())
         channel = (
             grpc.aio.insecure_channel(address, options=self._options)
             if self._credentials is None

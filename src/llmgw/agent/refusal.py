@@ -71,7 +71,9 @@ def explain(
         if not tls:
             return Refusal(
                 f"the server at {address} refused the connection; it probably requires TLS: "
-                f"start the agent with {TLS_FLAGS}",
+                "join this node with --token TOKEN (`llmgw nodes token create` on the server "
+                "makes one; the server also prints one at start-up), or start the agent with "
+                f"{TLS_FLAGS} and certificates of your own",
                 notable=True,
             )
         return Refusal(

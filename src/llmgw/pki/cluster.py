@@ -70,6 +70,18 @@ def spki_sha256(cert: x509.Certificate) -> str:
     return hashlib.sha256(der).hexdigest()
 
 
+def renewal_time(cert: x509.Certificate, fraction: float) -> datetime:
+    """When `fraction` of the certificate's lifetime has passed, counted from its issue.
+
+    Certificates issued here start `BACKDATE` before they were issued; that part
+    is not counted, or a short-lived certificate would be due at once.
+    """
+    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    if end - start > BACKDATE:
+        start += BACKDATE
+    return start + (end - start) * fraction
+
+
 def cert_pem(cert: x509.Certificate) -> bytes:
     return cert.public_bytes(serialization.Encoding.PEM)
 

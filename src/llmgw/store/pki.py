@@ -163,6 +163,12 @@ class PkiRepository:
         async with transaction(self._engine, "reading usable join tokens") as conn:
             return [_token(r._mapping) for r in await conn.execute(stmt)]
 
+    async def tokens_expiring_after(self, cutoff: datetime) -> builtins.list[StoredJoinToken]:
+        """Tokens whose expiry is after `cutoff`, revoked and used-up ones included."""
+        stmt = select(join_tokens).where(join_tokens.c.expires_at > cutoff)
+        async with transaction(self._engine, "reading recent join tokens") as conn:
+            return [_token(r._mapping) for r in await conn.execute(stmt)]
+
     async def revoke_token(self, token_id: str) -> StoredJoinToken:
         """Revoke a token (`NotFound` if there is none); revoking twice keeps the first time."""
         now = self._clock()

@@ -15,9 +15,11 @@ The fetcher hands over a new configuration only when something changed (a
 renewed server certificate, a token created, spent or revoked), so the
 listener never restarts and established streams are untouched. Client
 certificates are required and must chain to the cluster CA, or to the root of
-a usable join token (see `llmgw.pki.cluster`): `classify` tells the two apart,
-so only node certificates may open a stream or renew, and only token
-certificates may join.
+a join token (see `llmgw.pki.cluster`; roots of tokens that expired less than
+`TOKEN_TRUST_GRACE` ago, or were revoked or used up, stay trusted so that the
+agent's Join is refused with the reason rather than failing the handshake).
+`classify` tells the two apart, so only node certificates may open a stream or
+renew, and only token certificates may join.
 
 Standbys issue too: the CA is in the store, and joining or renewing needs no
 leader, so nodes join and renew while the leader is away.
@@ -64,6 +66,7 @@ from llmgw.pki.cluster import (
     new_ca,
     new_join_token,
     parse_join_token,
+    renewal_time,
     sign_node_csr,
     spki_sha256,
     token_root,
@@ -84,6 +87,10 @@ from llmgw.store import (
 log = logging.getLogger("llmgw.control.agentsvc")
 
 RENEW_AT = 2 / 3  # of a certificate's lifetime
+# A token's root stays trusted for TLS this long after the token expires (and
+# while it is revoked or used up), so that an agent presenting it completes the
+# handshake and its Join is refused with the reason, not a bare TLS failure.
+TOKEN_TRUST_GRACE = timedelta(days=7)
 
 
 class ClusterPkiError(Exception):
@@ -165,7 +172,7 @@ class ClusterPki:
         self._ca_id = ""
         self._trusted: list[x509.Certificate] = []  # CA certificates nodes may chain to
         self._server: CertifiedKey | None = None
-        self._roots: dict[str, x509.Certificate] = {}  # usable tokens' roots by token id
+        self._roots: dict[str, x509.Certificate] = {}  # recent tokens' roots by token id
         self._lock = threading.Lock()
         self._pending: grpc.ServerCertificateConfiguration | None = None
 
@@ -325,9 +332,9 @@ class ClusterPki:
                 await self._issue_server_certificate()
 
     async def refresh(self) -> None:
-        """Re-read the usable tokens (and CAs); hand gRPC a new trust list if it changed."""
+        """Re-read the recent tokens (and CAs); hand gRPC a new trust list if it changed."""
         now = self._now()
-        tokens = await self._repo.usable_tokens(now)
+        tokens = await self._repo.tokens_expiring_after(now - TOKEN_TRUST_GRACE)
         roots = {t.id: self._roots.get(t.id) or _root(t) for t in tokens}
         before = [c.fingerprint(hashes.SHA256()) for c in self._trusted]
         await self._load_trusted()
@@ -345,7 +352,7 @@ class ClusterPki:
         """A new join token: its full text (shown once) and what the store keeps."""
         now = self._now()
         token = new_join_token(self.ca_hash)
-        root = token_root(token, now=now, not_after=now + ttl)
+        root = token_root(token, now=now, not_after=now + ttl + TOKEN_TRUST_GRACE)
         stored = await self._repo.create_token(
             StoredJoinToken(
                 id=token.token_id,
@@ -500,8 +507,7 @@ class ClusterPki:
 
 
 def _renew_point(cert: x509.Certificate) -> datetime:
-    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
-    return start + (end - start) * RENEW_AT
+    return renewal_time(cert, RENEW_AT)
 
 
 def _root(token: StoredJoinToken) -> x509.Certificate:

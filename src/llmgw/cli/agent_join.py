@@ -1,0 +1,90 @@
+"""The agent's node certificate from the cluster CA: join with a token once, then reuse it.
+
+`stored_credentials` reads `<state-dir>/tls/` at flag time (the node id comes
+from the certificate). `obtain` returns the credentials the agent dials with:
+the stored ones while their certificate is valid (a `--token` given again is
+ignored, with an info line), otherwise a fresh Join with the token, trying each
+server address and retrying transient failures with backoff; a refusal a person
+must act on (the token is expired, revoked or used up, the server is not the
+token's cluster, the node id is another node's) raises `EnrollError` for the
+command to print as its `error:` line. A node whose certificate expired joins
+again with its existing key, so the node id stays bound to it.
+
+Not guaranteed: that a Join interrupted after the server issued the certificate
+is not counted as a use of the token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from llmgw.agent.backoff import Backoff
+from llmgw.agent.enroll import EnrollError, NodeCredentials, TlsStore, describe_expiry, join
+from llmgw.pki.cluster import JoinToken
+
+log = logging.getLogger("llmgw.agent")
+
+
+def stored_credentials(state_dir: Path) -> NodeCredentials | None:
+    """The node's stored credentials, or None when it has not joined."""
+    return TlsStore(state_dir).load()
+
+
+async def obtain(
+    *,
+    state_dir: Path,
+    addresses: Sequence[str],
+    token: JoinToken | None,
+    node_id: str,
+) -> NodeCredentials:
+    """Valid credentials for this node: the stored ones, or new ones from a Join."""
+    store = TlsStore(state_dir)
+    stored = await asyncio.to_thread(store.load)
+    now = datetime.now(UTC)
+    if stored is not None and stored.not_after > now:
+        if token is not None:
+            log.info(
+                "ignoring --token: this node joined as %s and its certificate in %s is valid "
+                "until %s (it renews itself)",
+                stored.node_id,
+                store.directory,
+                describe_expiry(stored),
+            )
+        return stored
+    if token is None:
+        assert stored is not None
+        raise EnrollError(
+            f"this node's certificate in {store.directory} expired at "
+            f"{describe_expiry(stored)}: join again with --token TOKEN (`llmgw nodes token "
+            "create` on the server makes one)",
+            final=True,
+        )
+    key = await asyncio.to_thread(store.load_key)
+    backoff = Backoff(rng=random.Random())
+    while True:
+        failures = []
+        for address in addresses:
+            try:
+                creds = await join(address, token, node_id=node_id, now=datetime.now(UTC), key=key)
+            except EnrollError as exc:
+                if exc.final:
+                    raise
+                failures.append(str(exc))
+                continue
+            await asyncio.to_thread(store.save, creds)
+            log.info(
+                "joined the cluster through %s as node %s; certificate valid until %s, kept in %s",
+                address,
+                creds.node_id,
+                describe_expiry(creds),
+                store.directory,
+            )
+            return creds
+        delay = backoff.next_delay()
+        log.warning("cannot join yet (%s); retrying in %.1fs", "; ".join(failures), delay)
+        await asyncio.sleep(delay)
