@@ -15,6 +15,7 @@ import random
 import signal
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from llmgw.cli.control_wiring import ControllerActivator, PoolPublisher
 from llmgw.cli.dashboard_wiring import dashboard_sources
 from llmgw.cli.serving import BoundListener, QuietServer, make_server
 from llmgw.config import ListenAddress, ServerConfig
-from llmgw.control.adminapi import event_routes, model_routes, node_routes
+from llmgw.control.adminapi import event_routes, model_routes, node_routes, node_view
 from llmgw.control.adminapi.tokens import join_token_routes
 from llmgw.control.agentsvc import (
     AgentListener,
@@ -52,12 +53,14 @@ from llmgw.control.catalog import Catalog, CatalogError, model_from_config
 from llmgw.control.inventory import FleetMetrics, Inventory
 from llmgw.control.leadership import (
     LEASE_NAME,
+    FleetView,
     LeaderMetrics,
     Leadership,
     ServerDirectory,
     StorePublisher,
     follow_endpoints,
     leader_routes,
+    publish_fleet,
     published,
     sync_demand,
 )
@@ -97,6 +100,8 @@ AGENT_STOP_GRACE = 5.0
 UPSTREAM_IDLE_SECONDS = 4.0
 # A standby reads the leader's published endpoints this often.
 FOLLOW_INTERVAL = 0.5
+# The leader writes its view of the nodes for standbys this often (changed nodes only).
+FLEET_INTERVAL = 1.0
 # Demand (requests, activity) is shared through the store this often.
 DEMAND_INTERVAL = 1.0
 # Models added through another server's admin API are seen within this long.
@@ -111,6 +116,7 @@ async def _lead(
     publisher: StorePublisher,
     store: Store,
     agents: AgentServicer,
+    fleet: Callable[[int], Awaitable[None]],
 ) -> None:
     """The leader-only tasks of one term; cancelled when the lease is lost."""
     try:
@@ -122,6 +128,7 @@ async def _lead(
         async with asyncio.TaskGroup() as group:
             group.create_task(guard("reconciler", controller.run(expected=expected)))
             group.create_task(guard("endpoint publisher", publisher.run(epoch)))
+            group.create_task(guard("fleet publisher", fleet(epoch)))
     finally:
         # Agents must move to the new leader: a standby holding their streams
         # would keep nodes the leader cannot command.
@@ -425,6 +432,12 @@ async def _serve(
             *key_routes(service=key_service, usage=store.usage, wall_clock=utc_now),
             *node_routes(
                 inventory=inventory,
+                fleet=FleetView(
+                    store=store.leadership,
+                    leading=leadership.is_leader,
+                    leader=lambda: leadership.info().leader,
+                    wall_clock=utc_now,
+                ),
                 remove_weights=agents.remove_weights,
                 remove_node=NodeRemoval(
                     identities=store.nodeids,
@@ -555,7 +568,22 @@ async def _serve(
                         "leadership",
                         leadership.run(
                             lead=lambda epoch: _lead(
-                                epoch, controller, store_publisher, store, agents
+                                epoch,
+                                controller,
+                                store_publisher,
+                                store,
+                                agents,
+                                fleet=lambda epoch: publish_fleet(
+                                    store=store.leadership,
+                                    views=lambda: {
+                                        n.id: node_view(n, inventory.heartbeat_age(n))
+                                        for n in inventory.nodes()
+                                    },
+                                    lease_name=LEASE_NAME,
+                                    epoch=epoch,
+                                    on_fenced=leadership.lost,
+                                    interval=FLEET_INTERVAL,
+                                ),
                             ),
                             follow=lambda: follow_endpoints(
                                 store=store.leadership,

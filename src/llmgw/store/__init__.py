@@ -25,6 +25,7 @@ from llmgw.store.keys import KeyRepository
 from llmgw.store.leadership import (
     ControlServer,
     Demand,
+    FleetNode,
     LeadershipRepository,
     Lease,
     PublishedEndpoint,
@@ -68,6 +69,7 @@ __all__ = [
     "Conflict",
     "ControlServer",
     "Demand",
+    "FleetNode",
     "InvalidValue",
     "IssuedCertificate",
     "Keep",

@@ -18,12 +18,16 @@ all of them can be listed, and so the leader can ignore the demand rows of a
 server that died without withdrawing them (`servers` says when each was last
 seen); `forget` removes a server and its demand, on a clean stop or when the
 leader clears out servers silent for long.
+
+The leader also writes each node as its inventory shows it (`publish_nodes`,
+fenced like the endpoints), so a standby, which has no agent streams, can show
+the fleet as the leader sees it (`fleet_nodes`).
 """
 
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -35,7 +39,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from llmgw.store.engine import transaction
 from llmgw.store.errors import StaleEpoch
-from llmgw.store.tables import control_servers, leases, model_demand, replica_endpoints
+from llmgw.store.tables import (
+    control_servers,
+    fleet_nodes,
+    leases,
+    model_demand,
+    replica_endpoints,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +67,16 @@ class PublishedEndpoint:
     url: str
     names: tuple[str, ...]
     epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class FleetNode:
+    """A node as the leader's inventory showed it when it wrote `updated_at`."""
+
+    node_id: str
+    view: dict[str, Any]
+    epoch: int
+    updated_at: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +246,64 @@ class LeadershipRepository:
                 url=r.url,
                 names=tuple(cast(list[str], r.names)),
                 epoch=int(r.epoch),
+            )
+            for r in rows
+        ]
+
+    # ---- the fleet as the leader sees it ----
+
+    async def publish_nodes(
+        self,
+        lease_name: str,
+        epoch: int,
+        views: Mapping[str, dict[str, Any]],
+        *,
+        keep_only: bool,
+    ) -> None:
+        """Write `views` (node id -> view); with `keep_only`, also remove every other
+        node. `StaleEpoch` when fenced."""
+        now = self._clock()
+        async with transaction(self._engine, "publishing the fleet's nodes") as conn:
+            await self._check_epoch(conn, lease_name, epoch)
+            if keep_only:
+                await conn.execute(
+                    delete(fleet_nodes).where(fleet_nodes.c.node_id.not_in(list(views)))
+                )
+            if not views:
+                return
+            insert = (postgresql.insert if self._postgres else sqlite.insert)(fleet_nodes)
+            upsert = insert.on_conflict_do_update(
+                index_elements=[fleet_nodes.c.node_id],
+                set_={
+                    "view": insert.excluded.view,
+                    "epoch": insert.excluded.epoch,
+                    "updated_at": insert.excluded.updated_at,
+                },
+            )
+            await conn.execute(
+                upsert,
+                [
+                    {"node_id": node_id, "view": view, "epoch": epoch, "updated_at": now}
+                    for node_id, view in sorted(views.items())
+                ],
+            )
+
+    async def withdraw_nodes(self, lease_name: str, epoch: int, node_ids: Sequence[str]) -> None:
+        """Remove nodes the leader no longer knows; `StaleEpoch` when fenced."""
+        async with transaction(self._engine, "withdrawing fleet nodes") as conn:
+            await self._check_epoch(conn, lease_name, epoch)
+            await conn.execute(delete(fleet_nodes).where(fleet_nodes.c.node_id.in_(node_ids)))
+
+    async def fleet_nodes(self) -> builtins.list[FleetNode]:
+        """Every node the leader wrote, by id."""
+        async with transaction(self._engine, "reading the fleet's nodes") as conn:
+            rows = (await conn.execute(select(fleet_nodes).order_by(fleet_nodes.c.node_id))).all()
+        return [
+            FleetNode(
+                node_id=r.node_id,
+                view=cast(dict[str, Any], r.view),
+                epoch=int(r.epoch),
+                updated_at=r.updated_at,
             )
             for r in rows
         ]

@@ -193,6 +193,19 @@ replica_endpoints = Table(
     PrimaryKeyConstraint("model", "replica_id"),
 )
 
+fleet_nodes = Table(
+    "fleet_nodes",
+    metadata,
+    # Each node as the leader's inventory shows it, so a standby's admin API can
+    # show the fleet as the leader sees it (standbys have no agent streams).
+    Column("node_id", String(253), primary_key=True),
+    # The node's admin API view; the store neither reads nor checks it.
+    Column("view", JSON, nullable=False),
+    # The epoch of the leader that wrote the row.
+    Column("epoch", BigInteger, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+)
+
 model_demand = Table(
     "model_demand",
     metadata,

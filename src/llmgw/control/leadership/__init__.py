@@ -1,5 +1,6 @@
 """Leadership: the store's lease, standby behaviour, and sharing the leader's view."""
 
+from llmgw.control.leadership.fleet import FleetView, publish_fleet
 from llmgw.control.leadership.lease import LEASE_NAME, LeaderInfo, Leadership, LeaseStore
 from llmgw.control.leadership.sync import (
     ServerDirectory,
@@ -12,6 +13,7 @@ from llmgw.control.leadership.views import LeaderMetrics, leader_routes, leader_
 
 __all__ = [
     "LEASE_NAME",
+    "FleetView",
     "LeaderInfo",
     "LeaderMetrics",
     "Leadership",
@@ -21,6 +23,7 @@ __all__ = [
     "follow_endpoints",
     "leader_routes",
     "leader_view",
+    "publish_fleet",
     "published",
     "servers_view",
     "sync_demand",

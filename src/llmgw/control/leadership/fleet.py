@@ -1,0 +1,130 @@
+"""The fleet as the leader sees it, for standbys: nodes written to the store, read back.
+
+Standbys refuse agent streams, so their own inventory knows no node (or, after a
+step-down, only stale ones shown unreachable). The leader therefore writes each
+node's admin view to the store (`publish_fleet`, a leader-only task, epoch
+fenced), and a standby's admin API reads it back (`FleetView`), so `llmgw nodes
+list` pointed at any server shows the same fleet.
+
+`publish_fleet` polls the inventory every `interval` seconds and writes only the
+nodes whose view changed (the heartbeat age, which changes on every read, is not
+part of the comparison: a standby computes it from `last_heartbeat_at`); its
+first write of a term replaces the whole table, so nodes a previous leader knew
+and this one does not are gone.
+
+Not guaranteed: a standby's view is up to one interval (plus a store round
+trip) behind the leader's; while no leader writes (during a takeover) it shows
+the last one's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+from llmgw.store import FleetNode, StaleEpoch, StoreError
+
+log = logging.getLogger("llmgw.control.leadership")
+
+NodeViews = Callable[[], Mapping[str, dict[str, Any]]]
+"""Every node the leader's inventory knows, by id, as the admin API shows it."""
+
+_AGE = "heartbeat_age_seconds"
+
+
+class FleetStore(Protocol):
+    async def publish_nodes(
+        self,
+        lease_name: str,
+        epoch: int,
+        views: Mapping[str, dict[str, Any]],
+        *,
+        keep_only: bool,
+    ) -> None: ...
+
+    async def withdraw_nodes(
+        self, lease_name: str, epoch: int, node_ids: Sequence[str]
+    ) -> None: ...
+
+    async def fleet_nodes(self) -> list[FleetNode]: ...
+
+
+def _comparable(view: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in view.items() if k != _AGE}
+
+
+async def publish_fleet(
+    *,
+    store: FleetStore,
+    views: NodeViews,
+    lease_name: str,
+    epoch: int,
+    on_fenced: Callable[[str], None],
+    interval: float,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> None:
+    """Write the leader's nodes to the store while leading at `epoch` (see the module
+    docstring); returns when fenced, after telling `on_fenced`."""
+    written: dict[str, dict[str, Any]] | None = None  # None: replace everything first
+    while True:
+        now = {node_id: _comparable(view) for node_id, view in views().items()}
+        try:
+            if written is None:
+                await store.publish_nodes(lease_name, epoch, now, keep_only=True)
+            else:
+                changed = {k: v for k, v in now.items() if written.get(k) != v}
+                gone = [k for k in written if k not in now]
+                if gone:
+                    await store.withdraw_nodes(lease_name, epoch, gone)
+                if changed:
+                    await store.publish_nodes(lease_name, epoch, changed, keep_only=False)
+            written = now
+        except StaleEpoch as exc:
+            on_fenced(str(exc))
+            return
+        except StoreError as exc:
+            log.warning("cannot write the fleet's nodes to the store (retrying): %s", exc)
+        await sleep(interval)
+
+
+class FleetView:
+    """A standby's admin API source: the nodes as the leader last wrote them."""
+
+    def __init__(
+        self,
+        *,
+        store: FleetStore,
+        leading: Callable[[], bool],
+        leader: Callable[[], str | None],
+        wall_clock: Callable[[], datetime],
+    ) -> None:
+        self._store = store
+        self._leading = leading
+        self._leader = leader
+        self._wall_clock = wall_clock
+
+    def leading(self) -> bool:
+        """True when this server leads: its own inventory is the fleet."""
+        return self._leading()
+
+    def leader(self) -> str | None:
+        """The server that leads, as this one last saw it (None when unknown)."""
+        return self._leader()
+
+    async def nodes(self) -> list[dict[str, Any]]:
+        """Every node as the leader wrote it, with its heartbeat age as of now and
+        when the leader wrote it; `StoreError` when the store cannot be read."""
+        now = self._wall_clock()
+        out = []
+        for row in await self._store.fleet_nodes():
+            view = dict(row.view)
+            beat = view.get("last_heartbeat_at")
+            if isinstance(beat, str):
+                age = (now - datetime.fromisoformat(beat)).total_seconds()
+                view[_AGE] = round(max(age, 0.0), 3)
+            view["leader_view_at"] = row.updated_at.isoformat()
+            out.append(view)
+        return out
