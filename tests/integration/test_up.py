@@ -137,13 +137,20 @@ def test_up_serves_the_sim_model_with_the_printed_key_and_stops_clean(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("LLMGW_MODEL_FILE", raising=False)
+    monkeypatch.delenv("LLMGW_CHAT_MODEL_FILE", raising=False)
     with running_up(tmp_path) as up:
         out = up.proc.output()
         assert f"llmgw is up: {up.url}" in out, out
         assert "gemma-3-270m is not served" in out, out
+        assert "smollm2-135m-instruct is not served: no --chat-model-file given" in out, out
         assert f"curl -s {up.url}/v1/chat/completions" in out, out
         assert f"Authorization: Bearer {up.key}" in out, out
         assert "models list" in out and "nodes list" in out, out
+        # mTLS with no flags: the local agent joined the cluster CA with a token of its own.
+        assert "PLAINTEXT" not in out and "INSECURE AGENTS" not in out, out
+        agent_log = (tmp_path / "data" / "agent.log").read_text()
+        assert "joined the cluster through" in agent_log, agent_log
+        assert (tmp_path / "data" / "agent" / "tls" / "node.crt").exists()
 
         models = httpx.get(f"{up.url}/v1/models", headers=up.auth(), timeout=10)
         assert models.status_code == 200, models.text
@@ -173,13 +180,18 @@ def test_up_rotates_the_quickstart_key_on_every_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("LLMGW_MODEL_FILE", raising=False)
+    monkeypatch.delenv("LLMGW_CHAT_MODEL_FILE", raising=False)
     keys = []
     for expected in ("'quickstart', created", "'quickstart', rotated"):
         with running_up(tmp_path) as up:
             keys.append(up.key)
             assert expected in up.proc.output(), up.proc.output()
+            agent_log = (tmp_path / "data" / "agent.log").read_text()
             stop_and_check_clean(up)
     assert keys[0] != keys[1]
+    # The second start reuses the local agent's certificate: no token, no new join.
+    assert "with mTLS as local" in agent_log, agent_log
+    assert "joined the cluster" not in agent_log, agent_log
     listed = subprocess.run(
         llmgw("keys", "list", "--json", "--data-dir", str(tmp_path / "data")),
         capture_output=True,
@@ -196,6 +208,8 @@ def test_up_rotates_the_quickstart_key_on_every_start(
         (["--agent-listen", "127.0.0.1:0"], "--agent-listen"),
         (["--port-range", "9-1"], "--port-range"),
         (["--engine-python", "/nonexistent/python"], "--engine-python"),
+        # An existing file that is no GGUF (this test module).
+        (["--chat-model-file", __file__], "--chat-model-file"),
     ],
 )
 def test_up_refuses_a_bad_flag_with_one_error_line(
@@ -239,6 +253,7 @@ def test_up_stops_with_the_agent_log_when_the_agent_exits_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("LLMGW_MODEL_FILE", raising=False)
+    monkeypatch.delenv("LLMGW_CHAT_MODEL_FILE", raising=False)
     data = tmp_path / "data"
     data.mkdir()
     (data / "weights").write_text("a file where the agent wants its weights directory")
@@ -293,7 +308,7 @@ def test_up_serves_gemma_on_llamacpp_activated_by_the_first_request(tmp_path: Pa
     with running_up(tmp_path, "--engine-python", python, "--model-file", model) as up:
         out = up.proc.output()
         assert f"curl -s {up.url}/v1/completions" in out, out
-        assert "not served" not in out, out
+        assert "gemma-3-270m is not served" not in out, out
         body = {
             "model": "gemma-3-270m",
             "prompt": "The capital of France is the city of",
