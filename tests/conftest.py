@@ -3,17 +3,27 @@
 `netns` (tests/netns.py): network namespaces on a bridge, for tests that cross hosts.
 Loaded here, before any test module imports it, so pytest rewrites its asserts.
 
-Each test gets its own agent state directory (`LLMGW_AGENT_STATE_DIR`, read by
-every `llmgw agent` a test starts): engines outlive their agents and a new agent
-adopts what its state directory lists, so tests running side by side must never
-share one.
+Engines outlive their agents, so every test gets its own agent state directory
+(`LLMGW_AGENT_STATE_DIR`, read by every `llmgw agent` a test starts: a new
+agent adopts what its state directory lists, and tests running side by side
+must never share one), agents stop their engines on SIGTERM as before
+(`LLMGW_AGENT_STOP_ENGINES_ON_EXIT=1`; a test of leaving them running sets it
+to 0), and after the test every engine its state directory still lists is
+killed (an agent SIGKILLed by the test leaves its engines running).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from llmgw.agent.state import read_identity
 
 pytest_plugins = ["netns"]
 
@@ -21,7 +31,19 @@ pytest_plugins = ["netns"]
 @pytest.fixture(autouse=True)
 def _agent_state_dir(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> Path:
+) -> Iterator[Path]:
     path = tmp_path_factory.mktemp("agent-state")
     monkeypatch.setenv("LLMGW_AGENT_STATE_DIR", str(path))
-    return path
+    monkeypatch.setenv("LLMGW_AGENT_STOP_ENGINES_ON_EXIT", "1")
+    yield path
+    _kill_left_engines(path)
+
+
+def _kill_left_engines(state_dir: Path) -> None:
+    for state in state_dir.glob("engines/*/state.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            for engine in json.loads(state.read_text())["engines"]:
+                identity = read_identity(int(engine["pid"]))
+                if identity is not None and identity.start_ticks == engine["start_ticks"]:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(int(engine["pid"]), signal.SIGKILL)

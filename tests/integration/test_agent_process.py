@@ -163,7 +163,8 @@ class Agent:
             "--weights-dir", str(weights),
             "--log-level", "debug",
         ]  # fmt: skip
-        self.proc = Proc(llmgw("agent", *args))
+        # The production default: engines outlive the agent (tests elsewhere stop them).
+        self.proc = Proc(llmgw("agent", *args), env={"LLMGW_AGENT_STOP_ENGINES_ON_EXIT": "0"})
         self.engine_pids: set[int] = set()
 
     def kill_all(self) -> None:

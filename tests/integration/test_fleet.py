@@ -178,7 +178,7 @@ async def test_nodes_register_with_hardware_and_run_shards(
     await eventually(lambda: not _alive(pid), "the engine process to be gone")
 
 
-async def test_a_killed_agent_goes_unreachable_then_lost_and_takes_its_engines(
+async def test_a_killed_agent_goes_unreachable_then_lost_and_its_engine_outlives_it(
     fleet: tuple[ControlPlane, Proc, Proc],
 ) -> None:
     plane, _, two = fleet
@@ -197,8 +197,9 @@ async def test_a_killed_agent_goes_unreachable_then_lost_and_takes_its_engines(
         lambda: _node_state(plane, "node-2") == "unreachable", "node-2 to be unreachable"
     )
     await eventually(lambda: _node_state(plane, "node-2") == "lost", "node-2 to be lost")
-    # No orphans: the engine died with its agent.
-    await eventually(lambda: not _alive(pid), "the orphaned engine to be gone", within=10)
+    # Engines outlive their agent (a restarted agent adopts them); this one is
+    # killed by the test's teardown (tests/conftest.py).
+    assert _alive(pid)
 
 
 async def test_agents_reconnect_to_a_restarted_server_and_shards_are_adopted(

@@ -162,6 +162,7 @@ def agent(
         bool,
         typer.Option(
             "--stop-engines-on-exit",
+            envvar="LLMGW_AGENT_STOP_ENGINES_ON_EXIT",
             help="On SIGTERM/SIGINT stop every engine (default: leave them running for "
             "the next agent to adopt).",
         ),
