@@ -75,6 +75,9 @@ log = logging.getLogger("llmgw.control.reconciler")
 # How long a client is told to wait when nothing can take its model: capacity
 # rarely appears within seconds, and a tight retry loop only adds load.
 UNPLACEABLE_RETRY_AFTER = 30
+# An unplaceable model whose reason changes is recorded again, at most this often
+# (reasons can name free memory that moves with every heartbeat).
+UNPLACEABLE_REPEAT_SECONDS = 10.0
 MAX_EVENTS = 500
 
 
@@ -176,6 +179,8 @@ class Controller:
         self._health: dict[str, _Health] = {}
         self._activations: dict[str, _Activation] = {}
         self._unplaced: dict[str, Explanation] = {}
+        # The reason last recorded as an `unplaceable` event per model, and when.
+        self._unplaced_noted: dict[str, tuple[str, float]] = {}
         # Per model, its replicas on unreachable nodes (not counted, being replaced).
         self._in_doubt: dict[str, tuple[str, ...]] = {}
         self._targets: dict[str, int] = {}
@@ -229,6 +234,7 @@ class Controller:
         self._seen_shards.clear()
         self._published.clear()
         self._unplaced.clear()
+        self._unplaced_noted.clear()
         self._expected = {model: set(ids) for model, ids in expected.items() if ids}
         # Requests that were waiting for another leader now wait for this one.
         now = self._clock()
@@ -263,10 +269,7 @@ class Controller:
             policy=self._policy,
             new_shard_id=self._new_shard_id,
         )
-        for model_name, explanation in result.unplaced.items():
-            if model_name not in self._unplaced:
-                log.warning("%s", explanation.summary())
-                self._event("unplaceable", model_name, "", explanation.summary())
+        self._note_unplaced(result.unplaced, now)
         self._unplaced = dict(result.unplaced)
         self._in_doubt = dict(result.in_doubt)
         for action in result.actions:
@@ -278,6 +281,22 @@ class Controller:
         # its engine hears of it.
         self._publish(self._inventory.nodes())
         self._settle_activations(now)
+
+    def _note_unplaced(self, unplaced: Mapping[str, Explanation], now: float) -> None:
+        """An `unplaceable` event when a model becomes unplaceable, and again when the
+        reason changes (e.g. "no nodes registered", then "node-a: 1 of 2 GPUs free")."""
+        for model_name, explanation in unplaced.items():
+            summary = explanation.summary()
+            noted = self._unplaced_noted.get(model_name)
+            if noted is not None and (
+                noted[0] == summary or now - noted[1] < UNPLACEABLE_REPEAT_SECONDS
+            ):
+                continue
+            log.warning("%s", summary)
+            self._event("unplaceable", model_name, "", summary)
+            self._unplaced_noted[model_name] = (summary, now)
+        for model_name in [m for m in self._unplaced_noted if m not in unplaced]:
+            del self._unplaced_noted[model_name]
 
     # ---- demand ----
 
