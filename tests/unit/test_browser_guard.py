@@ -301,3 +301,18 @@ def test_a_listener_on_every_address_allows_this_hosts_names() -> None:
     assert {"gw.example.com", socket.gethostname().lower(), socket.getfqdn().lower()} <= everywhere
     one = _own_names(ListenAddress(host="admin.internal", port=9090), [])
     assert one == {"admin.internal"}
+
+
+async def test_the_cli_shows_the_guards_reason_without_the_admin_key_hint(
+    recorder: Recorder,
+) -> None:
+    from llmgw.cli.adminclient import Admin, AdminError, _decode
+
+    async with guarded(recorder) as client:
+        answer = await client.get("/admin/api/keys", headers={"Host": "evil.example:9090"})
+    admin = Admin(url="http://evil.example:9090", key=None, source="--admin")
+    with pytest.raises(AdminError) as caught:
+        _decode(answer, admin, "http://evil.example:9090/admin/api/keys", "")
+    message = caught.value.message
+    assert message.startswith("the admin API refused the request: Host 'evil.example:9090'")
+    assert "admin.allowed_hosts" in message and "--admin-key" not in message

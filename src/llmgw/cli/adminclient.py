@@ -33,6 +33,10 @@ EXIT_BAD_INPUT = 2
 DEFAULT_ADMIN_URL = "http://127.0.0.1:9090"
 HTTP_TIMEOUT_SECONDS = 10.0
 CONFIG_FIELDS = ("admin_url", "admin_key")
+# The admin listener's browser guard (llmgw.router.browser_guard) refuses with these.
+BROWSER_GUARD_CODES = frozenset(
+    {"host_not_allowed", "host_required", "cross_origin_request", "json_required"}
+)
 
 AdminOption = Annotated[
     str | None,
@@ -189,6 +193,15 @@ def read_admin_config(path: Path, *, explicit: bool) -> dict[str, str]:
 # ---- one request ----
 
 
+def error_code(body: Any) -> str | None:
+    """The code of an OpenAI-style error body, if any."""
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        code = body["error"].get("code")
+        if isinstance(code, str):
+            return code
+    return None
+
+
 def error_message(body: Any, fallback: str) -> str:
     """The message of an OpenAI-style error body, or `fallback`."""
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
@@ -252,6 +265,13 @@ def _decode(response: Any, admin: Admin, url: str, prefix: str) -> Any:
     if status == 404:
         message = prefix + error_message(body, f"{url} was not found (HTTP 404)")
         raise AdminError(message, EXIT_BAD_INPUT, status=status)
+    if status == 403 and error_code(body) in BROWSER_GUARD_CODES:
+        # The server's own message says which setting to change; an admin key would not help.
+        raise AdminError(
+            f"the admin API refused the request: {error_message(body, 'HTTP 403')}",
+            EXIT_UNREACHABLE,
+            status=status,
+        )
     if status in (401, 403):
         raise AdminError(
             f"the admin API refused the request: {error_message(body, f'HTTP {status}')} "
