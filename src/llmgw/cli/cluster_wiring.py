@@ -19,7 +19,7 @@ import asyncio
 import logging
 import socket
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Literal
 
@@ -159,3 +159,23 @@ async def announce_join(pki: ClusterPki, address: str) -> None:
         f"  llmgw agent --server {address} --token {text}\n",
         flush=True,
     )
+
+
+async def local_join_token(
+    cfg: ServerConfig, store: Store, *, data_dir: str, state_dir: Path
+) -> str | None:
+    """A one-use token for the local agent of `llmgw up`, or None when it has joined already.
+
+    Opens the cluster PKI first, so the CA exists (created on an empty store)
+    before the agent dials; the gateway opens it again when it starts.
+    """
+    from llmgw.agent.enroll import TlsStore
+
+    stored = await asyncio.to_thread(TlsStore(state_dir).load)
+    if stored is not None and stored.not_after > datetime.now(UTC):
+        return None
+    pki = await open_cluster_pki(
+        cfg, store, data_dir=data_dir, server_id="llmgw-up", wall_clock=lambda: datetime.now(UTC)
+    )
+    text, _ = await pki.create_token(ttl=timedelta(hours=1), max_uses=1, labels={})
+    return text

@@ -10,7 +10,10 @@ completions. Before serving it prints the API URL, a fresh secret for the key
 named `quickstart` (rotated on every start, so the previous one stops working)
 and `curl` commands to try: the first is a chat request.
 
-Every listener is on loopback by default. Bad flags, busy ports and an agent that
+Every listener is on loopback by default. The agent listener uses mTLS with the
+cluster CA, as `llmgw server` does: the first start makes the CA and a one-use
+join token (handed to the agent in its environment), and later starts reuse the
+agent's certificate in `<data-dir>/agent/tls`. Bad flags, busy ports and an agent that
 dies are one `error:` line and exit code 2 (bad input) or 1 (failure).
 
 The agent is stopped (SIGTERM to its process group, SIGKILL after a grace) however
@@ -123,7 +126,10 @@ def up(
     ] = "127.0.0.1:9090",
     agent_listen: Annotated[
         str,
-        typer.Option(help="gRPC listener the local agent dials, HOST:PORT (plaintext)."),
+        typer.Option(
+            help="gRPC listener the local agent dials, HOST:PORT (mTLS with the cluster CA; "
+            "the local agent joins with a token made at start-up)."
+        ),
     ] = "127.0.0.1:9443",
     data_dir: Annotated[
         str,
@@ -367,8 +373,14 @@ def _run(plan: _Plan) -> None:
     from llmgw.cli.gateway import StartupError, run_gateway
 
     secret, rotated = _key(plan.data_dir)
+    token = _join_token(cfg, plan)
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
-    agent = LocalAgent(argv=_agent_argv(plan), log_path=plan.data_dir / "agent.log")
+    agent = LocalAgent(
+        argv=_agent_argv(plan),
+        log_path=plan.data_dir / "agent.log",
+        # In the environment, not the argv: other users can read a process's arguments.
+        env={} if token is None else {"LLMGW_JOIN_TOKEN": token},
+    )
     try:
         agent.start()
         typer.echo(_banner(plan, listeners, secret, rotated, agent.log_path))
@@ -482,6 +494,30 @@ async def _quickstart_key(url: str) -> tuple[str, bool]:
         await store.close()
 
 
+def _join_token(cfg: ServerConfig, plan: _Plan) -> str | None:
+    """A one-use join token for the local agent (None once it has its certificate)."""
+    import asyncio
+
+    from llmgw.cli.cluster_wiring import ClusterSetupError, local_join_token
+    from llmgw.store import StoreError, open_store, store_url
+
+    async def make() -> str | None:
+        store = await open_store(store_url(plan.data_dir, None))
+        try:
+            return await local_join_token(
+                cfg, store, data_dir=str(plan.data_dir), state_dir=plan.data_dir / "agent"
+            )
+        finally:
+            await store.close()
+
+    try:
+        return asyncio.run(make())
+    except (ClusterSetupError, StoreError) as exc:
+        raise UpError(
+            f"cannot set up the cluster CA in {plan.data_dir}: {exc}", EXIT_FAILED
+        ) from None
+
+
 def _agent_argv(plan: _Plan) -> list[str]:
     host, port = plan.agent_listen["host"], plan.agent_listen["port"]
     server = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -508,9 +544,12 @@ class LocalAgent:
     of its log) and sends this process SIGTERM, which stops the gateway.
     """
 
-    def __init__(self, *, argv: list[str], log_path: Path) -> None:
+    def __init__(
+        self, *, argv: list[str], log_path: Path, env: dict[str, str] | None = None
+    ) -> None:
         self.argv = argv
         self.log_path = log_path
+        self.env = env or {}
         self.died: str | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._stopping = threading.Event()
@@ -532,6 +571,7 @@ class LocalAgent:
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    env={**os.environ, **self.env},
                 )
         except OSError as exc:
             raise UpError(f"cannot start the local agent: {exc}", EXIT_FAILED) from None
