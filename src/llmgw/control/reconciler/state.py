@@ -66,14 +66,45 @@ class Failure:
 
 
 _FRAME = " \t│┃|╭╮╰╯─━═║"
+# The side of a box (rich-style CLI errors): a long message inside one is wrapped
+# over several lines, each between two of these.
+_BOX_SIDES = ("│", "┃", "║")
+# A framed message longer than this is quoted from its end, whole lines only.
+_MAX_WORDS_CHARS = 600
+
+
+def _says_something(text: str) -> bool:
+    return any(c.isalnum() for c in text)
+
+
+def _framed(line: str) -> bool:
+    return line.lstrip().startswith(_BOX_SIDES)
 
 
 def _last_words(lines: Sequence[str]) -> str:
-    """The engine's last line that says something (CLIs often end in a box frame)."""
-    for line in reversed(lines):
-        text = line.strip(_FRAME)
-        if any(c.isalnum() for c in text):
+    """The engine's last line that says something (CLIs often end in a box frame).
+
+    Inside a box, a message is wrapped to the box's width: then it is the whole
+    framed paragraph, joined into one line, not the fragment on its last line.
+    """
+    for end in range(len(lines) - 1, -1, -1):
+        text = lines[end].strip(_FRAME)
+        if not _says_something(text):
+            continue
+        if not _framed(lines[end]):
             return text
+        parts = [text]
+        size = len(text)
+        for line in reversed(lines[:end]):
+            above = line.strip(_FRAME)
+            if not _framed(line) or not _says_something(above):
+                break  # the box's top, or a blank line between paragraphs
+            if size + len(above) + 1 > _MAX_WORDS_CHARS:
+                parts.append("…")
+                break
+            parts.append(above)
+            size += len(above) + 1
+        return " ".join(reversed(parts))
     return ""
 
 
