@@ -316,3 +316,20 @@ async def test_the_cli_shows_the_guards_reason_without_the_admin_key_hint(
     message = caught.value.message
     assert message.startswith("the admin API refused the request: Host 'evil.example:9090'")
     assert "admin.allowed_hosts" in message and "--admin-key" not in message
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [("https://gw.example.com", "without scheme or path"), ("gw.example.com:443", "port out")],
+)
+def test_a_bad_admin_allowed_host_flag_is_named(tmp_path: Path, value: str, problem: str) -> None:
+    from typer.testing import CliRunner
+
+    from llmgw.cli.main import app
+
+    result = CliRunner().invoke(
+        app, ["server", "--admin-allowed-host", value, "--data-dir", str(tmp_path)]
+    )
+    assert result.exit_code == 2
+    assert f"error: --admin-allowed-host {value!r}: " in result.output
+    assert problem in result.output

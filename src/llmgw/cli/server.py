@@ -118,6 +118,7 @@ def server(
     from llmgw.cli.gateway import NothingToServe, StartupError, run_gateway
     from llmgw.cli.serving import ListenError, TLSFiles, bind, check_tls
     from llmgw.config import ConfigError, load_server_config, parse_endpoint_flag, parse_listen
+    from llmgw.config.server import normalize_allowed_host
 
     try:
         overrides: dict[str, Any] = {
@@ -142,6 +143,11 @@ def server(
             overrides["data_dir"] = data_dir
         if store is not None:
             overrides["store"] = store
+        for name in admin_allowed_host or []:
+            try:
+                normalize_allowed_host(name)
+            except ValueError as exc:
+                raise ConfigError(f"--admin-allowed-host {exc}") from exc
         if admin_allowed_host:
             overrides["admin_allowed_hosts"] = admin_allowed_host
         if auth_mode is not None:
