@@ -97,6 +97,8 @@ RUNS = (
         "readme-admin",
         stdin="a long enough password 123\n",
     ),
+    # Last: the node is gone for good afterwards (its key revoked, if it had one).
+    Run("nodes remove", ("nodes", "remove", NODE, "--reason", "the install test"), "removed"),
 )
 
 # `llmgw nodes undrain` is not in the README; it puts the node back for the activation.
