@@ -271,3 +271,25 @@ def test_a_plaintext_agent_is_told_to_join_with_a_token(cluster: Cluster) -> Non
     agent = cluster.agent("p1", "--node-id", "p1")
     wait_for(lambda: "join this node with --token TOKEN" in agent.output(), "the agent's advice")
     assert "p1" not in cluster.nodes()
+
+
+def test_insecure_agents_are_announced_loudly_and_on_the_overview(cluster: Cluster) -> None:
+    secure = httpx.get(cluster.admin + "/admin/", timeout=10)
+    assert secure.status_code == 200
+    assert "mTLS with the cluster CA" in secure.text
+    assert "Insecure agents." not in secure.text
+
+    insecure = Server("--endpoint", "x=http://127.0.0.1:1=unused", wait_ready=False)
+    try:
+        page = httpx.get(insecure.admin + "/admin/", timeout=10)
+        assert page.status_code == 200
+        assert "Insecure agents." in page.text
+        assert "--insecure-agents" in page.text
+        output = insecure.proc.output()
+        assert "WARNING llmgw.server: INSECURE AGENTS (--insecure-agents)" in output
+        assert "llmgw agent --server" not in output  # no join line: nothing to join
+        tokens = httpx.get(insecure.admin + "/admin/api/join-tokens", timeout=10)
+        assert tokens.status_code == 409
+        assert "--insecure-agents" in tokens.json()["error"]["message"]
+    finally:
+        insecure.proc.stop()

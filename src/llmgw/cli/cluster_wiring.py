@@ -179,3 +179,17 @@ async def local_join_token(
     )
     text, _ = await pki.create_token(ttl=timedelta(hours=1), max_uses=1, labels={})
     return text
+
+
+def agent_listener_view(security: AgentSecurity) -> dict[str, str]:
+    """What the dashboard's overview says about the agent listener."""
+    text = {
+        "cluster": "mTLS with the cluster CA: nodes join with a token (`llmgw nodes token "
+        "create`) and are their certificates",
+        "own": "mTLS with certificates of your own (agent_tls)",
+        "insecure": "plaintext, without certificates (--insecure-agents): any host that reaches "
+        "the agent listener can register as any node and receive users' prompts; restart the "
+        "server without --insecure-agents to have nodes join with a token",
+        "off": "off (--agent-listen off)",
+    }[security]
+    return {"mode": security, "text": text}

@@ -137,6 +137,7 @@ def dashboard_sources(
     lease_ttl: float,
     history: HistorySource,
     wall_clock: Callable[[], datetime],
+    agent_listener: Json | None = None,
 ) -> DashboardSources:
     """The dashboard's sources over the server's real objects."""
     models = _Models(catalog=catalog, control=model_control)
@@ -168,4 +169,5 @@ def dashboard_sources(
         usage=usage,
         history=history,
         wall_clock=wall_clock,
+        agent_listener=agent_listener or {"mode": "off", "text": ""},
     )

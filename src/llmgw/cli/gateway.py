@@ -27,6 +27,7 @@ from llmgw import __version__
 from llmgw.auth import Authenticator, KeyAuthenticator, KeyService, OpenAuthenticator
 from llmgw.cli.cluster_wiring import (
     ClusterSetupError,
+    agent_listener_view,
     agent_security,
     announce_join,
     dialable,
@@ -473,6 +474,7 @@ async def _serve(
                     lease_ttl=cfg.control.lease_ttl,
                     history=history,
                     wall_clock=utc_now,
+                    agent_listener=agent_listener_view(security),
                 )
             ),
         ],

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -129,6 +129,9 @@ class DashboardSources:
     Metrics:
       history           the router's last hour (requests/s, error rate, TTFT)
       wall_clock        aware UTC now, for usage ranges and key states
+    Security:
+      agent_listener    how the agent listener authenticates nodes: {"mode": "cluster" |
+                        "own" | "insecure" | "off", "text": a sentence for the overview}
     """
 
     nodes: Callable[[], list[Json]]
@@ -147,3 +150,4 @@ class DashboardSources:
     usage: UsageSource
     history: HistorySource
     wall_clock: Callable[[], datetime]
+    agent_listener: Json = field(default_factory=lambda: {"mode": "off", "text": ""})

@@ -195,6 +195,7 @@ def overview(sources: DashboardSources) -> dict[str, Any]:
         "answered": answered,
         "leader": sources.leader(),
         "servers": sources.servers(),
+        "agent_listener": sources.agent_listener,
     }
 
 
