@@ -7,10 +7,11 @@ agents' namespaces. Nothing here is reachable through 127.0.0.1 across them.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,15 +44,30 @@ def wait_for(check: Callable[[], object], what: str, within: float = 60.0) -> An
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@contextlib.contextmanager
+def told_on_failure(server: Server, network: Network) -> Iterator[None]:
+    """On a failure, print the server's and the agents' output (pytest shows it)."""
+    try:
+        yield
+    except BaseException:
+        print("---- server ----\n" + server.proc.output()[-6000:])
+        for host in network.hosts:
+            for proc in host.procs:
+                print(f"---- {host.namespace}: {proc.argv[4:]} ----\n" + proc.output()[-4000:])
+        raise
+
+
 def free_port_on(host: str) -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
-def start_server(network: Network, tmp: Path, *args: str) -> tuple[Server, int]:
+def start_server(
+    network: Network, tmp: Path, *args: str, config: str = CONFIG
+) -> tuple[Server, int]:
     """A server whose agent listener is on the bridge address only."""
-    (tmp / "llmgw.yaml").write_text(CONFIG)
+    (tmp / "llmgw.yaml").write_text(config)
     agent_port = free_port_on(network.gateway)
     server = Server(
         "--agent-listen", f"{network.gateway}:{agent_port}",
@@ -116,23 +132,24 @@ def test_namespaces_are_separate_stacks(netns: Network) -> None:
 def test_agent_in_a_namespace_registers(netns: Network, tmp_path: Path) -> None:
     server, agent_port = start_server(netns, tmp_path)
     try:
-        agent = start_agent(netns.hosts[0], "far", f"{netns.gateway}:{agent_port}", tmp_path)
-        node = wait_for(
-            lambda: (n := node_view(server, "far")) and n["state"] == "ready" and n,
-            "the agent in its namespace to register",
-        )
-        assert node["id"] == "far"
-        host = netns.hosts[0]
-        # The server sees the agent from its namespace's address, and engines are
-        # advertised there (the connection's local address), with nothing to warn of.
-        assert node["seen_from"] == host.address
-        assert node["advertise_host"] == host.address
-        assert node["address_warning"] is None
-        assert f"node far connects from {host.address}" in server.proc.output()
-        shown = cli(server, "nodes", "show", "far")
-        assert f"seen from {host.address}, engines advertised at {host.address}" in shown
-        assert "warning:" not in shown
-        assert agent.popen.poll() is None
+        with told_on_failure(server, netns):
+            agent = start_agent(netns.hosts[0], "far", f"{netns.gateway}:{agent_port}", tmp_path)
+            node = wait_for(
+                lambda: (n := node_view(server, "far")) and n["state"] == "ready" and n,
+                "the agent in its namespace to register",
+            )
+            assert node["id"] == "far"
+            host = netns.hosts[0]
+            # The server sees the agent from its namespace's address, and engines are
+            # advertised there (the connection's local address), with nothing to warn of.
+            assert node["seen_from"] == host.address
+            assert node["advertise_host"] == host.address
+            assert node["address_warning"] is None
+            assert f"node far connects from {host.address}" in server.proc.output()
+            shown = cli(server, "nodes", "show", "far")
+            assert f"seen from {host.address}, engines advertised at {host.address}" in shown
+            assert "warning:" not in shown
+            assert agent.popen.poll() is None
     finally:
         server.proc.stop()
 
@@ -215,5 +232,70 @@ def test_an_agent_advertising_loopback_is_shown_unreachable_not_published(
         assert warning in node["address_warning"]
         assert warning in cli(server, "nodes", "show", "lo")
         assert "node lo advertises 127.0.0.1 (loopback)" in server.proc.output()
+    finally:
+        server.proc.stop()
+
+
+TWO_NODE_CONFIG = CONFIG.replace("min_replicas: 0", "min_replicas: 1\n    max_replicas: 1")
+
+
+def ready_on(server: Server, model: str = "chat") -> list[dict[str, Any]]:
+    return [r for r in replicas(server, model) if r["state"] == "ready"]
+
+
+def host_of(netns: Network, node: str) -> Host:
+    return netns.hosts[int(node.rsplit("-", 1)[1])]
+
+
+def test_a_lost_node_is_replaced_on_another_host(netns: Network, tmp_path: Path) -> None:
+    server, agent_port = start_server(netns, tmp_path, config=TWO_NODE_CONFIG)
+    try:
+        with told_on_failure(server, netns):
+            for index in (0, 1):
+                start_agent(
+                    netns.hosts[index], f"n-{index}", f"{netns.gateway}:{agent_port}", tmp_path
+                )
+            [first] = wait_for(lambda: ready_on(server), "a Ready replica")
+            lost = host_of(netns, first["node"])
+            assert first["endpoint_url"].startswith(f"http://{lost.address}:")
+            assert chat(server).status_code == 200
+            # The node's network goes away: no stream, no heartbeats; its engine lives on,
+            # unreachable.
+            lost.link_down()
+            wait_for(
+                lambda: (n := node_view(server, first["node"])) and n["state"] == "lost",
+                "the node to be lost",
+            )
+            [second] = wait_for(
+                lambda: [r for r in ready_on(server) if r["node"] != first["node"]],
+                "a replacement on the other host",
+            )
+            other = host_of(netns, second["node"])
+            assert second["endpoint_url"].startswith(f"http://{other.address}:")
+            answer = chat(server)
+            assert answer.status_code == 200, answer.text
+    finally:
+        server.proc.stop()
+
+
+def test_draining_a_node_moves_its_replica_to_another_host(netns: Network, tmp_path: Path) -> None:
+    server, agent_port = start_server(netns, tmp_path, config=TWO_NODE_CONFIG)
+    try:
+        with told_on_failure(server, netns):
+            for index in (0, 1):
+                start_agent(
+                    netns.hosts[index], f"n-{index}", f"{netns.gateway}:{agent_port}", tmp_path
+                )
+            [first] = wait_for(lambda: ready_on(server), "a Ready replica")
+            out = cli(server, "nodes", "drain", first["node"], "--wait", "--timeout", "120")
+            assert "drain" in out
+            [moved] = wait_for(lambda: ready_on(server), "the moved replica")
+            assert moved["node"] != first["node"]
+            assert moved["endpoint_url"].startswith(
+                f"http://{host_of(netns, moved['node']).address}:"
+            )
+            assert [r["id"] for r in replicas(server, "chat")] == [moved["id"]]
+            answer = chat(server)
+            assert answer.status_code == 200, answer.text
     finally:
         server.proc.stop()
