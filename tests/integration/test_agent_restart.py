@@ -1,0 +1,160 @@
+"""Restarting an agent under load: its engines keep serving and the next agent adopts them.
+
+A real `llmgw server` with one pinned sim model, a real agent (engines left
+running on exit, the production default), and a steady trickle of chat
+requests through the router while the agent is SIGKILLed and restarted, then
+SIGTERMed and restarted. Every request must succeed, the replica must stay the
+same process (same pid, no reload), and no failure may be recorded. (While
+the agent's stream is down the control plane keeps its replicas out of the
+routers, so requests wait for the agent to come back rather than fail.)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from procs import Proc, Server, free_port, free_port_block, llmgw
+
+CONFIG = (
+    "control: {heartbeat_interval: 0.3, unreachable_after: 15, lost_after: 30, "
+    "reconcile_interval: 0.5, retry_base: 1, retry_max: 4, activation_timeout: 60, "
+    "stop_grace: 5}\n"
+    "router: {health: {interval: 0.5}}\n"
+    "models:\n"
+    "  - name: steady\n    weights: none\n    min_replicas: 1\n    keep_alive: -1\n"
+    "    profiles: [{name: sim, engine: sim, gpus: 1, engine_args: [--zero-delay]}]\n"
+)
+
+
+def wait_for(check: Any, what: str, within: float = 60.0) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def node(server: Server) -> dict[str, Any]:
+    nodes = httpx.get(server.admin + "/admin/api/nodes", timeout=10).json()["nodes"]
+    found: dict[str, Any] = next(
+        (n for n in nodes if n["id"] == "node-r"), {"shards": [], "registered_at": None}
+    )
+    return found
+
+
+def ready_shards(server: Server) -> list[dict[str, Any]]:
+    return [s for s in node(server)["shards"] if s["state"] == "ready"]
+
+
+class Load:
+    """Chat requests one after another until stopped; every non-200 is kept."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.sent = 0
+        self.longest = 0.0
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def __enter__(self) -> Load:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=30) as client:
+            while not self._stop.is_set():
+                began = time.monotonic()
+                try:
+                    answer = client.post(
+                        self.url + "/v1/chat/completions",
+                        json={
+                            "model": "steady",
+                            "messages": [{"role": "user", "content": "hi"}],
+                            "max_tokens": 3,
+                        },
+                    )
+                    if answer.status_code != 200:
+                        self.failures.append(f"{answer.status_code} {answer.text}")
+                except httpx.HTTPError as exc:
+                    self.failures.append(repr(exc))
+                self.sent += 1
+                self.longest = max(self.longest, time.monotonic() - began)
+                time.sleep(0.02)
+
+
+def test_restarting_the_agent_under_load_loses_no_request(tmp_path: Path) -> None:
+    (tmp_path / "llmgw.yaml").write_text(CONFIG)
+    agent_port = free_port()
+    low = free_port_block(5)
+    server = Server(
+        "--agent-listen", f"127.0.0.1:{agent_port}", "--config", str(tmp_path / "llmgw.yaml"),
+        data_dir=tmp_path / "data",
+    )  # fmt: skip
+    argv = llmgw(
+        "agent", "--server", f"127.0.0.1:{agent_port}", "--node-id", "node-r",
+        "--gpus", "1x24GiB", "--weights-dir", str(tmp_path / "weights"),
+        "--port-range", f"{low}-{low + 4}", "--adopt-grace", "30",
+    )  # fmt: skip
+    env = {"LLMGW_AGENT_STOP_ENGINES_ON_EXIT": "0"}  # the default: engines outlive the agent
+    agent = Proc(argv, env=env)
+    agents = [agent]
+    try:
+        wait_for(lambda: len(ready_shards(server)) == 1, "the replica to be ready")
+        [shard] = ready_shards(server)
+        pid = shard["pid"]
+        with Load(server.url) as load:
+            wait_for(lambda: load.sent >= 20, "requests to flow")
+            for how in ("SIGKILL", "SIGTERM"):
+                registered_before = node(server)["registered_at"]
+                if how == "SIGKILL":
+                    agent.popen.kill()
+                else:
+                    agent.popen.terminate()
+                agent.popen.wait(30)
+                if how == "SIGTERM":
+                    assert agent.popen.returncode == 0, agent.output()
+                    assert "leaving 1 engine running" in agent.output()
+                # Restarted at once, as a service manager would.
+                agent = Proc(argv, env=env)
+                agents.append(agent)
+                wait_for(
+                    lambda b=registered_before: (
+                        node(server)["registered_at"] != b and node(server)["connected"]
+                    ),
+                    f"the agent restarted after {how} to register",
+                )
+                assert "adopted 1 engine" in agent.output()
+                [again] = ready_shards(server)
+                assert (again["id"], again["pid"]) == (shard["id"], pid), again
+                sent = load.sent
+                wait_for(lambda s=sent: load.sent >= s + 20, "requests after the restart")
+        assert load.failures == [], load.failures[:5]
+        print(f"requests: {load.sent}, failed: 0, longest: {load.longest:.2f}s")
+        assert load.sent >= 60
+        # Still the same process, ready, and no replica failure was recorded.
+        [last] = ready_shards(server)
+        assert (last["id"], last["pid"]) == (shard["id"], pid)
+        events = httpx.get(
+            f"{server.admin}/admin/api/events", params={"model": "steady"}, timeout=10
+        ).json()["events"]
+        assert not [e for e in events if e["kind"] == "failed"], events
+        # One start ever: the restarts reloaded nothing.
+        assert len([e for e in events if e["kind"] == "start"]) == 1, events
+    except BaseException:
+        print(server.proc.output())
+        for proc in agents:
+            print(proc.output())
+        raise
+    finally:
+        agent.stop()
+        server.proc.stop()
