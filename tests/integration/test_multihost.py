@@ -7,7 +7,11 @@ agents' namespaces. Nothing here is reachable through 127.0.0.1 across them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
+import secrets
+import signal
 import socket
 import subprocess
 import time
@@ -15,7 +19,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
+import pytest
 from netns import Host, Network
 from procs import Proc, Server, free_port_block, llmgw
 
@@ -299,3 +305,74 @@ def test_draining_a_node_moves_its_replica_to_another_host(netns: Network, tmp_p
             assert answer.status_code == 200, answer.text
     finally:
         server.proc.stop()
+
+
+PG = os.environ.get("LLMGW_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+async def _pg_admin(sql: str) -> None:
+    conn = await asyncpg.connect(PG)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def database() -> Iterator[str]:
+    name = f"llmgw_mh_{secrets.token_hex(4)}"
+    try:
+        asyncio.run(_pg_admin(f"CREATE DATABASE {name}"))
+    except OSError as exc:
+        pytest.fail(f"PostgreSQL is not running on 127.0.0.1:5432 ({exc}); failover tests need it")
+    yield f"{PG.rsplit('/', 1)[0]}/{name}"
+    asyncio.run(_pg_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+def role(server: Server) -> str:
+    return str(httpx.get(server.admin + "/admin/api/leader", timeout=5).json()["role"])
+
+
+def test_the_standby_reaches_the_engines_itself_and_keeps_serving_after_a_failover(
+    netns: Network, tmp_path: Path, database: str
+) -> None:
+    config = TWO_NODE_CONFIG.replace("control:\n", "control:\n  lease_ttl: 3\n")
+    first, first_port = start_server(netns, tmp_path, "--store", database, config=config)
+    second: Server | None = None
+    try:
+        with told_on_failure(first, netns):
+            wait_for(lambda: role(first) == "leader", "the first server to lead")
+            second, second_port = start_server(netns, tmp_path, "--store", database, config=config)
+            assert role(second) == "standby"
+            host = netns.hosts[0]
+            start_agent(
+                host, "n-0", f"{netns.gateway}:{first_port}", tmp_path,
+                "--servers", f"{netns.gateway}:{second_port}",
+            )  # fmt: skip
+            [replica] = wait_for(lambda: ready_on(first), "a Ready replica")
+            assert replica["endpoint_url"].startswith(f"http://{host.address}:")
+            # The standby's router takes the endpoint only once the standby itself
+            # has dialled it (its gate forwards nothing else).
+            standby = second
+            wait_for(
+                lambda: [e["url"] for e in standby.endpoints()] == [replica["endpoint_url"]],
+                "the standby's router to take the endpoint",
+            )
+            assert "cannot reach" not in standby.proc.output()
+            assert chat(standby).status_code == 200
+
+            os.kill(first.proc.popen.pid, signal.SIGKILL)
+            wait_for(lambda: role(standby) == "leader", "the standby to lead")
+            wait_for(
+                lambda: (n := node_view(standby, "n-0")) and n["connected"] and n,
+                "the agent to move to the new leader",
+            )
+            answer = chat(standby)
+            assert answer.status_code == 200, answer.text
+            [kept] = wait_for(lambda: ready_on(standby), "the replica, adopted")
+            assert kept["id"] == replica["id"]
+            assert kept["reach"]["state"] == "reachable"
+    finally:
+        if second is not None:
+            second.proc.stop()
+        first.proc.stop()
