@@ -42,8 +42,10 @@ JSON = (
 class Engine:
     """A loopback engine that answers every request with `status` and a body."""
 
-    def __init__(self, status: int = 200) -> None:
+    def __init__(self, status: int = 200, *, hang: bool = False) -> None:
         self.status = status
+        self.hang = hang
+        self.received = asyncio.Event()
         self.requests = 0
         self.url = ""
         self._server: asyncio.Server | None = None
@@ -69,6 +71,10 @@ class Engine:
                 )
                 body = orjson.loads(await reader.readexactly(length))
                 self.requests += 1
+                self.received.set()
+                if self.hang:
+                    # A frozen engine: the connection stays open, nothing comes back.
+                    await asyncio.Event().wait()
                 if self.status != 200:
                     payload = b'{"error":{"message":"busy"}}'
                     kind = b"application/json"
@@ -311,3 +317,30 @@ async def test_without_a_control_plane_a_dead_engine_is_a_502_at_once(upstream: 
         await serve(proxy, request(stream=False), Client())
 
     assert "dead-1" in caught.value.message
+
+
+async def test_a_request_waiting_on_an_abandoned_engine_goes_to_the_replacement(
+    upstream: Upstream,
+) -> None:
+    pool = make_pool()
+    async with Engine(hang=True) as frozen, Engine() as engine:
+        pool.set_model_endpoints("m", [EndpointSpec("frozen-1", frozen.url, ("m",))])
+        plane = ControlPlane(pool, EndpointSpec("new-1", engine.url, ("m",)))
+        proxy = make_proxy(pool, upstream, plane)
+        client = Client()
+
+        async def node_stops_answering() -> None:
+            # The control plane: the node missed its heartbeats.
+            await frozen.received.wait()
+            assert pool.abandon(["frozen-1"]) == 1
+            pool.set_model_endpoints("m", [])
+
+        helper = asyncio.create_task(node_stops_answering())
+        outcome = await serve(proxy, request(stream=False), client)
+        await helper
+
+    assert outcome.status == 200
+    assert client.headers[b"x-llmgw-replica"] == b"new-1"
+    assert plane.activations == 1
+    # Nothing is left waiting, and abandoning again finds nothing.
+    assert pool.abandon(["frozen-1"]) == 0

@@ -370,6 +370,8 @@ async def _serve(
         # Replicas Ready under the previous leader are given up like a lost node's.
         adoption_grace=control.lost_after,
         leading=leadership.is_leader,
+        # A node that stops answering: requests waiting on its engines go elsewhere.
+        abandon=pool.abandon,
     )
     proxy = Proxy(
         pool=pool,

@@ -6,12 +6,18 @@ consecutive request failures with a backed-off re-admission time. Endpoint
 objects are kept across updates (matched by id), so in-flight counts and
 ejections survive a change of the endpoint set.
 
+The pool also keeps, by endpoint id, the attempts waiting for an engine's
+first byte, so that `abandon` (the control plane: "this node stopped
+answering") ends them at once and their requests go elsewhere, whether or not
+the endpoint is still in the pool.
+
 Not guaranteed: health is a hint, not a promise; a healthy endpoint may still
 fail the next request, which is why the proxy retries.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
@@ -123,6 +129,22 @@ class Endpoint:
         }
 
 
+class FirstByteWait:
+    """One attempt waiting for its engine's first byte, under the deadline `timeout`."""
+
+    __slots__ = ("abandoned", "endpoint_id", "timeout")
+
+    def __init__(self, endpoint_id: str, timeout: asyncio.Timeout) -> None:
+        self.endpoint_id = endpoint_id
+        self.timeout = timeout
+        self.abandoned = False
+
+    def abandon(self) -> None:
+        """End the wait now: its deadline fires, and `abandoned` says why."""
+        self.abandoned = True
+        self.timeout.reschedule(0)
+
+
 class EndpointSink(Protocol):
     """What a source of endpoints (static config, the control plane) talks to."""
 
@@ -156,6 +178,38 @@ class EndpointPool:
         self._by_id: dict[str, Endpoint] = {}
         self._by_model: dict[str, list[Endpoint]] = {}
         self._aliases: dict[str, str] = {}
+        self._waits: dict[str, set[FirstByteWait]] = {}
+
+    def wait_first_byte(self, endpoint_id: str, timeout: asyncio.Timeout) -> FirstByteWait:
+        """Note an attempt waiting for `endpoint_id`'s first byte; `first_byte_done` ends it."""
+        wait = FirstByteWait(endpoint_id, timeout)
+        self._waits.setdefault(endpoint_id, set()).add(wait)
+        return wait
+
+    def first_byte_done(self, wait: FirstByteWait) -> None:
+        waits = self._waits.get(wait.endpoint_id)
+        if waits is not None:
+            waits.discard(wait)
+            if not waits:
+                del self._waits[wait.endpoint_id]
+
+    def abandon(self, endpoint_ids: Iterable[str]) -> int:
+        """The engines behind `endpoint_ids` may be gone (their node stopped answering):
+        attempts still waiting for their first byte end now. Returns how many."""
+        ids = list(endpoint_ids)
+        count = 0
+        for endpoint_id in ids:
+            for wait in tuple(self._waits.get(endpoint_id, ())):
+                wait.abandon()
+                count += 1
+        if count:
+            log.warning(
+                "%d request%s waiting on %s go elsewhere: the node stopped answering",
+                count,
+                "" if count == 1 else "s",
+                ", ".join(ids),
+            )
+        return count
 
     @property
     def by_model(self) -> Mapping[str, list[Endpoint]]:

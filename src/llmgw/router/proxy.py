@@ -20,11 +20,15 @@ stream alive; a stream whose headers went out while it waited names its replica
 in an SSE comment (`: llmgw replica ID`), since the `x-llmgw-replica` header
 was sent before a replica was chosen.
 
+A request already sent to an engine whose node then misses its heartbeats (a
+frozen or cut-off node: nothing closes the connection) is moved as soon as the
+control plane says so (`EndpointPool.abandon`), if no byte of the answer has
+reached the client yet.
+
 Not guaranteed: an engine that received a request and then failed may have
-done work for it before the retry. A request already sent to an engine that
-stops answering without closing its connection (a frozen node) waits for it,
-up to the first-byte deadline; only requests that arrive after the control
-plane takes the node's replicas out of the pool go elsewhere.
+done work for it before the retry. On a standby server (which does not lead the
+control plane) such a request waits for its engine up to the first-byte
+deadline: only the leader abandons attempts.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from llmgw.metrics import RouterMetrics
 from llmgw.metrics.router import RequestSeries
 from llmgw.router.activation import Activator
 from llmgw.router.balancer import Balancer
-from llmgw.router.endpoints import Endpoint, EndpointPool
+from llmgw.router.endpoints import Endpoint, EndpointPool, FirstByteWait
 from llmgw.router.errors import (
     DeadlineExceeded,
     EngineError,
@@ -67,7 +71,7 @@ Send = Callable[[Message], Awaitable[None]]
 
 _RETRY_STATUSES = frozenset({429, 502, 503, 504})
 # Failures that mean the engine is gone, not busy: worth waiting for a replacement.
-_ENGINE_GONE = frozenset({"connect", "disconnect"})
+_ENGINE_GONE = frozenset({"connect", "disconnect", "abandoned"})
 # Pauses between looks at the pool while only replicas that just failed are in
 # it: the control plane takes a dead engine's replica out within moments, and a
 # replica that failed once (a stale pooled connection) is tried again soon.
@@ -366,16 +370,32 @@ class Proxy:
         phase = "first byte" if req.stream else "total"
         resp: Response | None = None
         done = False
+        wait: FirstByteWait | None = None
         try:
             try:
-                async with asyncio.timeout_at(min(self._clock() + first_limit, total_deadline)):
-                    resp = await self._post(endpoint, req, request_id)
-                    if resp.status >= 400:
-                        raise await self._engine_error(endpoint, resp)
-                    streaming = req.stream and resp.content_type == _EVENT_STREAM
-                    # For a stream the first chunk is the first byte; otherwise the whole body.
-                    data = await (resp.next_chunk() if streaming else resp.read())
+                async with asyncio.timeout_at(
+                    min(self._clock() + first_limit, total_deadline)
+                ) as first_byte:
+                    wait = self._pool.wait_first_byte(endpoint.id, first_byte)
+                    try:
+                        resp = await self._post(endpoint, req, request_id)
+                        if resp.status >= 400:
+                            raise await self._engine_error(endpoint, resp)
+                        streaming = req.stream and resp.content_type == _EVENT_STREAM
+                        # For a stream the first chunk is the first byte; otherwise the body.
+                        data = await (resp.next_chunk() if streaming else resp.read())
+                    finally:
+                        self._pool.first_byte_done(wait)
             except TimeoutError as exc:
+                if wait is not None and wait.abandoned:
+                    raise _Retryable(
+                        EngineUnreachable(
+                            f"engine of endpoint '{endpoint.id}' stopped answering (its node "
+                            "missed its heartbeats) before the first byte"
+                        ),
+                        "abandoned",
+                        counts_as_failure=False,
+                    ) from exc
                 if self._clock() >= total_deadline:
                     phase = "total"
                 self._metrics.upstream_errors.labels(

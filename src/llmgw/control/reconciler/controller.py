@@ -142,6 +142,7 @@ class Controller:
         adoption_grace: float | None = None,
         leading: Callable[[], bool] = lambda: True,
         new_shard_id: Callable[[str], str] | None = None,
+        abandon: Callable[[Sequence[str]], object] | None = None,
     ) -> None:
         """`startup_grace`: for this long after `run()` starts, an activation that
         cannot be placed waits instead of failing at once, since agents are still
@@ -149,7 +150,9 @@ class Controller:
         this long, replicas that were Ready before (`run`'s `expected`) are waited
         for, and kept in the router, rather than started again; the node-lost
         window is right, since that is when their node would be given up too. `leading` says
-        whether this server may place work (it holds the lease)."""
+        whether this server may place work (it holds the lease). `abandon(ids)` is
+        told once about replicas whose node stopped answering (this server's
+        router moves requests still waiting on them)."""
         self._catalog = catalog
         self._inventory = inventory
         self._dispatcher = dispatcher
@@ -168,6 +171,8 @@ class Controller:
         self._adopt_until = -math.inf
         self._new_shard_id = new_shard_id or _new_shard_id
         self._leading = leading
+        self._abandon = abandon
+        self._abandoned: frozenset[str] = frozenset()
         self.demand = DemandBook(clock=clock, wall_clock=wall_clock)
         self._expected: dict[str, set[str]] = {}
         self._standby_waits: dict[str, asyncio.Future[None]] = {}
@@ -272,6 +277,11 @@ class Controller:
         self._note_unplaced(result.unplaced, now)
         self._unplaced = dict(result.unplaced)
         self._in_doubt = dict(result.in_doubt)
+        doubted = frozenset(i for ids in result.in_doubt.values() for i in ids)
+        fresh = doubted - self._abandoned
+        self._abandoned = doubted
+        if fresh and self._abandon is not None:
+            self._abandon(sorted(fresh))
         for action in result.actions:
             if isinstance(action, Start):
                 self._start(action)
