@@ -58,6 +58,12 @@ $(CHROMIUM):
 	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium
 
+# The multi-host tests build network namespaces, veths and a bridge with `ip` (iproute2).
+IPROUTE := /usr/sbin/ip
+$(IPROUTE):
+	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q iproute2
+
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
@@ -82,7 +88,7 @@ unit: $(VENV)/.installed-test
 
 # The whole suite: lint gates, then every test (unit, integration, end-to-end
 # with the real engine). pytest exits 5 when nothing ran, and make fails on it.
-test: $(VENV)/.installed-test engine $(CHROMIUM) lint
+test: $(VENV)/.installed-test engine $(CHROMIUM) $(IPROUTE) lint
 	LLMGW_ENGINE_PYTHON=$(ENGINE_VENV)/bin/python \
 		LLMGW_MODEL_FILE=$(MODEL_DIR)/gemma-3-270m-q4_k_m.gguf \
 		LLMGW_CHAT_MODEL_FILE=$(CHAT_MODEL) $(BIN)/pytest
