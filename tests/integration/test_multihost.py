@@ -228,6 +228,9 @@ def test_an_agent_advertising_loopback_is_shown_unreachable_not_published(
         assert "this server cannot reach it at " + url in server.proc.output()
         shown = cli(server, "models", "show", "chat")
         assert f"cannot reach it at {url}: cannot connect to 127.0.0.1:" in shown
+        page = httpx.get(f"{server.admin}/admin/models/chat", timeout=10).text
+        assert 'class="unreachable"' in page
+        assert "from this server: cannot connect to 127.0.0.1:" in page
         # The node says why: a loopback address advertised from another host.
         node = node_view(server, "lo")
         assert node is not None
