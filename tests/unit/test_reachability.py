@@ -43,10 +43,14 @@ class Probe:
     def __init__(self) -> None:
         self.down: dict[str, str] = {}
         self.calls: list[str] = []
+        self.hanging: set[str] = set()  # never answer (a black hole) until released
+        self.release = asyncio.Event()
 
     async def __call__(self, url: str) -> None:
         self.calls.append(url)
         await asyncio.sleep(0)
+        if url in self.hanging:
+            await self.release.wait()
         if url in self.down:
             raise ProbeFailed(self.down[url])
 
@@ -139,6 +143,22 @@ async def test_a_request_waits_for_the_check_and_gets_a_clear_refusal(
     assert "replica r1 at http://127.0.0.1:20000: cannot connect to 127.0.0.1:20000" in message
     assert "--advertise-host" in message
     assert local.models["chat"] == ()
+
+
+async def test_an_address_that_never_answers_does_not_hold_up_others(
+    gate: tuple[ReachabilityGate, Local, Probe],
+) -> None:
+    gate_, local, probe = gate
+    probe.hanging.add("http://10.9.9.9:1")
+    gate_.publish(("a",), [ReadyEndpoint("slow", "http://10.9.9.9:1")])
+    await until(lambda: "http://10.9.9.9:1" in probe.calls, "the slow check to start")
+    gate_.publish(("b",), [ReadyEndpoint("fast", "http://h:2")])
+    await gate_.wait_routable("b")
+    assert local.models == {"a": (), "b": ("fast",)}
+    slow = gate_.reach("slow")
+    assert slow is not None and slow.state == "checking"
+    probe.release.set()
+    await until(lambda: local.models["a"] == ("slow",), "the slow one, once it answers")
 
 
 async def test_withdrawn_models_are_forgotten(gate: tuple[ReachabilityGate, Local, Probe]) -> None:

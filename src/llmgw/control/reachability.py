@@ -198,23 +198,27 @@ class ReachabilityGate:
     # ---- the checker ----
 
     async def run(self) -> None:
-        """Check endpoints as they are published, and unreachable ones again, forever."""
-        while True:
-            now = self._clock()
-            due = [replica for replica, at in self._due.items() if at <= now]
-            if due:
-                await asyncio.gather(*(self._check(replica) for replica in due))
-                continue
-            self._wake.clear()
-            wait = min(self._due.values(), default=math.inf) - now
-            await wait_for_event(self._wake, max(0.0, min(wait, self._recheck)))
+        """Check endpoints as they are published, and unreachable ones again, forever.
+
+        Each check runs on its own, so an address that never answers (up to the
+        probe's timeout) does not hold up the check of a new endpoint.
+        """
+        async with asyncio.TaskGroup() as group:
+            while True:
+                self._wake.clear()
+                now = self._clock()
+                for replica, at in tuple(self._due.items()):
+                    if at <= now:
+                        # Not due again until this check is done (or the endpoint changes).
+                        self._due[replica] = math.inf
+                        group.create_task(self._check(replica), name=f"reach {replica}")
+                wait = min(self._due.values(), default=math.inf) - now
+                await wait_for_event(self._wake, max(0.0, min(wait, self._recheck)))
 
     async def _check(self, replica_id: str) -> None:
         before = self._reach.get(replica_id)
         if before is None:
             return
-        # Not checked again until this one is done (or the endpoint changes).
-        self._due[replica_id] = math.inf
         error = ""
         try:
             await self._probe(before.url)
@@ -227,6 +231,7 @@ class ReachabilityGate:
         self._reach[replica_id] = Reach(replica_id, before.url, state, error, self._wall_clock())
         if error:
             self._due[replica_id] = self._clock() + self._recheck
+            self._wake.set()
         else:
             self._due.pop(replica_id, None)
         self._log(before, state, error)
