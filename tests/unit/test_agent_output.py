@@ -1,8 +1,11 @@
-"""The engine output ring: bounded lines, \\r progress bars, long lines, split chunks."""
+"""The engine output ring: bounded lines, \\r progress bars, long lines, split chunks;
+and the follower of an engine's log file (appends, rotation, an adopted engine's tail)."""
 
 from __future__ import annotations
 
-from llmgw.agent.output import OutputTail
+from pathlib import Path
+
+from llmgw.agent.output import LogFollower, OutputTail
 
 
 def test_keeps_only_the_last_lines() -> None:
@@ -40,3 +43,33 @@ def test_blank_lines_are_dropped() -> None:
     tail = OutputTail()
     tail.feed(b"\n\n  \nreal\n\n")
     assert tail.lines() == ("real",)
+
+
+def test_the_log_follower_reads_appends_and_rotates(tmp_path: Path) -> None:
+    log = tmp_path / "shard.log"
+    tail = OutputTail(max_lines=10)
+    follower = LogFollower(log, tail, max_bytes=4096)
+    assert follower.read() == []  # no file yet
+    with log.open("ab") as engine:
+        engine.write(b"loading\nhalf a li")
+        engine.flush()
+        assert follower.read() == ["loading"]
+        engine.write(b"ne\n" + b"x" * 5000 + b"\n")
+        engine.flush()
+        assert follower.read()[0] == "half a line"
+        # Over max_bytes: copied to .1 and cut; the engine's next append lands at 0.
+        assert log.stat().st_size == 0
+        assert (tmp_path / "shard.log.1").read_bytes().startswith(b"loading\n")
+        engine.write(b"after the cut\n")
+        engine.flush()
+        assert follower.read() == ["after the cut"]
+
+
+def test_an_adopted_engine_s_tail_starts_near_the_end_at_a_line(tmp_path: Path) -> None:
+    log = tmp_path / "shard.log"
+    log.write_bytes(b"".join(b"line %d\n" % i for i in range(20000)))
+    tail = OutputTail(max_lines=5)
+    follower = LogFollower(log, tail, max_bytes=10**9)
+    follower.start_at_end(keep=100)
+    follower.read()
+    assert tail.lines() == tuple(f"line {i}" for i in range(19995, 20000))
