@@ -31,7 +31,8 @@ class EngineAdapter(Protocol):
         ...
 
     def plan(self, spec: EngineSpec) -> LaunchPlan:
-        """Validate `spec`, then build the argv and environment that run it."""
+        """Validate `spec`, then build the argv and environment that run it, with the
+        spec's deadlines resolved against this engine kind's defaults."""
         ...
 
     def parse_metrics(self, text: str) -> EngineLoad:

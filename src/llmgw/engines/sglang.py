@@ -1,6 +1,8 @@
 """SGLang: `python -m sglang.launch_server` with the spec's weights, name and parallelism.
 
 `--enable-metrics` is always passed: SGLang serves no `/metrics` without it.
+`HF_HOME` and `HF_HUB_CACHE` point into the agent's weights directory, as for
+vLLM.
 Readiness is `/health`; load comes from `sglang:num_running_reqs`,
 `sglang:num_queue_reqs` and `sglang:token_usage` (the KV-cache pool in use).
 

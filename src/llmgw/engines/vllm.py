@@ -1,7 +1,9 @@
 """vLLM: `vllm serve` with the spec's weights, name, address and parallelism.
 
 Readiness is `/health` (vLLM's API server listens only once the engine has
-loaded); load comes from `/metrics`: `vllm:num_requests_running`,
+loaded). `HF_HOME` and `HF_HUB_CACHE` point into the agent's weights directory
+(`EngineSettings.weights_dir`), so hub downloads land where the node's disk
+figures and `nodes remove-weights` see them; load comes from `/metrics`: `vllm:num_requests_running`,
 `vllm:num_requests_waiting` and the KV-cache usage, `vllm:kv_cache_usage_perc`
 (newer releases) or `vllm:gpu_cache_usage_perc` (older ones).
 
