@@ -3,9 +3,10 @@
 Readiness is `/health` (vLLM's API server listens only once the engine has
 loaded). `HF_HOME` and `HF_HUB_CACHE` point into the agent's weights directory
 (`EngineSettings.weights_dir`), so hub downloads land where the node's disk
-figures and `nodes remove-weights` see them; load comes from `/metrics`: `vllm:num_requests_running`,
-`vllm:num_requests_waiting` and the KV-cache usage, `vllm:kv_cache_usage_perc`
-(newer releases) or `vllm:gpu_cache_usage_perc` (older ones).
+figures and `nodes remove-weights` see them. Load comes from `/metrics`:
+`vllm:num_requests_running`, `vllm:num_requests_waiting` and the KV-cache usage,
+`vllm:kv_cache_usage_perc` (newer releases) or `vllm:gpu_cache_usage_perc` (older
+ones).
 
 Not guaranteed: multi-node shards (a spec holds this node's GPUs only, and
 their count must equal tensor x pipeline parallel size), that the installed vLLM
