@@ -293,3 +293,54 @@ def test_insecure_agents_are_announced_loudly_and_on_the_overview(cluster: Clust
         assert "--insecure-agents" in tokens.json()["error"]["message"]
     finally:
         insecure.proc.stop()
+
+
+@pytest.mark.timeout(300)
+# Long enough that the node cannot renew between step 1 and the early --finish.
+@pytest.mark.parametrize("cluster", [", node_cert_lifetime: 90"], indirect=True)
+def test_the_ca_is_rotated_in_two_steps_while_a_node_keeps_working(cluster: Cluster) -> None:
+    made = cluster.token()
+    agent = cluster.agent("gpu-c", "--token", str(made["token"]), "--node-id", "gpu-c")
+    wait_for(lambda: cluster.ready("gpu-c"), "gpu-c to join")
+    data = str(cluster.tmp / "data")
+
+    def certs(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            llmgw("certs", "rotate-ca", "--data-dir", data, *args),
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    started = certs()
+    assert started.returncode == 0, started.stderr
+    assert "step 1 done" in started.stdout
+    again = certs()
+    assert again.returncode == 2 and "already under way" in again.stderr
+    early = certs("--finish")
+    assert early.returncode == 2, early.stdout
+    assert "have not renewed since the rotation began" in early.stderr and "gpu-c" in early.stderr
+
+    renewals = agent.output().count("renewed this node's certificate")
+    wait_for(
+        lambda: agent.output().count("renewed this node's certificate") > renewals,
+        "gpu-c to renew (and learn the new CA)",
+        within=150,
+    )
+    finished = certs("--finish")
+    assert finished.returncode == 0, finished.stderr
+    assert cluster.server is not None
+    wait_for(
+        lambda: "the cluster CA was rotated" in cluster.server.proc.output(),  # type: ignore[union-attr]
+        "the server to take the new CA up",
+    )
+    # The node reconnects to a server presenting a certificate from the new CA.
+    agent.stop()
+    back = cluster.agent("gpu-c")
+    wait_for(lambda: "registered as gpu-c" in back.output(), "gpu-c to reconnect after the swap")
+    # A token from before the swap names the old CA; a new one works.
+    stale = cluster.agent("gpu-d", "--token", str(made["token"]), "--node-id", "gpu-d")
+    assert exited(stale) == 2
+    assert "is not the cluster this token was made for" in stale.output()
+    fresh = cluster.agent("gpu-e", "--token", str(cluster.token()["token"]), "--node-id", "gpu-e")
+    wait_for(lambda: cluster.ready("gpu-e"), "a node to join with a token of the new CA")
+    assert cluster.chat().status_code == 200
+    fresh.stop()

@@ -192,3 +192,9 @@ def issue(
             f"(the node id defaults to {node!r}, the certificate's name; the server refuses any "
             "other)"
         )
+
+
+# `llmgw certs rotate-ca` works on the store's cluster CA; it lives in its own module.
+from llmgw.cli.rotate_ca import rotate_ca  # noqa: E402
+
+certs_app.command("rotate-ca")(rotate_ca)

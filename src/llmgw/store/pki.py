@@ -4,12 +4,15 @@ The store never sees a private key in the clear nor a token's secret: the CA's
 key arrives sealed by the caller (AES-256-GCM under the cluster key file), a
 token arrives as the SHA-256 of its secret plus its public root certificate.
 
-`create_ca` is race-safe: a partial unique index allows one active CA, so when
-two servers start on an empty store at once, one insert wins and the other
-server gets the winner's row back. `use_token` counts a use only while the
-token is usable (not revoked, not expired, uses left), with a compare-and-set
-on the use count, so two joins racing for a token's last use get one success
-and one `TokenUnusable`.
+`create_ca` is race-safe: a partial unique index allows one active CA (and one
+next), so when two servers start on an empty store at once, one insert wins and
+the other server gets the winner's row back. A rotation stores a "next" CA
+(`begin_rotation`), then swaps it in and retires the old one in one transaction
+(`finish_rotation`); retired CAs stay listed so what they issued still verifies.
+
+`use_token` counts a use only while the token is usable (not revoked, not
+expired, uses left), with a compare-and-set on the use count, so two joins
+racing for a token's last use get one success and one `TokenUnusable`.
 
 Not guaranteed: that a token revoked on one server stops being trusted for TLS
 on another before that server's next poll (Join itself reads the store, so a
@@ -29,7 +32,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from llmgw.store.engine import transaction
-from llmgw.store.errors import InvalidValue, NotFound, StoreError
+from llmgw.store.errors import Conflict, InvalidValue, NotFound, StoreError
 from llmgw.store.models import require_aware
 from llmgw.store.tables import cluster_cas, issued_certificates, join_tokens
 
@@ -129,6 +132,45 @@ class PkiRepository:
                 raise
             return existing
         return ca
+
+    async def begin_rotation(self, ca: StoredCa) -> StoredCa:
+        """Store `ca` as the next CA; `Conflict` if a rotation is already under way."""
+        if ca.role != "next":
+            raise InvalidValue(f"a rotation's new CA is stored as next, not {ca.role!r}")
+        try:
+            async with transaction(self._engine, "storing the next cluster CA") as conn:
+                await conn.execute(cluster_cas.insert().values(_ca_row(ca)))
+        except IntegrityError as exc:
+            raise Conflict(
+                "a CA rotation is already under way: finish it with `llmgw certs rotate-ca "
+                "--finish` before starting another"
+            ) from exc
+        return ca
+
+    async def finish_rotation(self) -> StoredCa:
+        """Make the next CA the active one and retire the old; returns the new active CA.
+
+        `NotFound` when no rotation is under way.
+        """
+        now = self._clock()
+        async with transaction(self._engine, "finishing the cluster CA rotation") as conn:
+            found = (
+                await conn.execute(select(cluster_cas).where(cluster_cas.c.role == "next"))
+            ).first()
+            if found is None:
+                raise NotFound(
+                    "no CA rotation is under way: start one with `llmgw certs rotate-ca`"
+                )
+            # Retire first: one CA at a time may be active (the partial unique index).
+            await conn.execute(
+                update(cluster_cas)
+                .where(cluster_cas.c.role == "active")
+                .values(role="retired", retired_at=now)
+            )
+            await conn.execute(
+                update(cluster_cas).where(cluster_cas.c.id == found.id).values(role="active")
+            )
+        return StoredCa(**{**_ca_row(_ca(found._mapping)), "role": "active"})
 
     # ---- join tokens ----
 

@@ -182,52 +182,20 @@ class ClusterPki:
         """Load or create the CA, issue this server's certificate, read the tokens."""
         stored = await self._repo.active_ca()
         if stored is None:
-            stored = await self._repo.create_ca(self._new_ca())
-        if stored.sealing_key_id != self._key.key_id:
-            raise ClusterPkiError(self._wrong_key())
-        try:
-            key = serialization.load_pem_private_key(self._key.unseal(stored.key_sealed), None)
-        except ClusterKeyMismatch as exc:
-            raise ClusterPkiError(f"{exc}; {self._copy_key_hint()}") from exc
-        if not isinstance(key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
-            raise ClusterPkiError("the cluster CA's key in the store is neither EC nor RSA")
-        cert = x509.load_pem_x509_certificate(stored.cert_pem.encode())
-        self._ca = CertifiedKey(cert=cert, key=key)
+            log.info(
+                "creating the cluster CA (no CA in the store yet); its key is sealed with %s",
+                self._key.path,
+            )
+            stored = await self._repo.create_ca(
+                sealed_ca(
+                    self._key, role="active", now=self._now(), lifetime=self._settings.ca_lifetime
+                )
+            )
+        self._ca = unseal_ca(self._key, stored)
         self._ca_id = stored.id
         await self._load_trusted()
         await self._issue_server_certificate()
         await self.refresh()
-
-    def _new_ca(self) -> StoredCa:
-        now = self._now()
-        ca = new_ca(now=now, lifetime=self._settings.ca_lifetime)
-        log.info(
-            "created the cluster CA (no CA in the store yet); its key is sealed with %s",
-            self._key.path,
-        )
-        return StoredCa(
-            id=spki_sha256(ca.cert),
-            role="active",
-            cert_pem=ca.cert_pem.decode(),
-            key_sealed=self._key.seal(ca.key_pem),
-            sealing_key_id=self._key.key_id,
-            created_at=now,
-            not_after=ca.cert.not_valid_after_utc,
-            retired_at=None,
-        )
-
-    def _copy_key_hint(self) -> str:
-        return (
-            f"every server on this store needs the cluster key of the server that created "
-            f"the CA: copy that server's key file (by default <data-dir>/cluster.key, mode 0600) "
-            f"to {self._key.path}, or point --cluster-key-file / control.cluster_key_file at it"
-        )
-
-    def _wrong_key(self) -> str:
-        return (
-            f"the cluster CA in the store is sealed with another cluster key than "
-            f"{self._key.path}; {self._copy_key_hint()}"
-        )
 
     async def _load_trusted(self) -> None:
         now = self._now()
@@ -332,7 +300,18 @@ class ClusterPki:
                 await self._issue_server_certificate()
 
     async def refresh(self) -> None:
-        """Re-read the recent tokens (and CAs); hand gRPC a new trust list if it changed."""
+        """Re-read the recent tokens (and CAs); hand gRPC a new trust list if it changed.
+
+        When another server finished a CA rotation, this one takes the new CA up:
+        it issues from it, and presents a server certificate from it.
+        """
+        active = await self._repo.active_ca()
+        if active is not None and active.id != self._ca_id:
+            self._ca = unseal_ca(self._key, active)
+            self._ca_id = active.id
+            log.warning("the cluster CA was rotated: issuing from the new CA %s", active.id)
+            await self._load_trusted()
+            await self._issue_server_certificate()
         now = self._now()
         tokens = await self._repo.tokens_expiring_after(now - TOKEN_TRUST_GRACE)
         roots = {t.id: self._roots.get(t.id) or _root(t) for t in tokens}
@@ -504,6 +483,46 @@ class ClusterPki:
         if self._ca is None:
             raise ClusterPkiError("the cluster PKI is not open yet")
         return self._ca
+
+
+def sealed_ca(key: ClusterKey, *, role: str, now: datetime, lifetime: timedelta) -> StoredCa:
+    """A new CA, its private key sealed with the cluster key, as the store keeps it."""
+    ca = new_ca(now=now, lifetime=lifetime)
+    return StoredCa(
+        id=spki_sha256(ca.cert),
+        role=role,
+        cert_pem=ca.cert_pem.decode(),
+        key_sealed=key.seal(ca.key_pem),
+        sealing_key_id=key.key_id,
+        created_at=now,
+        not_after=ca.cert.not_valid_after_utc,
+        retired_at=None,
+    )
+
+
+def _copy_key_hint(key: ClusterKey) -> str:
+    return (
+        "every server on this store needs the cluster key of the server that created the CA: "
+        "copy that server's key file (by default <data-dir>/cluster.key, mode 0600) to "
+        f"{key.path}, or point --cluster-key-file / control.cluster_key_file at it"
+    )
+
+
+def unseal_ca(key: ClusterKey, stored: StoredCa) -> CertifiedKey:
+    """The stored CA with its private key; `ClusterPkiError` naming the key file if not."""
+    if stored.sealing_key_id != key.key_id:
+        raise ClusterPkiError(
+            f"the cluster CA in the store is sealed with another cluster key than {key.path}; "
+            f"{_copy_key_hint(key)}"
+        )
+    try:
+        private = serialization.load_pem_private_key(key.unseal(stored.key_sealed), None)
+    except ClusterKeyMismatch as exc:
+        raise ClusterPkiError(f"{exc}; {_copy_key_hint(key)}") from exc
+    if not isinstance(private, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
+        raise ClusterPkiError("the cluster CA's key in the store is neither EC nor RSA")
+    cert = x509.load_pem_x509_certificate(stored.cert_pem.encode())
+    return CertifiedKey(cert=cert, key=private)
 
 
 def _renew_point(cert: x509.Certificate) -> datetime:
