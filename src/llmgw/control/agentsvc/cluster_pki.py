@@ -430,8 +430,8 @@ class ClusterPki:
         if self._nodeids is not None and await self._nodeids.is_revoked(key_hash):
             raise Refusal(
                 grpc.StatusCode.PERMISSION_DENIED,
-                f"node {node_id}'s key was revoked (`llmgw nodes remove`); join again with a "
-                "new token",
+                f"node {node_id}'s key was revoked (`llmgw nodes remove`): remove the agent's "
+                "<state-dir>/tls and join again with a new token",
             )
         cert = await self._sign(csr, node_id, token_id=None)
         log.info(
@@ -545,8 +545,8 @@ def _claim_refusal(node_id: str, outcome: str) -> tuple[grpc.StatusCode, str]:
     if outcome == "revoked":
         return (
             grpc.StatusCode.PERMISSION_DENIED,
-            "this node's key was revoked (`llmgw nodes remove`); start the agent with a new "
-            "--state-dir (a new key) and a new token",
+            "this node's key was revoked (`llmgw nodes remove`): remove the agent's "
+            "<state-dir>/tls (its old key and certificate) and join again with a new token",
         )
     return (
         grpc.StatusCode.ALREADY_EXISTS,
