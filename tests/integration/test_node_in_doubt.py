@@ -270,6 +270,33 @@ def test_a_killed_node_costs_no_request_and_its_replacement_serves(tmp_path: Pat
         assert any(replacement in m and f"it replaces {first['id']}" in m for m in starts), starts
 
 
+def test_an_engine_that_dies_in_service_costs_no_request(tmp_path: Path) -> None:
+    with loopback_fleet(tmp_path) as (server, _agents):
+        first = wait_for(
+            lambda: [r for r in replicas(server) if r["state"] == "ready"], "a ready replica"
+        )[0]
+        wait_for(lambda: first["id"] in routed(server), "the replica in the router")
+        port = int(first["endpoint_url"].rsplit(":", 1)[1])
+
+        with Load(server.url) as load:
+            wait_for(lambda: load.served_by(first["id"]), "the load to reach the replica")
+            # The agent stays; only its engine dies. Requests wait for the
+            # replacement instead of being refused as a model failing to start.
+            for pid in engine_pids(port):
+                os.kill(pid, signal.SIGKILL)
+
+            def replaced() -> str | None:
+                fresh = [r for r in replicas(server) if r["id"] != first["id"]]
+                return fresh[0]["id"] if fresh else None
+
+            replacement = wait_for(replaced, "a replacement")
+            wait_for(lambda: load.served_by(replacement), "the load to reach the replacement")
+
+        assert load.failures() == []
+        failed = [e["message"] for e in events(server) if e["kind"] == "failed"]
+        assert any(first["id"] in m for m in failed), failed
+
+
 # --- network namespaces: a node frozen, then back ----------------------------------------
 
 

@@ -14,7 +14,10 @@ doubt (its agent's stream closed, or heartbeats missed): requests then wait as
 in an activation, while a replacement starts elsewhere once the node has missed
 its heartbeats (see `plan`). It keeps the failure history that
 drives exponential backoff (retrying on another node where one fits), and
-answers activations: concurrent requests for a model share one start.
+answers activations: concurrent requests for a model share one start. A
+failure refuses waiting requests at once (with the engine's output) only when
+it was a start that failed; when a replica that had served crashes, requests
+wait for its replacement, within the activation timeout.
 
 Not guaranteed:
 - Persistence. Replicas are what the agents report; demand and failure history
@@ -102,6 +105,9 @@ class _Health:
     failures: int = 0
     retry_at: float = 0.0
     last: Failure | None = None
+    # The last failure was a replica that had served (a crash, not a start that
+    # failed): requests wait for its replacement instead of being refused.
+    in_service: bool = False
     avoid: set[str] = field(default_factory=set)
     avoid_ports: set[tuple[str, int]] = field(default_factory=set)
 
@@ -192,6 +198,8 @@ class Controller:
         self._load: dict[str, _LoadTarget] = {}
         self._published: dict[str, tuple[tuple[str, ...], tuple[ReadyEndpoint, ...]]] = {}
         self._seen_shards: set[str] = set()
+        # Shards that reported ready (a later failure is a crash in service).
+        self._served: set[str] = set()
         self._events: deque[Event] = deque(maxlen=MAX_EVENTS)
 
     # ---- the loop ----
@@ -380,6 +388,8 @@ class Controller:
         """Shards first seen running (adopted after a restart) count as recent use."""
         for node in nodes:
             for shard in node.shards.values():
+                if shard.state == "ready":
+                    self._served.add(shard.id)
                 if shard.id in self._seen_shards or not shard.holds_gpus:
                     continue
                 self._seen_shards.add(shard.id)
@@ -520,6 +530,7 @@ class Controller:
         model = self._catalog.get(shard.model)
         name = model.name if model is not None else shard.model
         if shard.state == "ready":
+            self._served.add(shard.id)
             health = self._health.pop(name, None)
             if health is not None and health.failures:
                 log.info("model %s is ready again after %d failures", name, health.failures)
@@ -531,7 +542,19 @@ class Controller:
                 "the engine exited" if shard.state == "stopped" else "the engine failed"
             )
             port = shard.spec.port if shard.spec is not None else 0
-            self._failed(name, node_id, shard.id, message, shard.output_tail, shard.exit_code, port)
+            in_service = shard.id in self._served
+            self._failed(
+                name,
+                node_id,
+                shard.id,
+                message,
+                shard.output_tail,
+                shard.exit_code,
+                port,
+                in_service=in_service,
+            )
+        if shard.state in ("failed", "stopped"):
+            self._served.discard(shard.id)
 
     def _failed(
         self,
@@ -542,9 +565,12 @@ class Controller:
         output_tail: tuple[str, ...],
         exit_code: int | None,
         port: int,
+        *,
+        in_service: bool = False,
     ) -> None:
         health = self._health.setdefault(model, _Health())
         health.failures += 1
+        health.in_service = in_service
         delay = min(self._retry_base * 2 ** (health.failures - 1), self._retry_max)
         health.retry_at = self._clock() + delay
         health.avoid.add(node_id)
@@ -686,7 +712,13 @@ class Controller:
                 retry_after=UNPLACEABLE_RETRY_AFTER,
             )
         health = self._health.get(model.name)
-        if health is not None and now < health.retry_at and health.last and not serving:
+        if (
+            health is not None
+            and now < health.retry_at
+            and health.last
+            and not serving
+            and not health.in_service
+        ):
             raise ReplicaFailed(
                 f"model '{model.name}' is failing to start and is backing off: "
                 f"{health.last.describe()}",
@@ -732,7 +764,12 @@ class Controller:
                 return None
             return Unplaceable(self._unplaced[name].summary(), retry_after=UNPLACEABLE_RETRY_AFTER)
         health = self._health.get(name)
-        if health is None or health.last is None or health.retry_at <= activation.started:
+        if (
+            health is None
+            or health.last is None
+            or health.in_service
+            or health.retry_at <= activation.started
+        ):
             return None
         return ReplicaFailed(
             f"model '{name}' failed to start: {health.last.describe()}",
