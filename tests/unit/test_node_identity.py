@@ -28,7 +28,11 @@ from llmgw.agent.refusal import explain
 from llmgw.config import AgentTLSConfig
 from llmgw.control.agentsvc import AgentListener, AgentServicer, serve_agents
 from llmgw.control.agentsvc.convert import shard_spec
-from llmgw.control.agentsvc.identity import EVENT_REPEAT_SECONDS
+from llmgw.control.agentsvc.identity import (
+    EVENT_REPEAT_SECONDS,
+    REPLACE_LIMIT,
+    REPLACE_WINDOW_SECONDS,
+)
 from llmgw.control.inventory import Inventory
 from llmgw.pki.keyhash import certificate_key_hash, public_key_hash
 from llmgw.proto import agent_pb2, agent_pb2_grpc
@@ -245,6 +249,33 @@ async def test_the_same_certificate_reconnecting_replaces_its_old_stream(
         await new.done_writing()
     assert served.registers("reconnected") == 1
     assert served.events == []
+
+
+async def test_two_agents_sharing_one_certificate_stop_replacing_each_other(
+    serve: Factory, certs: Certs
+) -> None:
+    # A copied state directory: both machines hold node-a's key. Each Register
+    # would close the other's stream; past a few in a row the live one stays.
+    served = await serve()
+    calls: list[Call] = []
+    async with channel(served.port, certs.node_a, certs.ca) as chan:
+        for _ in range(1 + REPLACE_LIMIT):
+            calls.append(await register(chan, "node-a"))
+        error = await refused(chan, "node-a")
+        assert error.code() == grpc.StatusCode.ALREADY_EXISTS
+        details = error.details() or ""
+        assert "two agents share this node's certificate" in details
+        assert "--node-id NAME" in details
+        live = calls[-1]
+        await still_serves(served, live, "node-a")
+        # Later on, a reconnect replaces the stream again.
+        served.clock.now += REPLACE_WINDOW_SECONDS
+        again = await register(chan, "node-a")
+        await again.done_writing()
+    assert served.registers("reconnected") == REPLACE_LIMIT + 1
+    assert served.registers("in_use") == 1
+    [(node, message)] = served.events
+    assert node == "node-a" and "two machines share its certificate" in message
 
 
 async def test_a_revoked_key_is_refused_and_a_new_key_takes_the_id(

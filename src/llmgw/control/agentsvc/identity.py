@@ -1,8 +1,8 @@
 """Who may register as a node: one key per node id, one live stream per node.
 
-The servicer asks `IdentityGate.check` after the Register is read and before
-the node touches the inventory, and gets None (let it in) or a `Refused`
-(the stream ends with that status and message):
+The servicer asks `IdentityGate.claim`, then `live_stream`, after the Register
+is read and before the node touches the inventory, and gets None (let it in)
+or a `Refused` (the stream ends with that status and message):
 
 - With a client certificate, the node id is claimed for the certificate's key
   (`NodeIdentities.claim`, the store): a revoked key is refused
@@ -11,10 +11,12 @@ the node touches the inventory, and gets None (let it in) or a `Refused`
 - With or without one, a node id whose stream is alive is refused
   (ALREADY_EXISTS, naming the peer of the live stream) unless the Register
   comes with the key that owns the id: that is the node reconnecting, and the
-  servicer closes the old stream. A live stream silent for `silent_after`
-  seconds (several heartbeats) counts as dead, so a node whose old connection
-  was never closed (its host rebooted) gets back in without waiting for
-  keepalive to notice.
+  servicer closes the old stream, unless that key's streams keep replacing
+  each other (two machines with one certificate: past `REPLACE_LIMIT` in
+  `REPLACE_WINDOW_SECONDS` the live stream keeps the node). A live stream
+  silent for `silent_after` seconds (several heartbeats) counts as dead, so a
+  node whose old connection was never closed (its host rebooted) gets back in
+  without waiting for keepalive to notice.
 
 Every refusal tells the agent to set `--node-id`. Events for refusals are
 recorded once per node id and refused party per `EVENT_REPEAT_SECONDS`, so an
@@ -43,6 +45,8 @@ from llmgw.store import Claim, InvalidValue, StoreError
 log = logging.getLogger("llmgw.control.agentsvc")
 
 EVENT_REPEAT_SECONDS = 600.0
+REPLACE_LIMIT = 3
+REPLACE_WINDOW_SECONDS = 30.0
 _MAX_NOTED = 1000  # refused parties remembered for event rate-limiting
 _NODE_ID_HINT = (
     "two agents cannot share a node id: if this is another machine, start its agent with "
@@ -106,6 +110,7 @@ class IdentityGate:
         self._wall_clock = wall_clock
         self._record_event = record_event
         self._noted: dict[tuple[str, str], float] = {}
+        self._replaced: dict[str, list[float]] = {}  # when each node's stream was replaced
 
     async def claim(self, node_id: str, key_hash: str | None, peer: str) -> Refused | None:
         """Claim `node_id` for the certificate's key in the store (awaits the store)."""
@@ -173,12 +178,12 @@ class IdentityGate:
         """
         if live is None:
             return None
+        silent = self._clock() - live.last_heard
         if key_hash is not None and (self._identities is not None or live.key_hash == key_hash):
             # The node reconnecting (the servicer closes the old stream): its key
             # is the live stream's, or the store just said the id is this key's
             # (after a renewal with a new key, the old stream has the old one).
-            return None
-        silent = self._clock() - live.last_heard
+            return self._reconnect(node_id, peer, live, silent)
         if silent >= self._silent_after:
             log.warning(
                 "node %s registered from %s while its stream from %s was open but silent "
@@ -200,6 +205,39 @@ class IdentityGate:
             _host(peer) if key_hash is None else key_hash,
             f"refused an agent from {peer} registering as {node_id}: the node is connected "
             f"from {live.peer} and keeps its stream",
+        )
+        return Refused(grpc.StatusCode.ALREADY_EXISTS, message, "in_use")
+
+    def _reconnect(
+        self, node_id: str, peer: str, live: NodeSession, silent: float
+    ) -> Refused | None:
+        """Let the node's key replace its live stream, unless two agents hold that key.
+
+        Two machines with one certificate (a copied state directory) would each
+        replace the other's stream at once, forever; a node that really
+        reconnects does so a few times at most. Past `REPLACE_LIMIT` replacements
+        in `REPLACE_WINDOW_SECONDS`, a live, talking stream keeps the node.
+        """
+        now = self._clock()
+        recent = [t for t in self._replaced.get(node_id, ()) if now - t < REPLACE_WINDOW_SECONDS]
+        if len(recent) < REPLACE_LIMIT or silent >= self._silent_after:
+            self._replaced[node_id] = [*recent, now]
+            return None
+        self._replaced[node_id] = recent
+        message = (
+            f"node {node_id!r} is connected with this certificate from {live.peer} (its last "
+            f"message {silent:.0f} s ago), and its streams replaced each other {len(recent)} "
+            f"times within {REPLACE_WINDOW_SECONDS:g} s: two agents share this node's "
+            "certificate (a copied state directory?). Give each machine its own: join the "
+            "other with a new token and --node-id NAME"
+        )
+        log.warning("refused an agent from %s: %s", peer, message)
+        self._note(
+            node_id,
+            _host(peer),
+            f"refused an agent from {peer} registering as {node_id} with the node's own "
+            f"certificate: the node's streams keep replacing each other (connected from "
+            f"{live.peer}); two machines share its certificate",
         )
         return Refused(grpc.StatusCode.ALREADY_EXISTS, message, "in_use")
 
