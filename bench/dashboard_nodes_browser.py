@@ -25,7 +25,6 @@ is synthetic (seeded) and does not change on its own between refreshes.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime
 import os
 import platform
@@ -33,25 +32,17 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
-import uvicorn
 from playwright.sync_api import Page, sync_playwright
-from starlette.applications import Starlette
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from dashboard_fleet import FixedLeader, build_fleet, fixed_servers, full_history  # noqa: E402
+from dashboard_server import ServedDashboard  # noqa: E402
 from sections import RESULTS, write_section  # noqa: E402
-
-from llmgw.auth import KeyService  # noqa: E402
-from llmgw.cli.dashboard_wiring import dashboard_sources  # noqa: E402
-from llmgw.store import open_store, store_url  # noqa: E402
-from llmgw.web import create_dashboard_routes  # noqa: E402
 
 NAME = "dashboard-nodes-browser"
 COMMAND = ".venv/bin/python bench/dashboard_nodes_browser.py --label LABEL"
@@ -84,71 +75,6 @@ REFRESH_JS = """
 """
 
 
-class Served:
-    """The dashboard on a loopback port, in a thread with its own event loop."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.fleet = build_fleet(nodes=100, gpus_per_node=8, models=200)
-        self._data_dir = data_dir
-        self._ready = threading.Event()
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.server: uvicorn.Server | None = None
-        self.port = 0
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
-
-    async def _serve(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        store = await open_store(store_url(self._data_dir, None))
-        await store.upgrade()
-        sources = dashboard_sources(
-            inventory=self.fleet.inventory,
-            catalog=self.fleet.catalog,
-            model_control=self.fleet.control,
-            keys=KeyService(keys=store.keys, wall_clock=self.fleet.clock.wall),
-            usage=store.usage,
-            leadership=FixedLeader(),
-            servers=fixed_servers,
-            lease_ttl=15.0,
-            history=full_history(),
-            wall_clock=self.fleet.clock.wall,
-        )
-        app = Starlette(routes=create_dashboard_routes(sources=sources, refresh_seconds=3600))
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
-        self.server = uvicorn.Server(config)
-        serving = asyncio.ensure_future(self.server.serve())
-        # uvicorn says it has started only through this flag.
-        while not self.server.started:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
-        self.port = self.server.servers[0].sockets[0].getsockname()[1]
-        self._ready.set()
-        try:
-            await serving
-        finally:
-            await store.close()
-
-    def __enter__(self) -> Served:
-        self._thread.start()
-        if not self._ready.wait(60):
-            raise RuntimeError("the dashboard did not start within 60 s")
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        if self.server is not None:
-            self.server.should_exit = True
-        self._thread.join(30)
-
-    def drain(self, node_id: str, draining: bool) -> None:
-        assert self.loop is not None
-        done = threading.Event()
-
-        def change() -> None:
-            self.fleet.inventory.set_draining(node_id, draining)
-            done.set()
-
-        self.loop.call_soon_threadsafe(change)
-        done.wait(10)
-
-
 def load_ms(page: Page, url: str) -> float:
     page.goto(url, wait_until="load")
     timing: dict[str, float] = page.evaluate(
@@ -163,7 +89,10 @@ def refresh(page: Page) -> dict[str, Any]:
 
 
 def measure(loads: int, refreshes: int) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="llmgw-bench-nodes-") as tmp, Served(Path(tmp)) as app:
+    with (
+        tempfile.TemporaryDirectory(prefix="llmgw-bench-nodes-") as tmp,
+        ServedDashboard(Path(tmp), refresh_seconds=3600) as app,
+    ):
         url = f"http://127.0.0.1:{app.port}/admin/nodes"
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True)

@@ -525,7 +525,7 @@ async def test_usage_csv_export(dash: Dash) -> None:
 async def test_static_files_come_from_the_package_with_long_cache_headers(dash: Dash) -> None:
     page = (await dash.client.get("/admin/")).text
     urls = re.findall(r'(?:href|src)="(/admin/static/[^"]+)"', page)
-    assert len(urls) == 2 and all("?v=" in u for u in urls)
+    assert len(urls) == 3 and all("?v=" in u for u in urls)
     types = {}
     for url in urls:
         answer = await dash.client.get(url)
@@ -538,6 +538,7 @@ async def test_static_files_come_from_the_package_with_long_cache_headers(dash: 
     assert types == {
         "/admin/static/dashboard.css": "text/css; charset=utf-8",
         "/admin/static/htmx.min.js": "text/javascript; charset=utf-8",
+        "/admin/static/dashboard.js": "text/javascript; charset=utf-8",
     }
     htmx = await dash.client.get("/admin/static/htmx.min.js")
     assert htmx.text.startswith("var htmx=function()")

@@ -23,6 +23,7 @@ from llmgw.web.http import error_response
 FILES: dict[str, str] = {
     "htmx.min.js": "text/javascript; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
+    "dashboard.js": "text/javascript; charset=utf-8",
 }
 LONG_CACHE = "public, max-age=31536000, immutable"
 

@@ -5,7 +5,7 @@ routes), so it is served on the admin listener and, behind the login, on the
 API port through the portal:
 
     GET  /admin/                      overview: nodes, GPUs, models, replicas, charts, leader
-    GET  /admin/nodes                 nodes with GPU memory bars; drain / undrain
+    GET  /admin/nodes                 nodes (filter ?q=, GPU rows folded); drain / undrain
     GET  /admin/models                models and their state; add one
     GET  /admin/models/{name}         one model: replicas, failure + output tail, placement
     GET  /admin/usage, /usage.csv     tokens and requests by key, model and hour
@@ -41,6 +41,7 @@ from llmgw.web.actions import Actions, store_status
 from llmgw.web.assets import StaticAssets
 from llmgw.web.htmx import PAGE_HEADERS, compressed, is_htmx, portal_user
 from llmgw.web.key_form import form_values
+from llmgw.web.nodes_page import clean_filter, known_versions, node_changes, nodes_view
 from llmgw.web.render import Renderer
 from llmgw.web.sources import DashboardSources
 from llmgw.web.usage_page import (
@@ -141,6 +142,7 @@ class Dashboard:
                     "assets": {
                         "css": self.assets.url("dashboard.css"),
                         "js": self.assets.url("htmx.min.js"),
+                        "app": self.assets.url("dashboard.js"),
                     },
                     "htmx_config": HTMX_CONFIG,
                     "live_template": f"live/{template}.html",
@@ -154,8 +156,23 @@ class Dashboard:
         )
 
     async def nodes(self, request: Request) -> Response:
+        """The page, its live part (a filter's answer), or, for a refresh that sends
+        the versions it shows, only the cards that changed (see `nodes_page`)."""
+        params = request.query_params
+        q = clean_filter(params.get("q"))
+        view = nodes_view(self.renderer, self.sources.nodes(), q)
+        versions = params.getlist("v")
+        if versions and is_htmx(request):
+            body = node_changes(self.renderer, view, known_versions(versions))
+            if body is None:
+                return Response(status_code=204, headers=PAGE_HEADERS)
+            return compressed(request, HTMLResponse(body, headers=PAGE_HEADERS))
         return self.page(
-            request, name="nodes", title="Nodes", context=views.nodes_page(self.sources)
+            request,
+            name="nodes",
+            title="Nodes",
+            context={"q": q, "summary": view.summary, "cards": view.cards},
+            live_url=f"{PREFIX}/nodes" + (f"?q={quote(q)}" if q else ""),
         )
 
     async def models(self, request: Request) -> Response:

@@ -1,0 +1,139 @@
+"""The nodes page: a text filter, each node's card with its GPU rows folded, and
+refreshes that replace only the cards that changed.
+
+A fleet of 100 nodes is a page of 800 GPU rows; redrawing all of it every few
+seconds kept the browser busy (hundreds of ms in Chromium per refresh). So:
+
+- `filter_nodes` keeps the nodes whose id, host name, state, labels or fabric
+  labels contain every word of the filter (case-insensitive; `zone=a` matches
+  a label), so a person finds a node among hundreds.
+- Each card is rendered on its own and carries a version (a hash of its HTML)
+  in a hidden input; so does the summary above the cards (state counts, how
+  many match). The page's refresh sends those versions back (`v=ID VERSION`),
+  and `node_changes` answers with only what differs, as htmx out-of-band swaps:
+  a changed card replaced, a new one appended, a gone one deleted; nothing at
+  all (None: the handler answers 204) when nothing changed.
+- A card shows what a person acts on, not what moves on every heartbeat: the
+  heartbeat's time only when the node is not ready. GPU memory and
+  utilization still change a card when they move.
+
+Not guaranteed: the order of cards added by a refresh (they are appended; a
+reload sorts them again), or that a refresh sees a filter typed since the
+page's last load (the filter replaces the whole list when it changes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from markupsafe import Markup
+
+from llmgw.web.render import Renderer
+from llmgw.web.views import NODE_STATES, node_cards, ordered_counts
+
+Json = dict[str, Any]
+SUMMARY_ID = "#summary"
+# The longest filter kept (a search box, not a query language).
+MAX_FILTER_CHARS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """A rendered card (or the summary) and the version a refresh compares."""
+
+    id: str
+    html: Markup
+    version: str
+
+
+def _words(node: Json) -> str:
+    labels = [f"{k}={v}" for k, v in (node.get("labels") or {}).items()]
+    fabric = [f"{k}={v}" for k, v in (node.get("fabric") or {}).items()]
+    states = [str(node.get("state", ""))] + (["draining"] if node.get("draining") else [])
+    return " ".join(
+        [str(node.get("id", "")), str(node.get("hostname", "")), *states, *labels, *fabric]
+    ).lower()
+
+
+def clean_filter(text: str | None) -> str:
+    """The filter as typed, trimmed and cut to `MAX_FILTER_CHARS`."""
+    return " ".join((text or "").split())[:MAX_FILTER_CHARS]
+
+
+def filter_nodes(nodes: Iterable[Json], q: str) -> list[Json]:
+    """The nodes whose words contain every word of `q` (all of them for an empty `q`)."""
+    wanted = q.lower().split()
+    return [n for n in nodes if all(w in _words(n) for w in wanted)]
+
+
+def _version(html: str) -> str:
+    return hashlib.blake2b(html.encode(), digest_size=8).hexdigest()
+
+
+def _card(node: Json) -> dict[str, Any]:
+    bars: list[dict[str, Any]] = node["gpu_bars"]
+    return {
+        **node,
+        "gpus_assigned": sum(1 for g in bars if g.get("in_use")),
+        "gpu_used": sum(int(g["used"]) for g in bars),
+        "gpu_total": sum(int(g["total"]) for g in bars),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class NodesView:
+    """What the nodes page shows for one filter."""
+
+    q: str
+    summary: Part
+    cards: list[Part]
+
+
+def nodes_view(renderer: Renderer, nodes: Sequence[Json], q: str) -> NodesView:
+    """Every card that matches `q`, rendered, and the summary over them."""
+    shown = filter_nodes(nodes, q)
+    cards = []
+    for node in node_cards(shown):
+        html = renderer.render("node_card.html", {"node": _card(node)})
+        cards.append(Part(str(node["id"]), Markup(html), _version(html)))
+    summary_html = renderer.render(
+        "node_summary.html",
+        {
+            "node_states": ordered_counts(Counter(n["state"] for n in shown), NODE_STATES),
+            "q": q,
+            "shown": len(shown),
+            "total": len(nodes),
+        },
+    )
+    summary = Part(SUMMARY_ID, Markup(summary_html), _version(summary_html))
+    return NodesView(q, summary, cards)
+
+
+def known_versions(values: Iterable[str]) -> dict[str, str]:
+    """`v` parameters ("ID VERSION") as id -> version; malformed ones are ignored."""
+    known = {}
+    for value in values:
+        node_id, _, version = value.rpartition(" ")
+        if node_id and version:
+            known[node_id] = version
+    return known
+
+
+def node_changes(renderer: Renderer, view: NodesView, known: Mapping[str, str]) -> str | None:
+    """The out-of-band swaps that bring a page showing `known` to `view`; None when
+    it already shows it."""
+    summary = view.summary if known.get(SUMMARY_ID) != view.summary.version else None
+    current = {c.id for c in view.cards}
+    changed = [c for c in view.cards if c.id in known and known[c.id] != c.version]
+    added = [c for c in view.cards if c.id not in known]
+    removed = [k for k in known if k != SUMMARY_ID and k not in current]
+    if summary is None and not changed and not added and not removed:
+        return None
+    return renderer.render(
+        "live/node_changes.html",
+        {"summary": summary, "changed": changed, "added": added, "removed": removed},
+    )
