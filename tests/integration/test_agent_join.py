@@ -263,7 +263,8 @@ def test_a_token_for_another_cluster_is_refused_before_anything_is_sent(
     listed = json.loads(cluster.cli("nodes", "token", "list", "--json").stdout)
     assert next(t for t in listed if t["id"] == made["id"])["uses"] == 0
     assert cluster.server is not None
-    assert "Join" not in cluster.server.proc.output()
+    server_log = cluster.server.proc.output()
+    assert "Join" not in server_log and "joined with token" not in server_log
     assert "x1" not in cluster.nodes()
 
 
@@ -291,6 +292,21 @@ def test_insecure_agents_are_announced_loudly_and_on_the_overview(cluster: Clust
         tokens = httpx.get(insecure.admin + "/admin/api/join-tokens", timeout=10)
         assert tokens.status_code == 409
         assert "--insecure-agents" in tokens.json()["error"]["message"]
+        # An agent given a token for a plaintext listener is told so, and stops.
+        address = re.search(r"agent listener on (127\.0\.0\.1:\d+) is PLAINTEXT", output)
+        assert address is not None, output
+        low = free_port_block(2)
+        joining = Proc(
+            llmgw(
+                "agent", "--server", address.group(1), "--token", str(cluster.token()["token"]),
+                "--state-dir", str(cluster.tmp / "state" / "plain"), "--gpus", "1x24GiB",
+                "--weights-dir", str(cluster.tmp / "w-plain"), "--port-range", f"{low}-{low + 1}",
+            )
+        )  # fmt: skip
+        cluster.agents.append(joining)
+        assert exited(joining) == 2
+        assert "does not speak TLS" in joining.output()
+        assert "start the agent without --token" in joining.output()
     finally:
         insecure.proc.stop()
 
