@@ -211,3 +211,58 @@ def test_a_replica_that_does_not_load_in_time_fails_frees_its_gpu_and_backs_off(
     finally:
         agent.stop()
         server.proc.stop()
+
+
+def test_an_agent_stopping_its_engines_on_exit_is_a_stop_not_a_failure(tmp_path: Path) -> None:
+    (tmp_path / "llmgw.yaml").write_text(CONFIG)
+    agent_port = free_port()
+    low = free_port_block(5)
+    server = Server(
+        "--agent-listen", f"127.0.0.1:{agent_port}", "--config", str(tmp_path / "llmgw.yaml"),
+        data_dir=tmp_path / "data",
+    )  # fmt: skip
+    agent = Proc(
+        llmgw(
+            "agent", "--server", f"127.0.0.1:{agent_port}", "--node-id", "node-r",
+            "--gpus", "1x24GiB", "--weights-dir", str(tmp_path / "weights"),
+            "--port-range", f"{low}-{low + 4}", "--stop-engines-on-exit",
+        )
+    )  # fmt: skip
+    try:
+        wait_for(lambda: len(ready_shards(server)) == 1, "the replica to be ready")
+        [shard] = ready_shards(server)
+        agent.popen.terminate()
+        assert agent.popen.wait(30) == 0, agent.output()
+
+        def events() -> list[dict[str, Any]]:
+            found: list[dict[str, Any]] = httpx.get(
+                f"{server.admin}/admin/api/events", params={"model": "steady"}, timeout=10
+            ).json()["events"]
+            return found
+
+        wait_for(
+            lambda: any("stopped by its agent" in e["message"] for e in events()),
+            "the stop to be recorded",
+        )
+        # The stopped replica is not a failure (a replacement the controller may try on
+        # the departing node is another matter).
+        failed = [e for e in events() if e["kind"] == "failed" and shard["id"] in e["message"]]
+        assert failed == [], events()
+        assert "shutting down: stopping every engine" in agent.output()
+        assert shard["pid"]  # and it is gone: the agent stopped it
+        wait_for(lambda: not _alive(shard["pid"]), "the engine to be gone")
+    except BaseException:
+        print(server.proc.output())
+        print(agent.output())
+        raise
+    finally:
+        agent.stop()
+        server.proc.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -537,10 +537,15 @@ class Controller:
             self._event(
                 "ready", name, node_id, f"replica {shard.id} is ready at {shard.endpoint_url}"
             )
-        elif shard.state in ("failed", "stopped") and shard.id not in self._stop_requested:
-            message = shard.message or (
-                "the engine exited" if shard.state == "stopped" else "the engine failed"
-            )
+        elif shard.state == "stopped" and shard.id not in self._stop_requested:
+            # An agent stops an engine on its own only on purpose (shutting down with
+            # --stop-engines-on-exit, or an adopted engine no control plane confirmed):
+            # a stop, not an engine failure, so no backoff; the plan places it again.
+            message = f"replica {shard.id} was stopped by its agent: {shard.message or 'no reason'}"
+            log.info("model %s: %s", name, message)
+            self._event("stop", name, node_id, message)
+        elif shard.state == "failed" and shard.id not in self._stop_requested:
+            message = shard.message or "the engine failed"
             port = shard.spec.port if shard.spec is not None else 0
             in_service = shard.id in self._served
             self._failed(
