@@ -35,6 +35,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -67,6 +68,8 @@ class Run:
     args: tuple[str, ...]
     shows: str
     stdin: str | None = None
+    # A pattern whose first group in the output is kept, for "{kept}" in later runs' args.
+    keep: str | None = None
 
 
 ADD_MODEL = (
@@ -78,12 +81,14 @@ ADD_MODEL = (
 RUNS = (
     Run("status", ("status",), NODE),
     Run("nodes list", ("nodes", "list"), NODE),
+    Run("nodes show", ("nodes", "show", NODE), NODE),
     Run("models list", ("models", "list"), SIM),
     Run("models add", ADD_MODEL, "readme-sim"),
     Run("models explain", ("models", "explain", SIM), NODE),
     Run("nodes drain", ("nodes", "drain", NODE, "--wait", "--timeout", "120"), NODE),
     Run("nodes undrain", ("nodes", "undrain", NODE), NODE),
     Run("models activate", ("models", "activate", SIM, "--timeout", "120"), "ready"),
+    Run("models show", ("models", "show", SIM), SIM),
     Run("nodes remove-weights", ("nodes", "remove-weights", NODE, "no-such-model.gguf"), NODE),
     Run("keys create", ("keys", "create", "--name", KEY), "sk-llmgw-"),
     Run("keys list", ("keys", "list"), KEY),
@@ -97,41 +102,56 @@ RUNS = (
         "readme-admin",
         stdin="a long enough password 123\n",
     ),
+    Run(
+        "nodes token create",
+        ("nodes", "token", "create", "--uses", "1", "--labels", "from=readme"),
+        "llmgw agent --server",
+        keep=r"join token (\S+) \(",
+    ),
+    Run("nodes token list", ("nodes", "token", "list"), "from=readme"),
+    Run("nodes token revoke", ("nodes", "token", "revoke", "{kept}"), "revoked"),
     # Last: the node is gone for good afterwards (its key revoked, if it had one).
     Run("nodes remove", ("nodes", "remove", NODE, "--reason", "the install test"), "removed"),
 )
 
 # `llmgw nodes undrain` is not in the README; it puts the node back for the activation.
 SETUP_ONLY = frozenset({"nodes undrain"})
-_MENTION = re.compile(r"\bllmgw\s+([a-z][a-z-]*)(?:\s+([a-z][a-z|-]*))?")
+_MENTION = re.compile(r"\bllmgw((?:\s+[a-z][a-z|-]*){1,3})")
 _FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 _VERBATIM = re.compile(r"(?:\S*/)?llmgw\s+(?:" + "|".join(ADMIN_GROUPS) + r")\b[^\n#]*")
 _PLACEHOLDER = re.compile(r"[A-Z]{2,}|[|\[\]<>…]|\.\.\.")
 
 
-def cli_groups() -> dict[str, set[str]]:
-    """The admin groups and their sub-commands, as the CLI itself has them."""
+def readme_forms(text: str) -> set[str]:
+    """Every admin command the README mentions, as "GROUP [SUB...]" down to a command.
+
+    Words are followed through the CLI's own groups ("nodes token create"); an
+    alternative list such as "keys create|list" gives one form per command.
+    """
     root = typer.main.get_command(app)
     assert isinstance(root, TyperGroup)
-    groups: dict[str, set[str]] = {}
-    for name in ADMIN_GROUPS:
-        command = root.commands[name]
-        groups[name] = set(command.commands) if isinstance(command, TyperGroup) else set()
-    return groups
-
-
-def readme_forms(text: str) -> set[str]:
-    """Every admin command the README mentions, as "GROUP SUB" (or "GROUP")."""
-    groups = cli_groups()
     forms: set[str] = set()
     for match in _MENTION.finditer(text):
-        group, rest = match.group(1), match.group(2) or ""
-        if group not in groups:
+        words = match.group(1).split()
+        if words[0] not in ADMIN_GROUPS:
             continue  # `llmgw server`, `llmgw is up`, ...
-        if not groups[group]:
-            forms.add(group)
-            continue
-        forms.update(f"{group} {sub}" for sub in rest.split("|") if sub in groups[group])
+        paths: list[tuple[list[str], Any]] = [([], root)]
+        for word in words:
+            deeper = []
+            for path, command in paths:
+                if not isinstance(command, TyperGroup):
+                    continue
+                deeper += [
+                    ([*path, name], command.commands[name])
+                    for name in word.split("|")
+                    if name in command.commands
+                ]
+            if not deeper:
+                break
+            paths = deeper
+        forms.update(
+            " ".join(path) for path, command in paths if not isinstance(command, TyperGroup)
+        )
     return forms
 
 
@@ -306,12 +326,19 @@ def test_every_admin_command_the_readme_shows_runs_from_a_plain_install(
     env = clean_env(home, LLMGW_ADMIN_URL=gateway.admin, LLMGW_DATA_DIR=str(gateway.data_dir))
     for words in readme_verbatim(README.read_text(encoding="utf-8")):
         run_llmgw(fresh_install, words[1:], env)
+    kept = ""
     for run in RUNS:
-        done = run_llmgw(fresh_install, list(run.args), env, run.stdin)
+        args = [arg.replace("{kept}", kept) for arg in run.args]
+        done = run_llmgw(fresh_install, args, env, run.stdin)
         assert run.shows in done.stdout + done.stderr, (
-            f"$ llmgw {shlex.join(run.args)} does not show {run.shows!r}:\n{done.stdout}\n"
-            f"{done.stderr}"
+            f"$ llmgw {shlex.join(args)} does not show {run.shows!r}:\n{done.stdout}\n{done.stderr}"
         )
+        if run.keep is not None:
+            match = re.search(run.keep, done.stdout)
+            assert match is not None, (
+                f"$ llmgw {shlex.join(args)}: no {run.keep!r} in\n{done.stdout}"
+            )
+            kept = match.group(1)
     # What the admin commands did is what the gateway now holds.
     models = httpx.get(f"{gateway.admin}/admin/api/models", timeout=10).json()
     names = {m["name"] for m in models["models"]}
