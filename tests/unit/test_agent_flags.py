@@ -144,6 +144,7 @@ def test_loopback() -> None:
             "error: --weights-dir: cannot create",
         ),
         (["--server", "h:1", "--advertise-host", "http://x/"], "error: --advertise-host:"),
+        (["--server", "h:1", "--engine-host", "a b"], "error: --engine-host: 'a b' is not a host"),
         (["--server", "h:1", "--node-id", " "], "error: --node-id:"),
     ],
 )
