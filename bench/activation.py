@@ -422,7 +422,8 @@ class Fleet:
                 *LLMGW, "server", "--config", str(config),
                 "--listen", f"{HOST}:{self.port}", "--admin-listen", f"{HOST}:{self.admin}",
                 "--agent-listen", f"{HOST}:{agent_port}", "--data-dir", str(tmp / "data"),
-                "--auth-mode", "open",
+                # The agent here measures activation, not joining: plaintext, no token.
+                "--auth-mode", "open", "--insecure-agents",
             ],
         )  # fmt: skip
         wait_until(lambda: _status(self.admin, "/healthz") == 200, "the server", 60, self._alive)

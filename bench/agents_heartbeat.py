@@ -160,6 +160,9 @@ class Server:
             "--agent-listen", f"{HOST}:{self.agent_port}",
             "--data-dir", str(self._dir / "data"),
             "--auth-mode", "open",
+            # The simulated agents dial plaintext channels: this measures the agent
+            # service, not TLS handshakes.
+            "--insecure-agents",
             "--log-level", "warning",
         ]  # fmt: skip
         core = str(SERVER_CORE) if pin else "-"
