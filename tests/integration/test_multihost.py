@@ -379,3 +379,31 @@ def test_the_standby_reaches_the_engines_itself_and_keeps_serving_after_a_failov
         if second is not None:
             second.proc.stop()
         first.proc.stop()
+
+
+def test_engines_bind_where_engine_host_says(netns: Network, tmp_path: Path) -> None:
+    server, agent_port = start_server(netns, tmp_path)
+    host = netns.hosts[2]
+    try:
+        with told_on_failure(server, netns):
+            start_agent(
+                host, "dual", f"{netns.gateway}:{agent_port}", tmp_path,
+                "--engine-host", host.address,
+            )  # fmt: skip
+            wait_for(lambda: (n := node_view(server, "dual")) and n["state"] == "ready", "node")
+            answer = chat(server)
+            assert answer.status_code == 200, answer.text
+            (replica,) = replicas(server, "chat")
+            port = int(replica["endpoint_url"].rsplit(":", 1)[1])
+            # Only on that address: the namespace's own loopback finds nothing there.
+            probe = (
+                "import socket,sys\n"
+                "s=socket.socket();s.settimeout(5)\n"
+                "print(s.connect_ex((sys.argv[1],int(sys.argv[2]))))"
+            )
+            near = host.run(["python3", "-c", probe, host.address, str(port)])
+            loop = host.run(["python3", "-c", probe, "127.0.0.1", str(port)])
+            assert near.stdout.strip() == "0", near
+            assert loop.stdout.strip() not in ("", "0"), loop
+    finally:
+        server.proc.stop()
