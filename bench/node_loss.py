@@ -431,11 +431,14 @@ one remained.
 
 Failed requests over all runs: {failed}. Median time from a node's loss to its
 replacement serving: {statistics.median(serving):.2f} s, of which the wait for the
-node to miss its heartbeats (`unreachable_after`) is most: a killed node's replica
-leaves the router at once (its agent's stream closes), a frozen node's when it turns
-unreachable; requests meanwhile wait as in an activation, and requests already waiting
-on the frozen engine are moved to the replacement. A shorter `unreachable_after`
-shortens the wait and makes a slow network look like a lost node sooner.
+node to miss its heartbeats is most: `unreachable_after` counts from the node's last
+heartbeat, which came up to one heartbeat interval before the signal. A killed node's
+replica leaves the router at once (its agent's stream closes), a frozen node's when it
+turns unreachable; requests meanwhile wait as in an activation, and requests already
+waiting on the frozen engine are moved to the replacement, so the longest request is
+about the time to the replacement. The engine start itself (sim) takes about a second
+or two here. A shorter `unreachable_after` shortens the wait and makes a slow network
+look like a lost node sooner.
 """
     print(body)
     if not args.no_write:
