@@ -8,8 +8,9 @@ heartbeating become unreachable, then lost.
 With `tls`, the listener speaks TLS and requires a client certificate signed
 by `tls.ca` (mTLS); the files are read and checked before binding, and a bad
 one is an `AgentListenerError` naming the file and its `agent_tls.*` field.
-Without it the listener is plaintext and a warning says so. The server accepts
-the agents' keepalive pings (every few seconds, even with no data flowing
+Without it the listener is plaintext (`--insecure-agents`; the default, mTLS
+with the cluster CA, is `join.serve_cluster_agents`) and a warning says so.
+The server accepts the agents' keepalive pings (every few seconds, even with no data flowing
 back) instead of answering GOAWAY "too_many_pings".
 
 Not guaranteed: a log line of ours for a client that fails the TLS handshake
@@ -128,7 +129,7 @@ async def serve_agents(
         log.warning(
             "agent listener on %s:%d is PLAINTEXT (no TLS, no client certificates): any host "
             "that reaches it can register as any node; it belongs on a trusted network only "
-            "(set agent_tls in the config file for mTLS)",
+            "(restart without --insecure-agents for mTLS with the cluster CA)",
             host,
             bound,
         )
