@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from typing import Any
 
 import grpc
 import httpx
@@ -28,9 +29,22 @@ serve = test_node_identity.serve  # the fixtures
 certs = test_node_identity.certs
 
 
+class Standby:
+    """The leader's view for a standby (`LeaderFleet`): another server leads."""
+
+    def leading(self) -> bool:
+        return False
+
+    def leader(self) -> str | None:
+        return "ctl-1:4242"
+
+    async def nodes(self) -> list[dict[str, Any]]:
+        return []
+
+
 @asynccontextmanager
 async def admin(
-    served: Served, *, removal: bool = True, store: Store | None = None
+    served: Served, *, removal: bool = True, store: Store | None = None, standby: bool = False
 ) -> AsyncIterator[tuple[httpx.AsyncClient, list[tuple[str, str]]]]:
     events: list[tuple[str, str]] = []
     remove = NodeRemoval(
@@ -42,7 +56,9 @@ async def admin(
     )
     app = Starlette(
         routes=node_routes(
-            inventory=served.inventory, remove_node=remove.remove if removal else None
+            inventory=served.inventory,
+            remove_node=remove.remove if removal else None,
+            fleet=Standby() if standby else None,
         )
     )
     async with httpx.AsyncClient(
@@ -183,6 +199,19 @@ async def test_a_bad_body_is_400_and_nothing_changes(
         assert served.servicer.connected() == ["node-a"] and known(served, "node-a")
         await live.done_writing()
     assert await served.store.nodeids.revocations() == []
+
+
+async def test_a_standby_refuses_naming_the_leader_and_nothing_changes(
+    serve: Factory, certs: Certs
+) -> None:
+    served = await serve()
+    await served.store.nodeids.claim("node-a", key_of(certs.node_a), now=datetime.now(UTC))
+    async with admin(served, standby=True) as (client, events):
+        response = await client.post("/admin/api/nodes/node-a/remove", json={})
+    assert response.status_code == 409
+    error = response.json()["error"]
+    assert error["code"] == "not_leader" and "ctl-1:4242" in error["message"]
+    assert events == [] and not await served.store.nodeids.is_revoked(key_of(certs.node_a))
 
 
 async def test_without_an_agent_service_removal_is_503(serve: Factory, certs: Certs) -> None:

@@ -22,9 +22,9 @@ service.
 
 On a standby (given `fleet`), the node list and one node are the leader's view,
 read from the store (see `leadership.fleet`), with `leader_view_at` saying when
-the leader wrote it; 503 when the store cannot be read. Drain, undrain and
-weights removal on a standby answer 409 naming the leader: only the leader
-talks to agents.
+the leader wrote it; 503 when the store cannot be read. Drain, undrain,
+weights removal and node removal on a standby answer 409 naming the leader:
+only the leader talks to agents.
 
 Not guaranteed: the drain flag only marks the node so no new work is placed
 there; moving its replicas away is the reconciler's job. The flag is not
@@ -266,10 +266,13 @@ def node_routes(
                 "removing nodes is not available: this server runs no agent service",
                 code="not_available",
             )
+        node_id = request.path_params["node_id"]
+        if (source := standby()) is not None:
+            # The node's stream and inventory entry are the leader's to end.
+            return standby_refusal(source, node_id)
         reason = await _removal_reason(request)
         if isinstance(reason, Response):
             return reason
-        node_id = request.path_params["node_id"]
         try:
             removed = await remove_node(node_id, reason)
         except UnknownNode:

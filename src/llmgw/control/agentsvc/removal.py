@@ -14,9 +14,10 @@ Not guaranteed:
 - Keeping out a node without a certificate. A node that connected over a
   plaintext listener (`--insecure-agents`) has no key to revoke: it is
   forgotten, and its agent registers again unless it is stopped.
-- Closing the stream on another server. Only the leader holds agent streams;
-  run the command against it. The deny-list is shared by every server, and any
-  server refuses the node at its next Register.
+- Closing the stream on another server. Only the leader holds agent streams
+  (the admin API refuses removal on a standby, naming the leader). The
+  deny-list is shared by every server: any server refuses the node at its
+  next Register.
 """
 
 from __future__ import annotations
