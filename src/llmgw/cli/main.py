@@ -65,7 +65,7 @@ app.add_typer(models_cmd.models_app, name="models")
 app.command(name="status")(status_cmd.status)
 app.command(
     name="up",
-    help="Quickstart: the gateway, a local agent and two models on this machine.",
+    help="Quickstart: the gateway, a local agent and its models on this machine.",
 )(up_cmd.up)
 
 
