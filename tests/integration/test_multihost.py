@@ -231,6 +231,7 @@ def test_an_agent_advertising_loopback_is_shown_unreachable_not_published(
         page = httpx.get(f"{server.admin}/admin/models/chat", timeout=10).text
         assert 'class="unreachable"' in page
         assert "from this server: cannot connect to 127.0.0.1:" in page
+        assert f'this server cannot reach it at <span class="mono">{url}</span>' in page
         # The node says why: a loopback address advertised from another host.
         node = node_view(server, "lo")
         assert node is not None
@@ -363,6 +364,11 @@ def test_the_standby_reaches_the_engines_itself_and_keeps_serving_after_a_failov
             )
             assert "cannot reach" not in standby.proc.output()
             assert chat(standby).status_code == 200
+            # What the standby found is shown by the standby itself.
+            status = httpx.get(f"{standby.admin}/admin/api/models/chat", timeout=5).json()
+            [reach] = status["status"]["reachability"]
+            assert (reach["replica"], reach["url"]) == (replica["id"], replica["endpoint_url"])
+            assert reach["state"] == "reachable" and reach["error"] is None
 
             os.kill(first.proc.popen.pid, signal.SIGKILL)
             wait_for(lambda: role(standby) == "leader", "the standby to lead")

@@ -109,7 +109,9 @@ async def test_an_unreachable_endpoint_is_shown_and_kept_out_until_it_answers(
     await until(lambda: (r := gate_.reach("far")) and r.state == "unreachable", "the check")
     reach = gate_.reach("far")
     assert reach is not None
+    assert gate_.reaches("chat") == [gate_.reach("far"), gate_.reach("near")]
     assert reach.view() == {
+        "replica": "far",
         "state": "unreachable",
         "url": "http://127.0.0.1:20000",
         "error": "cannot connect to 127.0.0.1:20000: Connection refused",

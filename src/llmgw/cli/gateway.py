@@ -423,7 +423,7 @@ async def _serve(
         interval=PRUNE_INTERVAL,
         wall_clock=utc_now,
     )
-    model_control = ModelControlService(controller=controller, reach=gate.reach)
+    model_control = ModelControlService(controller=controller, reach=gate)
     key_service = KeyService(keys=store.keys, wall_clock=utc_now)
     history = MetricsHistory(sample=metrics.totals, clock=clock)
     admin_app = create_admin_app(

@@ -280,13 +280,14 @@ def _show_text(model: dict[str, Any]) -> str:
         ]
         table = render_table(["REPLICA", "NODE", "STATE", "GPUS", "ENDPOINT"], rows)
         lines += ["", "replicas:", *("  " + line for line in table.splitlines())]
-        for r in replicas:
-            reach = r.get("reach")
-            if isinstance(reach, dict) and reach.get("state") == "unreachable":
-                lines.append(
-                    f"  ! replica {r.get('id')} is ready but this server cannot reach it at "
-                    f"{reach.get('url')}: {reach.get('error')} (not routed to)"
-                )
+    unreachable = [
+        f"  ! replica {r.get('replica')} is ready but this server cannot reach it at "
+        f"{r.get('url')}: {r.get('error')} (not routed to from here)"
+        for r in status.get("reachability") or []
+        if isinstance(r, dict) and r.get("state") == "unreachable"
+    ]
+    if unreachable:
+        lines += ["", *unreachable]
     for key, label in (("last_failure", "last failure"), ("unplaceable", "unplaceable")):
         value = status.get(key)
         if isinstance(value, dict):

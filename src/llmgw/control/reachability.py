@@ -69,6 +69,7 @@ class Reach:
 
     def view(self) -> dict[str, object]:
         return {
+            "replica": self.replica_id,
             "state": self.state,
             "url": self.url,
             "error": self.error or None,
@@ -167,6 +168,14 @@ class ReachabilityGate:
         """The last check of a replica published here; None when none is published."""
         return self._reach.get(replica_id)
 
+    def reaches(self, name: str) -> list[Reach]:
+        """The last check of each Ready replica of model `name` (any of its names)."""
+        primary = self._primary.get(name)
+        entry = None if primary is None else self._wanted.get(primary)
+        if entry is None:
+            return []
+        return [self._reach[e.id] for e in entry[1] if e.id in self._reach]
+
     async def wait_routable(self, name: str) -> None:
         """Return once `name` has an endpoint in the router (or nothing to check);
         raise `ReplicaUnreachable` when every Ready replica was found unreachable."""
@@ -176,7 +185,7 @@ class ReachabilityGate:
             entry = None if primary is None else self._wanted.get(primary)
             if entry is None or not entry[1]:
                 return
-            reaches = [self._reach[e.id] for e in entry[1] if e.id in self._reach]
+            reaches = self.reaches(name)
             if any(r.state == "reachable" for r in reaches):
                 return
             if reaches and all(r.state == "unreachable" for r in reaches):

@@ -7,7 +7,7 @@ Not guaranteed: a stable shape beyond the fields documented in the admin API.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Protocol
 
 from llmgw.control.catalog.model import CatalogModel
 from llmgw.control.inventory.model import Node, Shard
@@ -55,12 +55,18 @@ def explanation_view(explanation: Explanation) -> dict[str, object]:
     }
 
 
-ReachLookup = Callable[[str], Reach | None]
-"""A replica id -> this server's last check of its endpoint (`ReachabilityGate.reach`)."""
+class Reachability(Protocol):
+    """What this server found when it dialled replicas (`ReachabilityGate`)."""
+
+    def reach(self, replica_id: str) -> Reach | None: ...
+
+    def reaches(self, name: str) -> list[Reach]: ...
 
 
-def state_view(state: ModelState, reach: ReachLookup | None = None) -> dict[str, object]:
-    """`reach`: how this server last found each replica's endpoint, shown per replica."""
+def state_view(state: ModelState, reach: Reachability | None = None) -> dict[str, object]:
+    """`reach`: how this server last found each Ready replica's endpoint, shown per
+    replica and, as `reachability`, for every one this server was given (a standby
+    routes to replicas its own inventory does not list)."""
     replicas: list[dict[str, object]] = [
         {
             "id": shard.id,
@@ -106,11 +112,14 @@ def state_view(state: ModelState, reach: ReachLookup | None = None) -> dict[str,
         "retry_in_seconds": round(state.retry_in, 1),
         "last_failure": None if state.last_failure is None else failure_view(state.last_failure),
         "unplaceable": None if state.unplaced is None else state.unplaced.summary(),
+        "reachability": []
+        if reach is None
+        else [r.view() for r in reach.reaches(state.model.name)],
     }
 
 
-def _reach_view(reach: ReachLookup | None, replica_id: str) -> dict[str, object] | None:
-    found = None if reach is None else reach(replica_id)
+def _reach_view(reach: Reachability | None, replica_id: str) -> dict[str, object] | None:
+    found = None if reach is None else reach.reach(replica_id)
     return None if found is None else found.view()
 
 
@@ -136,7 +145,7 @@ def event_view(event: Event) -> dict[str, object]:
 class ModelControlService:
     """The admin API's view of the controller (implements `ModelControl`)."""
 
-    def __init__(self, *, controller: Controller, reach: ReachLookup | None = None) -> None:
+    def __init__(self, *, controller: Controller, reach: Reachability | None = None) -> None:
         self._controller = controller
         self._reach = reach
 
