@@ -388,6 +388,13 @@ async def test_a_cancelled_supervisor_leaves_its_engines_for_the_next_to_adopt(
     with pytest.raises(asyncio.CancelledError):
         await running
     assert alive(started.pid)
+    # The state file says how to find it again.
+    path = tmp_path / "state" / "engines" / "n1" / "state.json"
+    [record] = json.loads(path.read_text())["engines"]
+    assert record["pid"] == started.pid and record["port"] == ports.start
+    assert record["start_ticks"] > 0 and len(record["cmdline_sha256"]) == 64
+    assert record["spec"]["shard_id"] == "a" and record["been_ready"] is True
+    assert record["log_path"] == str(path.parent / "a.log")
 
     # The next supervisor (a restarted agent) adopts it: same pid, ready at once.
     again: list[ShardReport] = []
@@ -473,6 +480,47 @@ async def test_a_confirmed_adoption_is_kept(tmp_path: Path) -> None:
     await successor.shutdown(grace=1.0)
     await running
     await wait_gone(started.pid)
+
+
+async def test_an_adopted_engine_that_stopped_answering_is_unhealthy_not_slow(
+    tmp_path: Path,
+) -> None:
+    reports: list[ShardReport] = []
+    supervisor, ports = make_supervisor(tmp_path, reports, {"serve": ScriptAdapter(SERVE)})
+    running = asyncio.create_task(supervisor.run())
+    await asyncio.sleep(0)
+    spec = agent_pb2.ShardSpec(
+        shard_id="a",
+        model="m",
+        engine="serve",
+        port=ports.start,
+        unhealthy_after_seconds=0.5,
+        drain_grace_seconds=0.2,
+    )
+    started = await supervisor.start(spec)
+    async with asyncio.timeout(10):
+        while True:
+            if any(r.state is ShardState.READY for r in reports):
+                break
+            await asyncio.sleep(0.02)
+    await supervisor.shutdown(stop_engines=False)
+    await running
+    os.kill(started.pid, signal.SIGSTOP)  # hung while no agent watched it
+    again: list[ShardReport] = []
+    successor, _ = make_supervisor(tmp_path, again, {"serve": ScriptAdapter(SERVE)}, ports=ports)
+    running = asyncio.create_task(successor.run())
+    [adopted] = await successor.adopt()
+    assert adopted.state is ShardState.LOADING
+    async with asyncio.timeout(20):
+        while True:
+            if any(r.state is ShardState.FAILED for r in again):
+                break
+            await asyncio.sleep(0.02)
+    [failed] = [r for r in again if r.state is ShardState.FAILED]
+    assert failed.message.startswith("health probe failing for 0.5s"), failed.message
+    await wait_gone(started.pid)
+    await successor.shutdown(grace=1.0)
+    await running
 
 
 async def test_a_reused_pid_is_not_adopted(tmp_path: Path) -> None:

@@ -145,7 +145,11 @@ class Shard:
         wall_clock: Callable[[], float],
         sleep: Callable[[float], Awaitable[None]],
         adopted: ShardState | None = None,
+        been_ready: bool = False,
     ) -> None:
+        """`adopted`: the state an engine taken over from an earlier agent starts in;
+        `been_ready`: it was ready before (its probe failing is then a health problem,
+        not a slow load)."""
         self._spec = spec
         self._process = process
         self._probe = probe
@@ -163,7 +167,7 @@ class Shard:
         self._stop_grace = settings.default_grace_seconds
         self._drain = False
         self._done = asyncio.Event()
-        self.been_ready = adopted is ShardState.READY
+        self.been_ready = been_ready or adopted is ShardState.READY
         self.adopted = adopted is not None
         if adopted is None:
             state, message = ShardState.STARTING, "engine process spawned"

@@ -230,6 +230,7 @@ class Supervisor:
                 wall_clock=self._wall_clock,
                 sleep=self._sleep,
                 adopted=ShardState.LOADING if problem else ShardState.READY,
+                been_ready=record.been_ready,
             )
             await asyncio.to_thread(shard.follower.start_at_end)
             self._shards[record.shard_id] = shard
