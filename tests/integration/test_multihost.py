@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import secrets
 import signal
@@ -70,14 +71,14 @@ def free_port_on(host: str) -> int:
 
 
 def start_server(
-    network: Network, tmp: Path, *args: str, config: str = CONFIG
+    network: Network, tmp: Path, *args: str, config: str = CONFIG, data_dir: Path | None = None
 ) -> tuple[Server, int]:
     """A server whose agent listener is on the bridge address only."""
     (tmp / "llmgw.yaml").write_text(config)
     agent_port = free_port_on(network.gateway)
     server = Server(
         "--agent-listen", f"{network.gateway}:{agent_port}",
-        "--config", str(tmp / "llmgw.yaml"), *args,
+        "--config", str(tmp / "llmgw.yaml"), *args, data_dir=data_dir,
     )  # fmt: skip
     return server, agent_port
 
@@ -413,3 +414,97 @@ def test_engines_bind_where_engine_host_says(netns: Network, tmp_path: Path) -> 
             assert loop.stdout.strip() not in ("", "0"), loop
     finally:
         server.proc.stop()
+
+
+def fetch_in(host: Host, url: str) -> Any:
+    """GET `url` from inside `host`'s namespace (its loopback is its own); None if no answer."""
+    code = (
+        "import json,sys,urllib.request\n"
+        "try:\n"
+        "    print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())\n"
+        "except Exception as exc:\n"
+        "    print(json.dumps({'unreachable': str(exc)}))"
+    )
+    done = host.run(["python3", "-c", code, url])
+    try:
+        return json.loads(done.stdout)
+    except ValueError:
+        return None
+
+
+def test_each_server_routes_only_to_what_it_can_reach_itself(
+    netns: Network, tmp_path: Path
+) -> None:
+    # The leader and the agent share the root namespace; the standby runs in a
+    # namespace of its own, on the same SQLite store. The agent advertises
+    # 127.0.0.1: the leader can dial its engine, the standby cannot.
+    config = TWO_NODE_CONFIG.replace("control:\n", "control:\n  lease_ttl: 3\n")
+    data = tmp_path / "data"
+    leader, leader_port = start_server(netns, tmp_path, config=config, data_dir=data)
+    host = netns.hosts[2]
+    api = free_port_block(3)
+    admin, agents = api + 1, api + 2
+    standby = host.spawn(
+        llmgw(
+            "server", "--listen", f"{host.address}:{api}", "--admin-listen", f"127.0.0.1:{admin}",
+            "--agent-listen", f"{host.address}:{agents}", "--data-dir", str(data),
+            "--config", str(tmp_path / "llmgw.yaml"), "--auth-mode", "open", "--insecure-agents",
+        )
+    )  # fmt: skip
+    agent: Proc | None = None
+    try:
+        with told_on_failure(leader, netns):
+            status_url = f"http://127.0.0.1:{admin}/admin/api/models/chat"
+            wait_for(
+                lambda: (
+                    (a := fetch_in(host, f"http://127.0.0.1:{admin}/admin/api/leader"))
+                    and a.get("role") == "standby"
+                ),
+                "the standby in its namespace",
+            )
+            low = free_port_block(10)
+            agent = Proc(
+                llmgw(
+                    "agent", "--server", f"{netns.gateway}:{leader_port}", "--node-id", "root",
+                    "--gpus", "1x24GiB", "--weights-dir", str(tmp_path / "root"),
+                    "--port-range", f"{low}-{low + 9}", "--advertise-host", "127.0.0.1",
+                )
+            )  # fmt: skip
+            [replica] = wait_for(lambda: ready_on(leader), "a Ready replica")
+            url = replica["endpoint_url"]
+            assert url.startswith("http://127.0.0.1:")
+            # The leader (same machine as the engine) reaches it and serves.
+            assert chat(leader).status_code == 200
+            [mine] = httpx.get(f"{leader.admin}/admin/api/models/chat", timeout=5).json()["status"][
+                "reachability"
+            ]
+            assert mine["state"] == "reachable"
+            # The standby follows the leader's endpoints, dials the engine itself, fails,
+            # and keeps it out of its router, saying why.
+            theirs = wait_for(
+                lambda: [
+                    r
+                    for r in (fetch_in(host, status_url) or {})
+                    .get("status", {})
+                    .get("reachability", [])
+                    if r["state"] == "unreachable"
+                ],
+                "the standby to find the engine unreachable",
+            )
+            assert theirs[0]["url"] == url
+            assert theirs[0]["error"].startswith("cannot connect to 127.0.0.1:")
+            endpoints = fetch_in(host, f"http://127.0.0.1:{admin}/admin/api/endpoints")
+            assert endpoints["endpoints"] == []
+            refused = httpx.post(
+                f"http://{host.address}:{api}/v1/chat/completions",
+                json={"model": "chat", "messages": [{"role": "user", "content": "hi"}]},
+                timeout=60,
+            )
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["error"]["code"] == "replica_unreachable"
+            assert chat(leader).status_code == 200
+    finally:
+        if agent is not None:
+            agent.stop()
+        standby.stop()
+        leader.proc.stop()
