@@ -101,6 +101,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, 
         llmgw(
             "agent", "--server", f"127.0.0.1:{agent_port}", "--node-id", "node-1",
             "--gpus", "2x24GiB", "--weights-dir", str(tmp / "node-1"),
+            "--state-dir", str(tmp / "node-1" / "state"),
             "--port-range", f"{low}-{low + 9}",
         )
     )  # fmt: skip

@@ -95,6 +95,7 @@ def start_agent(node: str, ports: list[int], tmp: Path) -> Proc:
             "agent", "--server", f"127.0.0.1:{ports[0]}",
             "--servers", ",".join(f"127.0.0.1:{p}" for p in ports[1:]), "--node-id", node,
             "--gpus", "2x24GiB", "--weights-dir", str(tmp / node),
+            "--state-dir", str(tmp / node / "state"),
             "--port-range", f"{low}-{low + 9}",
         )
     )  # fmt: skip
