@@ -179,3 +179,15 @@ def register(fleet: DashboardFleet, node_id: str, shards: tuple[ShardReport, ...
             weights_dir="/w",
         )
     )
+
+
+async def test_a_filtered_page_refreshes_only_its_own_cards(nodes: Nodes) -> None:
+    page = (await nodes.client.get("/admin/nodes", params={"q": "zone=a"})).text
+    assert 'hx-get="/admin/nodes?q=zone%3Da"' in page
+    shown = versions(page)
+    assert len(shown) == 1 + 3
+    nodes.fleet.inventory.set_draining("node-001", True)  # zone b: not on this page
+    assert (await refresh(nodes, shown, q="zone=a")).status_code == 204
+    nodes.fleet.inventory.set_draining("node-004", True)  # zone a
+    body = (await refresh(nodes, shown, q="zone=a")).text
+    assert cards(body) == ["node-004"]
