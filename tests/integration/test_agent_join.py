@@ -242,6 +242,11 @@ def test_spent_tokens_are_refused_and_the_agent_says_why(cluster: Cluster) -> No
     assert exited(late) == 2
     assert "expired" in late.output()
 
+    bad_ttl = cluster.cli("nodes", "token", "create", "--ttl", "soon")
+    assert bad_ttl.returncode == 2 and "error: --ttl 'soon'" in bad_ttl.stderr
+    unknown = cluster.cli("nodes", "token", "revoke", "nosuch")
+    assert unknown.returncode == 2 and "no join token 'nosuch'" in unknown.stderr
+
     listed = cluster.cli("nodes", "token", "list")
     assert listed.returncode == 0
     assert "used up" in listed.stdout and "revoked" in listed.stdout and "expired" in listed.stdout
