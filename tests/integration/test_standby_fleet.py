@@ -147,6 +147,14 @@ def test_a_standby_shows_the_leaders_fleet_and_so_does_a_leader_that_stepped_dow
         assert drain.json()["error"]["code"] == "not_leader"
         # `llmgw nodes list` pointed at the standby lists them too.
         assert sorted(n["id"] for n in cli_nodes(second)) == ["node-1", "node-2"]
+        # So does its dashboard, which sends the operator to the leader to drain.
+        page = httpx.get(second.admin + "/admin/nodes", timeout=10).text
+        assert 'data-node="node-1"' in page and 'data-node="node-2"' in page
+        refused = httpx.post(
+            second.admin + "/admin/nodes/node-1/drain", headers={"HX-Request": "true"}, timeout=10
+        )
+        assert refused.status_code == 409, refused.text
+        assert "this server is a standby" in refused.text
 
         # The leader pauses past its lease: the standby takes over, the agents move
         # to it, and the old leader wakes up as a standby. Its own inventory holds

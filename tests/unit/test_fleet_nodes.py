@@ -185,3 +185,35 @@ async def test_a_standby_reports_the_heartbeat_age_as_of_now() -> None:
     [node] = await fleet.nodes()
     assert node["heartbeat_age_seconds"] == 7.25
     assert node["leader_view_at"] == (START + timedelta(seconds=1)).isoformat()
+
+
+async def test_a_standby_keeps_the_last_read_for_its_dashboard() -> None:
+    store = MemoryFleet()
+    fleet = FleetView(
+        store=store,
+        leading=lambda: False,
+        leader=lambda: None,
+        wall_clock=lambda: START + timedelta(seconds=2),
+    )
+    assert fleet.latest() is None
+
+    def leader_wrote_n2() -> None:
+        store.rows["n2"] = view("n2", "unreachable")
+
+    def store_down() -> None:
+        store.fail = True
+        store.rows.clear()
+
+    async def fleet_nodes_or_fail() -> list[FleetNode]:
+        if store.fail:
+            raise StoreError("connection refused")
+        return await MemoryFleet.fleet_nodes(store)
+
+    store.fleet_nodes = fleet_nodes_or_fail  # type: ignore[method-assign]
+    store.rows = {"n1": view("n1")}
+    with pytest.raises(LookupError):
+        await fleet.follow(interval=0.5, sleep=Rounds(leader_wrote_n2, store_down))
+    latest = fleet.latest()
+    assert latest is not None
+    assert [(n["id"], n["state"]) for n in latest] == [("n1", "ready"), ("n2", "unreachable")]
+    assert latest[0]["heartbeat_age_seconds"] == 2.0

@@ -29,6 +29,7 @@ from llmgw.control.catalog import (
     parse_model,
 )
 from llmgw.control.inventory import Inventory, UnknownNode
+from llmgw.control.leadership.fleet import FleetView
 from llmgw.control.leadership.views import LeaderSource, leader_view, servers_view
 from llmgw.control.reconciler.views import ModelControlService
 from llmgw.store import ControlServer, StoreError, StoreUnavailable, UsageRepository
@@ -138,14 +139,25 @@ def dashboard_sources(
     history: HistorySource,
     wall_clock: Callable[[], datetime],
     agent_listener: Json | None = None,
+    fleet: FleetView | None = None,
 ) -> DashboardSources:
-    """The dashboard's sources over the server's real objects."""
+    """The dashboard's sources over the server's real objects. With `fleet`, a
+    standby shows the nodes as the leader last wrote them, and refuses to drain."""
     models = _Models(catalog=catalog, control=model_control)
 
     def nodes() -> list[Json]:
+        if fleet is not None and not fleet.leading():
+            return fleet.latest() or []
         return [node_view(n, inventory.heartbeat_age(n)) for n in inventory.nodes()]
 
     def set_draining(node_id: str, draining: bool) -> Json:
+        if fleet is not None and not fleet.leading():
+            leader = fleet.leader() or "the leader (none is known right now)"
+            raise ActionError(
+                f"this server is a standby; only {leader} talks to agents: open its "
+                f"dashboard to {'drain' if draining else 'undrain'} node {node_id}",
+                status=409,
+            )
         try:
             node = inventory.set_draining(node_id, draining)
         except UnknownNode as exc:

@@ -15,7 +15,7 @@ import random
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -134,6 +134,14 @@ async def _lead(
         # Agents must move to the new leader: a standby holding their streams
         # would keep nodes the leader cannot command.
         await agents.close_all("this server no longer leads the control plane")
+
+
+async def _follow(*loops: Coroutine[Any, Any, None]) -> None:
+    """A standby's loops (the leader's endpoints, its nodes), run together until the
+    standby leads and cancels them."""
+    async with asyncio.TaskGroup() as group:
+        for loop in loops:
+            group.create_task(loop)
 
 
 async def _poll_catalog(catalog: Catalog) -> None:
@@ -426,6 +434,13 @@ async def _serve(
     model_control = ModelControlService(controller=controller, reach=gate)
     key_service = KeyService(keys=store.keys, wall_clock=utc_now)
     history = MetricsHistory(sample=metrics.totals, clock=clock)
+    # A standby shows the nodes as the leader wrote them to the store.
+    fleet_view = FleetView(
+        store=store.leadership,
+        leading=leadership.is_leader,
+        leader=lambda: leadership.info().leader,
+        wall_clock=utc_now,
+    )
     admin_app = create_admin_app(
         pool=pool,
         registry=registry,
@@ -435,12 +450,7 @@ async def _serve(
             *key_routes(service=key_service, usage=store.usage, wall_clock=utc_now),
             *node_routes(
                 inventory=inventory,
-                fleet=FleetView(
-                    store=store.leadership,
-                    leading=leadership.is_leader,
-                    leader=lambda: leadership.info().leader,
-                    wall_clock=utc_now,
-                ),
+                fleet=fleet_view,
                 remove_weights=agents.remove_weights,
                 remove_node=NodeRemoval(
                     identities=store.nodeids,
@@ -477,6 +487,7 @@ async def _serve(
                     history=history,
                     wall_clock=utc_now,
                     agent_listener=agent_listener_view(security),
+                    fleet=fleet_view,
                 )
             ),
         ],
@@ -589,10 +600,13 @@ async def _serve(
                                     interval=FLEET_INTERVAL,
                                 ),
                             ),
-                            follow=lambda: follow_endpoints(
-                                store=store.leadership,
-                                apply=controller.apply_followed,
-                                interval=FOLLOW_INTERVAL,
+                            follow=lambda: _follow(
+                                follow_endpoints(
+                                    store=store.leadership,
+                                    apply=controller.apply_followed,
+                                    interval=FOLLOW_INTERVAL,
+                                ),
+                                fleet_view.follow(interval=FOLLOW_INTERVAL),
                             ),
                         ),
                     )

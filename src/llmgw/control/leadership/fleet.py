@@ -3,8 +3,10 @@
 Standbys refuse agent streams, so their own inventory knows no node (or, after a
 step-down, only stale ones shown unreachable). The leader therefore writes each
 node's admin view to the store (`publish_fleet`, a leader-only task, epoch
-fenced), and a standby's admin API reads it back (`FleetView`), so `llmgw nodes
-list` pointed at any server shows the same fleet.
+fenced), and a standby's admin API reads it back (`FleetView.nodes`), so `llmgw
+nodes list` pointed at any server shows the same fleet. A standby also keeps the
+last read in memory (`FleetView.follow`, part of its follow loop) for its
+dashboard, which renders without waiting on the store (`FleetView.latest`).
 
 `publish_fleet` polls the inventory every `interval` seconds and writes only the
 nodes whose view changed (the heartbeat age, which changes on every read, is not
@@ -105,6 +107,7 @@ class FleetView:
         self._leading = leading
         self._leader = leader
         self._wall_clock = wall_clock
+        self._latest: list[FleetNode] | None = None
 
     def leading(self) -> bool:
         """True when this server leads: its own inventory is the fleet."""
@@ -117,9 +120,31 @@ class FleetView:
     async def nodes(self) -> list[dict[str, Any]]:
         """Every node as the leader wrote it, with its heartbeat age as of now and
         when the leader wrote it; `StoreError` when the store cannot be read."""
+        rows = await self._store.fleet_nodes()
+        self._latest = rows
+        return self._views(rows)
+
+    def latest(self) -> list[dict[str, Any]] | None:
+        """The nodes as last read (by `follow` or `nodes`), ages as of now; None
+        before the first read."""
+        return None if self._latest is None else self._views(self._latest)
+
+    async def follow(
+        self, *, interval: float, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    ) -> None:
+        """A standby's loop: read the leader's nodes every `interval` seconds (keeping
+        the last read while the store cannot be reached)."""
+        while True:
+            try:
+                self._latest = await self._store.fleet_nodes()
+            except StoreError as exc:
+                log.warning("cannot read the leader's nodes (keeping the last read): %s", exc)
+            await sleep(interval)
+
+    def _views(self, rows: Sequence[FleetNode]) -> list[dict[str, Any]]:
         now = self._wall_clock()
         out = []
-        for row in await self._store.fleet_nodes():
+        for row in rows:
             view = dict(row.view)
             beat = view.get("last_heartbeat_at")
             if isinstance(beat, str):
