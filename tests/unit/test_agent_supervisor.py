@@ -428,6 +428,7 @@ async def test_shutdown_leaving_engines_and_an_unconfirmed_adoption_is_stopped(
     started = await supervisor.start(
         agent_pb2.ShardSpec(shard_id="a", model="m", engine="serve", port=ports.start)
     )
+    await until_ready(reports)
     await supervisor.shutdown(grace=1.0, stop_engines=False)
     await running
     # Left running, and nothing reported: a clean agent stop is not a replica failure.
@@ -462,6 +463,7 @@ async def test_a_confirmed_adoption_is_kept(tmp_path: Path) -> None:
     started = await supervisor.start(
         agent_pb2.ShardSpec(shard_id="a", model="m", engine="serve", port=ports.start)
     )
+    await until_ready(reports)
     await supervisor.shutdown(stop_engines=False)
     await running
     short = FAST.model_copy(update={"adopt_grace_seconds": 0.2})
@@ -531,6 +533,7 @@ async def test_a_reused_pid_is_not_adopted(tmp_path: Path) -> None:
     started = await supervisor.start(
         agent_pb2.ShardSpec(shard_id="a", model="m", engine="serve", port=ports.start)
     )
+    await until_ready(reports)
     await supervisor.shutdown(stop_engines=False)
     await running
     # The engine is gone and its pid now names another process: write that process's
@@ -613,6 +616,15 @@ async def test_relative_weights_resolve_in_the_weights_dir(harness: Harness) -> 
     hub.weights = "org/model"  # not in the weights dir: a hub id, as given
     await harness.supervisor.start(hub)
     assert harness.adapters["serve"].specs[-1].weights == "org/model"
+
+
+async def until_ready(reports: list[ShardReport]) -> None:
+    """The engine answers its readiness probe (so it holds its port and runs)."""
+    async with asyncio.timeout(15):
+        while True:
+            if any(r.state is ShardState.READY for r in reports):
+                return
+            await asyncio.sleep(0.02)
 
 
 async def wait_gone(pid: int) -> None:
