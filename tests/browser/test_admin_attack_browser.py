@@ -210,7 +210,7 @@ def target_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]
         llmgw(
             "agent", "--server", f"127.0.0.1:{agent_port}", "--node-id", "node-1",
             "--gpus", "1x24GiB", "--weights-dir", str(tmp / "weights"),
-            "--port-range", f"{low}-{low + 4}",
+            "--state-dir", str(tmp / "state"), "--port-range", f"{low}-{low + 4}",
         )
     )  # fmt: skip
     target = Target(server, agent)
@@ -223,6 +223,7 @@ def target_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]
         yield target
     except BaseException:
         print(server.proc.output())
+        print(agent.output())
         raise
     finally:
         agent.stop()

@@ -80,7 +80,7 @@ def gateway_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gatewa
         llmgw(
             "agent", "--server", f"127.0.0.1:{agent_port}", "--node-id", "node-1",
             "--gpus", "1x24GiB", "--weights-dir", str(tmp / "weights"),
-            "--port-range", f"{low}-{low + 4}",
+            "--state-dir", str(tmp / "state"), "--port-range", f"{low}-{low + 4}",
         )
     )  # fmt: skip
     gateway = Gateway(server, agent)
@@ -92,6 +92,7 @@ def gateway_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gatewa
         yield gateway
     except BaseException:
         print(server.proc.output())
+        print(agent.output())
         raise
     finally:
         agent.stop()
