@@ -5,8 +5,10 @@ requests while A dies (agent and engines SIGKILLed) or freezes (SIGSTOP, so its
 connections stay open and nothing answers). No request may fail: they wait, as
 in an activation, while the replacement starts on the other node (B). When a
 frozen A comes back (SIGCONT), the surplus replica is retired and exactly one
-remains. The freeze runs with each agent in its own network namespace
-(tests/netns.py), the kill on loopback.
+remains. An engine that dies while its agent lives is replaced while requests
+wait, and a standby's router (leader and standby on PostgreSQL) waits too. The
+freeze runs with each agent in its own network namespace (tests/netns.py), the
+others on loopback.
 
 Timings are shortened through the config file; the tests wait on conditions and
 assert outcomes, never durations.
@@ -14,10 +16,12 @@ assert outcomes, never durations.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -28,7 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
+import pytest
 from netns import Host, Network
 from procs import Proc, Server, free_port, free_port_block, llmgw
 
@@ -295,6 +301,97 @@ def test_an_engine_that_dies_in_service_costs_no_request(tmp_path: Path) -> None
         assert load.failures() == []
         failed = [e["message"] for e in events(server) if e["kind"] == "failed"]
         assert any(first["id"] in m for m in failed), failed
+
+
+PG = os.environ.get("LLMGW_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+async def _pg(sql: str) -> None:
+    conn = await asyncpg.connect(PG)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def database() -> Iterator[str]:
+    name = f"llmgw_d_{secrets.token_hex(4)}"
+    try:
+        asyncio.run(_pg(f"CREATE DATABASE {name}"))
+    except OSError as exc:
+        pytest.fail(f"PostgreSQL is not running on 127.0.0.1:5432 ({exc}); this test needs it")
+    yield f"{PG.rsplit('/', 1)[0]}/{name}"
+    asyncio.run(_pg(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+def role(server: Server) -> str:
+    return str(httpx.get(server.admin + "/admin/api/leader", timeout=5).json()["role"])
+
+
+def test_a_standby_s_router_waits_too_when_a_node_is_killed(tmp_path: Path, database: str) -> None:
+    (tmp_path / "llmgw.yaml").write_text(CONFIG)
+    ports = [free_port(), free_port()]
+
+    def start_server(port: int) -> Server:
+        return Server(
+            "--store", database, "--agent-listen", f"127.0.0.1:{port}",
+            "--config", str(tmp_path / "llmgw.yaml"), wait_ready=False,
+        )  # fmt: skip
+
+    leader = start_server(ports[0])
+    standby: Server | None = None
+    agents: dict[str, Proc] = {}
+    lows: dict[str, int] = {}
+    try:
+        wait_for(lambda: role(leader) == "leader", "the first server to lead")
+        standby = start_server(ports[1])
+        for node in ("node-a", "node-b"):
+            lows[node] = free_port_block(10)
+            argv = agent_argv(node, f"127.0.0.1:{ports[0]}", tmp_path, lows[node])
+            agents[node] = Proc([*argv, "--servers", f"127.0.0.1:{ports[1]}"])
+        wait_for(
+            lambda: node_states(leader) == {"node-a": "ready", "node-b": "ready"},
+            "both agents to register",
+        )
+        first = wait_for(
+            lambda: [r for r in replicas(leader) if r["state"] == "ready"], "a ready replica"
+        )[0]
+        wait_for(lambda: routed(standby) == {first["id"]}, "the standby to follow")
+        victim = first["node"]
+        engines = engine_pids(int(first["endpoint_url"].rsplit(":", 1)[1]))
+
+        with Load(standby.url) as load:
+            wait_for(lambda: load.served_by(first["id"]), "the load to reach the replica")
+            agents[victim].signal(signal.SIGKILL)
+            for pid in engines:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            # The leader takes the replica out at once; the standby follows.
+            wait_for(lambda: first["id"] not in routed(standby), "the standby to drop it")
+
+            def replaced() -> str | None:
+                fresh = [r for r in replicas(leader) if r["id"] != first["id"]]
+                return fresh[0]["id"] if fresh and fresh[0]["state"] == "ready" else None
+
+            replacement = wait_for(replaced, "a replacement")
+            wait_for(lambda: load.served_by(replacement), "the standby to route to it")
+
+        assert load.failures() == []
+        assert role(standby) == "standby"
+    except BaseException:
+        print(leader.proc.output())
+        if standby is not None:
+            print(standby.proc.output())
+        raise
+    finally:
+        for proc in agents.values():
+            proc.stop()
+        for low in lows.values():
+            kill_engines(low)
+        if standby is not None:
+            standby.proc.stop()
+        leader.proc.stop()
 
 
 # --- network namespaces: a node frozen, then back ----------------------------------------
