@@ -152,7 +152,9 @@ def environ_of(pid: int) -> list[bytes]:
 class Agent:
     """The real agent process, plus the engine pids it reported (killed on cleanup)."""
 
-    def __init__(self, server_port: int, ports: tuple[int, int], weights: Path) -> None:
+    def __init__(
+        self, server_port: int, ports: tuple[int, int], weights: Path, *extra: str
+    ) -> None:
         args = [
             "--server", f"127.0.0.1:{server_port}",
             "--node-id", "node-a",
@@ -162,6 +164,7 @@ class Agent:
             "--port-range", f"{ports[0]}-{ports[1]}",
             "--weights-dir", str(weights),
             "--log-level", "debug",
+            *extra,
         ]  # fmt: skip
         # The production default: engines outlive the agent (tests elsewhere stop them).
         self.proc = Proc(llmgw("agent", *args), env={"LLMGW_AGENT_STOP_ENGINES_ON_EXIT": "0"})
@@ -418,3 +421,23 @@ async def test_reconnect_adopts_running_shard_and_sigkill_leaves_no_orphans(node
         raise AssertionError(node.agent.proc.output()) from None
     assert "exit code unknown" in stopped.message
     await wait_gone(ready.pid)
+
+
+async def test_an_adopted_engine_no_control_plane_confirms_is_stopped(node: Node) -> None:
+    await node.plane.expect("register")
+    ready = await node.ready_shard("g1", node.range[0] + 1)
+    assert node.agent is not None
+    os.kill(node.agent.proc.popen.pid, signal.SIGKILL)
+    node.agent.proc.popen.wait(10)
+    # The node is retired: no control plane answers any more.
+    assert node.server is not None
+    await node.server.stop(grace=None)
+    node.server = None
+    assert alive(ready.pid)
+    pids = node.agent.engine_pids
+    node.agent = Agent(node.port, node.range, node.tmp / "weights", "--adopt-grace", "1")
+    node.agent.engine_pids |= pids
+    await wait_gone(ready.pid, within=30)
+    output = node.agent.proc.output()
+    assert "adopted 1 engine" in output
+    assert "no control plane confirmed this adopted engine within 1s" in output
