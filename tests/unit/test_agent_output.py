@@ -73,3 +73,14 @@ def test_an_adopted_engine_s_tail_starts_near_the_end_at_a_line(tmp_path: Path) 
     follower.start_at_end(keep=100)
     follower.read()
     assert tail.lines() == tuple(f"line {i}" for i in range(19995, 20000))
+
+
+def test_the_follower_skips_to_the_last_mebibyte_of_a_flood(tmp_path: Path) -> None:
+    log = tmp_path / "shard.log"
+    tail = OutputTail(max_lines=3)
+    follower = LogFollower(log, tail, max_bytes=10**9)
+    log.write_bytes(b"".join(b"line %07d\n" % i for i in range(300000)) + b"the end\n")
+    lines = follower.read()
+    assert len(lines) < 100000  # about 1 MiB's worth, not all 3.6 MB
+    assert tail.lines() == ("line 0299998", "line 0299999", "the end")
+    assert all(line.startswith(("line ", "the end")) for line in lines)

@@ -22,6 +22,8 @@ from pathlib import Path
 
 DEFAULT_MAX_LINES = 200
 DEFAULT_MAX_LINE_CHARS = 2000
+MAX_READ_BYTES = 2**20
+"""The most a `LogFollower` reads at once; anything older is skipped."""
 _BREAK = re.compile(rb"\r\n|\r|\n")
 
 
@@ -101,11 +103,18 @@ class LogFollower:
                 size = os.fstat(log_file.fileno()).st_size
                 if size < self._offset:
                     self._offset = 0  # cut by a rotation (ours or an earlier agent's)
+                skipped = size - self._offset > MAX_READ_BYTES
+                if skipped:
+                    # Only the tail matters: jump over what a chatty engine wrote since.
+                    self._offset = size - MAX_READ_BYTES
                 log_file.seek(self._offset)
                 data = log_file.read(max(0, size - self._offset))
         except FileNotFoundError:
             return []
         self._offset += len(data)
+        if skipped:
+            newline = data.find(b"\n")
+            data = data[newline + 1 :] if newline >= 0 else b""
         lines = self._tail.feed(data) if data else []
         if self._offset > self._max_bytes:
             self._rotate()
