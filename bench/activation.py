@@ -432,6 +432,8 @@ class Fleet:
             *LLMGW, "agent", "--server", f"{HOST}:{agent_port}",
             "--node-id", "bench-node", "--gpus", "2x24GiB", "--weights-dir",
             str(tmp / "weights"), "--port-range", f"{low}-{low + 19}",
+            # Its own state, and its engines end with the run (they outlive agents).
+            "--state-dir", str(tmp / "agent-state"), "--stop-engines-on-exit",
         ]  # fmt: skip
         if python:
             argv += ["--engine-python", python]

@@ -131,6 +131,7 @@ def one_run(tmp: Path) -> dict[str, float]:
                         "--servers", f"127.0.0.1:{ports[1]}", "--node-id", node,
                         "--gpus", "2x24GiB", "--weights-dir", str(tmp / node),
                         "--state-dir", str(tmp / node / "state"),
+                        "--stop-engines-on-exit",
                         "--port-range", f"{low}-{low + 9}",
                     )
                 )
