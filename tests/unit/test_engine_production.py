@@ -244,3 +244,19 @@ def test_a_second_agent_on_the_same_state_dir_is_refused(tmp_path: Path) -> None
     assert done.stderr.startswith("error: --state-dir: ") and "in use by another agent" in (
         done.stderr
     )
+
+
+def test_a_damaged_state_file_is_set_aside(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = EngineStore(tmp_path, node_id="n1")
+    store.lock()
+    try:
+        (store.directory / "state.json").write_text("{not json")
+        assert store.load() == []
+        assert (store.directory / "state.json.bad").read_text() == "{not json"
+        assert "is damaged" in caplog.text and "adopting nothing" in caplog.text
+        store.save([])
+        assert store.load() == []
+    finally:
+        store.unlock()
