@@ -93,6 +93,8 @@ def describe(replica: Mapping[str, Any]) -> str:
         return f"failed on {node}: {message or 'no reason given'}"
     if state == "lost":
         return f"lost: node {node} stopped answering"
+    if state == "in_doubt":
+        return f"in doubt: node {node} is not answering; out of the routers until it does"
     return f"{state} on {node}"
 
 

@@ -26,6 +26,7 @@ REPLICA_STATES = (
     "starting",
     "loading",
     "ready",
+    "in_doubt",
     "draining",
     "stopping",
     "stopped",

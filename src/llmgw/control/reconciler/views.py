@@ -124,11 +124,15 @@ def _reach_view(reach: Reachability | None, replica_id: str) -> dict[str, object
 
 
 def _replica_state(node: Node, shard: Shard, stopping: frozenset[str]) -> str:
-    """The shard's state, except where what the node last said no longer holds."""
+    """The shard's state, except where what the node last said no longer holds:
+    `lost`, or `in_doubt` (its node stopped answering or its agent's stream closed;
+    out of the routers, kept in case the node comes back)."""
     if node.state == "lost" and shard.holds_gpus:
         return "lost"
     if shard.id in stopping:
         return "stopping"
+    if shard.holds_gpus and not routable(node):
+        return "in_doubt"
     return shard.state
 
 
