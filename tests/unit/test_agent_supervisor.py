@@ -16,6 +16,7 @@ import socket
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from hashlib import sha256
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,23 @@ FAMILY = (
     "while True:\n"
     "    time.sleep(0.05)\n"
 )
+RENAMES = """
+import http.server, os, sys, threading, time
+port = int(sys.argv[1])
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/ready" else 404)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+server = http.server.HTTPServer(("127.0.0.1", port), Handler)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+# Like an engine setting its process title once running: the same process (pid and
+# start time) with a new command line.
+time.sleep(1.0)
+server.server_close()
+os.execv(sys.executable, [sys.executable, "-c", os.environ["SERVE_SCRIPT"], str(port), "renamed"])
+"""
 CRASH = """
 import sys
 print("loading weights", flush=True)
@@ -218,6 +236,10 @@ async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
     finally:
         await supervisor.shutdown(grace=1.0)
         await running
+
+
+def cmdline_of(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
 
 
 def environ_of(pid: int) -> list[bytes]:
@@ -523,6 +545,40 @@ async def test_an_adopted_engine_that_stopped_answering_is_unhealthy_not_slow(
     await wait_gone(started.pid)
     await successor.shutdown(grace=1.0)
     await running
+
+
+async def test_an_engine_that_renames_itself_is_still_adopted(tmp_path: Path) -> None:
+    reports: list[ShardReport] = []
+    quick = FAST.model_copy(update={"identity_refresh_seconds": 0.05})
+    supervisor, ports = make_supervisor(
+        tmp_path, reports, {"renames": ScriptAdapter(RENAMES)}, settings=quick
+    )
+    running = asyncio.create_task(supervisor.run())
+    await asyncio.sleep(0)
+    spec = agent_pb2.ShardSpec(
+        shard_id="a", model="m", engine="renames", port=ports.start, env={"SERVE_SCRIPT": SERVE}
+    )
+    started = await supervisor.start(spec)
+    path = tmp_path / "state" / "engines" / "n1" / "state.json"
+    async with asyncio.timeout(20):
+        while True:
+            cmdline = cmdline_of(started.pid)
+            [record] = json.loads(path.read_text())["engines"]
+            if b"renamed" in cmdline and record["cmdline_sha256"] == sha256(cmdline).hexdigest():
+                break
+            await asyncio.sleep(0.05)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    successor, _ = make_supervisor(
+        tmp_path, [], {"renames": ScriptAdapter(RENAMES)}, ports=ports, settings=quick
+    )
+    running = asyncio.create_task(successor.run())
+    [adopted] = await successor.adopt()
+    assert adopted.pid == started.pid
+    await successor.shutdown(grace=1.0)
+    await running
+    await wait_gone(started.pid)
 
 
 async def test_a_reused_pid_is_not_adopted(tmp_path: Path) -> None:

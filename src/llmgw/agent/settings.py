@@ -99,6 +99,13 @@ class SupervisorSettings(BaseModel):
         "unset), for an unconfirmed adopted engine, and on agent shutdown with "
         "--stop-engines-on-exit; vLLM and SGLang exit within a few seconds of SIGTERM.",
     )
+    identity_refresh_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="How often each engine's command line is read again for the state file "
+        "(engines such as vLLM rename their process while loading); reading /proc every few "
+        "seconds costs nothing, and an agent dying in between is the only gap.",
+    )
     adopt_grace_seconds: float = Field(
         default=120.0,
         ge=0,

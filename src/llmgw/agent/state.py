@@ -25,7 +25,7 @@ Not guaranteed: durability across a power loss (the file is replaced by
 rename without fsync: a crashed agent leaves the page cache intact, and a
 power loss takes the engines with it); adoption of an engine whose command
 line changed after the agent last wrote the file (engines that rename their
-process, as vLLM does, are re-read when they turn ready).
+process, as vLLM does, are re-read every few seconds and when they turn ready).
 """
 
 from __future__ import annotations

@@ -154,7 +154,9 @@ class Supervisor:
             async with asyncio.TaskGroup() as group:
                 self._group = group
                 self._group_ready.set()
+                refresh = group.create_task(self._refresh_identities(), name="engine identities")
                 await self._closed.wait()
+                refresh.cancel()
         finally:
             self._group = None
 
@@ -477,6 +479,27 @@ class Supervisor:
                 if shard.live
             )
         )
+
+    async def _refresh_identities(self) -> None:
+        """Keep each engine's command-line hash current: engines may rename their
+        process while loading (vLLM sets a process title), and the next agent must
+        still recognise them. The start time, which no process can change, stays."""
+        while True:
+            await self._sleep(self._settings.identity_refresh_seconds)
+            changed = False
+            for shard_id, record in list(self._records.items()):
+                identity = read_identity(record.pid)
+                if (
+                    identity is not None
+                    and identity.start_ticks == record.start_ticks
+                    and identity.cmdline_sha256 != record.cmdline_sha256
+                ):
+                    self._records[shard_id] = replace(
+                        record, cmdline_sha256=identity.cmdline_sha256
+                    )
+                    changed = True
+            if changed:
+                self._save()
 
     def _changed(self, report: ShardReport) -> None:
         """Every shard transition: keep the state file current, then tell the connection."""
