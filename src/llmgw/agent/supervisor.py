@@ -264,7 +264,7 @@ class Supervisor:
             self._unconfirmed.difference_update(confirmed)
             log.info("the control plane confirmed adopted engines: %s", ", ".join(confirmed))
 
-        # ---- commands ----
+    # ---- commands ----
 
     async def start(self, spec: agent_pb2.ShardSpec) -> ShardReport:
         """Validate and spawn a shard; returns its `starting` report.
