@@ -8,6 +8,11 @@ each with loopback up and one veth (`eth0` inside) into the bridge at 10.A.B.2,
 the root namespace that agents must reach listens on `network.gateway`, and an
 engine in a namespace is reached at that namespace's address.
 
+`build_network(hosts, extra_networks=N)` adds N more bridges with /24s of
+their own that every host joins as eth1, eth2, ... (a management network apart
+from the one the server is on); a test module sets `NETNS_HOSTS` and
+`NETNS_EXTRA_NETWORKS` to shape the shared fixture.
+
 `Host.spawn(argv)` starts a process (a real `llmgw agent`) inside a namespace
 with `ip netns exec`; its children (the engines) run there too. Teardown runs on
 every exit path of the fixture (and of `build_network` used as a context
@@ -132,6 +137,10 @@ class Host:
     address: str
     veth: str  # the end in the root namespace (on the bridge)
     procs: list[Proc] = field(default_factory=list)
+    # On each extra network (`build_network(extra_networks=N)`): the address of its
+    # interface (`eth1`, `eth2`, ...) and the veth end on that network's bridge.
+    extra_addresses: list[str] = field(default_factory=list)
+    extra_veths: list[str] = field(default_factory=list)
 
     def argv(self, argv: Sequence[str]) -> list[str]:
         """`argv` wrapped to run inside this namespace."""
@@ -151,12 +160,15 @@ class Host:
             self.argv(argv), capture_output=True, text=True, timeout=timeout, check=False
         )
 
-    def link_down(self) -> None:
-        """Cut this host off the network (its veth end on the bridge goes down)."""
-        _ip("link", "set", self.veth, "down")
+    def link_down(self, network: int = 0) -> None:
+        """Cut this host off a network (0: the main one; its veth end on the bridge goes down)."""
+        _ip("link", "set", self._veth(network), "down")
 
-    def link_up(self) -> None:
-        _ip("link", "set", self.veth, "up")
+    def link_up(self, network: int = 0) -> None:
+        _ip("link", "set", self._veth(network), "up")
+
+    def _veth(self, network: int) -> str:
+        return self.veth if network == 0 else self.extra_veths[network - 1]
 
     def kill_all(self) -> None:
         """SIGKILL every process in this namespace (agents and the engines they started)."""
@@ -174,13 +186,17 @@ class Network:
     gateway: str  # the bridge's address: where a root-namespace server listens
     prefix: str  # "10.A.B."
     hosts: list[Host]
+    # Extra networks (bridge, its address, prefix): links between the hosts only
+    # (e.g. a management network), separate from the one the server is on.
+    extra: list[tuple[str, str, str]] = field(default_factory=list)
 
     def reset(self) -> None:
         """After a test: kill the hosts' processes and bring every link back up."""
         for host in self.hosts:
             host.kill_all()
-            with contextlib.suppress(NetnsError):
-                host.link_up()
+            for network in range(1 + len(host.extra_veths)):
+                with contextlib.suppress(NetnsError):
+                    host.link_up(network)
 
     def teardown(self) -> None:
         for host in self.hosts:
@@ -188,8 +204,11 @@ class Network:
                 host.kill_all()
         for host in self.hosts:
             _ip("netns", "del", host.namespace, check=False)
-            _ip("link", "del", host.veth, check=False)  # already gone with its peer, usually
-        _ip("link", "del", self.bridge, check=False)
+            # Already gone with their peers, usually.
+            for veth in (host.veth, *host.extra_veths):
+                _ip("link", "del", veth, check=False)
+        for bridge in (self.bridge, *(extra[0] for extra in self.extra)):
+            _ip("link", "del", bridge, check=False)
 
 
 def _make_host(network: Network, index: int, tag: str) -> None:
@@ -207,21 +226,45 @@ def _make_host(network: Network, index: int, tag: str) -> None:
     _ip("-n", namespace, "link", "set", "eth0", "up")
     _ip("link", "set", veth, "master", network.bridge)
     _ip("link", "set", veth, "up")
+    for number, (bridge, _, prefix) in enumerate(network.extra, start=1):
+        outside, inside = f"vl{tag}{index}x{number}", f"vp{tag}{index}x{number}"
+        host.extra_veths.append(outside)
+        host.extra_addresses.append(f"{prefix}{index + 2}")
+        _ip("link", "add", outside, "type", "veth", "peer", "name", inside)
+        _ip("link", "set", inside, "netns", namespace)
+        _ip("-n", namespace, "link", "set", inside, "name", f"eth{number}")
+        _ip("-n", namespace, "addr", "add", f"{prefix}{index + 2}/24", "dev", f"eth{number}")
+        _ip("-n", namespace, "link", "set", f"eth{number}", "up")
+        _ip("link", "set", outside, "master", bridge)
+        _ip("link", "set", outside, "up")
+
+
+def _make_bridge(name: str, gateway: str) -> None:
+    _ip("link", "add", name, "type", "bridge")
+    _ip("link", "set", name, "alias", f"{ALIAS_PREFIX}{os.getpid()}")
+    _ip("addr", "add", f"{gateway}/24", "dev", name)
+    _ip("link", "set", name, "up")
 
 
 @contextlib.contextmanager
-def build_network(hosts: int = 2) -> Iterator[Network]:
-    """A bridge and `hosts` namespaces on it, removed on every exit path."""
+def build_network(hosts: int = 2, *, extra_networks: int = 0) -> Iterator[Network]:
+    """A bridge and `hosts` namespaces on it, removed on every exit path.
+
+    `extra_networks`: more bridges, each with a /24 of its own, that every host
+    joins as eth1, eth2, ... (its address there: `host.extra_addresses`).
+    """
     require_netns()
     remove_stale()
     a, b = _free_subnet()
     tag = secrets.token_hex(3)  # link names are at most 15 characters
     network = Network(bridge=f"brl{tag}", gateway=f"10.{a}.{b}.1", prefix=f"10.{a}.{b}.", hosts=[])
     try:
-        _ip("link", "add", network.bridge, "type", "bridge")
-        _ip("link", "set", network.bridge, "alias", f"{ALIAS_PREFIX}{os.getpid()}")
-        _ip("addr", "add", f"{network.gateway}/24", "dev", network.bridge)
-        _ip("link", "set", network.bridge, "up")
+        _make_bridge(network.bridge, network.gateway)
+        for number in range(1, extra_networks + 1):
+            a, b = _free_subnet()
+            extra = (f"brl{tag}x{number}", f"10.{a}.{b}.1", f"10.{a}.{b}.")
+            network.extra.append(extra)
+            _make_bridge(extra[0], extra[1])
         for index in range(hosts):
             _make_host(network, index, tag)
         yield network
@@ -230,10 +273,13 @@ def build_network(hosts: int = 2) -> Iterator[Network]:
 
 
 @pytest.fixture(scope="module")
-def netns_network() -> Iterator[Network]:
-    """Three hosts on one bridge, shared by a module's tests (see `netns`)."""
+def netns_network(request: pytest.FixtureRequest) -> Iterator[Network]:
+    """Hosts on one bridge, shared by a module's tests (see `netns`): three, or the
+    test module's `NETNS_HOSTS`, with its `NETNS_EXTRA_NETWORKS` more networks (0)."""
+    hosts = int(getattr(request.module, "NETNS_HOSTS", 3))
+    extra = int(getattr(request.module, "NETNS_EXTRA_NETWORKS", 0))
     try:
-        with build_network(3) as network:
+        with build_network(hosts, extra_networks=extra) as network:
             yield network
     except NetnsError as exc:
         pytest.fail(f"cannot create network namespaces: {exc}", pytrace=False)

@@ -62,3 +62,34 @@ def test_a_half_built_network_is_removed_too(monkeypatch: pytest.MonkeyPatch) ->
         pass
     assert made and made[0] not in _namespaces()
     assert bridges and bridges[0] not in _links()
+
+
+def test_an_extra_network_links_the_hosts_apart_from_the_servers() -> None:
+    with netns.build_network(2, extra_networks=1) as network:
+        (bridge, gateway, prefix) = network.extra[0]
+        one, two = network.hosts
+        assert one.extra_addresses == [prefix + "2"] and two.extra_addresses == [prefix + "3"]
+        assert prefix != network.prefix and gateway == prefix + "1"
+        shown = one.run(["ip", "-o", "-4", "addr", "show", "dev", "eth1"]).stdout
+        assert f"{prefix}2/24" in shown
+        probe = (
+            "import socket,sys\n"
+            "s=socket.socket();s.settimeout(5)\n"
+            "print(s.connect_ex((sys.argv[1],int(sys.argv[2]))))"
+        )
+        listener = two.spawn(
+            [
+                "python3",
+                "-c",
+                "import socket,time\n"
+                "s=socket.socket();s.bind(('0.0.0.0',7777));s.listen();time.sleep(600)",
+            ]
+        )
+        for _ in range(100):
+            if one.run(["python3", "-c", probe, prefix + "3", "7777"]).stdout.strip() == "0":
+                break
+        else:
+            raise AssertionError(f"no connection over the extra network: {listener.output()}")
+        one.link_down(1)
+        assert one.run(["python3", "-c", probe, prefix + "3", "7777"]).stdout.strip() != "0"
+    assert bridge not in _links() and network.bridge not in _links()
