@@ -204,6 +204,9 @@ def test_short_lived_certificates_are_renewed_and_the_stream_keeps_working(
         "the server to renew its own certificate",
         within=60,
     )
+    # Renewals do not disturb the stream: one registration, the node still ready.
+    assert agent.output().count("registered as gpu-r") == 1, agent.output()
+    assert cluster.ready("gpu-r")
     # The renewed certificate is used from the next dial: restart the stream.
     agent.stop()
     back = cluster.agent("gpu-r")
