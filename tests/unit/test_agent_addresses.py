@@ -56,6 +56,7 @@ def test_the_servers_view_of_agents() -> None:
     assert peer_host("ipv4:10.77.0.2:51234") == "10.77.0.2"
     assert peer_host("ipv6:[fd00::2]:51234") == "fd00::2"
     assert peer_host("ipv6:%5B::1%5D:51234") == "::1"
+    assert peer_host("ipv6:[::ffff:10.77.0.2]:51234") == "10.77.0.2"
     assert peer_host("unix:/tmp/sock") == "unix:/tmp/sock"
     assert is_loopback("127.0.0.1") and is_loopback("127.1.2.3") and is_loopback("::1")
     assert is_loopback("localhost") and is_loopback("[::1]")

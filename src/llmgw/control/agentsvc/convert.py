@@ -11,6 +11,7 @@ shards and dropped otherwise; pid 0 means "no process".
 
 from __future__ import annotations
 
+import ipaddress
 import urllib.parse
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -78,8 +79,13 @@ def peer_host(peer: str) -> str:
     if kind not in ("ipv4", "ipv6"):
         return peer
     rest = urllib.parse.unquote(rest)
-    host = rest.rsplit(":", 1)[0] if ":" in rest else rest
-    return host.strip("[]")
+    host = (rest.rsplit(":", 1)[0] if ":" in rest else rest).strip("[]")
+    # A listener on [::] sees IPv4 agents as ::ffff:a.b.c.d; show the IPv4 address.
+    try:
+        mapped = ipaddress.IPv6Address(host).ipv4_mapped
+    except ValueError:
+        return host
+    return host if mapped is None else str(mapped)
 
 
 def gpu_usage(gpus: Iterable[agent_pb2.GpuUsage]) -> list[GpuUsage]:
