@@ -242,6 +242,8 @@ def test_an_agent_advertising_loopback_is_shown_unreachable_not_published(
         )
         assert warning in node["address_warning"]
         assert warning in cli(server, "nodes", "show", "lo")
+        nodes_page = httpx.get(f"{server.admin}/admin/nodes", timeout=10).text
+        assert warning in nodes_page
         assert "node lo advertises 127.0.0.1 (loopback)" in server.proc.output()
     finally:
         server.proc.stop()
