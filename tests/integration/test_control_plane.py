@@ -345,6 +345,13 @@ def test_a_killed_node_s_replicas_come_back_elsewhere_while_requests_are_served(
             stop.set()
             loader.join(60)
         assert failures == []
+
+        # The replacement starts once the node is unreachable; it is lost later.
+        def lost() -> bool:
+            nodes = httpx.get(f"{f.server.admin}/admin/api/nodes", timeout=10).json()["nodes"]
+            return any(n["id"] == victim and n["state"] == "lost" for n in nodes)
+
+        wait_for(lost, "the killed node to be lost")
         # The operator can see what happened to the node, in order.
         told = httpx.get(
             f"{f.server.admin}/admin/api/events", params={"node": victim}, timeout=10

@@ -356,21 +356,39 @@ def test_scale_down_stops_replicas_not_ready_yet_first_then_the_newest() -> None
     assert starts(result) == []
 
 
-def test_scale_down_counts_pending_starts_but_never_picks_them() -> None:
-    node = make_node(
-        "node-a",
-        shards=[
-            make_shard("a-1", "a", gpus=(0,), port=20000, age=20),
-            make_shard("a-2", "a", gpus=(1,), port=20001, age=10),
-        ],
-    )
-    pending = [
-        Pending("node-a", ShardSpec("a-3", "a", "vllm", "org/a", gpu_indices=(2,), port=20002))
+def test_scale_down_counts_pending_starts_but_never_trades_a_shard_for_one() -> None:
+    ready = [
+        make_shard("a-1", "a", gpus=(0,), port=20000, age=20),
+        make_shard("a-2", "a", gpus=(1,), port=20001, age=10),
     ]
+    spec = ShardSpec("a-3", "a", "vllm", "org/a", gpu_indices=(2,), port=20002)
 
-    result = run([Desired(make_model("a"), 2)], [node], pending=pending)
+    # Two Ready replicas and a start in flight, two wanted: nothing is stopped
+    # (and nothing started) until the start reports...
+    waiting = run(
+        [Desired(make_model("a"), 2)],
+        [make_node("node-a", shards=ready)],
+        pending=[Pending("node-a", spec)],
+    )
+    assert waiting.actions == ()
 
-    assert result.actions == (Stop("node-a", "a-2", "a", "scale_down", drain=True),)
+    # ...then its shard, not ready yet, is the one drained.
+    started = make_shard("a-3", "a", gpus=(2,), port=20002, state="starting")
+    reported = run([Desired(make_model("a"), 2)], [make_node("node-a", shards=[*ready, started])])
+    assert reported.actions == (Stop("node-a", "a-3", "a", "scale_down", drain=True),)
+
+
+def test_a_node_back_while_its_replacement_is_still_a_pending_start_keeps_its_replica() -> None:
+    back = make_node("node-a", shards=[make_shard("a-1", "a", gpus=(0,), port=20000, age=600)])
+    spec = ShardSpec("a-2", "a", "vllm", "org/a", gpu_indices=(0,), port=20000)
+
+    result = run(
+        [Desired(make_model("a"), 1)],
+        [back, make_node("node-b")],
+        pending=[Pending("node-b", spec)],
+    )
+
+    assert result.actions == ()
 
 
 def test_shards_of_a_model_no_longer_in_the_catalog_are_drained_where_reachable() -> None:

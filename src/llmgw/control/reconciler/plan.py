@@ -25,7 +25,9 @@ A pure function of its inputs: same input, same actions in the same order
 - Drain: shards on a draining node keep serving until the model has as many
   ready replicas elsewhere as wanted; then they are drained.
 - Scale down: the surplus is drained, replicas not ready yet first, then the
-  newest. Pending starts count but are never picked (they are not shards yet).
+  newest. Pending starts count but are never picked (they are not shards yet),
+  and no shard is stopped in favour of a pending start: the start's shard is
+  the surplus once it reports.
   This is also how a node that comes back after its replicas were replaced
   loses the surplus: the Ready one is kept, and of two Ready ones the older.
   Each such stop's `detail` says which replicas are kept and why.
@@ -171,7 +173,10 @@ def _drain(want: Desired, have: _Replicas) -> list[Stop]:
 
 def _scale_down(want: Desired, have: _Replicas) -> list[Stop]:
     """Drain the surplus: replicas not ready yet first, then the newest."""
-    surplus = have.count - max(want.replicas, 0)
+    wanted = max(want.replicas, 0)
+    # Pending starts count, but a shard is never traded for a start that has not
+    # reported yet: that start's shard is retired once it reports (not ready, so first).
+    surplus = min(have.count - wanted, len(have.serving) - wanted)
     if surplus <= 0:
         return []
     candidates = [(node, shard) for node, shard in have.serving if node.connected]
