@@ -344,3 +344,21 @@ async def test_a_request_waiting_on_an_abandoned_engine_goes_to_the_replacement(
     assert plane.activations == 1
     # Nothing is left waiting, and abandoning again finds nothing.
     assert pool.abandon(["frozen-1"]) == 0
+
+
+async def test_abandoning_a_wait_whose_deadline_already_fired_changes_nothing() -> None:
+    pool = make_pool()
+    loop = asyncio.get_running_loop()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout_at(loop.time()) as deadline:
+            wait = pool.wait_first_byte("e-1", deadline)
+            try:
+                await asyncio.sleep(1)  # the deadline fires during this
+            except asyncio.CancelledError:
+                # The control plane abandons it just then: no error, not marked.
+                assert pool.abandon(["e-1"]) == 0
+                assert not wait.abandoned
+                raise
+            finally:
+                pool.first_byte_done(wait)
+    assert pool.abandon(["e-1"]) == 0

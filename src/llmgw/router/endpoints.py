@@ -139,10 +139,14 @@ class FirstByteWait:
         self.timeout = timeout
         self.abandoned = False
 
-    def abandon(self) -> None:
-        """End the wait now: its deadline fires, and `abandoned` says why."""
+    def abandon(self) -> bool:
+        """End the wait now: its deadline fires, and `abandoned` says why. A deadline
+        that already fired is left to end the attempt as it does (returns False)."""
+        if self.abandoned or self.timeout.expired():
+            return False
         self.abandoned = True
         self.timeout.reschedule(0)
+        return True
 
 
 class EndpointSink(Protocol):
@@ -200,8 +204,7 @@ class EndpointPool:
         count = 0
         for endpoint_id in ids:
             for wait in tuple(self._waits.get(endpoint_id, ())):
-                wait.abandon()
-                count += 1
+                count += wait.abandon()
         if count:
             log.warning(
                 "%d request%s waiting on %s go elsewhere: the node stopped answering",
