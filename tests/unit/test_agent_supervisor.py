@@ -9,12 +9,13 @@ periods under a second).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from hashlib import sha256
 from pathlib import Path
@@ -218,6 +219,17 @@ def make_supervisor(
         environ={**os.environ, "LLMGW_UNSET_ME": "x"},
     )
     return supervisor, ports
+
+
+@pytest.fixture(autouse=True)
+def _no_engine_left(tmp_path: Path) -> Iterator[None]:
+    """Engines outlive their supervisor: kill any a failed test left behind."""
+    yield
+    for state in tmp_path.glob("state/engines/*/state.json"):
+        for engine in json.loads(state.read_text())["engines"]:
+            if alive(engine["pid"]):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(engine["pid"], signal.SIGKILL)
 
 
 @pytest.fixture

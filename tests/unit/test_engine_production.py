@@ -8,6 +8,7 @@ the weights directory for vLLM and SGLang; `--engine KIND=PATH`,
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -17,7 +18,13 @@ import pytest
 
 from llmgw.agent.flags import PortRange
 from llmgw.agent.spec import engine_spec
-from llmgw.agent.state import EngineStore, StateDirError, prepare_state_dir
+from llmgw.agent.state import (
+    EMPTY_CMDLINE,
+    EngineStore,
+    StateDirError,
+    cmdline_sha256,
+    prepare_state_dir,
+)
 from llmgw.control.agentsvc.convert import shard_spec, shard_spec_message
 from llmgw.control.catalog.errors import InvalidModel
 from llmgw.control.catalog.validate import model_to_dict, parse_model
@@ -260,3 +267,15 @@ def test_a_damaged_state_file_is_set_aside(
         assert store.load() == []
     finally:
         store.unlock()
+
+
+def test_the_recorded_command_line_hash_is_the_launched_argv() -> None:
+    # Computed from argv, not read from /proc (empty there while exec is under way).
+    argv = ["/usr/bin/python3", "-c", "print(1)", "x y"]
+    expected = hashlib.sha256(b"/usr/bin/python3\0-c\0print(1)\0x y\0").hexdigest()
+    assert cmdline_sha256(argv) == expected
+    assert cmdline_sha256(argv) != EMPTY_CMDLINE
+    mine = Path("/proc/self/cmdline").read_bytes()
+    assert cmdline_sha256([a.decode() for a in mine.split(b"\0")[:-1]]) == (
+        hashlib.sha256(mine).hexdigest()
+    )

@@ -37,6 +37,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,18 @@ class ProcessIdentity:
 
     start_ticks: int
     cmdline_sha256: str
+
+
+EMPTY_CMDLINE = hashlib.sha256(b"").hexdigest()
+"""The hash /proc shows for a process in the middle of exec (its arguments not yet
+in place), never one to record."""
+
+
+def cmdline_sha256(argv: Sequence[str]) -> str:
+    """The hash of /proc/PID/cmdline of a process exec'd with `argv` (each argument
+    followed by a NUL), computed without reading /proc: right after spawn, /proc may
+    still show the empty command line of an exec in progress."""
+    return hashlib.sha256(b"".join(os.fsencode(arg) + b"\0" for arg in argv)).hexdigest()
 
 
 def read_identity(pid: int) -> ProcessIdentity | None:

@@ -58,10 +58,12 @@ from llmgw.agent.settings import SupervisorSettings
 from llmgw.agent.shard import ProbeTarget, Shard, ShardReport, ShardState, probe_once
 from llmgw.agent.spec import engine_spec
 from llmgw.agent.state import (
+    EMPTY_CMDLINE,
     EngineRecord,
     EngineStore,
     ProcessIdentity,
     StateDirError,
+    cmdline_sha256,
     read_identity,
 )
 from llmgw.agent.weights import remove_path, resolve_removable
@@ -381,6 +383,7 @@ class Supervisor:
             url = endpoint_url(self._addresses.advertise, spec.port)
             started = self._wall_clock()
             identity = read_identity(process.pid)
+            argv = (program, *plan.argv[1:])
             shard = Shard(
                 spec=spec,
                 process=process,
@@ -399,7 +402,7 @@ class Supervisor:
                 shard_id=spec.shard_id,
                 pid=process.pid,
                 start_ticks=identity.start_ticks if identity is not None else 0,
-                cmdline_sha256=identity.cmdline_sha256 if identity is not None else "",
+                cmdline_sha256=cmdline_sha256(argv),
                 port=spec.port,
                 spec=spec,
                 log_path=str(log_path),
@@ -492,7 +495,7 @@ class Supervisor:
                 if (
                     identity is not None
                     and identity.start_ticks == record.start_ticks
-                    and identity.cmdline_sha256 != record.cmdline_sha256
+                    and identity.cmdline_sha256 not in (record.cmdline_sha256, EMPTY_CMDLINE)
                 ):
                     self._records[shard_id] = replace(
                         record, cmdline_sha256=identity.cmdline_sha256
@@ -513,11 +516,18 @@ class Supervisor:
                 # Engines may rename their process once loaded (vLLM does): the
                 # command line is read again, so the next agent recognises it.
                 identity = read_identity(record.pid)
+                renamed = (
+                    identity is not None
+                    and identity.start_ticks == record.start_ticks
+                    and identity.cmdline_sha256 != EMPTY_CMDLINE
+                )
                 self._records[report.shard_id] = replace(
                     record,
                     been_ready=True,
                     cmdline_sha256=(
-                        identity.cmdline_sha256 if identity is not None else record.cmdline_sha256
+                        identity.cmdline_sha256
+                        if renamed and identity is not None
+                        else record.cmdline_sha256
                     ),
                 )
                 self._save()
