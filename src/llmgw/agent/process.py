@@ -92,14 +92,19 @@ class EngineProcess:
         return True
 
     def group_alive(self) -> bool:
-        """Whether any process (a zombie included) is left in the engine's group."""
+        """Whether a live process (not a zombie) is left in the engine's group.
+
+        Zombies count for killpg but cannot be signalled away: an exited adopted
+        engine stays one until its new parent reaps it, and some inits (in
+        containers) never do.
+        """
         try:
             os.killpg(self.pid, 0)
         except ProcessLookupError:
             return False
         except PermissionError:
             return True
-        return True
+        return any(_live_members(self.pid))
 
     def close(self) -> None:
         """Stop watching (the process itself is left alone)."""
@@ -141,6 +146,24 @@ class EngineProcess:
 
     def _zombie_or_gone(self) -> bool:
         return read_identity(self.pid) is None
+
+
+def _live_members(pgid: int) -> list[int]:
+    """Pids of the group's processes that are not zombies (blocking: reads /proc)."""
+    found: list[int] = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as stat_file:
+                stat = stat_file.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        # fields[0] is the state (field 3), fields[2] the process group (field 5).
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X", b"x"):
+            found.append(int(entry.name))
+    return found
 
 
 def spawn(

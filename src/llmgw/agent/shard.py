@@ -337,10 +337,10 @@ class Shard:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         while loop.time() < deadline:
-            if exited.done() and not self._process.group_alive():
+            if exited.done() and not await asyncio.to_thread(self._process.group_alive):
                 return
             await asyncio.sleep(_GROUP_POLL_SECONDS)
-        if not exited.done() or self._process.group_alive():
+        if not exited.done() or await asyncio.to_thread(self._process.group_alive):
             log.warning(
                 "shard %s: SIGKILL to process group %d (%gs after SIGTERM)",
                 self._spec.shard_id,
