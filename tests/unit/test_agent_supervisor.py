@@ -673,6 +673,19 @@ async def test_stop_signals_the_main_process_before_its_group(harness: Harness) 
     assert not alive(ready.pid)
 
 
+async def test_a_hub_download_in_use_is_not_removed(harness: Harness) -> None:
+    cache = harness.weights / "hub" / "models--org--model"
+    (cache / "snapshots").mkdir(parents=True)
+    spec = harness.spec("v")
+    spec.weights = "org/model"
+    await harness.supervisor.start(spec)
+    with pytest.raises(WeightsPathError, match="shard 'v' is running from it"):
+        await harness.supervisor.remove_weights("hub/models--org--model")
+    with pytest.raises(WeightsPathError, match="shard 'v' is running from it"):
+        await harness.supervisor.remove_weights("hub")
+    assert cache.is_dir()
+
+
 async def test_relative_weights_resolve_in_the_weights_dir(harness: Harness) -> None:
     (harness.weights / "models").mkdir()
     (harness.weights / "models" / "m.gguf").write_bytes(b"x")

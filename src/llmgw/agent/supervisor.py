@@ -88,13 +88,22 @@ def launch_env(plan: LaunchPlan, base: Mapping[str, str]) -> dict[str, str]:
 
 
 def _in_use(weights_dir: Path, target: Path, shards: list[tuple[str, str]]) -> str | None:
-    """The first shard whose weights lie at or under `target` (blocking: realpath)."""
+    """The first shard whose weights lie at or under `target` (blocking: realpath).
+
+    A hub id (org/name) is also in use at its Hugging Face cache folder in the
+    weights directory (`hub/models--org--name`), where vLLM and SGLang download it.
+    """
     for shard_id, weights in shards:
         if not weights:
             continue
-        used = Path(os.path.realpath(weights_dir / weights))
-        if used == target or used.is_relative_to(target):
-            return shard_id
+        places = [weights_dir / weights]
+        parts = weights.split("/")
+        if len(parts) == 2 and all(parts) and not weights.startswith((".", "~")):
+            places.append(weights_dir / "hub" / f"models--{parts[0]}--{parts[1]}")
+        for place in places:
+            used = Path(os.path.realpath(place))
+            if used == target or used.is_relative_to(target):
+                return shard_id
     return None
 
 
