@@ -71,6 +71,7 @@ from llmgw.control.reconciler.views import ModelControlService
 from llmgw.lifecycle import guard
 from llmgw.limits import Limiter, LimitMetrics
 from llmgw.metrics import MetricsHistory, RouterMetrics
+from llmgw.metrics.queue import QueueMetrics
 from llmgw.router.admin import create_admin_app, create_metrics_app
 from llmgw.router.admin_keys import admin_guard, key_routes
 from llmgw.router.app import RouterApp
@@ -79,6 +80,8 @@ from llmgw.router.browser_guard import browser_guard
 from llmgw.router.endpoints import EjectionPolicy, EndpointPool, EndpointSpec
 from llmgw.router.health import HealthProber
 from llmgw.router.proxy import Proxy
+from llmgw.router.queue import RequestQueue
+from llmgw.router.saturation import Saturation
 from llmgw.router.upstream import Upstream
 from llmgw.store import ControlServer, Store, StoreError, open_store, store_url, utc_now
 from llmgw.usage import RetentionPruner, UsageRecorder
@@ -253,6 +256,12 @@ def _model_names(catalog: Catalog, name: str) -> tuple[str, ...]:
     return model.names if model is not None else (name,)
 
 
+def _max_in_flight(catalog: Catalog, name: str) -> int | None:
+    """The catalog model's own max_in_flight (None: not a catalog model, or unset)."""
+    model = catalog.get(name)
+    return model.max_in_flight if model is not None else None
+
+
 async def _serve(
     cfg: ServerConfig, listeners: list[BoundListener], store: Store, config_file: str | None
 ) -> None:
@@ -381,7 +390,27 @@ async def _serve(
         # A node that stops answering: requests waiting on its engines go elsewhere.
         abandon=pool.abandon,
     )
+    saturation = Saturation(
+        pool=pool,
+        clock=clock,
+        default_limit=cfg.router.max_in_flight,
+        endpoint_limits={e.id: e.max_in_flight for e in cfg.endpoints if e.max_in_flight},
+        model_limit=lambda name: _max_in_flight(catalog, name),
+        max_waiting=cfg.router.queue.max_waiting,
+        max_kv_cache=cfg.router.queue.max_kv_cache,
+    )
+    request_queue = RequestQueue(
+        saturation=saturation,
+        clock=clock,
+        max_size=cfg.router.queue.max_size,
+        aging=cfg.router.queue.aging,
+        recheck=cfg.router.queue.recheck,
+        retry_after=cfg.router.retry_after,
+        metrics=QueueMetrics(registry=registry),
+    )
     proxy = Proxy(
+        queue=request_queue,
+        saturation=saturation,
         pool=pool,
         balancer=Balancer(clock=clock, rng=random.Random()),
         upstream=upstream,

@@ -447,6 +447,15 @@ class ModelConfig(_Strict):
             "Unset by default: the model runs min_replicas, or one while in use."
         ),
     )
+    max_in_flight: StrictCount | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Requests in flight per replica before it counts as saturated and further "
+            "requests wait in the router's queue. Unset by default: router.max_in_flight "
+            "applies (and with that unset too, nothing is held back)."
+        ),
+    )
     scale_down_delay: float = Field(
         default=60.0,
         description=(

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from llmgw.config.models import ModelConfig
+from llmgw.config.queue import QueueConfig
 
 _ENDPOINT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
 
@@ -59,6 +60,14 @@ class EndpointConfig(_Strict):
         description=(
             "Path probed for health. /v1/models is answered by every OpenAI-compatible "
             "engine (llama.cpp's server has no /health), so it is the safe default."
+        ),
+    )
+    max_in_flight: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Requests in flight on this engine before it counts as saturated (requests "
+            "then wait in the router). Unset by default: router.max_in_flight applies."
         ),
     )
 
@@ -155,6 +164,16 @@ class RouterConfig(_Strict):
     )
     timeouts: TimeoutsConfig = TimeoutsConfig()
     health: HealthConfig = HealthConfig()
+    max_in_flight: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Requests in flight per replica before it counts as saturated and requests "
+            "wait in the router's queue; a static endpoint's or catalog model's own "
+            "max_in_flight wins. Unset by default: nothing is held back (fail open)."
+        ),
+    )
+    queue: QueueConfig = QueueConfig()
 
 
 class AuthConfig(_Strict):

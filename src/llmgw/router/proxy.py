@@ -55,7 +55,9 @@ from llmgw.router.errors import (
     engine_error_message,
 )
 from llmgw.router.ids import is_uuid, new_request_id
+from llmgw.router.queue import QueueRefused, RequestQueue, Ticket
 from llmgw.router.requests import ParsedRequest
+from llmgw.router.saturation import Saturation
 from llmgw.router.sse import SSERelay
 from llmgw.router.upstream import (
     ConnectFailed,
@@ -112,6 +114,8 @@ class Outcome:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     ttft: float | None = None
+    # Seconds the request waited in the router's queue.
+    queued: float = 0.0
 
 
 class Proxy:
@@ -127,9 +131,15 @@ class Proxy:
         activator: Activator | None = None,
         activation_keepalive: float = 5.0,
         activation_timeout: float = 600.0,
+        queue: RequestQueue | None = None,
+        saturation: Saturation | None = None,
     ) -> None:
         """`activation_timeout` bounds how long a request waits for a replica in
-        all (the activator's own wait included)."""
+        all (the activator's own wait included). With a `queue`, a request with a
+        `Ticket` first waits its turn there while its model is saturated, and with
+        `saturation` the balancer picks among replicas with room."""
+        self._queue = queue
+        self._saturation = saturation
         self._activator = activator
         self._keepalive = activation_keepalive
         self._activation_timeout = activation_timeout
@@ -151,8 +161,64 @@ class Proxy:
         send: Send,
         start: float,
         extra_headers: list[tuple[bytes, bytes]],
+        *,
+        ticket: Ticket | None = None,
     ) -> Outcome:
-        """Serve `req`; RouterError when nothing was sent and the client gets an error."""
+        """Serve `req`; RouterError when nothing was sent and the client gets an error.
+
+        With a queue and a `ticket`, the request first waits its turn while its
+        model is saturated; a stream gets SSE comments meanwhile, and once its
+        headers went out every failure is an SSE `error` event."""
+        queue = self._queue
+        if queue is None or ticket is None:
+            return await self._serve(req, request_id, send, start, extra_headers)
+        started = False
+
+        async def keepalive(waiting: int) -> None:
+            nonlocal started
+            if not started:
+                await send(_stream_start(200, request_id, extra_headers))
+                started = True
+            comment = f": llmgw queued for model {req.model} ({waiting} waiting)\n\n".encode()
+            await send({"type": "http.response.body", "body": comment, "more_body": True})
+
+        try:
+            waited = await queue.wait_turn(
+                req.model,
+                ticket,
+                keepalive=keepalive if req.stream else None,
+                interval=self._keepalive,
+            )
+        except QueueRefused as exc:
+            if not started:
+                raise
+            await _send_error_event(send, exc)
+            return Outcome(exc.status, "none")
+        # No await between the queue letting the request out and its dispatch.
+        try:
+            if not started:
+                outcome = await self._serve(req, request_id, send, start, extra_headers)
+            else:
+                try:
+                    outcome = await self._serve(
+                        req, request_id, _HeadersSent(send), start, extra_headers
+                    )
+                except RouterError as exc:
+                    await _send_error_event(send, exc)
+                    outcome = Outcome(exc.status, exc.endpoint_id or "none")
+        finally:
+            queue.done(req.model)
+        outcome.queued = waited
+        return outcome
+
+    async def _serve(
+        self,
+        req: ParsedRequest,
+        request_id: bytes,
+        send: Send,
+        start: float,
+        extra_headers: list[tuple[bytes, bytes]],
+    ) -> Outcome:
         activator = self._activator
         if activator is None:
             try:
@@ -311,6 +377,9 @@ class Proxy:
                 f"model '{req.model}' is not served here; GET /v1/models lists the models",
                 param="model",
             )
+        if self._saturation is not None:
+            # Replicas with room (all of them when none has room).
+            endpoints = self._saturation.with_room(req.model, endpoints)
         engine_model = self._pool.aliases.get(req.model)
         if engine_model is not None:
             req.send_as(engine_model)

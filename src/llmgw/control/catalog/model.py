@@ -77,6 +77,8 @@ class CatalogModel:
     source: ModelSource = "config"
     target_in_flight: int | None = None
     scale_down_delay: float = 60.0
+    # Requests in flight per replica before the router queues (None: router default).
+    max_in_flight: int | None = None
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -75,6 +75,7 @@ def model_from_config(cfg: ModelConfig, *, source: ModelSource) -> CatalogModel:
         source=source,
         target_in_flight=cfg.target_in_flight,
         scale_down_delay=cfg.scale_down_delay,
+        max_in_flight=cfg.max_in_flight,
     )
     for index, profile in enumerate(model.profiles):
         _check_engine(model, index, profile)
@@ -135,6 +136,7 @@ def model_to_dict(model: CatalogModel) -> dict[str, Any]:
         "activation": model.activation,
         "target_in_flight": model.target_in_flight,
         "scale_down_delay": _number(model.scale_down_delay),
+        **({"max_in_flight": model.max_in_flight} if model.max_in_flight is not None else {}),
     }
 
 

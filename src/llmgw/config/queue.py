@@ -1,0 +1,69 @@
+"""Settings of the router's saturation detector and request queue.
+
+These models only validate shape and ranges; see `llmgw.router.queue` for what
+the queue does with them.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class QueueConfig(BaseModel):
+    """How requests wait in the router while their model is saturated."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_size: int = Field(
+        default=1000,
+        ge=1,
+        description=(
+            "Requests that may wait per model; the next one gets 429 at once. 1000 holds "
+            "minutes of a busy model's traffic without letting memory grow unbounded."
+        ),
+    )
+    max_wait: float = Field(
+        default=30.0,
+        ge=0,
+        description=(
+            "Seconds a request may wait when neither its key (--max-queue-wait) nor the "
+            "request (x-llmgw-max-queue-wait, the OpenAI SDK's x-stainless-timeout) says "
+            "less: long enough to ride out a burst, short enough that a client retrying "
+            "after the 429 is not worse off."
+        ),
+    )
+    aging: float = Field(
+        default=10.0,
+        ge=0,
+        description=(
+            "Seconds of waiting after which a class's next request counts one priority "
+            "class higher (batch as default, then as interactive), so that no class is "
+            "starved forever; 0 turns ageing off."
+        ),
+    )
+    recheck: float = Field(
+        default=0.5,
+        gt=0,
+        description=(
+            "Seconds between looks for room that appears without a request ending (a new "
+            "replica, an engine's load report); requests ending let waiters out at once."
+        ),
+    )
+    max_waiting: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "A replica whose engine reports more waiting requests than this counts as "
+            "saturated (engines whose metrics are read). Unset by default: in-flight "
+            "limits alone decide."
+        ),
+    )
+    max_kv_cache: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description=(
+            "A replica whose engine reports KV-cache use over this fraction counts as "
+            "saturated (engines whose metrics are read). Unset by default."
+        ),
+    )

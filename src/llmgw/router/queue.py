@@ -1,0 +1,374 @@
+"""The router's per-model queue: requests wait here while their model is saturated.
+
+The proxy awaits `RequestQueue.wait_turn` before it picks a replica. When the
+model has room (see `Saturation`) and nobody waits for it, the request goes on
+at once, with no lock and no allocation beyond one dict lookup. Otherwise it
+waits in the model's queue until a replica has room, and is let out in this
+order:
+
+1. by priority class: `interactive` before `default` before `batch`. Ageing:
+   a class's next request counts one class higher for every `aging` seconds it
+   has waited (router.queue.aging, 10 s by default), so a steady stream of
+   interactive work delays batch work, but never holds it forever;
+2. within a class, by weighted fair share between keys (start-time fair
+   queuing: each request of a key gets a virtual start tag one `1/weight` after
+   the key's previous one, and never before the class's virtual time), so a key
+   that sends ten times more requests than another of the same weight gets
+   the same share while both wait.
+
+A waiting request leaves with a 429 (`QueueRefused`, with Retry-After and the
+queue's length in the message) when its wait budget runs out, and is refused
+at once when the model's queue is full. A request whose client goes away is
+cancelled by the app and leaves the queue at once (its place is not kept).
+
+A request let out holds a reservation until the proxy sends it (the proxy does
+so without yielding to the event loop), so two requests never take the same
+free place; every request the proxy served calls `done`, which lets the next
+ones out. Waiters also look again every `recheck` seconds, for room that
+appears without a request ending (a new replica, an engine's load report).
+
+Not guaranteed: fairness across router processes (each keeps its own queue and
+its own virtual times); shares are counted in requests, not tokens; a key's
+virtual time is forgotten whenever its model's queue empties.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import math
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+from llmgw.metrics.queue import DepthRow, QueueMetrics
+from llmgw.router.errors import InvalidRequest, RouterError
+from llmgw.router.saturation import Saturation
+
+Priority = Literal["interactive", "default", "batch"]
+PRIORITIES: tuple[Priority, ...] = ("interactive", "default", "batch")
+_RANK = {name: rank for rank, name in enumerate(PRIORITIES)}
+
+PRIORITY_HEADER = "x-llmgw-priority"
+MAX_WAIT_HEADER = "x-llmgw-max-queue-wait"
+# The OpenAI SDKs send their client timeout in seconds: a request never needs
+# to wait longer than its client will.
+SDK_TIMEOUT_HEADER = "x-stainless-timeout"
+
+
+class QueueRefused(RouterError):
+    """The queue turned the request away: full, or its wait budget ran out (429)."""
+
+    status = 429
+    type = "rate_limit_error"
+
+    def __init__(self, message: str, *, code: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.code = code
+        self.retry_after = retry_after
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [(b"retry-after", str(self.retry_after).encode())]
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """How one request queues: its fair-share flow (the key), class, weight and
+    how long it may wait, in seconds."""
+
+    key: str
+    priority: Priority = "default"
+    weight: float = 1.0
+    max_wait: float = 30.0
+
+
+def parse_priority(value: str, *, field_name: str) -> Priority:
+    """`value` as a priority class; InvalidRequest naming `field_name` if it is none."""
+    name = value.strip().lower()
+    for priority in PRIORITIES:
+        if name == priority:
+            return priority
+    raise InvalidRequest(
+        f"{field_name} {value!r} is not a priority class; use one of {', '.join(PRIORITIES)}",
+        param=field_name,
+    )
+
+
+def lower_priority(own: Priority, asked: Priority) -> Priority:
+    """The lower of the two: a request may lower its key's class, never raise it."""
+    return own if _RANK[own] >= _RANK[asked] else asked
+
+
+def parse_wait(value: str, *, field_name: str) -> float:
+    """Seconds from a header (a number, 0 or more); InvalidRequest naming it if not."""
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        seconds = -1.0
+    if not (seconds >= 0 and math.isfinite(seconds)):
+        raise InvalidRequest(
+            f"{field_name} {value!r} is not a number of seconds; give 0 or more (e.g. 10 or 2.5)",
+            param=field_name,
+        )
+    return seconds
+
+
+_HEADERS = {
+    PRIORITY_HEADER.encode(): PRIORITY_HEADER,
+    MAX_WAIT_HEADER.encode(): MAX_WAIT_HEADER,
+    SDK_TIMEOUT_HEADER.encode(): SDK_TIMEOUT_HEADER,
+}
+
+
+def ticket_for(
+    *,
+    key: str,
+    priority: Priority,
+    weight: float,
+    max_wait: float,
+    headers: Iterable[tuple[bytes, bytes]],
+) -> Ticket:
+    """The ticket of one request: the key's settings, lowered by its headers
+    (`x-llmgw-priority`, `x-llmgw-max-queue-wait`, the SDK's `x-stainless-timeout`).
+    InvalidRequest (400) naming the header when one of ours is not valid; a bad
+    SDK timeout is someone else's header and is ignored."""
+    for raw_name, raw_value in headers:
+        name = _HEADERS.get(raw_name)
+        if name is None:
+            continue
+        value = raw_value.decode("latin-1")
+        if name == PRIORITY_HEADER:
+            priority = lower_priority(priority, parse_priority(value, field_name=name))
+        elif name == MAX_WAIT_HEADER:
+            max_wait = min(max_wait, parse_wait(value, field_name=name))
+        else:
+            with contextlib.suppress(InvalidRequest):
+                max_wait = min(max_wait, parse_wait(value, field_name=name))
+    return Ticket(key=key, priority=priority, weight=weight, max_wait=max_wait)
+
+
+@dataclass(eq=False, slots=True)
+class _Waiter:
+    ticket: Ticket
+    rank: int
+    enqueued: float
+    tag: float
+    future: asyncio.Future[None]
+    gone: bool = False
+
+
+@dataclass(slots=True)
+class _ModelQueue:
+    # One heap per class of (start tag, sequence, waiter).
+    heaps: tuple[list[tuple[float, int, _Waiter]], ...] = field(
+        default_factory=lambda: tuple([] for _ in PRIORITIES)
+    )
+    counts: list[int] = field(default_factory=lambda: [0] * len(PRIORITIES))
+    vtime: list[float] = field(default_factory=lambda: [0.0] * len(PRIORITIES))
+    # Finish tag of each key's latest request, per class.
+    finish: tuple[dict[str, float], ...] = field(
+        default_factory=lambda: tuple({} for _ in PRIORITIES)
+    )
+    size: int = 0
+    reserved: int = 0
+    seq: int = 0
+
+    def reset_tags(self) -> None:
+        for i in range(len(PRIORITIES)):
+            self.vtime[i] = 0.0
+            self.finish[i].clear()
+
+
+# A callback the proxy gives for streams: sends an SSE keep-alive comment.
+KeepAlive = Callable[[int], Awaitable[None]]
+
+
+class RequestQueue:
+    """Per-model queues in front of the balancer."""
+
+    def __init__(
+        self,
+        *,
+        saturation: Saturation,
+        clock: Callable[[], float],
+        max_size: int,
+        aging: float,
+        recheck: float,
+        retry_after: int,
+        metrics: QueueMetrics | None = None,
+    ) -> None:
+        self._saturation = saturation
+        self._clock = clock
+        self._max_size = max_size
+        self._aging = aging
+        self._recheck = recheck
+        self._retry_after = retry_after
+        self._metrics = metrics
+        self._models: dict[str, _ModelQueue] = {}
+        if metrics is not None:
+            metrics.watch(self.depths)
+
+    def depths(self) -> Iterator[DepthRow]:
+        for model, state in list(self._models.items()):
+            for rank, name in enumerate(PRIORITIES):
+                if state.counts[rank]:
+                    yield model, name, state.counts[rank]
+
+    def describe(self, model: str) -> dict[str, object]:
+        """The model's queue as the admin API and `llmgw status` show it."""
+        state = self._models.get(model)
+        now = self._clock()
+        classes: dict[str, object] = {}
+        for rank, name in enumerate(PRIORITIES):
+            waiting = [w for _, _, w in state.heaps[rank] if not w.gone] if state else []
+            classes[name] = {
+                "waiting": len(waiting),
+                "oldest_wait_seconds": round(
+                    max((now - w.enqueued for w in waiting), default=0), 3
+                ),
+            }
+        return {"waiting": state.size if state else 0, "classes": classes}
+
+    async def wait_turn(
+        self, model: str, ticket: Ticket, *, keepalive: KeepAlive | None, interval: float
+    ) -> float:
+        """Return when `model` has room for this request (the seconds it waited);
+        the caller must send it at once, then call `done(model)` when it ends.
+        `keepalive(waiting)` is awaited every `interval` seconds while it waits.
+        Raises QueueRefused when the queue is full or the wait budget runs out."""
+        state = self._models.get(model)
+        if state is None or state.size == 0:
+            reserved = state.reserved if state else 0
+            if self._saturation.room(model, reserved) > 0:
+                return 0.0
+        if state is None:
+            state = self._models[model] = _ModelQueue()
+        rank = _RANK[ticket.priority]
+        if state.size >= self._max_size:
+            self._refuse_count(model, ticket, "queue_full")
+            raise QueueRefused(
+                f"model '{model}' is saturated and its queue is full ({state.size} requests "
+                f"waiting, router.queue.max_size); retry after {self._retry_after} s",
+                code="queue_full",
+                retry_after=self._retry_after,
+            )
+        waiter = self._push(state, ticket, rank)
+        self._drain(model, state)
+        start = waiter.enqueued
+        deadline = start + ticket.max_wait
+        next_keepalive = start + interval
+        try:
+            while not waiter.future.done():
+                now = self._clock()
+                if now >= deadline:
+                    self._refuse_count(model, ticket, "wait_expired")
+                    raise QueueRefused(
+                        f"model '{model}' stayed saturated for the request's whole wait budget "
+                        f"of {ticket.max_wait:g} s ({state.size} requests waiting in the "
+                        f"queue); retry after {self._retry_after} s",
+                        code="queue_wait_expired",
+                        retry_after=self._retry_after,
+                    )
+                wake = min(deadline, now + self._recheck)
+                if keepalive is not None:
+                    wake = min(wake, next_keepalive)
+                await asyncio.wait({waiter.future}, timeout=max(0.0, wake - now))
+                if waiter.future.done():
+                    break
+                if keepalive is not None and self._clock() >= next_keepalive:
+                    await keepalive(state.size)
+                    next_keepalive = self._clock() + interval
+                self._drain(model, state)
+        finally:
+            self._leave(model, state, waiter)
+        waited = self._clock() - start
+        if self._metrics is not None:
+            self._metrics.wait.labels(model, ticket.priority).observe(waited)
+        return waited
+
+    def done(self, model: str) -> None:
+        """A request of `model` let through by `wait_turn` ended: let the next ones out."""
+        state = self._models.get(model)
+        if state is not None and state.size:
+            self._drain(model, state)
+
+    def _refuse_count(self, model: str, ticket: Ticket, reason: str) -> None:
+        if self._metrics is not None:
+            self._metrics.refused.labels(model, ticket.priority, reason).inc()
+
+    def _push(self, state: _ModelQueue, ticket: Ticket, rank: int) -> _Waiter:
+        now = self._clock()
+        if state.size == 0:
+            state.reset_tags()
+        finish = state.finish[rank]
+        start_tag = max(state.vtime[rank], finish.get(ticket.key, 0.0))
+        finish[ticket.key] = start_tag + 1.0 / ticket.weight
+        waiter = _Waiter(
+            ticket=ticket,
+            rank=rank,
+            enqueued=now,
+            tag=start_tag,
+            future=asyncio.get_running_loop().create_future(),
+        )
+        state.seq += 1
+        heapq.heappush(state.heaps[rank], (start_tag, state.seq, waiter))
+        state.size += 1
+        state.counts[rank] += 1
+        return waiter
+
+    def _leave(self, model: str, state: _ModelQueue, waiter: _Waiter) -> None:
+        """The waiter's coroutine resumes: let go of its reservation, or of its place."""
+        if waiter.future.done() and not waiter.future.cancelled():
+            # Let out: the caller sends it now, into the in-flight count.
+            state.reserved -= 1
+            if not _returning():
+                # Cancelled after being let out (the client left): hand the place on.
+                self._drain(model, state)
+        else:
+            waiter.future.cancel()
+            waiter.gone = True
+            state.size -= 1
+            state.counts[waiter.rank] -= 1
+            if _returning() is False and self._metrics is not None:
+                self._metrics.left.labels(model, waiter.ticket.priority).inc()
+        if state.size == 0 and state.reserved == 0:
+            self._models.pop(model, None)
+
+    def _next(self, state: _ModelQueue, now: float) -> _Waiter | None:
+        best: _Waiter | None = None
+        best_key = (math.inf, math.inf)
+        for rank, heap in enumerate(state.heaps):
+            while heap and heap[0][2].gone:
+                heapq.heappop(heap)
+            if not heap:
+                continue
+            head = heap[0][2]
+            promoted = int((now - head.enqueued) // self._aging) if self._aging > 0 else 0
+            key = (float(rank - promoted), float(rank))
+            if key < best_key:
+                best, best_key = head, key
+        return best
+
+    def _drain(self, model: str, state: _ModelQueue) -> None:
+        """Let waiters out, in order, while the model has room."""
+        now = self._clock()
+        while state.size:
+            if self._saturation.room(model, state.reserved) <= 0:
+                return
+            waiter = self._next(state, now)
+            if waiter is None:
+                return
+            heapq.heappop(state.heaps[waiter.rank])
+            state.vtime[waiter.rank] = waiter.tag
+            waiter.gone = True
+            state.size -= 1
+            state.counts[waiter.rank] -= 1
+            state.reserved += 1
+            waiter.future.set_result(None)
+
+
+def _returning() -> bool:
+    """True unless the current task is being cancelled."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() == 0

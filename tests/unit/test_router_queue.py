@@ -1,0 +1,330 @@
+"""The saturation detector and the per-model fair queue, on the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from llmgw.metrics.queue import QueueMetrics
+from llmgw.router.endpoints import EjectionPolicy, EndpointPool, EndpointSpec
+from llmgw.router.errors import InvalidRequest
+from llmgw.router.queue import QueueRefused, RequestQueue, Ticket, ticket_for
+from llmgw.router.saturation import EngineLoad, Saturation
+
+MODEL = "m"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Loads:
+    def __init__(self) -> None:
+        self.reports: dict[str, EngineLoad] = {}
+
+    def load(self, endpoint_id: str) -> EngineLoad | None:
+        return self.reports.get(endpoint_id)
+
+
+def _pool(clock: Clock, count: int = 1) -> EndpointPool:
+    pool = EndpointPool(policy=EjectionPolicy(3, 1.0, 8.0), clock=clock)
+    pool.set_model_endpoints(
+        MODEL,
+        [EndpointSpec(f"e{i}", f"http://127.0.0.1:{9000 + i}", (MODEL,)) for i in range(count)],
+    )
+    return pool
+
+
+def _queue(
+    pool: EndpointPool,
+    clock: Clock,
+    *,
+    limit: int | None = 1,
+    max_size: int = 100,
+    aging: float = 0.0,
+    load: Loads | None = None,
+    registry: CollectorRegistry | None = None,
+) -> RequestQueue:
+    saturation = Saturation(
+        pool=pool, clock=clock, default_limit=limit, load=load, max_waiting=2, max_kv_cache=0.9
+    )
+    return RequestQueue(
+        saturation=saturation,
+        clock=clock,
+        max_size=max_size,
+        aging=aging,
+        recheck=60.0,
+        retry_after=7,
+        metrics=QueueMetrics(registry=registry) if registry is not None else None,
+    )
+
+
+class Fleet:
+    """Requests that hold a place on endpoint e0 until released, in the order let out."""
+
+    def __init__(self, pool: EndpointPool, queue: RequestQueue) -> None:
+        self.endpoint = pool.by_model[MODEL][0]
+        self.queue = queue
+        self.order: list[str] = []
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def _run(self, name: str, ticket: Ticket) -> None:
+        await self.queue.wait_turn(MODEL, ticket, keepalive=None, interval=60.0)
+        self.endpoint.in_flight += 1  # the proxy's dispatch
+        self.order.append(name)
+
+    def send(self, name: str, ticket: Ticket) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(self._run(name, ticket))
+        self.tasks.append(task)
+        return task
+
+    async def settle(self) -> None:
+        for _ in range(5):
+            await asyncio.sleep(0)
+
+    async def finish_one(self) -> None:
+        self.endpoint.in_flight -= 1
+        self.queue.done(MODEL)
+        await self.settle()
+
+
+async def test_nothing_known_never_holds_back() -> None:
+    clock = Clock()
+    pool = _pool(clock)
+    queue = _queue(pool, clock, limit=None)
+    pool.by_model[MODEL][0].in_flight = 10_000
+    assert await queue.wait_turn(MODEL, Ticket("k"), keepalive=None, interval=1) == 0.0
+    # A model without any replica is not saturated either (activation decides).
+    assert await queue.wait_turn("other", Ticket("k"), keepalive=None, interval=1) == 0.0
+
+
+async def test_saturated_model_lets_requests_out_one_per_free_place_in_order() -> None:
+    clock = Clock()
+    pool = _pool(clock)
+    fleet = Fleet(pool, _queue(pool, clock, limit=2))
+    for name in "abcd":
+        fleet.send(name, Ticket("k"))
+    await fleet.settle()
+    assert fleet.order == ["a", "b"]
+    assert fleet.queue.describe(MODEL)["waiting"] == 2
+    await fleet.finish_one()
+    assert fleet.order == ["a", "b", "c"]
+    await fleet.finish_one()
+    assert fleet.order == ["a", "b", "c", "d"]
+    assert fleet.queue.describe(MODEL)["waiting"] == 0
+
+
+async def test_higher_class_goes_first_and_a_header_only_lowers() -> None:
+    clock = Clock()
+    pool = _pool(clock)
+    fleet = Fleet(pool, _queue(pool, clock))
+    fleet.send("first", Ticket("k"))
+    await fleet.settle()
+    fleet.send("batch", Ticket("b", priority="batch"))
+    fleet.send("default", Ticket("d"))
+    fleet.send("interactive", Ticket("i", priority="interactive"))
+    await fleet.settle()
+    for _ in range(3):
+        await fleet.finish_one()
+    assert fleet.order == ["first", "interactive", "default", "batch"]
+
+
+async def test_ageing_lets_a_long_waiting_lower_class_through() -> None:
+    clock = Clock()
+    pool = _pool(clock)
+    fleet = Fleet(pool, _queue(pool, clock, aging=10.0))
+    fleet.send("first", Ticket("k"))
+    await fleet.settle()
+    fleet.send("batch", Ticket("b", priority="batch"))
+    await fleet.settle()
+    clock.now = 31.0  # three classes' worth of waiting: it now counts above interactive
+    fleet.send("interactive", Ticket("i", priority="interactive"))
+    await fleet.settle()
+    await fleet.finish_one()
+    assert fleet.order == ["first", "batch"]
+
+
+async def test_a_flooding_key_gets_its_share_not_more() -> None:
+    clock = Clock()
+    pool = _pool(clock)
+    fleet = Fleet(pool, _queue(pool, clock))
+    fleet.send("hold", Ticket("x"))
+    await fleet.settle()
+    for i in range(10):
+        fleet.send(f"flood{i}", Ticket("flood"))
+    await fleet.settle()
+    fleet.send("light0", Ticket("light"))
+    fleet.send("light1", Ticket("light"))
+    await fleet.settle()
+    for _ in range(4):
+        await fleet.finish_one()
+    # Alternating from the light key's arrival on, though the flood queued first.
+    assert fleet.order == ["hold", "flood0", "light0", "flood1", "light1"]
+
+
+async def test_weights_give_proportional_shares() -> None:
+    clock = Clock()
+    pool = _pool(clock)
+    fleet = Fleet(pool, _queue(pool, clock))
+    fleet.send("hold", Ticket("x"))
+    await fleet.settle()
+    for i in range(6):
+        fleet.send(f"heavy{i}", Ticket("heavy", weight=2.0))
+        fleet.send(f"light{i}", Ticket("light", weight=1.0))
+    await fleet.settle()
+    for _ in range(6):
+        await fleet.finish_one()
+    served = fleet.order[1:]
+    assert sum(name.startswith("heavy") for name in served) == 4
+    assert sum(name.startswith("light") for name in served) == 2
+    for task in fleet.tasks:
+        task.cancel()
+    await asyncio.gather(*fleet.tasks, return_exceptions=True)
+
+
+async def test_full_queue_refuses_at_once_with_retry_after() -> None:
+    clock = Clock()
+    pool = _pool(clock)
+    registry = CollectorRegistry()
+    fleet = Fleet(pool, _queue(pool, clock, max_size=2, registry=registry))
+    for name in "abc":
+        fleet.send(name, Ticket("k"))
+    await fleet.settle()
+    with pytest.raises(QueueRefused) as info:
+        await fleet.queue.wait_turn(MODEL, Ticket("k"), keepalive=None, interval=60)
+    error = info.value
+    assert error.status == 429
+    assert error.code == "queue_full"
+    assert (b"retry-after", b"7") in error.headers()
+    assert "2 requests waiting" in error.message
+    assert (
+        registry.get_sample_value(
+            "llmgw_queue_refused_total",
+            {"model": MODEL, "class": "default", "reason": "queue_full"},
+        )
+        == 1.0
+    )
+    assert registry.get_sample_value("llmgw_queue_depth", {"model": MODEL, "class": "default"}) == 2
+    for task in fleet.tasks:
+        task.cancel()
+    await asyncio.gather(*fleet.tasks, return_exceptions=True)
+
+
+async def test_wait_budget_runs_out_with_a_429_naming_the_queue_length() -> None:
+    loop = asyncio.get_running_loop()
+    pool = _pool(Clock())
+    saturation = Saturation(pool=pool, clock=loop.time, default_limit=1)
+    queue = RequestQueue(
+        saturation=saturation, clock=loop.time, max_size=10, aging=0, recheck=60, retry_after=3
+    )
+    pool.by_model[MODEL][0].in_flight = 1
+    with pytest.raises(QueueRefused) as info:
+        await queue.wait_turn(MODEL, Ticket("k", max_wait=0.05), keepalive=None, interval=60)
+    assert info.value.code == "queue_wait_expired"
+    assert "wait budget of 0.05 s (1 requests waiting" in info.value.message
+    assert queue.describe(MODEL)["waiting"] == 0
+
+
+async def test_streams_get_keepalives_while_waiting() -> None:
+    loop = asyncio.get_running_loop()
+    pool = _pool(Clock())
+    saturation = Saturation(pool=pool, clock=loop.time, default_limit=1)
+    queue = RequestQueue(
+        saturation=saturation, clock=loop.time, max_size=10, aging=0, recheck=60, retry_after=3
+    )
+    pool.by_model[MODEL][0].in_flight = 1
+    beats: list[int] = []
+
+    async def keepalive(waiting: int) -> None:
+        beats.append(waiting)
+        if len(beats) == 3:
+            pool.by_model[MODEL][0].in_flight = 0
+            queue.done(MODEL)
+
+    waited = await queue.wait_turn(MODEL, Ticket("k"), keepalive=keepalive, interval=0.01)
+    assert beats == [1, 1, 1]
+    assert waited > 0
+
+
+async def test_a_cancelled_waiter_leaves_at_once() -> None:
+    clock = Clock()
+    pool = _pool(clock)
+    registry = CollectorRegistry()
+    fleet = Fleet(pool, _queue(pool, clock, registry=registry))
+    fleet.send("hold", Ticket("k"))
+    gone = fleet.send("gone", Ticket("k"))
+    fleet.send("next", Ticket("k"))
+    await fleet.settle()
+    gone.cancel()
+    await fleet.settle()
+    assert fleet.queue.describe(MODEL)["waiting"] == 1
+    assert (
+        registry.get_sample_value(
+            "llmgw_queue_abandoned_total", {"model": MODEL, "class": "default"}
+        )
+        == 1.0
+    )
+    await fleet.finish_one()
+    assert fleet.order == ["hold", "next"]
+
+
+async def test_engine_reports_saturate_and_free_replicas() -> None:
+    clock = Clock()
+    pool = _pool(clock, count=2)
+    loads = Loads()
+    saturation = Saturation(
+        pool=pool, clock=clock, default_limit=None, load=loads, max_waiting=2, max_kv_cache=0.9
+    )
+    assert saturation.room(MODEL) == float("inf")
+    loads.reports["e0"] = EngineLoad(waiting=5)
+    assert saturation.room(MODEL) == float("inf")  # e1: nothing known, room
+    loads.reports["e1"] = EngineLoad(kv_cache=0.95)
+    assert saturation.room(MODEL) <= 0
+    assert saturation.describe(MODEL)["saturated"] is True
+    loads.reports["e1"] = EngineLoad(kv_cache=0.5, waiting=0)
+    assert saturation.with_room(MODEL, pool.by_model[MODEL]) == [pool.by_model[MODEL][1]]
+
+
+def test_saturation_limits_come_from_endpoint_then_model_then_default() -> None:
+    clock = Clock()
+    pool = _pool(clock, count=2)
+    e0, e1 = pool.by_model[MODEL]
+    saturation = Saturation(
+        pool=pool,
+        clock=clock,
+        default_limit=8,
+        endpoint_limits={"e0": 2},
+        model_limit=lambda name: 4 if name == MODEL else None,
+    )
+    assert saturation.limit(e0, MODEL) == 2
+    assert saturation.limit(e1, MODEL) == 4
+    assert saturation.limit(e1, "other") == 8
+    e0.in_flight, e1.in_flight = 2, 1
+    assert saturation.room(MODEL) == 3
+    assert saturation.room(MODEL, reserved=3) == 0
+    assert saturation.with_room(MODEL, [e0, e1]) == [e1]
+
+
+def test_headers_lower_the_class_and_the_wait_never_raise_them() -> None:
+    def ticket(*headers: tuple[bytes, bytes]) -> Ticket:
+        return ticket_for(key="k", priority="default", weight=1, max_wait=30, headers=headers)
+
+    assert ticket((b"x-llmgw-priority", b"batch")).priority == "batch"
+    assert ticket((b"x-llmgw-priority", b"interactive")).priority == "default"
+    assert ticket((b"x-llmgw-max-queue-wait", b"5")).max_wait == 5
+    assert ticket((b"x-llmgw-max-queue-wait", b"90")).max_wait == 30
+    assert ticket((b"x-stainless-timeout", b"12")).max_wait == 12
+    assert ticket((b"x-stainless-timeout", b"soon")).max_wait == 30
+    with pytest.raises(InvalidRequest) as info:
+        ticket((b"x-llmgw-priority", b"urgent"))
+    assert info.value.param == "x-llmgw-priority"
+    assert "interactive, default, batch" in info.value.message
+    with pytest.raises(InvalidRequest) as info:
+        ticket((b"x-llmgw-max-queue-wait", b"-1"))
+    assert info.value.param == "x-llmgw-max-queue-wait"
