@@ -36,14 +36,45 @@ def test_balancing_spreads_load(pair: tuple[Sim, Sim, Server]) -> None:
     before = (a.stats()["requests_total"], b.stats()["requests_total"])
     replicas: Counter[str] = Counter()
     with httpx.Client(base_url=server.url, timeout=10) as client:
-        for _ in range(40):
-            resp = client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 4})
+        for i in range(40):
+            # Different prompts: the same one would stay on the replica that caches it.
+            messages = [{"role": "user", "content": f"Tell me about sea number {i}"}]
+            body = {"model": "m1", "messages": messages, "max_tokens": 4}
+            resp = client.post("/v1/chat/completions", json=body)
             assert resp.status_code == 200
             replicas[resp.headers["x-llmgw-replica"]] += 1
     assert set(replicas) == {"a", "b"}
     assert min(replicas.values()) >= 8
     after = (a.stats()["requests_total"], b.stats()["requests_total"])
     assert (after[0] - before[0], after[1] - before[1]) == (replicas["a"], replicas["b"])
+
+
+def test_a_shared_prefix_stays_on_one_replica_and_the_route_is_explained(
+    pair: tuple[Sim, Sim, Server],
+) -> None:
+    _, _, server = pair
+    system = {"role": "system", "content": "You answer questions about the sea. " * 40}
+    seen: set[str] = set()
+    with httpx.Client(base_url=server.url, timeout=10) as client:
+        for user in range(6):
+            turn = {"role": "user", "content": f"question {user}"}
+            body = {"model": "m1", "messages": [system, turn], "max_tokens": 2}
+            resp = client.post("/v1/chat/completions", json=body)
+            assert resp.status_code == 200
+            assert "x-llmgw-route" not in resp.headers
+            seen.add(resp.headers["x-llmgw-replica"])
+        resp = client.post(
+            "/v1/chat/completions",
+            json={"model": "m1", "messages": [system], "max_tokens": 2, "stream": True},
+            headers={"x-llmgw-route": "1"},
+        )
+    assert len(seen) == 1
+    route = resp.headers["x-llmgw-route"]
+    scores = dict(part.split("=") for part in route.split(" -> ")[0].split())
+    assert route.endswith(f"-> {seen.pop()}")
+    # The system prompt's blocks were sent there before; rendezvous agrees.
+    assert float(scores["prefix"]) > 0.5 and scores["rendezvous"] == "1.00"
+    assert set(scores) == {"prefix", "load", "kv", "session", "rendezvous"}
 
 
 def test_non_streaming_usage_and_ids(pair: tuple[Sim, Sim, Server]) -> None:

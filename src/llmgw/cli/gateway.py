@@ -75,13 +75,14 @@ from llmgw.metrics.queue import QueueMetrics
 from llmgw.router.admin import create_admin_app, create_metrics_app
 from llmgw.router.admin_keys import admin_guard, key_routes
 from llmgw.router.app import RouterApp
-from llmgw.router.balancer import Balancer
+from llmgw.router.balancer import Balancer, build_scorers
 from llmgw.router.browser_guard import browser_guard
 from llmgw.router.endpoints import EjectionPolicy, EndpointPool, EndpointSpec
 from llmgw.router.health import HealthProber
 from llmgw.router.proxy import Proxy
 from llmgw.router.queue import RequestQueue
 from llmgw.router.saturation import Saturation
+from llmgw.router.scoring.load import LoadBook
 from llmgw.router.upstream import Upstream
 from llmgw.store import ControlServer, Store, StoreError, open_store, store_url, utc_now
 from llmgw.usage import RetentionPruner, UsageRecorder
@@ -408,11 +409,21 @@ async def _serve(
         retry_after=cfg.router.retry_after,
         metrics=QueueMetrics(registry=registry),
     )
+    routing = cfg.router.routing
+    # Engine load reports older than a few scrapes are ignored (the router's own counts stand).
+    load_book = LoadBook(clock=clock, stale_after=5 * routing.metrics_interval)
+    balancer = Balancer(
+        clock=clock,
+        rng=random.Random(),
+        routing=routing,
+        scorers=build_scorers(routing, book=load_book, clock=clock),
+        book=load_book,
+    )
     proxy = Proxy(
         queue=request_queue,
         saturation=saturation,
         pool=pool,
-        balancer=Balancer(clock=clock, rng=random.Random()),
+        balancer=balancer,
         upstream=upstream,
         metrics=metrics,
         config=cfg.router,
@@ -554,6 +565,7 @@ async def _serve(
                 secret_reads=SECRET_READS,
             ),
             model_names=lambda name: _model_names(catalog, name),
+            queue_wait=cfg.router.queue.max_wait,
         ),
         "admin": browser_guard(
             admin_guard(admin_app, authenticator=authenticator),

@@ -134,7 +134,15 @@ class RouterApp:
                         f"{method} {path} is not allowed; use POST", allowed="POST"
                     )
                 principal = await self._authenticate(authorization, api_key)
-                await self._complete(path, receive, send, request_id, content_length, principal)
+                await self._complete(
+                    path,
+                    receive,
+                    send,
+                    request_id,
+                    content_length,
+                    principal,
+                    headers=scope["headers"],
+                )
             elif path == "/v1/models" or path.startswith("/v1/models/"):
                 if method not in ("GET", "HEAD"):
                     raise MethodNotAllowed(
@@ -168,6 +176,8 @@ class RouterApp:
         request_id: bytes,
         content_length: int,
         principal: Principal,
+        *,
+        headers: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
         start = self._clock()
         model = "none"
@@ -183,6 +193,8 @@ class RouterApp:
                 asked = named_model(raw)
                 raise
             asked, streamed = req.model, req.stream
+            # Routing reads the session header, `x-llmgw-route` and the key.
+            req.headers, req.key_id = headers or [], principal.key_id
             model = req.model if req.model in self._pool.by_model else "unknown"
             try:
                 principal.check_model(req.model, self._model_names(req.model))

@@ -1,33 +1,181 @@
-"""Least-outstanding-requests balancing by the power of two random choices.
+"""Choosing the replica for a request: weighted scorers behind a balance guard.
 
-Two random healthy candidates are drawn and the one with fewer requests in
-flight wins: close to the best choice at O(1) cost, and without the herd that
-"always the least loaded" causes when many routers share stale counts.
-Not guaranteed: fairness between models; each model's endpoints are balanced
-on their own.
+With scorers (the default in a server: `router.routing.scorers`), each healthy
+candidate gets the weighted sum of the scorers' values (prefix affinity, load,
+KV-cache use, session, rendezvous; see `llmgw.router.scoring`) and the best sum
+wins; ties go to a random one of the best. Before scoring, the balance guard
+passes over every endpoint whose load exceeds the least loaded one's by more
+than `balance_abs` requests and `balance_rel` times, so affinity never piles a
+hot prefix onto one replica (the thresholds follow SGLang's router).
+
+Without scorers (or when every weight is 0), it is least-outstanding-requests
+by the power of two random choices: two random healthy candidates are drawn and
+the one with fewer requests in flight wins, close to the best choice at O(1)
+cost and without the herd that "always the least loaded" causes when many
+routers share stale counts.
+
+Not guaranteed: fairness between models; each model's endpoints are balanced on
+their own. Scores are estimates: the index of what each engine caches is the
+router's own guess, not the engine's word.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
+from llmgw.config.server import RoutingConfig, ScorerWeights
 from llmgw.router.endpoints import Endpoint
+from llmgw.router.requests import ParsedRequest
+from llmgw.router.scoring import RouteRequest, Scorer
+from llmgw.router.scoring.blocks import prompt_blocks
+from llmgw.router.scoring.load import KVScorer, LoadBook, LoadScorer
+from llmgw.router.scoring.prefix import PrefixIndex, PrefixScorer
+from llmgw.router.scoring.rendezvous import RendezvousScorer
+from llmgw.router.scoring.session import SessionScorer
+
+_EMBEDDINGS = "/v1/embeddings"
+
+
+def build_scorers(
+    routing: RoutingConfig, *, book: LoadBook, clock: Callable[[], float]
+) -> list[Scorer]:
+    """Every scorer, configured from `routing` (weights are applied per model by the balancer)."""
+    return [
+        PrefixScorer(
+            index=PrefixIndex(capacity=routing.index_blocks, ttl=routing.index_ttl, clock=clock)
+        ),
+        LoadScorer(book=book),
+        KVScorer(book=book),
+        SessionScorer(capacity=routing.sessions, ttl=routing.index_ttl, clock=clock),
+        RendezvousScorer(key_blocks=routing.rendezvous_blocks),
+    ]
 
 
 class Balancer:
-    def __init__(self, *, clock: Callable[[], float], rng: random.Random) -> None:
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float],
+        rng: random.Random,
+        routing: RoutingConfig | None = None,
+        scorers: Sequence[Scorer] = (),
+        book: LoadBook | None = None,
+        model_weights: Mapping[str, ScorerWeights] | None = None,
+    ) -> None:
+        """`model_weights` (read at each pick) overrides `routing.scorers` for a model."""
         self._clock = clock
         self._rng = rng
+        self._routing = routing or RoutingConfig()
+        self._scorers = list(scorers)
+        self._book = book or LoadBook(clock=clock, stale_after=5.0)
+        self._model_weights: Mapping[str, ScorerWeights] = model_weights or {}
+        self._session_header = self._routing.session_header.lower().encode()
 
-    def pick(self, endpoints: Sequence[Endpoint], exclude: Collection[Endpoint]) -> Endpoint | None:
+    @property
+    def book(self) -> LoadBook:
+        return self._book
+
+    def weights(self, model: str) -> ScorerWeights:
+        """The scorer weights `model` is routed with."""
+        return self._model_weights.get(model) or self._routing.scorers
+
+    def route(
+        self,
+        req: ParsedRequest,
+        headers: Sequence[tuple[bytes, bytes]] = (),
+        key_id: str | None = None,
+    ) -> RouteRequest:
+        """What the scorers need of `req`, computed once per request."""
+        session: str | None = None
+        explain = False
+        for name, value in headers:
+            if name == self._session_header and value:
+                session = value.decode("latin-1")
+            elif name == b"x-llmgw-route":
+                explain = True
+        if session is None:
+            user = req.body.get("user")
+            if isinstance(user, str) and user:
+                session = "user:" + user
+            elif key_id is not None and self._routing.session_from_key:
+                session = "key:" + key_id
+        blocks: list[int] = []
+        head = 0
+        if req.path != _EMBEDDINGS and self._scorers:
+            blocks, head = prompt_blocks(
+                req.body,
+                block_bytes=self._routing.block_bytes,
+                max_bytes=self._routing.max_prompt_bytes,
+            )
+        return RouteRequest(
+            model=req.model, blocks=blocks, head_blocks=head, session=session, explain=explain
+        )
+
+    def pick(
+        self,
+        endpoints: Sequence[Endpoint],
+        exclude: Collection[Endpoint],
+        route: RouteRequest | None = None,
+    ) -> Endpoint | None:
         now = self._clock()
         candidates = [ep for ep in endpoints if ep not in exclude and ep.available(now)]
         count = len(candidates)
         if count == 0:
             return None
-        if count == 1:
-            return candidates[0]
+        if route is None or not self._scorers:
+            return candidates[0] if count == 1 else self._two_choices(candidates)
+        if count > 1:
+            candidates = self._guard(candidates)
+        weights = self.weights(route.model)
+        active = [(s, w) for s in self._scorers if (w := getattr(weights, s.name, 0.0)) > 0]
+        if not active:
+            return candidates[0] if len(candidates) == 1 else self._two_choices(candidates)
+        return self._best(route, candidates, active)
+
+    def _best(
+        self,
+        route: RouteRequest,
+        candidates: list[Endpoint],
+        active: list[tuple[Scorer, float]],
+    ) -> Endpoint:
+        totals = [0.0] * len(candidates)
+        per_scorer: list[list[float]] = []
+        for scorer, weight in active:
+            scores = scorer.score(route, candidates)
+            per_scorer.append(scores)
+            for i, value in enumerate(scores):
+                totals[i] += weight * value
+        top = max(totals)
+        best = [i for i, total in enumerate(totals) if total >= top - 1e-9]
+        index = best[0] if len(best) == 1 else best[self._rng.randrange(len(best))]
+        chosen = candidates[index]
+        route.chosen_scores = {
+            scorer.name: scores[index]
+            for (scorer, _), scores in zip(active, per_scorer, strict=True)
+        }
+        if route.explain:
+            parts = " ".join(f"{name}={value:.2f}" for name, value in route.chosen_scores.items())
+            route.explanation = f"{parts} -> {chosen.id}"
+        for scorer, _ in active:
+            scorer.chosen(route, chosen)
+        return chosen
+
+    def _guard(self, candidates: list[Endpoint]) -> list[Endpoint]:
+        """The candidates the balance guard lets affinity choose among."""
+        loads = [self._book.load_of(ep) for ep in candidates]
+        low = min(loads)
+        spread = self._routing.balance_abs
+        ratio = self._routing.balance_rel
+        kept = [
+            ep
+            for ep, load in zip(candidates, loads, strict=True)
+            if load - low <= spread or load <= ratio * low
+        ]
+        return kept
+
+    def _two_choices(self, candidates: list[Endpoint]) -> Endpoint:
+        count = len(candidates)
         randrange = self._rng.randrange
         i = randrange(count)
         j = randrange(count - 1)

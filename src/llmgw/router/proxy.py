@@ -383,21 +383,25 @@ class Proxy:
         engine_model = self._pool.aliases.get(req.model)
         if engine_model is not None:
             req.send_as(engine_model)
+        route = self._balancer.route(req, req.headers, req.key_id)
         tried: list[Endpoint] = []
         failure: RouterError | None = None
         # Replicas whose engine was gone, and whether any failure was something else.
         gone: set[str] = set()
         other = False
         for _ in range(self._attempts):
-            endpoint = self._balancer.pick(endpoints, tried)
+            endpoint = self._balancer.pick(endpoints, tried, route)
             if endpoint is None:
                 break
+            headers = extra_headers
+            if route.explanation:
+                headers = [*extra_headers, (b"x-llmgw-route", route.explanation.encode())]
             if tried:
                 self._metrics.retries.labels(req.model).inc()
             tried.append(endpoint)
             endpoint.in_flight += 1
             try:
-                outcome = await self._attempt(endpoint, req, request_id, send, start, extra_headers)
+                outcome = await self._attempt(endpoint, req, request_id, send, start, headers)
             except _Retryable as exc:
                 self._metrics.upstream_errors.labels(endpoint.id, exc.kind).inc()
                 if exc.counts_as_failure:

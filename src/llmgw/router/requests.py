@@ -8,7 +8,7 @@ streaming bodies are re-serialized once, to ask the engine for usage.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -51,6 +51,9 @@ class ParsedRequest:
     upstream_body: bytes
     body: dict[str, Any]
     _prompt_estimate: int = -1
+    # The client's request headers and key, for routing (session, explain header).
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    key_id: str | None = None
 
     def send_as(self, engine_model: str) -> None:
         """Send the request upstream under `engine_model` (the name an alias stands for)."""

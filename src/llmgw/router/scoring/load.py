@@ -1,0 +1,116 @@
+"""Load signals: the router's in-flight counts and the engines' own reports.
+
+`EndpointLoad` is one endpoint's load as its engine last reported it (queue,
+running, KV-cache use; None where the engine reports nothing) with when it was
+read. `LoadBook` holds them by endpoint id; the metrics scraper writes it off
+the request path, and anything in the router may read it (the balancer's
+scorers here; a queue in front of `pick` may read the same snapshot).
+
+The load of an endpoint is the larger of the router's own in-flight count
+(fresh, but blind to other routers) and the engine's running + waiting (every
+router's requests, but as old as the last scrape).
+
+Not guaranteed: freshness. A report older than `stale_after` is ignored, and
+the router's own counts stand alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+
+from llmgw.engines.spec import EngineLoad
+from llmgw.router.endpoints import Endpoint
+from llmgw.router.scoring import RouteRequest
+
+
+@dataclass(slots=True)
+class EndpointLoad:
+    """One endpoint's load as its engine reported it at `read_at` (router clock)."""
+
+    endpoint_id: str
+    running: int | None
+    waiting: int | None
+    kv_cache_usage: float | None
+    read_at: float
+
+
+class LoadBook:
+    """The engines' last load reports, by endpoint id."""
+
+    def __init__(self, *, clock: Callable[[], float], stale_after: float) -> None:
+        self._clock = clock
+        self._stale_after = stale_after
+        self._loads: dict[str, EndpointLoad] = {}
+
+    def record(self, endpoint_id: str, load: EngineLoad) -> None:
+        self._loads[endpoint_id] = EndpointLoad(
+            endpoint_id, load.running, load.waiting, load.kv_cache_usage, self._clock()
+        )
+
+    def get(self, endpoint_id: str) -> EndpointLoad | None:
+        """The endpoint's last report, or None when there is none or it is stale."""
+        load = self._loads.get(endpoint_id)
+        if load is None or self._clock() - load.read_at > self._stale_after:
+            return None
+        return load
+
+    def snapshot(self) -> dict[str, EndpointLoad]:
+        """Every fresh report, by endpoint id (a copy)."""
+        now = self._clock()
+        return {
+            i: load for i, load in self._loads.items() if now - load.read_at <= self._stale_after
+        }
+
+    def keep_only(self, endpoint_ids: Collection[str]) -> None:
+        for endpoint_id in [i for i in self._loads if i not in endpoint_ids]:
+            del self._loads[endpoint_id]
+
+    def load_of(self, endpoint: Endpoint) -> int:
+        """Requests on the endpoint: the router's count, or the engine's if higher."""
+        report = self.get(endpoint.id)
+        if report is None:
+            return endpoint.in_flight
+        engine = (report.running or 0) + (report.waiting or 0)
+        return max(endpoint.in_flight, engine)
+
+
+class LoadScorer:
+    """Score: 1 for the least loaded endpoint, lower by the excess over it.
+
+    The excess is divided by the highest load + 1, so that one more request
+    counts for much on an idle fleet and little on a busy one.
+    """
+
+    name = "load"
+
+    def __init__(self, *, book: LoadBook) -> None:
+        self._book = book
+
+    def score(self, request: RouteRequest, endpoints: Sequence[Endpoint]) -> list[float]:
+        loads = [self._book.load_of(ep) for ep in endpoints]
+        low, high = min(loads), max(loads)
+        return [1.0 - (load - low) / (high + 1) for load in loads]
+
+    def chosen(self, request: RouteRequest, endpoint: Endpoint) -> None:
+        return None
+
+
+class KVScorer:
+    """Score: the free fraction of the engine's KV cache; 0.5 when it reports none."""
+
+    name = "kv"
+
+    def __init__(self, *, book: LoadBook) -> None:
+        self._book = book
+
+    def score(self, request: RouteRequest, endpoints: Sequence[Endpoint]) -> list[float]:
+        scores = []
+        for ep in endpoints:
+            report = self._book.get(ep.id)
+            usage = report.kv_cache_usage if report is not None else None
+            scores.append(0.5 if usage is None else 1.0 - min(1.0, max(0.0, usage)))
+        return scores
+
+    def chosen(self, request: RouteRequest, endpoint: Endpoint) -> None:
+        return None
