@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Collection, MutableMapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, MutableMapping
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -22,6 +22,8 @@ import orjson
 from llmgw.auth import Authenticator, AuthError, Principal, token_from_headers
 from llmgw.limits import Admission, Limiter, LimitExceeded
 from llmgw.metrics import RouterMetrics
+from llmgw.router.apis import ClientApi
+from llmgw.router.apis.messages import MessagesApi
 from llmgw.router.endpoints import EndpointPool
 from llmgw.router.errors import (
     BodyTooLarge,
@@ -86,11 +88,13 @@ class RouterApp:
         started_at: int,
         admin_portal: ASGIApp | None = None,
         model_names: Callable[[str], Collection[str]] | None = None,
+        apis: Mapping[str, ClientApi] | None = None,
     ) -> None:
         """`admin_portal` answers every `/admin` and `/admin/...` path (the login and
         admin pages); without one those paths are 404 like any unknown route.
         `model_names` gives every name of the model a name stands for (its own and
-        its aliases), so a key allowed one of them may use them all."""
+        its aliases), so a key allowed one of them may use them all. `apis` maps
+        paths to the other client APIs served (default: Anthropic Messages)."""
         self._proxy = proxy
         self._pool = pool
         self._metrics = metrics
@@ -103,6 +107,9 @@ class RouterApp:
         self._created = started_at
         self._admin_portal = admin_portal
         self._model_names = model_names or _only_itself
+        self._apis: Mapping[str, ClientApi] = (
+            apis if apis is not None else {"/v1/messages": MessagesApi()}
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -143,6 +150,10 @@ class RouterApp:
                     principal,
                     headers=scope["headers"],
                 )
+            elif path in self._apis:
+                await self._other_api(
+                    self._apis[path], scope, receive, send, request_id, content_length
+                )
             elif path == "/v1/models" or path.startswith("/v1/models/"):
                 if method not in ("GET", "HEAD"):
                     raise MethodNotAllowed(
@@ -161,6 +172,43 @@ class RouterApp:
         except RouterError as exc:
             await _send_error(send, exc, request_id)
 
+    async def _other_api(
+        self,
+        api: ClientApi,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        request_id: bytes,
+        content_length: int,
+    ) -> None:
+        """A request of another client API: its own request and error shapes."""
+        path: str = scope["path"]
+        authorization: bytes | None = None
+        api_key: bytes | None = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value
+            elif name == b"x-api-key":
+                api_key = value
+        try:
+            if scope["method"] != "POST":
+                raise MethodNotAllowed(
+                    f"{scope['method']} {path} is not allowed; use POST", allowed="POST"
+                )
+            principal = await self._authenticate(authorization, api_key)
+            await self._complete(
+                path,
+                receive,
+                send,
+                request_id,
+                content_length,
+                principal,
+                api,
+                headers=scope["headers"],
+            )
+        except RouterError as exc:
+            await _send_error(send, exc, request_id, api.error_body(exc))
+
     async def _authenticate(self, authorization: bytes | None, api_key: bytes | None) -> Principal:
         try:
             return await self._auth.authenticate(token_from_headers(authorization, api_key))
@@ -176,6 +224,7 @@ class RouterApp:
         request_id: bytes,
         content_length: int,
         principal: Principal,
+        api: ClientApi | None = None,
         *,
         headers: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
@@ -188,7 +237,7 @@ class RouterApp:
                 raise BodyTooLarge(self._too_large(content_length))
             raw = await self._read_body(receive)
             try:
-                req = parse_request(path, raw)
+                req = api.parse(raw) if api is not None else parse_request(path, raw)
             except RouterError:
                 asked = named_model(raw)
                 raise
@@ -225,6 +274,8 @@ class RouterApp:
                 raise StoreUnavailableError(
                     f"cannot check the key's budget: the store is unavailable ({exc}); retry"
                 ) from exc
+        if api is not None:
+            send = api.responder(req, send)
         outcome: Outcome | None = None
         try:
             outcome = await self._proxy_watching_disconnect(
@@ -399,8 +450,12 @@ async def _send_json(send: Send, status: int, payload: object, request_id: bytes
     await send({"type": "http.response.body", "body": body})
 
 
-async def _send_error(send: Send, exc: RouterError, request_id: bytes) -> None:
-    body = exc.body()
+async def _send_error(
+    send: Send, exc: RouterError, request_id: bytes, body: bytes | None = None
+) -> None:
+    """Answer with `exc`; `body` in another API's error shape, else OpenAI's."""
+    if body is None:
+        body = exc.body()
     replica = (exc.endpoint_id or "none").encode()
     await send(
         {

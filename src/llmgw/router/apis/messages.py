@@ -1,0 +1,386 @@
+"""The Anthropic Messages API (`/v1/messages`) served by translating to chat completions.
+
+`MessagesApi.parse` is `messages_request.translate_request`; its responder turns
+the engine's chat completion into a Message, and a chat completion stream into
+Anthropic's events, one for one as the chunks arrive: `message_start` (with the
+router's estimate of `input_tokens`, since engines report the prompt's tokens
+only at the end), `ping`, `content_block_start`/`_delta`/`_stop` for text,
+`tool_use` (arguments as `input_json_delta`) and `thinking` (from
+`reasoning_content`), `message_delta` (stop reason and the engine's usage, its
+exact `input_tokens` included) and `message_stop`. Every error has Anthropic's
+shape `{"type": "error", "error": {"type", "message"}}`, in a body or, once a
+stream began, as an `error` event.
+
+Not guaranteed: `stop_sequence` names the matched sequence only when the
+engine reports it (vLLM's `stop_reason`); otherwise a stop is `end_turn`.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import orjson
+
+from llmgw.router.apis import Message, Send
+from llmgw.router.apis.messages_request import stop_sequences, translate_request
+from llmgw.router.apis.sse_events import SSEEvents, format_event
+from llmgw.router.errors import RouterError
+from llmgw.router.requests import ParsedRequest
+
+# Anthropic's error type for each status (https://docs.anthropic.com/en/api/errors).
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+_STOP_REASONS = {
+    "stop": "end_turn",
+    "length": "max_tokens",
+    "tool_calls": "tool_use",
+    "function_call": "tool_use",
+    "content_filter": "refusal",
+}
+
+
+def error_type(status: int) -> str:
+    if status in _ERROR_TYPES:
+        return _ERROR_TYPES[status]
+    return "invalid_request_error" if status < 500 else "api_error"
+
+
+def anthropic_error(status: int, message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": error_type(status), "message": message}}
+
+
+def _message_id() -> str:
+    return "msg_" + secrets.token_hex(12)
+
+
+def _stop_reason(finish: Any, matched: Any, stops: list[str]) -> tuple[str, str | None]:
+    if isinstance(matched, str) and matched in stops:
+        return "stop_sequence", matched
+    if isinstance(finish, str):
+        return _STOP_REASONS.get(finish, "end_turn"), None
+    return "end_turn", None
+
+
+def _usage(usage: Any, estimate: int) -> dict[str, int]:
+    usage = usage if isinstance(usage, dict) else {}
+    prompt = usage.get("prompt_tokens")
+    completion = usage.get("completion_tokens")
+    return {
+        "input_tokens": prompt if isinstance(prompt, int) else estimate,
+        "output_tokens": completion if isinstance(completion, int) else 0,
+    }
+
+
+def _arguments(raw: Any) -> Any:
+    if isinstance(raw, dict):
+        return raw
+    if not isinstance(raw, str) or not raw.strip():
+        return {}
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        # Models do write broken JSON; keep what they wrote rather than lose it.
+        return {"_raw_arguments": raw}
+    return parsed if isinstance(parsed, dict) else {"value": parsed}
+
+
+def message_from_chat(chat: dict[str, Any], model: str, stops: list[str], estimate: int) -> bytes:
+    """An Anthropic Message from a chat completion body."""
+    choices = chat.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices else {}
+    message = choice.get("message") if isinstance(choice, dict) else None
+    message = message if isinstance(message, dict) else {}
+    content: list[dict[str, Any]] = []
+    reasoning = message.get("reasoning_content")
+    if isinstance(reasoning, str) and reasoning:
+        content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
+    text = message.get("content")
+    if isinstance(text, str) and text:
+        content.append({"type": "text", "text": text})
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            continue
+        content.append(
+            {
+                "type": "tool_use",
+                "id": call.get("id") or "toolu_" + secrets.token_hex(12),
+                "name": function.get("name", ""),
+                "input": _arguments(function.get("arguments")),
+            }
+        )
+    reason, sequence = _stop_reason(choice.get("finish_reason"), choice.get("stop_reason"), stops)
+    return orjson.dumps(
+        {
+            "id": _message_id(),
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": content,
+            "stop_reason": reason,
+            "stop_sequence": sequence,
+            "usage": _usage(chat.get("usage"), estimate),
+        }
+    )
+
+
+class _Block:
+    __slots__ = ("index", "kind", "tool")
+
+    def __init__(self, index: int, kind: str, tool: int = -1) -> None:
+        self.index = index
+        self.kind = kind
+        self.tool = tool
+
+
+class MessageStream:
+    """Chat completion chunks in, Anthropic Messages events out."""
+
+    def __init__(self, model: str, stops: list[str], estimate: int) -> None:
+        self._model = model
+        self._stops = stops
+        self._estimate = estimate
+        self._started = False
+        self._block: _Block | None = None
+        self._next_index = 0
+        self._finish: Any = None
+        self._matched: Any = None
+        self._usage: Any = None
+        self.ended = False
+
+    def start(self) -> bytes:
+        self._started = True
+        message: dict[str, Any] = {
+            "id": _message_id(),
+            "type": "message",
+            "role": "assistant",
+            "model": self._model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": self._estimate, "output_tokens": 0},
+        }
+        return format_event(
+            "message_start", {"type": "message_start", "message": message}
+        ) + format_event("ping", {"type": "ping"})
+
+    def _open(self, kind: str, block: dict[str, Any], tool: int = -1) -> bytes:
+        out = self._close()
+        self._block = _Block(self._next_index, kind, tool)
+        self._next_index += 1
+        return out + format_event(
+            "content_block_start",
+            {"type": "content_block_start", "index": self._block.index, "content_block": block},
+        )
+
+    def _close(self) -> bytes:
+        if self._block is None:
+            return b""
+        index, self._block = self._block.index, None
+        return format_event("content_block_stop", {"type": "content_block_stop", "index": index})
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        assert self._block is not None
+        return format_event(
+            "content_block_delta",
+            {"type": "content_block_delta", "index": self._block.index, "delta": delta},
+        )
+
+    def chunk(self, chunk: dict[str, Any]) -> bytes:
+        out = b"" if self._started else self.start()
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self._usage = usage
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                out += self._choice_delta(delta)
+            if choice.get("finish_reason") is not None:
+                self._finish = choice["finish_reason"]
+                self._matched = choice.get("stop_reason")
+        return out
+
+    def _choice_delta(self, delta: dict[str, Any]) -> bytes:
+        out = b""
+        reasoning = delta.get("reasoning_content")
+        if isinstance(reasoning, str) and reasoning:
+            if self._block is None or self._block.kind != "thinking":
+                out += self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            out += self._delta({"type": "thinking_delta", "thinking": reasoning})
+        text = delta.get("content")
+        if isinstance(text, str) and text:
+            if self._block is None or self._block.kind != "text":
+                out += self._open("text", {"type": "text", "text": ""})
+            out += self._delta({"type": "text_delta", "text": text})
+        for call in delta.get("tool_calls") or ():
+            if isinstance(call, dict):
+                out += self._tool_delta(call)
+        return out
+
+    def _tool_delta(self, call: dict[str, Any]) -> bytes:
+        out = b""
+        index = call.get("index", 0)
+        found = call.get("function")
+        function: dict[str, Any] = found if isinstance(found, dict) else {}
+        if self._block is None or self._block.kind != "tool_use" or self._block.tool != index:
+            block: dict[str, Any] = {
+                "type": "tool_use",
+                "id": call.get("id") or "toolu_" + secrets.token_hex(12),
+                "name": function.get("name") or "",
+                "input": {},
+            }
+            out += self._open("tool_use", block, index)
+        arguments = function.get("arguments")
+        if isinstance(arguments, str) and arguments:
+            out += self._delta({"type": "input_json_delta", "partial_json": arguments})
+        return out
+
+    def end(self) -> bytes:
+        """The events that close the message, once the engine's stream is over."""
+        self.ended = True
+        out = b"" if self._started else self.start()
+        out += self._close()
+        reason, sequence = _stop_reason(self._finish, self._matched, self._stops)
+        delta = {
+            "type": "message_delta",
+            "delta": {"stop_reason": reason, "stop_sequence": sequence},
+            "usage": _usage(self._usage, self._estimate),
+        }
+        return (
+            out
+            + format_event("message_delta", delta)
+            + format_event("message_stop", {"type": "message_stop"})
+        )
+
+
+class _Responder:
+    """The `send` of one Messages request: passes headers on, translates bodies."""
+
+    def __init__(self, req: ParsedRequest, send: Send) -> None:
+        self._send = send
+        self._req = req
+        self._status = 200
+        self._start: Message | None = None
+        self._body: list[bytes] = []
+        self._events: SSEEvents | None = None
+        self._stream: MessageStream | None = None
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self._status = message["status"]
+            sse = any(
+                n == b"content-type" and v.startswith(b"text/event-stream")
+                for n, v in message.get("headers", ())
+            )
+            if sse:
+                self._events = SSEEvents()
+                estimate = self._req.prompt_tokens_estimate()
+                self._stream = MessageStream(self._req.model, stop_sequences(self._req), estimate)
+                await self._send(message)
+            else:
+                self._start = message
+            return
+        if self._events is not None:
+            await self._send_events(message)
+            return
+        self._body.append(message.get("body", b""))
+        if message.get("more_body", False):
+            return
+        await self._send_whole(b"".join(self._body))
+
+    async def _send_whole(self, raw: bytes) -> None:
+        assert self._start is not None
+        try:
+            chat = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            chat = None
+        if self._status < 400 and isinstance(chat, dict):
+            body = message_from_chat(
+                chat,
+                self._req.model,
+                stop_sequences(self._req),
+                self._req.prompt_tokens_estimate(),
+            )
+        else:
+            body = orjson.dumps(anthropic_error(self._status, _message_of(chat, raw)))
+        headers = [
+            (n, str(len(body)).encode() if n == b"content-length" else v)
+            for n, v in self._start.get("headers", ())
+        ]
+        await self._send({**self._start, "headers": headers})
+        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _send_events(self, message: Message) -> None:
+        assert self._events is not None and self._stream is not None
+        more = message.get("more_body", False)
+        out = b""
+        for name, data in self._events.feed(message.get("body", b"")):
+            if name == "comment":
+                out += data + b"\n\n"
+            elif name == "error":
+                out += _error_event(data)
+                self._stream.ended = True
+            elif data == b"[DONE]":
+                if not self._stream.ended:
+                    out += self._stream.end()
+            elif not self._stream.ended:
+                chunk = _loads(data)
+                if chunk is not None:
+                    out += self._stream.chunk(chunk)
+        if not more and not self._stream.ended:
+            out += self._stream.end()
+        if out or not more:
+            await self._send({"type": "http.response.body", "body": out, "more_body": more})
+
+
+def _loads(data: bytes) -> dict[str, Any] | None:
+    try:
+        parsed = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def _message_of(parsed: Any, raw: bytes) -> str:
+    if isinstance(parsed, dict):
+        inner = parsed.get("error")
+        if isinstance(inner, dict) and isinstance(inner.get("message"), str):
+            return str(inner["message"])
+    return raw[:500].decode("utf-8", "replace") or "engine error"
+
+
+def _error_event(data: bytes) -> bytes:
+    parsed = _loads(data)
+    inner = parsed.get("error") if parsed else None
+    inner = inner if isinstance(inner, dict) else {}
+    kind = inner.get("type")
+    # The router's own mid-stream failures are upstream errors and deadlines.
+    status = 504 if kind == "timeout_error" else 502
+    return format_event("error", anthropic_error(status, _message_of(parsed, data)))
+
+
+class MessagesApi:
+    """`/v1/messages` by translation into `/v1/chat/completions`."""
+
+    def parse(self, raw: bytes) -> ParsedRequest:
+        return translate_request(raw)
+
+    def responder(self, req: ParsedRequest, send: Send) -> Send:
+        return _Responder(req, send)
+
+    def error_body(self, exc: RouterError) -> bytes:
+        return orjson.dumps(anthropic_error(exc.status, exc.message))
