@@ -358,6 +358,12 @@ class Shard:
     async def _probe_loop(self) -> None:
         settings = self._settings
         timings = self._timings
+        if not self._probe.path:
+            # A rank > 0 of a multi-node replica serves no HTTP: it is ready while it
+            # runs, and rank 0's probe says when the replica serves.
+            if self._report.state is not ShardState.READY:
+                self._set(ShardState.READY, "running (a follower rank; rank 0 serves)")
+            return
         if self._report.state is ShardState.STARTING:
             self._set(ShardState.LOADING, f"engine running; waiting for {self._probe.path}")
         failures = 0

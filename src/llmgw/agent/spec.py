@@ -35,6 +35,12 @@ def engine_spec(
             f"{spec.port} is outside this node's port range {port_range}; "
             "choose a port the node registered",
         )
+    if spec.nodes > 1 and spec.node_rank == 0 and spec.master_port not in port_range:
+        raise SpecError(
+            "master_port",
+            f"{spec.master_port} is outside this node's port range {port_range}; rank 0's "
+            "rendezvous port must be one the node registered",
+        )
     missing = [i for i in spec.gpu_indices if i >= gpu_count]
     if missing and gpu_count == 0:
         raise SpecError("gpu_indices", f"GPU {missing[0]} requested but this node has no GPUs")
@@ -61,4 +67,8 @@ def engine_spec(
         load_timeout=spec.load_timeout_seconds or None,
         unhealthy_after=spec.unhealthy_after_seconds or None,
         drain_grace=spec.drain_grace_seconds or None,
+        nodes=spec.nodes or 1,
+        node_rank=spec.node_rank,
+        master_addr=spec.master_addr,
+        master_port=spec.master_port,
     )

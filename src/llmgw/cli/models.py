@@ -307,6 +307,17 @@ def explain_text(explanation: dict[str, Any]) -> str:
             f"model {name}: the next replica goes to node {placement.get('node')} "
             f"(profile {placement.get('profile')}, GPUs {gpus})"
         )
+        shards = placement.get("shards") or []
+        if len(shards) > 1:
+            ranks = ", ".join(
+                f"rank {s.get('rank')} on {s.get('node')} "
+                f"(GPUs {','.join(str(g) for g in s.get('gpus') or []) or 'none'})"
+                for s in shards
+            )
+            head = (
+                f"model {name}: the next replica goes to {placement.get('fabric')} "
+                f"(profile {placement.get('profile')}): {ranks}"
+            )
     elif explanation.get("placeable"):
         head = f"model {name}: placeable"
     else:
@@ -317,6 +328,10 @@ def explain_text(explanation: dict[str, Any]) -> str:
         rejected = verdict.get("rejected") or []
         lines += ["", f"profile {verdict.get('profile')}:"]
         lines.append(f"  fits:     {', '.join(fits) if fits else 'no node'}")
+        groups = verdict.get("groups") or []
+        if groups:
+            lines.append("  fabric groups short of nodes:")
+            lines += [f"    {group}" for group in groups]
         if rejected:
             lines.append("  rejected:")
             width = max(len(str(r.get("node"))) for r in rejected)

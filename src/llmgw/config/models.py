@@ -33,6 +33,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
 PROFILE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -217,13 +218,41 @@ class ProfileConfig(_Strict):
             "the replica. Empty by default: every node qualifies."
         ),
     )
+    nodes: StrictCount = Field(
+        default=1,
+        ge=1,
+        description=(
+            "Nodes one replica spans, each with `gpus` GPUs: a model too big for one node "
+            "runs as one shard per node, placed together (all or nothing) on nodes that "
+            "share the `fabric` label. 1 by default: a replica on one node needs no fabric."
+        ),
+    )
+    fabric: str | None = Field(
+        default=None,
+        description=(
+            "The fabric label (e.g. 'ib-domain') whose value every node of a multi-node "
+            "replica must share, so that its ranks talk over one fast network. Required "
+            "when nodes is more than 1, and only then."
+        ),
+    )
     tensor_parallel_size: StrictCount = Field(
         default=0,
         ge=0,
         description=(
             "Tensor-parallel ranks of one replica, one per GPU. 0 by default, meaning "
-            "one per GPU of the replica (1 without GPUs), which is what vLLM and SGLang "
-            "need on one node; set 1 to give llama.cpp several GPUs."
+            "one per GPU of a node (1 without GPUs), which is what vLLM and SGLang "
+            "need on one node; set 1 to give llama.cpp several GPUs. A multi-node "
+            "replica may give up to gpus x nodes."
+        ),
+    )
+    pipeline_parallel_size: StrictCount = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Pipeline stages of one replica. 0 by default, meaning one stage per node "
+            "(tensor parallel within a node, pipeline across nodes, the layout vLLM "
+            "recommends), or as many as the GPUs left for it when tensor_parallel_size "
+            "spans nodes. tensor x pipeline must equal gpus x nodes for vLLM and SGLang."
         ),
     )
     gpu_memory_utilization: StrictFraction = Field(
@@ -357,11 +386,48 @@ class ProfileConfig(_Strict):
             )
         return value.strip()
 
+    @field_validator("fabric")
+    @classmethod
+    def _check_fabric(cls, value: str | None, info: ValidationInfo) -> str | None:
+        nodes = info.data.get("nodes")
+        where = scope(profile=info.data.get("name"))
+        if value is None:
+            return None
+        if not value.strip() or value != value.strip() or "=" in value:
+            _raise(
+                where,
+                f"fabric {value!r} is not a label name; give the label's key only "
+                "(e.g. 'ib-domain'), without '=' or surrounding spaces",
+            )
+        if nodes == 1:
+            _raise(
+                where,
+                f"fabric {value!r} is set but nodes is 1; a replica on one node needs no "
+                "fabric: remove fabric, or set nodes to 2 or more",
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _fabric_for_nodes(self) -> ProfileConfig:
+        # An unset field is not validated, so the rule that needs it lives here.
+        if self.nodes > 1 and self.fabric is None:
+            raise PydanticCustomError(
+                "fabric_missing",
+                _about(
+                    scope(profile=self.name),
+                    f"nodes is {self.nodes} but fabric is not set; name the fabric label "
+                    "all of the replica's nodes must share (e.g. fabric: ib-domain)",
+                ),
+            )
+        return self
+
     @field_validator("tensor_parallel_size")
     @classmethod
     def _check_tensor_parallel(cls, value: int, info: ValidationInfo) -> int:
         gpus = info.data.get("gpus")
-        if not isinstance(gpus, int) or value <= max(1, gpus):
+        nodes = info.data.get("nodes")
+        nodes = nodes if isinstance(nodes, int) else 1
+        if not isinstance(gpus, int) or value <= max(1, gpus * nodes):
             return value
         where = scope(profile=info.data.get("name"))
         if gpus == 0:
@@ -370,11 +436,37 @@ class ProfileConfig(_Strict):
                 f"tensor_parallel_size {value} needs GPUs but gpus is 0; each rank runs on "
                 "its own GPU, so set gpus too (or leave tensor_parallel_size at 0)",
             )
+        if nodes > 1:
+            _raise(
+                where,
+                f"tensor_parallel_size ({value}) is more than gpus x nodes ({gpus} x "
+                f"{nodes}); each rank runs on its own GPU, so give at most {gpus * nodes} "
+                "(0 means one per GPU of a node)",
+            )
         _raise(
             where,
             f"tensor_parallel_size ({value}) is more than gpus ({gpus}); each rank runs on "
             f"its own GPU, so give at most {gpus} (0 means one per GPU)",
         )
+
+    @field_validator("pipeline_parallel_size")
+    @classmethod
+    def _check_pipeline_parallel(cls, value: int, info: ValidationInfo) -> int:
+        gpus, nodes = info.data.get("gpus"), info.data.get("nodes")
+        tp = info.data.get("tensor_parallel_size")
+        if value == 0 or not all(isinstance(n, int) for n in (gpus, nodes, tp)):
+            return value
+        assert isinstance(gpus, int) and isinstance(nodes, int) and isinstance(tp, int)
+        ranks = max(1, gpus) * nodes
+        if value * (tp or max(1, gpus)) > ranks:
+            _raise(
+                scope(profile=info.data.get("name")),
+                f"pipeline_parallel_size ({value}) x tensor_parallel_size "
+                f"({tp or max(1, gpus)}) is more than the replica's {ranks} "
+                f"GPU{'' if ranks == 1 else 's'} (gpus {gpus} x nodes {nodes}); each rank "
+                "runs on its own GPU",
+            )
+        return value
 
 
 class ModelConfig(_Strict):

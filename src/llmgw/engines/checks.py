@@ -41,6 +41,10 @@ USE_WEIGHTS = "set the spec's `weights` field instead"
 USE_TP = "set the spec's `tensor_parallel_size` field instead"
 USE_PP = "set the spec's `pipeline_parallel_size` field instead"
 USE_MEMORY = "set the spec's `gpu_memory_utilization` field instead"
+USE_NODES = (
+    "llmgw sets the ranks of a multi-node replica itself: set the profile's nodes and "
+    "fabric instead"
+)
 NO_DATA_PARALLEL = (
     "remove it: llmgw runs data parallelism as separate replicas on their own GPUs; "
     "raise the model's replica count instead"
@@ -98,11 +102,49 @@ def check_weights(spec: EngineSpec) -> None:
     _check_word(spec.weights, "weights", "a local path, GGUF file or hub id")
 
 
+def check_ranks(spec: EngineSpec, *, multi_node: bool) -> None:
+    """A multi-node shard knows its rank and where ranks meet; `multi_node`: the
+    engine can span nodes at all."""
+    if spec.nodes < 1:
+        raise ProfileError("nodes", f"must be at least 1, got {spec.nodes}")
+    if spec.nodes == 1:
+        return
+    if not multi_node:
+        raise ProfileError(
+            "nodes",
+            f"{spec.engine} cannot span nodes (nodes is {spec.nodes}); give it nodes 1, or "
+            "use vllm or sglang for a model that does not fit on one node",
+        )
+    if not 0 <= spec.node_rank < spec.nodes:
+        raise ProfileError(
+            "node_rank",
+            f"must be in 0..{spec.nodes - 1} for {spec.nodes} nodes, got {spec.node_rank}",
+        )
+    if not spec.master_addr.strip() or any(c.isspace() for c in spec.master_addr):
+        raise ProfileError(
+            "master_addr",
+            f"{spec.master_addr!r} is not an address; give rank 0's address on the "
+            "management network",
+        )
+    if not MIN_PORT <= spec.master_port <= MAX_PORT:
+        raise ProfileError(
+            "master_port", f"must be in {MIN_PORT}..{MAX_PORT}, got {spec.master_port}"
+        )
+
+
 def check_gpus(spec: EngineSpec, engine: str) -> None:
-    """The shard has GPUs, exactly tensor_parallel_size x pipeline_parallel_size of them."""
+    """The shard has GPUs: tensor_parallel_size x pipeline_parallel_size of them over
+    all of the replica's nodes, the same number on each."""
     tp, pp = spec.tensor_parallel_size, spec.pipeline_parallel_size
     wanted = tp * pp
-    given = len(spec.gpu_indices)
+    given = len(spec.gpu_indices) * max(1, spec.nodes)
+    if spec.nodes > 1 and given != wanted:
+        raise ProfileError(
+            "gpu_indices",
+            f"{_gpus(len(spec.gpu_indices))} on each of {spec.nodes} nodes is {given} but "
+            f"tensor_parallel_size {tp} x pipeline_parallel_size {pp} = {wanted}; give each "
+            "node as many GPUs as the parallel sizes need",
+        )
     if given == 0:
         raise ProfileError(
             "gpu_indices",
@@ -217,6 +259,11 @@ def weights_env(spec: EngineSpec, weights_dir: str | None) -> dict[str, str]:
     home = weights_dir.rstrip("/") or "/"
     env = {"HF_HOME": home, "HF_HUB_CACHE": f"{home.rstrip('/')}/hub"}
     return {key: value for key, value in env.items() if key not in spec.env}
+
+
+def host_port(host: str, port: int) -> str:
+    """`host:port`, with an IPv6 address in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def format_fraction(value: float) -> str:

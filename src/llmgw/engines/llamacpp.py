@@ -94,6 +94,7 @@ class LlamaCppAdapter:
         """Raise `ProfileError` for a spec the llama.cpp server would refuse."""
         checks.check_engine(spec, self.name)
         checks.check_common(spec)
+        checks.check_ranks(spec, multi_node=False)
         checks.check_timings(spec)
         checks.check_weights(spec)
         if not spec.weights.lower().endswith(".gguf"):

@@ -13,8 +13,14 @@ once; data-parallel ranks (`dp_rank`) and served names are summed. With priority
 scheduling each gauge comes per `priority` bucket plus an aggregate with an
 empty `priority` label: the aggregate is used.
 
-Not guaranteed: multi-node shards (`--nnodes`/`--node-rank` are not managed and
-the GPU count must equal tp x pp on this node), that the installed SGLang
+A multi-node replica follows SGLang's "Multi-Node Deployment" guide (SGLang
+0.5, `python -m sglang.launch_server`): every rank gets the whole replica's
+`--tp-size`/`--pp-size` plus `--nnodes N --node-rank R --dist-init-addr A:P`
+(rank 0's address and a port of its range). Only rank 0 serves HTTP; the other
+ranks' readiness is their process staying up. The spec's GPUs are this node's;
+their count times the node count must equal tp x pp.
+
+Not guaranteed: that the installed SGLang
 accepts every engine argument, or that `--config` files set nothing llmgw
 manages (SGLang lets command-line flags win, so llmgw's own still apply).
 """
@@ -51,6 +57,9 @@ MANAGED_ARGS: Mapping[str, str] = {
     "--pp-size": checks.USE_PP,
     "--pipeline-parallel-size": checks.USE_PP,
     "--mem-fraction-static": checks.USE_MEMORY,
+    "--nnodes": checks.USE_NODES,
+    "--node-rank": checks.USE_NODES,
+    "--dist-init-addr": checks.USE_NODES,
     "--dp-size": checks.NO_DATA_PARALLEL,
     "--data-parallel-size": checks.NO_DATA_PARALLEL,
     "--api-key": checks.NO_API_KEY,
@@ -78,6 +87,7 @@ class SglangAdapter:
         """Raise `ProfileError` for a spec SGLang would refuse or llmgw could not serve."""
         checks.check_engine(spec, self.name)
         checks.check_common(spec)
+        checks.check_ranks(spec, multi_node=True)
         checks.check_timings(spec)
         checks.check_weights(spec)
         checks.check_gpus(spec, "SGLang")
@@ -108,12 +118,21 @@ class SglangAdapter:
         if spec.gpu_memory_utilization is not None:
             argv += ["--mem-fraction-static", checks.format_fraction(spec.gpu_memory_utilization)]
         argv.append("--enable-metrics")
+        if spec.nodes > 1:
+            argv += [
+                "--nnodes",
+                str(spec.nodes),
+                "--node-rank",
+                str(spec.node_rank),
+                "--dist-init-addr",
+                checks.host_port(spec.master_addr, spec.master_port),
+            ]
         argv += spec.engine_args
         return LaunchPlan(
             argv=tuple(argv),
             env={**checks.weights_env(spec, self._settings.weights_dir), **checks.plan_env(spec)},
             unset_env=(),
-            ready_path="/health",
+            ready_path="/health" if spec.node_rank == 0 else "",
             timings=TIMINGS.resolve(spec),
             metrics_path="/metrics",
         )

@@ -48,6 +48,8 @@ class SimAdapter:
         """Raise `ProfileError` for a spec `llmgw sim` would refuse."""
         checks.check_engine(spec, self.name)
         checks.check_common(spec)
+        # `llmgw sim` has no ranks yet: a multi-node profile needs vllm or sglang.
+        checks.check_ranks(spec, multi_node=False)
         checks.check_timings(spec)
         checks.check_memory_fraction(spec)
         checks.check_engine_args(spec, MANAGED_ARGS, abbreviations=False)

@@ -28,6 +28,11 @@ class EngineSpec:
     that name. `weights` is a local path, a GGUF file or a hub id. `engine_args`
     are appended to the command line as given, after validation. `env` is extra
     environment from the profile, set on top of the agent's.
+
+    A multi-node replica runs one shard per node: `nodes` of them, this one
+    rank `node_rank`; `gpu_indices` are this node's GPUs only, and the parallel
+    sizes are the whole replica's. Ranks meet at `master_addr:master_port`
+    (rank 0's address on the management network, and a port of its range).
     """
 
     shard_id: str
@@ -42,6 +47,10 @@ class EngineSpec:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     gpu_memory_utilization: float | None = None
+    nodes: int = 1
+    node_rank: int = 0
+    master_addr: str = ""
+    master_port: int = 0
     # Seconds; None means the engine kind's default (`EngineTimings`).
     load_timeout: float | None = None
     unhealthy_after: float | None = None
@@ -82,7 +91,9 @@ class LaunchPlan:
     `CUDA_VISIBLE_DEVICES` ("" without GPUs, "2,3" for GPUs 2 and 3) so that an
     engine never sees a GPU it was not given. `unset_env` names variables to
     remove from the agent's environment first (ones the engine would read in
-    place of its flags). `ready_path` answers 200 once the engine can serve;
+    place of its flags). `ready_path` answers 200 once the engine can serve
+    ("" for a follower rank of a multi-node replica, which serves no HTTP: it is
+    ready while its process runs);
     `metrics_path` serves Prometheus text, or is None when the engine has none.
     `timings` are the spec's deadlines with the engine kind's defaults filled in
     (the default value suits a quick engine; every adapter sets its own).

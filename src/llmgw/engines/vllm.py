@@ -8,8 +8,15 @@ figures and `nodes remove-weights` see them. Load comes from `/metrics`:
 `vllm:kv_cache_usage_perc` (newer releases) or `vllm:gpu_cache_usage_perc` (older
 ones).
 
-Not guaranteed: multi-node shards (a spec holds this node's GPUs only, and
-their count must equal tensor x pipeline parallel size), that the installed vLLM
+A multi-node replica runs without Ray, as vLLM documents for its multiprocessing
+backend (vLLM 0.11.1 and later, "Parallelism and Scaling"): every rank runs
+`vllm serve` with the whole replica's parallel sizes plus `--nnodes N
+--node-rank R --master-addr A --master-port P`; ranks above 0 add `--headless`
+and serve no API, so their readiness is their process staying up (rank 0's
+`/health` says when the replica serves). The spec's GPUs are this node's; their
+count times the node count must equal tensor x pipeline parallel size.
+
+Not guaranteed: that the installed vLLM
 accepts every engine argument, or that a `--config` file sets nothing llmgw
 manages (vLLM lets command-line flags win over it, so llmgw's own still apply).
 """
@@ -43,6 +50,12 @@ MANAGED_ARGS: Mapping[str, str] = {
     "--pipeline-parallel-size": checks.USE_PP,
     "-pp": checks.USE_PP,
     "--gpu-memory-utilization": checks.USE_MEMORY,
+    "--nnodes": checks.USE_NODES,
+    "-n": checks.USE_NODES,
+    "--node-rank": checks.USE_NODES,
+    "--master-addr": checks.USE_NODES,
+    "--master-port": checks.USE_NODES,
+    "--headless": checks.USE_NODES,
     "--data-parallel-size": checks.NO_DATA_PARALLEL,
     "-dp": checks.NO_DATA_PARALLEL,
     "--api-key": checks.NO_API_KEY,
@@ -78,6 +91,7 @@ class VllmAdapter:
         """Raise `ProfileError` for a spec vLLM would refuse or llmgw could not serve."""
         checks.check_engine(spec, self.name)
         checks.check_common(spec)
+        checks.check_ranks(spec, multi_node=True)
         checks.check_timings(spec)
         checks.check_weights(spec)
         checks.check_gpus(spec, "vLLM")
@@ -108,12 +122,25 @@ class VllmAdapter:
                 "--gpu-memory-utilization",
                 checks.format_fraction(spec.gpu_memory_utilization),
             ]
+        if spec.nodes > 1:
+            argv += [
+                "--nnodes",
+                str(spec.nodes),
+                "--node-rank",
+                str(spec.node_rank),
+                "--master-addr",
+                spec.master_addr,
+                "--master-port",
+                str(spec.master_port),
+            ]
+            if spec.node_rank > 0:
+                argv.append("--headless")
         argv += spec.engine_args
         return LaunchPlan(
             argv=tuple(argv),
             env={**checks.weights_env(spec, self._settings.weights_dir), **checks.plan_env(spec)},
             unset_env=UNSET_ENV,
-            ready_path="/health",
+            ready_path="/health" if spec.node_rank == 0 else "",
             timings=TIMINGS.resolve(spec),
             metrics_path="/metrics",
         )

@@ -228,7 +228,7 @@ class Registered(_message.Message):
     def __init__(self, heartbeat_interval_seconds: _Optional[float] = ..., leader_id: _Optional[str] = ..., server_version: _Optional[str] = ...) -> None: ...
 
 class ShardSpec(_message.Message):
-    __slots__ = ("shard_id", "model", "engine", "weights", "gpu_indices", "port", "engine_args", "env", "tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization", "load_timeout_seconds", "unhealthy_after_seconds", "drain_grace_seconds")
+    __slots__ = ("shard_id", "model", "engine", "weights", "gpu_indices", "port", "engine_args", "env", "tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization", "load_timeout_seconds", "unhealthy_after_seconds", "drain_grace_seconds", "nodes", "node_rank", "master_addr", "master_port", "replica_id")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -250,6 +250,11 @@ class ShardSpec(_message.Message):
     LOAD_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     UNHEALTHY_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DRAIN_GRACE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    NODE_RANK_FIELD_NUMBER: _ClassVar[int]
+    MASTER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     shard_id: str
     model: str
     engine: str
@@ -264,7 +269,12 @@ class ShardSpec(_message.Message):
     load_timeout_seconds: float
     unhealthy_after_seconds: float
     drain_grace_seconds: float
-    def __init__(self, shard_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., weights: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., port: _Optional[int] = ..., engine_args: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., tensor_parallel_size: _Optional[int] = ..., pipeline_parallel_size: _Optional[int] = ..., gpu_memory_utilization: _Optional[float] = ..., load_timeout_seconds: _Optional[float] = ..., unhealthy_after_seconds: _Optional[float] = ..., drain_grace_seconds: _Optional[float] = ...) -> None: ...
+    nodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    replica_id: str
+    def __init__(self, shard_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., weights: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., port: _Optional[int] = ..., engine_args: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., tensor_parallel_size: _Optional[int] = ..., pipeline_parallel_size: _Optional[int] = ..., gpu_memory_utilization: _Optional[float] = ..., load_timeout_seconds: _Optional[float] = ..., unhealthy_after_seconds: _Optional[float] = ..., drain_grace_seconds: _Optional[float] = ..., nodes: _Optional[int] = ..., node_rank: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., replica_id: _Optional[str] = ...) -> None: ...
 
 class StartShard(_message.Message):
     __slots__ = ("spec",)

@@ -135,6 +135,11 @@ def shard_spec(msg: agent_pb2.ShardSpec) -> ShardSpec:
         load_timeout=msg.load_timeout_seconds,
         unhealthy_after=msg.unhealthy_after_seconds,
         drain_grace=msg.drain_grace_seconds,
+        nodes=msg.nodes or 1,
+        node_rank=msg.node_rank,
+        master_addr=msg.master_addr,
+        master_port=msg.master_port,
+        replica_id=msg.replica_id,
     )
 
 
@@ -154,4 +159,9 @@ def shard_spec_message(spec: ShardSpec) -> agent_pb2.ShardSpec:
         load_timeout_seconds=spec.load_timeout,
         unhealthy_after_seconds=spec.unhealthy_after,
         drain_grace_seconds=spec.drain_grace,
+        nodes=spec.nodes,
+        node_rank=spec.node_rank,
+        master_addr=spec.master_addr,
+        master_port=spec.master_port,
+        replica_id=spec.replica_id,
     )

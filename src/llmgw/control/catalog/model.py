@@ -30,6 +30,11 @@ class Profile:
     have (0: any). `gpu_kind` is a case-insensitive substring of the GPU name
     ("H100", "L40S"); None accepts any. `labels` must all be present with the
     same value in the node's labels or fabric labels.
+
+    `nodes` is how many nodes one replica spans (each with `gpus` GPUs); a
+    multi-node replica's nodes all have the same value of fabric label
+    `fabric`. Its parallel sizes are derived from these unless given: tensor
+    parallel within a node, one pipeline stage per node.
     """
 
     name: str
@@ -40,8 +45,12 @@ class Profile:
     gpu_memory: int = 0
     gpu_kind: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
-    # 0 means "as many as the replica's GPUs" (1 without GPUs).
+    # 0 means "as many as a node's GPUs of the replica" (1 without GPUs).
     tensor_parallel_size: int = 0
+    # 0 means "what is left": one stage per node unless tensor parallel spans nodes.
+    pipeline_parallel_size: int = 0
+    nodes: int = 1
+    fabric: str | None = None
     # 0 leaves the engine's own default in place.
     gpu_memory_utilization: float = 0.0
     # Seconds; None leaves the engine kind's default (set on the agent) in place.
@@ -52,6 +61,22 @@ class Profile:
     @property
     def tensor_parallel(self) -> int:
         return self.tensor_parallel_size or max(1, self.gpus)
+
+    @property
+    def pipeline_parallel(self) -> int:
+        """The pipeline stages: as given, else one per node, or what is left of the
+        replica's GPUs when tensor parallel spans nodes (2 nodes x 8 GPUs, tp 16: 1)."""
+        if self.pipeline_parallel_size:
+            return self.pipeline_parallel_size
+        per_node = max(1, self.gpus)
+        tp = self.tensor_parallel
+        if tp <= per_node:
+            return self.nodes
+        return max(1, per_node * self.nodes // tp)
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nodes > 1
 
 
 @dataclass(frozen=True, slots=True)

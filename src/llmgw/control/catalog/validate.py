@@ -5,7 +5,8 @@ Every catalog model is built here, in two steps: `ModelConfig` (in
 `_check_engines` checks what needs the engines: the engine is a known one, an
 engine that needs GPUs gets them, and the engine's own adapter accepts the shard
 spec the reconciler will send for the profile (the same GPU count, one tensor
-parallel rank per GPU unless the profile says otherwise, no pipeline stages).
+parallel rank per GPU unless the profile says otherwise; for a multi-node
+profile, rank 0's spec, with tensor x pipeline parallel equal to gpus x nodes).
 So a model that passes here is refused later only for what cannot be known
 without a node: missing weights, too little memory, an engine not installed.
 
@@ -51,7 +52,9 @@ _PROFILE_REMEDIES = {
     engine_checks.USE_TP: (
         "set the profile's tensor_parallel_size instead, and remove the argument"
     ),
-    engine_checks.USE_PP: "it runs each replica as one pipeline stage; remove the argument",
+    engine_checks.USE_PP: (
+        "set the profile's pipeline_parallel_size instead, and remove the argument"
+    ),
     engine_checks.USE_MEMORY: (
         "set the profile's gpu_memory_utilization instead, and remove the argument"
     ),
@@ -118,6 +121,15 @@ def model_to_dict(model: CatalogModel) -> dict[str, Any]:
                 "labels": dict(p.labels),
                 "tensor_parallel_size": p.tensor_parallel_size,
                 "gpu_memory_utilization": p.gpu_memory_utilization,
+                **(
+                    {
+                        "nodes": p.nodes,
+                        "fabric": p.fabric,
+                        "pipeline_parallel_size": p.pipeline_parallel_size,
+                    }
+                    if p.multi_node or p.pipeline_parallel_size
+                    else {}
+                ),
                 **{
                     key: _number(value)
                     for key, value in (
@@ -172,6 +184,9 @@ def _profile(cfg: ProfileConfig) -> Profile:
         gpu_kind=cfg.gpu_kind,
         labels=dict(cfg.labels),
         tensor_parallel_size=cfg.tensor_parallel_size,
+        pipeline_parallel_size=cfg.pipeline_parallel_size,
+        nodes=cfg.nodes,
+        fabric=cfg.fabric,
         gpu_memory_utilization=cfg.gpu_memory_utilization,
         load_timeout=cfg.load_timeout,
         unhealthy_after=cfg.unhealthy_after,
@@ -202,7 +217,18 @@ def _check_engine(model: CatalogModel, index: int, profile: Profile) -> None:
             "without GPUs with the llamacpp or sim engine",
         )
     tensor_parallel = profile.tensor_parallel
-    if adapter.needs_gpus and tensor_parallel != profile.gpus:
+    pipeline_parallel = profile.pipeline_parallel
+    ranks = profile.gpus * profile.nodes
+    if adapter.needs_gpus and tensor_parallel * pipeline_parallel != ranks:
+        if profile.multi_node or profile.pipeline_parallel_size:
+            raise fail(
+                "pipeline_parallel_size" if profile.pipeline_parallel_size else "nodes",
+                f"{profile.engine} runs one rank on each GPU of the replica, so "
+                f"tensor_parallel_size ({tensor_parallel}) x pipeline_parallel_size "
+                f"({pipeline_parallel}) must equal gpus x nodes ({profile.gpus} x "
+                f"{profile.nodes} = {ranks}); leave both at 0 for tensor parallel within "
+                "a node and one pipeline stage per node",
+            )
         raise fail(
             "tensor_parallel_size",
             f"{profile.engine} runs one tensor-parallel rank on each GPU of the replica, "
@@ -219,6 +245,11 @@ def _check_engine(model: CatalogModel, index: int, profile: Profile) -> None:
         engine_args=profile.engine_args,
         env=profile.env,
         tensor_parallel_size=tensor_parallel,
+        pipeline_parallel_size=pipeline_parallel,
+        nodes=profile.nodes,
+        # Rank 0's line: the master address and port are the node's, never the profile's.
+        master_addr="10.0.0.1" if profile.multi_node else "",
+        master_port=_PROBE_PORT + 1 if profile.multi_node else 0,
         gpu_memory_utilization=profile.gpu_memory_utilization or None,
         load_timeout=profile.load_timeout,
         unhealthy_after=profile.unhealthy_after,
@@ -240,6 +271,7 @@ def _profile_field(exc: ProfileError, profile: Profile) -> tuple[str, str]:
         return ("tensor_parallel_size" if profile.tensor_parallel_size else "gpus"), exc.message
     if exc.field in {
         "engine",
+        "nodes",
         "engine_args",
         "env",
         "weights",

@@ -46,6 +46,18 @@ class ShardSpec:
     load_timeout: float = 0.0
     unhealthy_after: float = 0.0
     drain_grace: float = 0.0
+    # A multi-node replica: `nodes` shards sharing `replica_id` (rank 0's shard id),
+    # this one rank `node_rank`; ranks meet at master_addr:master_port.
+    nodes: int = 1
+    node_rank: int = 0
+    master_addr: str = ""
+    master_port: int = 0
+    replica_id: str = ""
+
+    @property
+    def replica(self) -> str:
+        """The replica this shard belongs to: its own id unless it is one of a gang."""
+        return self.replica_id or self.shard_id
 
 
 @dataclass(frozen=True, slots=True)

@@ -477,6 +477,7 @@ class Controller:
             "scale_down": "not needed now",
             "node_draining": "its node is draining and a replacement is ready",
             "not_in_catalog": "its model is no longer in the catalog",
+            "gang_broken": "another shard of its multi-node replica is gone",
         }[action.reason]
         message = f"stopping replica {action.shard_id} on node {action.node_id}: {why}"
         if action.detail:
@@ -600,7 +601,14 @@ class Controller:
             if not routable(node):
                 continue
             for shard in node.shards.values():
-                if shard.state == "ready" and shard.endpoint_url and shard.id not in self._stopping:
+                # Only rank 0 of a multi-node replica serves; the other ranks are never published.
+                rank = shard.spec.node_rank if shard.spec is not None else 0
+                if (
+                    shard.state == "ready"
+                    and shard.endpoint_url
+                    and shard.id not in self._stopping
+                    and rank == 0
+                ):
                     ready.setdefault(shard.model, []).append(
                         ReadyEndpoint(shard.id, shard.endpoint_url)
                     )

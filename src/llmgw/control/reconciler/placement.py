@@ -9,6 +9,15 @@ only when no other node fits (a node failure then takes one replica, not
 all), and a node the model is asked to avoid (it failed there recently) only
 when nothing else fits at all.
 
+A multi-node profile (`nodes: N`, `fabric: KEY`) is placed as a gang, all or
+nothing: the same filters judge each node for one shard, the nodes that pass
+are grouped by their value of fabric label KEY, and a group with N of them
+takes the replica (the group whose N best nodes are best, by the same tiers
+and score; ties to the lower label value). Rank 0 goes on the best of them and
+also gets the rendezvous port, a second free port of its range. `explain` says
+per group why it falls short ("ib-domain=pod3: 1 of 2 nodes with 8 free 80
+GiB GPUs").
+
 `Fleet` holds what the inventory reported plus what has been handed out since
 (pending starts, this plan's starts), so two starts never share a GPU or port.
 Within one plan capacity only shrinks: nothing is freed until a stopped shard
@@ -56,6 +65,10 @@ class Need:
     gpu_memory: int
     gpu_kind: str | None
     labels: tuple[tuple[str, str], ...]
+    # A multi-node replica: this many shards, one per node, all with the same
+    # value of fabric label `fabric`; each needs the above.
+    nodes: int = 1
+    fabric: str | None = None
 
     @classmethod
     def of(cls, profile: Profile) -> Need:
@@ -64,7 +77,23 @@ class Need:
             gpu_memory=profile.gpu_memory,
             gpu_kind=profile.gpu_kind or None,
             labels=tuple(sorted(profile.labels.items())),
+            nodes=profile.nodes,
+            fabric=profile.fabric if profile.nodes > 1 else None,
         )
+
+    def describe(self) -> str:
+        """What one shard needs, e.g. "8 free 80 GiB H100 GPUs"."""
+        if self.gpus == 0:
+            return "room for a shard"
+        memory = f" {gib(self.gpu_memory)}" if self.gpu_memory else ""
+        kind = f" {self.gpu_kind}" if self.gpu_kind else ""
+        return f"{self.gpus} free{memory}{kind} GPU{'' if self.gpus == 1 else 's'}"
+
+
+def fabric_of(node: Node, key: str) -> str | None:
+    """The node's value of fabric label `key` (its fabric labels first, then its labels)."""
+    value = node.fabric.get(key)
+    return value if value is not None else node.labels.get(key)
 
 
 def _is_kind(gpu: Gpu, kind: str | None) -> bool:
@@ -105,15 +134,22 @@ class NodeCapacity:
                 used.update(shard.spec.gpu_indices)
                 if shard.spec.port:
                     ports.add(shard.spec.port)
+                # Rank 0 of a multi-node replica also holds its rendezvous port.
+                if shard.spec.master_port and shard.spec.node_rank == 0:
+                    ports.add(shard.spec.master_port)
         free = sorted((g for g in node.gpus if g.index not in used), key=lambda g: g.index)
         return cls(node=node, free_gpus=free, ports_used=ports, shards=shards, models=models)
 
-    def reserve(self, model: str, gpu_indices: Iterable[int], port: int) -> None:
+    def reserve(
+        self, model: str, gpu_indices: Iterable[int], port: int, master_port: int = 0
+    ) -> None:
         taken = set(gpu_indices)
         if taken:
             self.free_gpus = [g for g in self.free_gpus if g.index not in taken]
         if port:
             self.ports_used.add(port)
+        if master_port:
+            self.ports_used.add(master_port)
         self.shards += 1
         self.models[model] = self.models.get(model, 0) + 1
         self.version += 1
@@ -153,6 +189,18 @@ class NodeCapacity:
             if fallback is None:
                 fallback = port
         return fallback
+
+    def two_ports(self, avoid: frozenset[tuple[str, int]] = frozenset()) -> tuple[int, int] | None:
+        """An engine port and a rendezvous port, both free (rank 0 of a gang needs both)."""
+        first = self.free_port(avoid)
+        if first is None:
+            return None
+        self.ports_used.add(first)
+        try:
+            second = self.free_port(avoid)
+        finally:
+            self.ports_used.discard(first)
+        return None if second is None else (first, second)
 
     def gpus_for(self, need: Need) -> tuple[int, ...]:
         """The lowest-index free GPUs that match the need (fewer if there are not enough)."""
@@ -195,6 +243,14 @@ def filter_labels(cap: NodeCapacity, need: Need) -> str | None:
             return f"missing label {key}={value}"
         return f"label {key}={has}, needs {key}={value}"
     return None
+
+
+def filter_fabric(cap: NodeCapacity, need: Need) -> str | None:
+    """A multi-node replica's nodes must have its fabric label (any value; the
+    gang is then formed among nodes with the same value)."""
+    if need.fabric is None or fabric_of(cap.node, need.fabric) is not None:
+        return None
+    return f"no fabric label {need.fabric} (the profile spans {need.nodes} nodes of one fabric)"
 
 
 def filter_gpu_kind(cap: NodeCapacity, need: Need) -> str | None:
@@ -241,6 +297,7 @@ def filter_ports(cap: NodeCapacity, need: Need) -> str | None:
 DEFAULT_FILTERS: tuple[Filter, ...] = (
     filter_node_state,
     filter_labels,
+    filter_fabric,
     filter_gpu_kind,
     filter_gpus,
     filter_ports,
@@ -342,11 +399,15 @@ class Fleet:
             cap = self._caps.get(start.node_id)
             # A pending start the node already reports as a shard is counted once.
             if cap is not None and start.spec.shard_id not in cap.node.shards:
-                cap.reserve(start.spec.model, start.spec.gpu_indices, start.spec.port)
+                spec = start.spec
+                master = spec.master_port if spec.node_rank == 0 else 0
+                cap.reserve(spec.model, spec.gpu_indices, spec.port, master)
 
     def reserve(self, placement: Placement, model: str) -> None:
-        self._caps[placement.node_id].reserve(model, placement.gpu_indices, placement.port)
-        self._changed.append(placement.node_id)
+        for rank, shard in enumerate(placement.ranks):
+            master = placement.master_port if rank == 0 else 0
+            self._caps[shard.node_id].reserve(model, shard.gpu_indices, shard.port, master)
+            self._changed.append(shard.node_id)
 
     def explain(
         self,
@@ -373,6 +434,19 @@ class Fleet:
                 if made is None or made.reason != reason:
                     made = checked.rejections[cap.node.id] = Rejection(cap.node.id, reason)
                 rejections.append(made)
+            if need.nodes > 1:
+                gang = self._gang(fits, profile, need, model.name, avoid_nodes, avoid_ports)
+                verdicts.append(
+                    ProfileVerdict(
+                        profile=profile.name,
+                        fits=tuple(c.node.id for c in fits),
+                        rejections=tuple(rejections),
+                        groups=() if gang is not None else _short_groups(fits, need),
+                    )
+                )
+                if gang is not None:
+                    return Explanation(model.name, gang, tuple(verdicts))
+                continue
             verdicts.append(
                 ProfileVerdict(
                     profile=profile.name,
@@ -403,10 +477,74 @@ class Fleet:
         """The placement `explain` would give, without the reasons (and much faster)."""
         for profile in model.profiles:
             need = Need.of(profile)
+            if need.nodes > 1:
+                checked = self._memo(need)
+                fits = [c for c in self._caps.values() if self._check(c, need, checked) is None]
+                gang = self._gang(fits, profile, need, model.name, avoid_nodes, avoid_ports)
+                if gang is not None:
+                    return gang
+                continue
             cap = self._pick(need, model.name, avoid_nodes)
             if cap is not None:
                 return _placement(cap, profile, need, avoid_ports)
         return None
+
+    def _gang(
+        self,
+        fits: list[NodeCapacity],
+        profile: Profile,
+        need: Need,
+        model: str,
+        avoid_nodes: frozenset[str],
+        avoid_ports: frozenset[tuple[str, int]],
+    ) -> Placement | None:
+        """The best `need.nodes` fitting nodes that share a fabric value, or None.
+
+        Within a group nodes rank by tier, score and id; groups by the worst tier
+        of their chosen nodes, then the sum of their scores, then the label value.
+        Rank 0 is the best chosen node that has two free ports (engine and rendezvous).
+        """
+        assert need.fabric is not None
+        groups: dict[str, list[NodeCapacity]] = {}
+        for cap in fits:
+            value = fabric_of(cap.node, need.fabric)
+            if value is not None:
+                groups.setdefault(value, []).append(cap)
+        best: tuple[tuple[int, int, int, str], list[NodeCapacity], tuple[int, int]] | None = None
+        for value, caps in groups.items():
+            if len(caps) < need.nodes:
+                continue
+            ranked = sorted(
+                caps, key=lambda c: (_tier(c, model, avoid_nodes), *self._score(c, need), c.node.id)
+            )
+            head = next((c for c in ranked if c.two_ports(avoid_ports) is not None), None)
+            if head is None:
+                continue
+            chosen = [head, *[c for c in ranked if c is not head][: need.nodes - 1]]
+            ports = head.two_ports(avoid_ports)
+            assert ports is not None
+            scores = [self._score(c, need) for c in chosen]
+            key = (
+                max(_tier(c, model, avoid_nodes) for c in chosen),
+                sum(s[0] for s in scores),
+                sum(s[1] for s in scores),
+                value,
+            )
+            if best is None or key < best[0]:
+                best = (key, chosen, ports)
+        if best is None:
+            return None
+        (*_, value), chosen, (port, master_port) = best
+        head, *rest = chosen
+        return Placement(
+            node_id=head.node.id,
+            profile=profile,
+            gpu_indices=head.gpus_for(need),
+            port=port,
+            shards=tuple(_placement(c, profile, need, avoid_ports) for c in rest),
+            master_port=master_port,
+            fabric=f"{need.fabric}={value}",
+        )
 
     def _memo(self, need: Need) -> _Checked:
         checked = self._checked.get(need)
@@ -472,6 +610,23 @@ class Fleet:
         for entry in popped:
             heapq.heappush(heap, entry)
         return best[1] if best is not None else None
+
+
+def _short_groups(fits: list[NodeCapacity], need: Need) -> tuple[str, ...]:
+    """Per fabric value, how many of the nodes a gang needs fit, e.g.
+    "ib-domain=pod3: 1 of 2 nodes with 8 free 80 GiB GPUs" (groups without any are
+    left out: their nodes' reasons say why)."""
+    assert need.fabric is not None
+    counts: dict[str, int] = {}
+    for cap in fits:
+        value = fabric_of(cap.node, need.fabric)
+        if value is not None:
+            counts[value] = counts.get(value, 0) + 1
+    what = need.describe()
+    return tuple(
+        f"{need.fabric}={value}: {count} of {need.nodes} nodes with {what}"
+        for value, count in sorted(counts.items())
+    )
 
 
 def _tier(cap: NodeCapacity, model: str, avoid_nodes: frozenset[str]) -> int:

@@ -34,6 +34,16 @@ A pure function of its inputs: same input, same actions in the same order
 - Clean up: shards of models no longer wanted are drained; shards that have
   already stopped or failed get a stop so that the agent forgets them.
 
+- Multi-node replicas (gangs): the shards of one replica (same
+  `ShardSpec.replica_id`, ranks 0..N-1) count as one replica, ready when all
+  of them are; in doubt when any node of theirs is, draining when any is. A
+  gang missing a rank (stopped, failed, on a lost node, or never started) is
+  broken: its remaining shards are stopped (`gang_broken`) and it is replaced
+  as a whole. A stop of a gang (drain, scale down) stops every shard of it.
+  A gang is started as N starts at once, placed all or nothing
+  (`Fleet.place`); rank 0's shard id is the replica id, rank R's is
+  "<replica id>-r<R>", and ranks meet at rank 0's node address.
+
 No stop goes to a disconnected node; it is retried by the next plan.
 
 Not guaranteed: the actions are decided on a snapshot. The controller
@@ -42,7 +52,7 @@ re-plans after every change, and the agent refuses work that conflicts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from llmgw.control.catalog.model import CatalogModel
@@ -78,6 +88,9 @@ class _Replicas:
     # Shards on unreachable nodes: not counted, not stopped, replaced elsewhere.
     in_doubt: list[tuple[Node, Shard]] = field(default_factory=list)
 
+    # Per gang (by its rank 0 shard id): its other shards, which follow rank 0's stops.
+    followers: dict[str, list[tuple[Node, Shard]]] = field(default_factory=dict)
+
     @property
     def count(self) -> int:
         return len(self.serving) + self.pending
@@ -93,7 +106,8 @@ def plan(
 ) -> Plan:
     """The actions that bring `actual` towards `desired`; see the module docstring.
 
-    `new_shard_id(model)` names each new shard; it is called once per start.
+    `new_shard_id(model)` names each new replica; it is called once per replica
+    placed (a multi-node replica's other shards are named after it).
     """
     wanted = {d.model.name: d for d in desired}
     replicas = {name: _Replicas() for name in wanted}
@@ -105,8 +119,10 @@ def plan(
         stops += _scale_down(want, have)
         if not want.hold and have.count < want.replicas:
             short.append((want, want.replicas - have.count))
+    stops = _with_followers(stops, replicas)
     fleet = Fleet(actual.nodes, actual.pending, policy=policy, filters=filters)
-    starts, unplaced = _place(short, fleet, new_shard_id)
+    addresses = {n.id: n.advertise_host or n.seen_from or n.hostname for n in actual.nodes}
+    starts, unplaced = _place(short, fleet, new_shard_id, addresses)
     stops.sort(key=lambda s: (s.node_id, s.shard_id))
     in_doubt = {
         name: tuple(sorted(shard.id for _, shard in have.in_doubt))
@@ -120,11 +136,15 @@ def _count(actual: Actual, replicas: dict[str, _Replicas]) -> list[Stop]:
     """Sort every shard and pending start into `replicas`; the clean-up stops."""
     stops: list[Stop] = []
     nodes = {n.id: n for n in actual.nodes}
+    gangs: dict[str, list[tuple[Node, Shard]]] = {}
     for node in sorted(actual.nodes, key=lambda n: n.id):
         if node.state == "lost":
             continue
         for shard in sorted(node.shards.values(), key=lambda s: s.id):
             if shard.id in actual.stopping:
+                continue
+            if shard.spec is not None and shard.spec.nodes > 1:
+                gangs.setdefault(shard.spec.replica, []).append((node, shard))
                 continue
             have = replicas.get(shard.model)
             if not shard.holds_gpus:
@@ -142,6 +162,7 @@ def _count(actual: Actual, replicas: dict[str, _Replicas]) -> list[Stop]:
             else:
                 have.serving.append((node, shard))
                 have.ready += shard.state == "ready"
+    pending_ranks: dict[str, set[int]] = {}
     for start in actual.pending:
         target = nodes.get(start.node_id)
         have = replicas.get(start.spec.model)
@@ -156,8 +177,82 @@ def _count(actual: Actual, replicas: dict[str, _Replicas]) -> list[Stop]:
             or start.spec.shard_id in target.shards
         ):
             continue
+        spec = start.spec
+        if spec.nodes > 1:
+            # A gang's starts count once: as a pending replica until rank 0 reports,
+            # then as the ranks that are on their way.
+            pending_ranks.setdefault(spec.replica, set()).add(spec.node_rank)
+            if spec.node_rank != 0 or spec.replica in gangs:
+                continue
         have.pending += 1
+    for replica_id in sorted(gangs):
+        stops += _count_gang(
+            replica_id, gangs[replica_id], pending_ranks.get(replica_id, set()), replicas
+        )
     return stops
+
+
+def _count_gang(
+    replica_id: str,
+    members: list[tuple[Node, Shard]],
+    pending: set[int],
+    replicas: dict[str, _Replicas],
+) -> list[Stop]:
+    """Count one multi-node replica once, or stop what is left of a broken one."""
+    first = members[0][1]
+    assert first.spec is not None
+    size = first.spec.nodes
+    have = replicas.get(first.model)
+    live = [(n, s) for n, s in members if s.holds_gpus and s.state != "draining"]
+    ranks = {s.spec.node_rank for _, s in live if s.spec is not None} | pending
+    stops: list[Stop] = []
+    for node, shard in members:
+        if not shard.holds_gpus and node.connected:
+            stops.append(_stop(node, shard, "ended", drain=False))
+    if have is None:
+        return stops + [
+            _stop(n, s, "not_in_catalog", drain=True)
+            for n, s in live
+            if n.connected and n.state == "ready"
+        ]
+    missing = sorted(set(range(size)) - ranks)
+    if missing:
+        names = ", ".join(str(r) for r in missing)
+        detail = f"replica {replica_id} lost rank{'s' if len(missing) > 1 else ''} {names}"
+        return stops + [
+            _stop(n, s, "gang_broken", drain=False, detail=detail)
+            for n, s in live
+            if n.connected and n.state == "ready"
+        ]
+    head = next(((n, s) for n, s in live if s.spec is not None and s.spec.node_rank == 0), None)
+    if head is None:
+        # Rank 0 is still on its way: the replica is a pending start.
+        have.pending += 1
+        return stops
+    have.followers[head[1].id] = [(n, s) for n, s in live if s is not head[1]]
+    if any(n.state == "unreachable" for n, _ in live):
+        have.in_doubt.append(head)
+    elif any(n.draining for n, _ in live):
+        have.draining.append(head)
+    else:
+        have.serving.append(head)
+        have.ready += not pending and all(s.state == "ready" for _, s in live)
+    return stops
+
+
+def _with_followers(stops: list[Stop], replicas: dict[str, _Replicas]) -> list[Stop]:
+    """Each stop of a gang's rank 0 also stops its other ranks, for the same reason."""
+    followers = {
+        shard_id: members
+        for have in replicas.values()
+        for shard_id, members in have.followers.items()
+    }
+    out = list(stops)
+    for stop in stops:
+        for node, shard in followers.get(stop.shard_id, ()):
+            if node.connected and node.state == "ready":
+                out.append(_stop(node, shard, stop.reason, drain=stop.drain, detail=stop.detail))
+    return out
 
 
 def _drain(want: Desired, have: _Replicas) -> list[Stop]:
@@ -206,7 +301,10 @@ def _surplus_detail(count: int, wanted: int, kept: list[tuple[Node, Shard]], pen
 
 
 def _place(
-    short: list[tuple[Desired, int]], fleet: Fleet, new_shard_id: Callable[[str], str]
+    short: list[tuple[Desired, int]],
+    fleet: Fleet,
+    new_shard_id: Callable[[str], str],
+    addresses: Mapping[str, str],
 ) -> tuple[list[Start], dict[str, Explanation]]:
     starts: list[Start] = []
     unplaced: dict[str, Explanation] = {}
@@ -223,32 +321,48 @@ def _place(
                 )
                 break
             fleet.reserve(placement, model.name)
-            starts.append(_start(model, placement, new_shard_id(model.name)))
+            starts += _starts(model, placement, new_shard_id(model.name), addresses)
     return starts, dict(sorted(unplaced.items()))
 
 
 def _size(model: CatalogModel) -> int:
-    return model.profiles[0].gpus if model.profiles else 0
+    return model.profiles[0].gpus * model.profiles[0].nodes if model.profiles else 0
 
 
-def _start(model: CatalogModel, placement: Placement, shard_id: str) -> Start:
+def _starts(
+    model: CatalogModel, placement: Placement, replica_id: str, addresses: Mapping[str, str]
+) -> list[Start]:
+    """One start per shard: rank 0 first, then the other ranks of a multi-node replica."""
     profile = placement.profile
-    spec = ShardSpec(
-        shard_id=shard_id,
-        model=model.name,
-        engine=profile.engine,
-        weights=model.weights,
-        gpu_indices=placement.gpu_indices,
-        port=placement.port,
-        engine_args=profile.engine_args,
-        env=profile.env,
-        tensor_parallel_size=profile.tensor_parallel,
-        gpu_memory_utilization=profile.gpu_memory_utilization,
-        load_timeout=profile.load_timeout or 0.0,
-        unhealthy_after=profile.unhealthy_after or 0.0,
-        drain_grace=profile.drain_grace or 0.0,
-    )
-    return Start(node_id=placement.node_id, model=model.name, profile=profile.name, spec=spec)
+    gang = profile.nodes > 1
+    master_addr = addresses.get(placement.node_id, "") if gang else ""
+    starts = []
+    for rank, shard in enumerate(placement.ranks):
+        spec = ShardSpec(
+            shard_id=replica_id if rank == 0 else f"{replica_id}-r{rank}",
+            model=model.name,
+            engine=profile.engine,
+            weights=model.weights,
+            gpu_indices=shard.gpu_indices,
+            port=shard.port,
+            engine_args=profile.engine_args,
+            env=profile.env,
+            tensor_parallel_size=profile.tensor_parallel,
+            pipeline_parallel_size=profile.pipeline_parallel,
+            gpu_memory_utilization=profile.gpu_memory_utilization,
+            load_timeout=profile.load_timeout or 0.0,
+            unhealthy_after=profile.unhealthy_after or 0.0,
+            drain_grace=profile.drain_grace or 0.0,
+            nodes=profile.nodes,
+            node_rank=rank,
+            master_addr=master_addr,
+            master_port=placement.master_port if gang else 0,
+            replica_id=replica_id if gang else "",
+        )
+        starts.append(
+            Start(node_id=shard.node_id, model=model.name, profile=profile.name, spec=spec)
+        )
+    return starts
 
 
 def _stop(node: Node, shard: Shard, reason: StopReason, *, drain: bool, detail: str = "") -> Stop:

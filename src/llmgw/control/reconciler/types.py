@@ -67,7 +67,7 @@ class Start:
     spec: ShardSpec
 
 
-StopReason = Literal["scale_down", "node_draining", "not_in_catalog", "ended"]
+StopReason = Literal["scale_down", "node_draining", "not_in_catalog", "ended", "gang_broken"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +76,8 @@ class Stop:
 
     Reasons: `scale_down` (more replicas than wanted), `node_draining` (its
     replacement is ready), `not_in_catalog` (no model of that name any more),
-    `ended` (the shard already stopped or failed: the stop makes the agent forget it).
+    `ended` (the shard already stopped or failed: the stop makes the agent forget it),
+    `gang_broken` (another shard of its multi-node replica is gone: the rest stop too).
     `detail`: for people (events, logs), e.g. which replicas a scale down keeps;
     not part of the action's identity.
     """
@@ -102,21 +103,40 @@ class Rejection:
 
 @dataclass(frozen=True, slots=True)
 class ProfileVerdict:
-    """One profile tried against every node: the nodes that fit, and why the others do not."""
+    """One profile tried against every node: the nodes that fit, and why the others do not.
+
+    For a multi-node profile `fits` are the nodes that could each take a shard,
+    and `groups` says per fabric group why it cannot take the whole replica,
+    e.g. "ib-domain=pod3: 1 of 2 nodes with 8 free 80 GiB GPUs".
+    """
 
     profile: str
     fits: tuple[str, ...]
     rejections: tuple[Rejection, ...]
+    groups: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """Where one replica would go."""
+    """Where one replica would go: its (rank 0) shard's node, GPUs and port.
+
+    A multi-node replica also has `shards`, the placements of ranks 1..N-1 in
+    order; `master_port` is the rendezvous port on rank 0's node and `fabric`
+    the shared fabric label ("ib-domain=pod3").
+    """
 
     node_id: str
     profile: Profile
     gpu_indices: tuple[int, ...]
     port: int
+    shards: tuple[Placement, ...] = ()
+    master_port: int = 0
+    fabric: str = ""
+
+    @property
+    def ranks(self) -> tuple[Placement, ...]:
+        """Every shard's placement, rank 0 first."""
+        return (self, *self.shards)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +157,17 @@ class Explanation:
         """
         if self.placement is not None:
             p = self.placement
-            gpus = ",".join(map(str, p.gpu_indices)) or "none"
+            gpus = _gpu_list(p.gpu_indices)
+            if p.shards:
+                ranks = ", ".join(
+                    f"rank {rank} on {r.node_id} (GPUs {_gpu_list(r.gpu_indices)})"
+                    for rank, r in enumerate(p.ranks)
+                )
+                return (
+                    f"model '{self.model}' fits on {p.fabric} with profile "
+                    f"'{p.profile.name}': {ranks}; rank 0 serves on port {p.port}, "
+                    f"rendezvous on port {p.master_port}"
+                )
             return (
                 f"model '{self.model}' fits on node {p.node_id} with profile "
                 f"'{p.profile.name}' (GPUs {gpus}, port {p.port})"
@@ -146,12 +176,15 @@ class Explanation:
             return f"model '{self.model}' cannot be placed: it has no profiles"
         parts = []
         for verdict in self.verdicts:
-            if verdict.rejections:
-                nodes = "; ".join(f"{r.node_id}: {r.reason}" for r in verdict.rejections)
-            else:
-                nodes = "no nodes registered"
+            reasons = [*verdict.groups]
+            reasons += [f"{r.node_id}: {r.reason}" for r in verdict.rejections]
+            nodes = "; ".join(reasons) if reasons else "no nodes registered"
             parts.append(f"profile '{verdict.profile}': {nodes}")
         return f"model '{self.model}' cannot be placed: " + " | ".join(parts)
+
+
+def _gpu_list(indices: tuple[int, ...]) -> str:
+    return ",".join(map(str, indices)) or "none"
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,11 +42,19 @@ def explanation_view(explanation: Explanation) -> dict[str, object]:
             "profile": placement.profile.name,
             "gpus": list(placement.gpu_indices),
             "port": placement.port,
+            # A multi-node replica: every shard by rank, rank 0 first (it serves).
+            "shards": [
+                {"node": r.node_id, "rank": rank, "gpus": list(r.gpu_indices), "port": r.port}
+                for rank, r in enumerate(placement.ranks)
+            ],
+            "fabric": placement.fabric or None,
+            "rendezvous_port": placement.master_port or None,
         },
         "profiles": [
             {
                 "profile": verdict.profile,
                 "fits": list(verdict.fits),
+                "groups": list(verdict.groups),
                 "rejected": [{"node": r.node_id, "reason": r.reason} for r in verdict.rejections],
             }
             for verdict in explanation.verdicts
