@@ -106,10 +106,27 @@ def make_nodes(count: int, gpus_per_node: int) -> list[Node]:
     return nodes
 
 
-def make_models(count: int, rng: random.Random) -> list[Desired]:
-    """1/2/4/8-GPU profiles (50/25/15/10%), some with a kind, labels or a fallback profile."""
+def make_models(count: int, rng: random.Random, multi_node: int = 0) -> list[Desired]:
+    """1/2/4/8-GPU profiles (50/25/15/10%), some with a kind, labels or a fallback profile.
+
+    The first `multi_node` models span 2 nodes x 8 H100s of one fabric pod, 1 replica each.
+    """
     desired = []
-    for i in range(count):
+    for i in range(multi_node):
+        profile = Profile(
+            name="tp8-pp2",
+            engine="vllm",
+            gpus=8,
+            gpu_memory=70 * GIB,
+            gpu_kind="H100",
+            nodes=2,
+            fabric="ib-domain",
+        )
+        model = CatalogModel(
+            name=f"model-{i:03d}", weights=f"org/model-{i:03d}", profiles=(profile,)
+        )
+        desired.append(Desired(model=model, replicas=1))
+    for i in range(multi_node, count):
         gpus = rng.choices((1, 2, 4, 8), weights=(50, 25, 15, 10))[0]
         memory = rng.choice((0, 20, 40, 70)) * GIB
         kind = "H100" if memory >= 70 * GIB or rng.random() < 0.2 else None
@@ -207,10 +224,23 @@ def check(ok: bool, what: str) -> None:
         raise SystemExit(f"plan_reconcile: check failed: {what}")
 
 
-def run(nodes_count: int, models_count: int, repeat: int, seed: int) -> tuple[list[Row], str]:
+def replicas(actions: Sequence[Start | Stop] | Sequence[Shard]) -> set[str]:
+    """The replicas (a multi-node one counts once) that these starts or shards belong to."""
+    found = set()
+    for item in actions:
+        spec = item.spec
+        if spec is not None:
+            found.add(spec.replica)
+    return found
+
+
+def run(
+    nodes_count: int, models_count: int, repeat: int, seed: int, multi_node: int
+) -> tuple[list[Row], str]:
     nodes = make_nodes(nodes_count, 8)
-    desired = make_models(models_count, random.Random(seed))
+    desired = make_models(models_count, random.Random(seed), multi_node)
     wanted = sum(d.replicas for d in desired)
+    shards_wanted = sum(d.replicas * d.model.profiles[0].nodes for d in desired)
     rows: list[Row] = []
 
     def timed(case: str, policy: PlacementPolicy, want: Sequence[Desired], actual: Actual) -> Plan:
@@ -222,9 +252,14 @@ def run(nodes_count: int, models_count: int, repeat: int, seed: int) -> tuple[li
         return result
 
     scratch = timed("scratch", "pack", desired, Actual(nodes=nodes))
-    check(len(scratch.actions) == wanted and not scratch.unplaced, "scratch places every replica")
+    check(
+        len(scratch.actions) == shards_wanted
+        and len(replicas(scratch.actions)) == wanted
+        and not scratch.unplaced,
+        "scratch places every replica",
+    )
     spread = timed("scratch", "spread", desired, Actual(nodes=nodes))
-    check(len(spread.actions) == wanted, "scratch (spread) places every replica")
+    check(len(spread.actions) == shards_wanted, "scratch (spread) places every replica")
 
     placed = [a for a in scratch.actions if isinstance(a, Start)]
     steady_nodes = apply(nodes, placed)
@@ -236,16 +271,41 @@ def run(nodes_count: int, models_count: int, repeat: int, seed: int) -> tuple[li
         replace(n, state="lost", connected=False) if n.id == victim.id else n for n in steady_nodes
     ]
     lost = timed("lost node", "pack", desired, Actual(nodes=lost_nodes))
+    gone = replicas(list(victim.shards.values()))
+    lost_starts = [a for a in lost.actions if isinstance(a, Start)]
     check(
-        len(lost.actions) == len(victim.shards)
-        and all(isinstance(a, Start) and a.node_id != victim.id for a in lost.actions),
-        "a lost node's replicas are placed elsewhere, nothing is stopped",
+        len(replicas(lost_starts)) == len(gone)
+        and all(a.node_id != victim.id for a in lost_starts)
+        # Only the other ranks of the lost node's multi-node replicas are stopped.
+        and all(isinstance(a, Start) or a.reason == "gang_broken" for a in lost.actions),
+        "a lost node's replicas are placed elsewhere, nothing else is stopped",
     )
+
+    if multi_node:
+        # A node holding a rank of a multi-node replica is lost: the replica is replaced
+        # whole (two starts) and its other rank stopped.
+        ranked = next(
+            n for n in steady_nodes if any(s.spec and s.spec.nodes > 1 for s in n.shards.values())
+        )
+        gang_lost = [
+            replace(n, state="lost", connected=False) if n.id == ranked.id else n
+            for n in steady_nodes
+        ]
+        member = timed(
+            "lost node of a multi-node replica", "pack", desired, Actual(nodes=gang_lost)
+        )
+        check(
+            sum(isinstance(a, Stop) and a.reason == "gang_broken" for a in member.actions)
+            == sum(1 for s in ranked.shards.values() if s.spec and s.spec.nodes > 1)
+            and sum(isinstance(a, Start) for a in member.actions)
+            == sum(s.spec.nodes if s.spec else 1 for s in ranked.shards.values()),
+            "a multi-node replica that lost a node is stopped and placed again whole",
+        )
 
     drain_nodes = [replace(n, draining=True) if n.id == victim.id else n for n in steady_nodes]
     drain = timed("drain", "pack", desired, Actual(nodes=drain_nodes))
     check(
-        len(drain.actions) == len(victim.shards)
+        len(replicas(drain.actions)) == len(gone)
         and all(isinstance(a, Start) for a in drain.actions),
         "a drain starts replacements first",
     )
@@ -253,10 +313,13 @@ def run(nodes_count: int, models_count: int, repeat: int, seed: int) -> tuple[li
         drain_nodes, [a for a in drain.actions if isinstance(a, Start)], since=len(placed)
     )
     done = timed("drain, replacements ready", "pack", desired, Actual(nodes=replaced))
+    stopped = {a.shard_id for a in done.actions if isinstance(a, Stop)}
+    old_shards = {
+        s.id for n in replaced for s in n.shards.values() if s.spec and s.spec.replica in gone
+    }
     check(
-        len(done.actions) == len(victim.shards)
-        and all(isinstance(a, Stop) and a.node_id == victim.id for a in done.actions),
-        "the draining node's shards stop once their replacements are ready",
+        all(isinstance(a, Stop) for a in done.actions) and stopped == old_shards,
+        "the draining node's replicas (every rank) stop once their replacements are ready",
     )
 
     more = [replace(d, replicas=d.replicas * 4) for d in desired]
@@ -280,7 +343,8 @@ def run(nodes_count: int, models_count: int, repeat: int, seed: int) -> tuple[li
         f"{wanted:,} replicas ({sum(len(a.spec.gpu_indices) for a in placed):,} GPUs once "
         "placed): 1/2/4/8-GPU profiles drawn 50/25/15/10%, per-GPU memory 0/20/40/70 GiB, "
         f"{kinds} with a GPU kind, {zoned} with a zone label, {fallbacks} with an L40S "
-        f"fallback profile, 1-3 replicas each (seed {seed})."
+        f"fallback profile, 1-3 replicas each; {multi_node} of them multi-node (2 nodes x 8 "
+        f"H100 of one fabric pod, 1 replica each) (seed {seed})."
     )
     return rows, shape
 
@@ -363,12 +427,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per case")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument(
+        "--multi-node", type=int, default=100, help="models that span 2 nodes of one fabric"
+    )
+    parser.add_argument(
         "--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone"
     )
     args = parser.parse_args(argv)
     with open("/proc/loadavg") as f:
         load = " ".join(f.read().split()[:3])
-    rows, shape = run(args.nodes, args.models, args.repeat, args.seed)
+    rows, shape = run(args.nodes, args.models, args.repeat, args.seed, args.multi_node)
     body = report(rows, shape, args.repeat, load)
     print(body)
     if not args.no_write:
