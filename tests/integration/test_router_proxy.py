@@ -75,6 +75,12 @@ def test_a_shared_prefix_stays_on_one_replica_and_the_route_is_explained(
     # The system prompt's blocks were sent there before; rendezvous agrees.
     assert float(scores["prefix"]) > 0.5 and scores["rendezvous"] == "1.00"
     assert set(scores) == {"prefix", "load", "kv", "session", "rendezvous"}
+    # The router counts the hits it expected, and mirrors the engines' own counters.
+    deadline = time.monotonic() + 30
+    while "llmgw_engine_prefix_cache_hits_tokens{" not in (text := server.metrics()):
+        assert time.monotonic() < deadline, "the engines' prefix-cache counters never appeared"
+        time.sleep(0.2)
+    assert 'llmgw_route_expected_hit_blocks_total{model="m1"}' in text
 
 
 def test_non_streaming_usage_and_ids(pair: tuple[Sim, Sim, Server]) -> None:

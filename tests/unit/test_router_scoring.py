@@ -7,10 +7,12 @@ from collections import Counter
 
 import orjson
 import pytest
+from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from llmgw.config.server import RouterConfig, RoutingConfig, ScorerWeights
 from llmgw.engines.spec import EngineLoad
+from llmgw.metrics.routing import RoutingMetrics
 from llmgw.router.balancer import Balancer, build_scorers
 from llmgw.router.endpoints import EjectionPolicy, Endpoint, EndpointSpec
 from llmgw.router.requests import CHAT, COMPLETIONS, EMBEDDINGS, parse_request
@@ -299,3 +301,30 @@ def test_routing_config_rejects_bad_values_naming_the_field() -> None:
         RouterConfig.model_validate({"routing": {"scorers": {"bogus": 1}}})
     with pytest.raises(ValidationError, match=r"routing\.session_header"):
         RouterConfig.model_validate({"routing": {"session_header": "bad header"}})
+
+
+def test_load_book_is_the_queues_load_source_and_expected_hits_are_counted() -> None:
+    clock = FakeClock()
+    book = LoadBook(clock=clock, stale_after=5.0)
+    book.record("e0", EngineLoad(running=1, waiting=6, kv_cache_usage=0.7))
+    load = book.load("e0")
+    assert load is not None and (load.waiting, load.kv_cache) == (6, 0.7)
+    assert book.load("e1") is None
+    registry = CollectorRegistry()
+    routing = RoutingConfig(block_bytes=64)
+    bal = Balancer(
+        clock=clock,
+        rng=random.Random(0),
+        routing=routing,
+        scorers=build_scorers(routing, book=book, clock=clock),
+        book=book,
+        metrics=RoutingMetrics(registry=registry),
+    )
+    eps = make(2, clock)
+    req = parse_request(CHAT, chat(system(0), "q"))
+    for _ in range(2):
+        bal.pick(eps, (), bal.route(req))
+    blocks = len(bal.route(req).blocks)
+    sample = registry.get_sample_value
+    assert sample("llmgw_route_prompt_blocks_total", {"model": "m"}) == 2 * blocks
+    assert sample("llmgw_route_expected_hit_blocks_total", {"model": "m"}) == blocks

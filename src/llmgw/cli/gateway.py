@@ -72,12 +72,14 @@ from llmgw.lifecycle import guard
 from llmgw.limits import Limiter, LimitMetrics
 from llmgw.metrics import MetricsHistory, RouterMetrics
 from llmgw.metrics.queue import QueueMetrics
+from llmgw.metrics.routing import RoutingMetrics
 from llmgw.router.admin import create_admin_app, create_metrics_app
 from llmgw.router.admin_keys import admin_guard, key_routes
 from llmgw.router.app import RouterApp
 from llmgw.router.balancer import Balancer, build_scorers
 from llmgw.router.browser_guard import browser_guard
 from llmgw.router.endpoints import EjectionPolicy, EndpointPool, EndpointSpec
+from llmgw.router.engine_load import EngineLoadScraper
 from llmgw.router.health import HealthProber
 from llmgw.router.proxy import Proxy
 from llmgw.router.queue import RequestQueue
@@ -391,6 +393,22 @@ async def _serve(
         # A node that stops answering: requests waiting on its engines go elsewhere.
         abandon=pool.abandon,
     )
+    routing = cfg.router.routing
+    routing_metrics = RoutingMetrics(registry=registry)
+    # Engine load reports older than a few reads are ignored (the router's own counts stand).
+    load_book = LoadBook(clock=clock, stale_after=5 * routing.metrics_interval)
+    engine_loads = EngineLoadScraper(
+        pool=pool,
+        upstream=upstream,
+        book=load_book,
+        interval=routing.metrics_interval,
+        timeout=health.timeout,
+        clock=clock,
+        metrics=routing_metrics,
+    )
+    queue_reads_load = (
+        cfg.router.queue.max_waiting is not None or cfg.router.queue.max_kv_cache is not None
+    )
     saturation = Saturation(
         pool=pool,
         clock=clock,
@@ -399,6 +417,7 @@ async def _serve(
         model_limit=lambda name: _max_in_flight(catalog, name),
         max_waiting=cfg.router.queue.max_waiting,
         max_kv_cache=cfg.router.queue.max_kv_cache,
+        load=load_book if queue_reads_load else None,
     )
     request_queue = RequestQueue(
         saturation=saturation,
@@ -409,15 +428,13 @@ async def _serve(
         retry_after=cfg.router.retry_after,
         metrics=QueueMetrics(registry=registry),
     )
-    routing = cfg.router.routing
-    # Engine load reports older than a few scrapes are ignored (the router's own counts stand).
-    load_book = LoadBook(clock=clock, stale_after=5 * routing.metrics_interval)
     balancer = Balancer(
         clock=clock,
         rng=random.Random(),
         routing=routing,
         scorers=build_scorers(routing, book=load_book, clock=clock),
         book=load_book,
+        metrics=routing_metrics,
     )
     proxy = Proxy(
         queue=request_queue,
@@ -616,6 +633,7 @@ async def _serve(
         async with asyncio.TaskGroup() as group:
             background = [
                 group.create_task(guard("health prober", prober.run())),
+                group.create_task(guard("engine load reader", engine_loads.run())),
                 *([group.create_task(guard("cluster PKI", pki.run()))] if pki is not None else []),
                 group.create_task(guard("reachability checker", gate.run())),
                 group.create_task(guard("usage pruner", pruner.run())),

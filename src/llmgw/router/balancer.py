@@ -25,6 +25,7 @@ import random
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 from llmgw.config.server import RoutingConfig, ScorerWeights
+from llmgw.metrics.routing import RoutingMetrics
 from llmgw.router.endpoints import Endpoint
 from llmgw.router.requests import ParsedRequest
 from llmgw.router.scoring import RouteRequest, Scorer
@@ -62,6 +63,7 @@ class Balancer:
         scorers: Sequence[Scorer] = (),
         book: LoadBook | None = None,
         model_weights: Mapping[str, ScorerWeights] | None = None,
+        metrics: RoutingMetrics | None = None,
     ) -> None:
         """`model_weights` (read at each pick) overrides `routing.scorers` for a model."""
         self._clock = clock
@@ -70,6 +72,7 @@ class Balancer:
         self._scorers = list(scorers)
         self._book = book or LoadBook(clock=clock, stale_after=5.0)
         self._model_weights: Mapping[str, ScorerWeights] = model_weights or {}
+        self._metrics = metrics
         self._session_header = self._routing.session_header.lower().encode()
 
     @property
@@ -154,6 +157,10 @@ class Balancer:
             scorer.name: scores[index]
             for (scorer, _), scores in zip(active, per_scorer, strict=True)
         }
+        prefix = route.chosen_scores.get("prefix")
+        if prefix is not None and self._metrics is not None and route.blocks:
+            total = len(route.blocks)
+            self._metrics.expected(route.model, total, round(prefix * total))
         if route.explain:
             parts = " ".join(f"{name}={value:.2f}" for name, value in route.chosen_scores.items())
             route.explanation = f"{parts} -> {chosen.id}"

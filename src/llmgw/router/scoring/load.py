@@ -3,8 +3,9 @@
 `EndpointLoad` is one endpoint's load as its engine last reported it (queue,
 running, KV-cache use; None where the engine reports nothing) with when it was
 read. `LoadBook` holds them by endpoint id; the metrics scraper writes it off
-the request path, and anything in the router may read it (the balancer's
-scorers here; a queue in front of `pick` may read the same snapshot).
+the request path, and anything in the router may read it: the balancer's
+scorers here, and the queue's saturation detector through `load()` (its
+`LoadSource`).
 
 The load of an endpoint is the larger of the router's own in-flight count
 (fresh, but blind to other routers) and the engine's running + waiting (every
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 from llmgw.engines.spec import EngineLoad
 from llmgw.router.endpoints import Endpoint
+from llmgw.router.saturation import EngineLoad as QueueLoad
 from llmgw.router.scoring import RouteRequest
 
 
@@ -54,6 +56,13 @@ class LoadBook:
         if load is None or self._clock() - load.read_at > self._stale_after:
             return None
         return load
+
+    def load(self, endpoint_id: str) -> QueueLoad | None:
+        """The report as the queue's saturation detector reads it (`LoadSource`)."""
+        report = self.get(endpoint_id)
+        if report is None:
+            return None
+        return QueueLoad(waiting=report.waiting, kv_cache=report.kv_cache_usage)
 
     def snapshot(self) -> dict[str, EndpointLoad]:
         """Every fresh report, by endpoint id (a copy)."""
