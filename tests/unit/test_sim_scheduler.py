@@ -225,3 +225,36 @@ def test_zero_timing_without_limit_is_instant() -> None:
     assert instant.instant
     with pytest.raises(ValueError, match="max_running"):
         Scheduler(timing=instant.timing, max_running=0, sleep=asyncio.sleep)
+
+
+async def test_another_requests_prefill_stalls_decoding_unless_its_prefix_is_cached() -> None:
+    def engine(vt: VirtualTime) -> Engine:
+        timing = TimingModel(
+            prefill_per_token=0.001, itl=0.1, itl_per_running=0.0, prefill_interference=1.0
+        )
+        scheduler = Scheduler(timing=timing, max_running=None, sleep=vt.sleep)
+        return Engine(scheduler=scheduler, cache=PrefixCache(block_size=4, capacity_blocks=100))
+
+    long_prompt = [f"q{index}" for index in range(100)]  # 0.1 s of prefill when uncached
+
+    async def later(engine: Engine, vt: VirtualTime, times: list[float]) -> None:
+        await vt.sleep(0.05)  # arrives while the first request decodes
+        await _request(engine, vt, times, prompt=long_prompt, tokens=1)
+
+    vt = VirtualTime()
+    cold = engine(vt)
+    decoding: list[float] = []
+    await vt.run(_request(cold, vt, decoding, tokens=3), later(cold, vt, []))
+    # 10 ms own prefill; the second request's 0.1 s prefill (begun at 0.05) delays the
+    # gap that follows it; its own prefill never delays the request itself.
+    assert decoding == pytest.approx([0.01, 0.11, 0.31])
+
+    vt = VirtualTime()
+    warm = engine(vt)
+    await vt.run(_request(warm, vt, [], prompt=long_prompt, tokens=1))  # caches the prefix
+    start = vt.now
+    decoding = []
+    await vt.run(_request(warm, vt, decoding, tokens=3), later(warm, vt, []))
+    # A cache hit costs the others nothing beyond the 0 uncached tokens (the last
+    # partial block is none: 100 tokens are 25 full blocks).
+    assert [t - start for t in decoding] == pytest.approx([0.01, 0.11, 0.21])

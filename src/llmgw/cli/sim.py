@@ -35,6 +35,14 @@ def sim(
     itl_per_running: Annotated[
         float, typer.Option(min=0.0, help="Extra inter-token seconds per running sequence.")
     ] = 0.0005,
+    prefill_interference: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="Fraction of other requests' prefill time a decoding sequence's next "
+            "token waits (1: the batch stalls for the whole prefill; 0: no stall).",
+        ),
+    ] = 1.0,
     max_running: Annotated[
         int, typer.Option(min=1, help="Sequences running at once; more queue FIFO.")
     ] = 64,
@@ -97,6 +105,7 @@ def sim(
         prefill_per_token=prefill_per_token,
         itl=itl,
         itl_per_running=itl_per_running,
+        prefill_interference=prefill_interference,
         max_running=max_running,
         block_size=block_size,
         cache_blocks=cache_blocks,

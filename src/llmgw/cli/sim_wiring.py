@@ -44,6 +44,7 @@ def build_app(
             prefill_per_token=settings.prefill_per_token,
             itl=settings.itl,
             itl_per_running=settings.itl_per_running,
+            prefill_interference=settings.prefill_interference,
         )
         max_running = settings.max_running
     cache = PrefixCache(block_size=settings.block_size, capacity_blocks=settings.cache_blocks)

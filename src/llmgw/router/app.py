@@ -24,6 +24,7 @@ from llmgw.limits import Admission, Limiter, LimitExceeded
 from llmgw.metrics import RouterMetrics
 from llmgw.router.apis import ClientApi
 from llmgw.router.apis.messages import MessagesApi
+from llmgw.router.apis.responses import ResponsesApi
 from llmgw.router.endpoints import EndpointPool
 from llmgw.router.errors import (
     BodyTooLarge,
@@ -94,7 +95,8 @@ class RouterApp:
         admin pages); without one those paths are 404 like any unknown route.
         `model_names` gives every name of the model a name stands for (its own and
         its aliases), so a key allowed one of them may use them all. `apis` maps
-        paths to the other client APIs served (default: Anthropic Messages)."""
+        paths to the other client APIs served (default: Anthropic Messages and
+        OpenAI Responses)."""
         self._proxy = proxy
         self._pool = pool
         self._metrics = metrics
@@ -108,7 +110,9 @@ class RouterApp:
         self._admin_portal = admin_portal
         self._model_names = model_names or _only_itself
         self._apis: Mapping[str, ClientApi] = (
-            apis if apis is not None else {"/v1/messages": MessagesApi()}
+            apis
+            if apis is not None
+            else {"/v1/messages": MessagesApi(), "/v1/responses": ResponsesApi()}
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

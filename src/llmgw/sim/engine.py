@@ -2,7 +2,8 @@
 
 `Engine.generate` admits the request through the scheduler, looks its prompt up in the
 prefix cache, sleeps the prefill, then produces the given tokens one inter-token gap
-apart, handing each to `emit` (streaming) or just spending the time (non-streaming).
+apart (longer while other requests' prefills stall the batch), handing each to `emit`
+(streaming) or just spending the time (non-streaming).
 An injected stall stops the token flow for good; only cancellation (the client went
 away) ends such a request. The running slot is released however the request ends.
 
@@ -53,9 +54,10 @@ class Engine:
                 counters.generation_tokens += len(tokens)
                 return
             paced = not scheduler.timing.instant
+            cursor = scheduler.decoding()
             for index, token in enumerate(tokens):
                 if index and paced:
-                    await scheduler.inter_token()
+                    await scheduler.inter_token(cursor)
                 if stall_after is not None and index >= stall_after:
                     await _forever()
                 counters.generation_tokens += 1

@@ -4,6 +4,10 @@ A request waits in a FIFO queue while `running >= max_running`; once admitted it
 first token costs `prefill_per_token` per prompt token the prefix cache did not hold
 (plus any injected slow start), and every later token costs
 `itl + itl_per_running * running`, so a fuller batch decodes slower, as on a GPU.
+Prefill also stalls the batch, as it does on a GPU: a decoding sequence's next token
+is late by `prefill_interference` times the prefill seconds that other requests
+began on this engine since its previous token (a cache miss slows everyone's
+decoding, a cache hit does not). A request's own prefill is not counted against it.
 
 Sleeping goes through an injected `Sleep`, so tests drive the scheduler in virtual
 time. A zero timing model with no `max_running` never sleeps and never queues
@@ -38,6 +42,7 @@ class TimingModel:
     prefill_per_token: float
     itl: float
     itl_per_running: float
+    prefill_interference: float = 0.0
 
     @property
     def instant(self) -> bool:
@@ -48,6 +53,15 @@ class TimingModel:
 
     def inter_token_seconds(self, running: int) -> float:
         return self.itl + self.itl_per_running * running
+
+
+class DecodeCursor:
+    """One decoding sequence's place in the engine's prefill history."""
+
+    __slots__ = ("prefill_seen",)
+
+    def __init__(self, prefill_seen: float) -> None:
+        self.prefill_seen = prefill_seen
 
 
 class Scheduler:
@@ -62,6 +76,8 @@ class Scheduler:
         self._waiters: deque[tuple[asyncio.Future[None], Occupancy]] = deque()
         self.running = 0
         self.waiting = 0
+        # Prefill seconds begun on this engine so far (what stalls decoding).
+        self._prefill_begun = 0.0
 
     @property
     def instant(self) -> bool:
@@ -108,12 +124,22 @@ class Scheduler:
             waiter.set_result(None)
 
     async def prefill(self, uncached_tokens: int, *, extra_seconds: float = 0.0) -> None:
-        delay = self.timing.prefill_seconds(uncached_tokens) + extra_seconds
+        compute = self.timing.prefill_seconds(uncached_tokens)
+        self._prefill_begun += compute
+        delay = compute + extra_seconds
         if delay > 0:
             await self._sleep(delay)
 
-    async def inter_token(self) -> None:
+    def decoding(self) -> DecodeCursor:
+        """Start decoding a sequence: prefills begun before now do not delay it."""
+        return DecodeCursor(self._prefill_begun)
+
+    async def inter_token(self, cursor: DecodeCursor | None = None) -> None:
         delay = self.timing.inter_token_seconds(self.running)
+        if cursor is not None:
+            stalled = self._prefill_begun - cursor.prefill_seen
+            cursor.prefill_seen = self._prefill_begun
+            delay += self.timing.prefill_interference * stalled
         if delay > 0:
             await self._sleep(delay)
 

@@ -40,6 +40,13 @@ class SimSettings(BaseModel):
         description="Extra inter-token seconds per running sequence, so a full batch of "
         "64 decodes at about a quarter of the single-sequence speed.",
     )
+    prefill_interference: float = Field(
+        default=1.0,
+        ge=0.0,
+        description="How much other requests' prefill delays a decoding sequence's next "
+        "token, as a fraction of the prefill time (1: the batch waits for the whole "
+        "prefill, as on a GPU without chunked prefill; 0: prefill is free for others).",
+    )
     max_running: int = Field(
         default=64,
         ge=1,

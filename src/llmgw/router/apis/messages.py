@@ -22,9 +22,10 @@ from typing import Any
 
 import orjson
 
-from llmgw.router.apis import Message, Send
+from llmgw.router.apis import Send
 from llmgw.router.apis.messages_request import stop_sequences, translate_request
-from llmgw.router.apis.sse_events import SSEEvents, format_event
+from llmgw.router.apis.relay import TranslatingSend, error_message
+from llmgw.router.apis.sse_events import format_event
 from llmgw.router.errors import RouterError
 from llmgw.router.requests import ParsedRequest
 
@@ -249,6 +250,10 @@ class MessageStream:
             out += self._delta({"type": "input_json_delta", "partial_json": arguments})
         return out
 
+    def error(self, error: dict[str, Any]) -> bytes:
+        self.ended = True
+        return _error_event(error)
+
     def end(self) -> bytes:
         """The events that close the message, once the engine's stream is over."""
         self.ended = True
@@ -267,110 +272,34 @@ class MessageStream:
         )
 
 
-class _Responder:
-    """The `send` of one Messages request: passes headers on, translates bodies."""
+def _error_event(error: dict[str, Any]) -> bytes:
+    # The router's own mid-stream failures are upstream errors and deadlines.
+    status = 504 if error.get("type") == "timeout_error" else 502
+    message = error.get("message")
+    return format_event("error", anthropic_error(status, str(message or "stream failed")))
 
-    def __init__(self, req: ParsedRequest, send: Send) -> None:
-        self._send = send
+
+class _Translation:
+    """Chat completion answers to one Messages request, as Anthropic's answers."""
+
+    __slots__ = ("_req",)
+
+    def __init__(self, req: ParsedRequest) -> None:
         self._req = req
-        self._status = 200
-        self._start: Message | None = None
-        self._body: list[bytes] = []
-        self._events: SSEEvents | None = None
-        self._stream: MessageStream | None = None
 
-    async def __call__(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            self._status = message["status"]
-            sse = any(
-                n == b"content-type" and v.startswith(b"text/event-stream")
-                for n, v in message.get("headers", ())
-            )
-            if sse:
-                self._events = SSEEvents()
-                estimate = self._req.prompt_tokens_estimate()
-                self._stream = MessageStream(self._req.model, stop_sequences(self._req), estimate)
-                await self._send(message)
-            else:
-                self._start = message
-            return
-        if self._events is not None:
-            await self._send_events(message)
-            return
-        self._body.append(message.get("body", b""))
-        if message.get("more_body", False):
-            return
-        await self._send_whole(b"".join(self._body))
-
-    async def _send_whole(self, raw: bytes) -> None:
-        assert self._start is not None
-        try:
-            chat = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            chat = None
-        if self._status < 400 and isinstance(chat, dict):
-            body = message_from_chat(
+    def whole(self, status: int, chat: dict[str, Any] | None, raw: bytes) -> bytes:
+        if status < 400 and chat is not None:
+            return message_from_chat(
                 chat,
                 self._req.model,
                 stop_sequences(self._req),
                 self._req.prompt_tokens_estimate(),
             )
-        else:
-            body = orjson.dumps(anthropic_error(self._status, _message_of(chat, raw)))
-        headers = [
-            (n, str(len(body)).encode() if n == b"content-length" else v)
-            for n, v in self._start.get("headers", ())
-        ]
-        await self._send({**self._start, "headers": headers})
-        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+        return orjson.dumps(anthropic_error(status, error_message(chat, raw)))
 
-    async def _send_events(self, message: Message) -> None:
-        assert self._events is not None and self._stream is not None
-        more = message.get("more_body", False)
-        out = b""
-        for name, data in self._events.feed(message.get("body", b"")):
-            if name == "comment":
-                out += data + b"\n\n"
-            elif name == "error":
-                out += _error_event(data)
-                self._stream.ended = True
-            elif data == b"[DONE]":
-                if not self._stream.ended:
-                    out += self._stream.end()
-            elif not self._stream.ended:
-                chunk = _loads(data)
-                if chunk is not None:
-                    out += self._stream.chunk(chunk)
-        if not more and not self._stream.ended:
-            out += self._stream.end()
-        if out or not more:
-            await self._send({"type": "http.response.body", "body": out, "more_body": more})
-
-
-def _loads(data: bytes) -> dict[str, Any] | None:
-    try:
-        parsed = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
-    return parsed if isinstance(parsed, dict) else None
-
-
-def _message_of(parsed: Any, raw: bytes) -> str:
-    if isinstance(parsed, dict):
-        inner = parsed.get("error")
-        if isinstance(inner, dict) and isinstance(inner.get("message"), str):
-            return str(inner["message"])
-    return raw[:500].decode("utf-8", "replace") or "engine error"
-
-
-def _error_event(data: bytes) -> bytes:
-    parsed = _loads(data)
-    inner = parsed.get("error") if parsed else None
-    inner = inner if isinstance(inner, dict) else {}
-    kind = inner.get("type")
-    # The router's own mid-stream failures are upstream errors and deadlines.
-    status = 504 if kind == "timeout_error" else 502
-    return format_event("error", anthropic_error(status, _message_of(parsed, data)))
+    def stream(self) -> MessageStream:
+        req = self._req
+        return MessageStream(req.model, stop_sequences(req), req.prompt_tokens_estimate())
 
 
 class MessagesApi:
@@ -380,7 +309,7 @@ class MessagesApi:
         return translate_request(raw)
 
     def responder(self, req: ParsedRequest, send: Send) -> Send:
-        return _Responder(req, send)
+        return TranslatingSend(_Translation(req), send)
 
     def error_body(self, exc: RouterError) -> bytes:
         return orjson.dumps(anthropic_error(exc.status, exc.message))

@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from llmgw.router.apis.fields import field_error, kind_of, number_field
 from llmgw.router.errors import InvalidJSON, InvalidRequest
 from llmgw.router.requests import CHAT, ParsedRequest
 
@@ -27,44 +28,17 @@ _ROLES = ("user", "assistant")
 _TOOL_CHOICES = ("auto", "any", "tool", "none")
 
 
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
-
-
-def _fail(field: str, wanted: str, value: Any) -> InvalidRequest:
-    return InvalidRequest(f"{field}: must be {wanted}, got {_kind(value)}", param=field)
-
-
-def _number(body: dict[str, Any], field: str) -> float | None:
-    value = body.get(field)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _fail(field, "a number", value)
-    return value
-
-
 def _text_of(blocks: Any, field: str) -> str:
     """The text of a string or an array of text blocks (system, tool_result content)."""
     if isinstance(blocks, str):
         return blocks
     if not isinstance(blocks, list):
-        raise _fail(field, "a string or an array of text blocks", blocks)
+        raise field_error(field, "a string or an array of text blocks", blocks)
     parts: list[str] = []
     for i, block in enumerate(blocks):
         where = f"{field}.{i}"
         if not isinstance(block, dict):
-            raise _fail(where, "a content block object", block)
+            raise field_error(where, "a content block object", block)
         if block.get("type") != "text":
             raise InvalidRequest(
                 f"{where}.type: only text blocks are allowed here, got {block.get('type')!r}",
@@ -72,7 +46,7 @@ def _text_of(blocks: Any, field: str) -> str:
             )
         text = block.get("text")
         if not isinstance(text, str):
-            raise _fail(f"{where}.text", "a string", text)
+            raise field_error(f"{where}.text", "a string", text)
         parts.append(text)
     return "\n".join(parts)
 
@@ -80,19 +54,19 @@ def _text_of(blocks: Any, field: str) -> str:
 def _image(block: dict[str, Any], where: str) -> dict[str, Any]:
     source = block.get("source")
     if not isinstance(source, dict):
-        raise _fail(f"{where}.source", "an object", source)
+        raise field_error(f"{where}.source", "an object", source)
     kind = source.get("type")
     if kind == "base64":
         media, data = source.get("media_type"), source.get("data")
         if not isinstance(media, str):
-            raise _fail(f"{where}.source.media_type", "a string", media)
+            raise field_error(f"{where}.source.media_type", "a string", media)
         if not isinstance(data, str):
-            raise _fail(f"{where}.source.data", "a string", data)
+            raise field_error(f"{where}.source.data", "a string", data)
         url = f"data:{media};base64,{data}"
     elif kind == "url":
         link = source.get("url")
         if not isinstance(link, str):
-            raise _fail(f"{where}.source.url", "a string", link)
+            raise field_error(f"{where}.source.url", "a string", link)
         url = link
     else:
         raise InvalidRequest(
@@ -105,11 +79,11 @@ def _image(block: dict[str, Any], where: str) -> dict[str, Any]:
 def _tool_use(block: dict[str, Any], where: str) -> dict[str, Any]:
     ident, name, args = block.get("id"), block.get("name"), block.get("input", {})
     if not isinstance(ident, str):
-        raise _fail(f"{where}.id", "a string", ident)
+        raise field_error(f"{where}.id", "a string", ident)
     if not isinstance(name, str):
-        raise _fail(f"{where}.name", "a string", name)
+        raise field_error(f"{where}.name", "a string", name)
     if not isinstance(args, dict):
-        raise _fail(f"{where}.input", "an object", args)
+        raise field_error(f"{where}.input", "an object", args)
     return {
         "id": ident,
         "type": "function",
@@ -120,7 +94,7 @@ def _tool_use(block: dict[str, Any], where: str) -> dict[str, Any]:
 def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
     ident = block.get("tool_use_id")
     if not isinstance(ident, str):
-        raise _fail(f"{where}.tool_use_id", "a string", ident)
+        raise field_error(f"{where}.tool_use_id", "a string", ident)
     content = block.get("content", "")
     text = _text_of(content, f"{where}.content") if content else ""
     if block.get("is_error") is True:
@@ -132,7 +106,7 @@ def _message(message: Any, i: int) -> list[dict[str, Any]]:
     """One Anthropic message as chat messages (tool results become `tool` messages)."""
     where = f"messages.{i}"
     if not isinstance(message, dict):
-        raise _fail(where, "an object", message)
+        raise field_error(where, "an object", message)
     role = message.get("role")
     if role not in _ROLES:
         raise InvalidRequest(
@@ -142,19 +116,19 @@ def _message(message: Any, i: int) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
-        raise _fail(f"{where}.content", "a string or an array of content blocks", content)
+        raise field_error(f"{where}.content", "a string or an array of content blocks", content)
     parts: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
     for j, block in enumerate(content):
         at = f"{where}.content.{j}"
         if not isinstance(block, dict):
-            raise _fail(at, "a content block object", block)
+            raise field_error(at, "a content block object", block)
         kind = block.get("type")
         if kind == "text":
             text = block.get("text")
             if not isinstance(text, str):
-                raise _fail(f"{at}.text", "a string", text)
+                raise field_error(f"{at}.text", "a string", text)
             parts.append({"type": "text", "text": text})
         elif kind == "image" and role == "user":
             parts.append(_image(block, at))
@@ -188,12 +162,12 @@ def _message(message: Any, i: int) -> list[dict[str, Any]]:
 
 def _tools(tools: Any) -> list[dict[str, Any]]:
     if not isinstance(tools, list):
-        raise _fail("tools", "an array", tools)
+        raise field_error("tools", "an array", tools)
     out: list[dict[str, Any]] = []
     for i, tool in enumerate(tools):
         where = f"tools.{i}"
         if not isinstance(tool, dict):
-            raise _fail(where, "an object", tool)
+            raise field_error(where, "an object", tool)
         kind = tool.get("type")
         if kind not in (None, "custom"):
             raise InvalidRequest(
@@ -203,14 +177,14 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
             )
         name, schema = tool.get("name"), tool.get("input_schema")
         if not isinstance(name, str) or not name:
-            raise _fail(f"{where}.name", "a non-empty string", name)
+            raise field_error(f"{where}.name", "a non-empty string", name)
         if not isinstance(schema, dict):
-            raise _fail(f"{where}.input_schema", "a JSON schema object", schema)
+            raise field_error(f"{where}.input_schema", "a JSON schema object", schema)
         function: dict[str, Any] = {"name": name, "parameters": schema}
         description = tool.get("description")
         if description is not None:
             if not isinstance(description, str):
-                raise _fail(f"{where}.description", "a string", description)
+                raise field_error(f"{where}.description", "a string", description)
             function["description"] = description
         out.append({"type": "function", "function": function})
     return out
@@ -219,7 +193,7 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
 def _tool_choice(choice: Any) -> tuple[Any, bool]:
     """The chat `tool_choice` and whether parallel tool calls are allowed."""
     if not isinstance(choice, dict):
-        raise _fail("tool_choice", "an object", choice)
+        raise field_error("tool_choice", "an object", choice)
     kind = choice.get("type")
     if kind not in _TOOL_CHOICES:
         raise InvalidRequest(
@@ -230,7 +204,7 @@ def _tool_choice(choice: Any) -> tuple[Any, bool]:
     if kind == "tool":
         name = choice.get("name")
         if not isinstance(name, str):
-            raise _fail("tool_choice.name", "a string", name)
+            raise field_error("tool_choice.name", "a string", name)
         return {"type": "function", "function": {"name": name}}, parallel
     return {"auto": "auto", "any": "required", "none": "none"}[kind], parallel
 
@@ -246,23 +220,23 @@ def _options(body: dict[str, Any], chat: dict[str, Any]) -> None:
         )
     chat["max_tokens"] = max_tokens
     for field in ("temperature", "top_p", "top_k"):
-        value = _number(body, field)
+        value = number_field(body, field)
         if value is not None:
             chat[field] = value
     stops = body.get("stop_sequences")
     if stops is not None:
         if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-            raise _fail("stop_sequences", "an array of strings", stops)
+            raise field_error("stop_sequences", "an array of strings", stops)
         if stops:
             chat["stop"] = stops
     metadata = body.get("metadata")
     if metadata is not None:
         if not isinstance(metadata, dict):
-            raise _fail("metadata", "an object", metadata)
+            raise field_error("metadata", "an object", metadata)
         user = metadata.get("user_id")
         if user is not None:
             if not isinstance(user, str):
-                raise _fail("metadata.user_id", "a string", user)
+                raise field_error("metadata.user_id", "a string", user)
             chat["user"] = user
 
 
@@ -273,20 +247,20 @@ def translate_request(raw: bytes) -> ParsedRequest:
     except orjson.JSONDecodeError as exc:
         raise InvalidJSON(f"request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
-        raise InvalidRequest(f"request body must be a JSON object, got {_kind(body)}")
+        raise InvalidRequest(f"request body must be a JSON object, got {kind_of(body)}")
     model = body.get("model")
     if model is None:
         raise InvalidRequest("model: field required", param="model")
     if not isinstance(model, str) or not model:
-        raise _fail("model", "a non-empty string", model)
+        raise field_error("model", "a non-empty string", model)
     messages = body.get("messages")
     if messages is None:
         raise InvalidRequest("messages: field required", param="messages")
     if not isinstance(messages, list):
-        raise _fail("messages", "an array of messages", messages)
+        raise field_error("messages", "an array of messages", messages)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
-        raise _fail("stream", "a boolean", stream)
+        raise field_error("stream", "a boolean", stream)
     chat: dict[str, Any] = {"model": model}
     out: list[dict[str, Any]] = []
     system = body.get("system")
