@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from llmgw.auth.errors import ModelNotAllowed
 from llmgw.limits import KeyLimits
-from llmgw.store import ApiKey
+from llmgw.store import ApiKey, KeyPriority
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +37,11 @@ class Principal:
     models: frozenset[str] | None
     is_admin: bool
     limits: KeyLimits | None
+    # How its requests queue while a model is saturated (max_queue_wait None:
+    # the router's default).
+    priority: KeyPriority = "default"
+    weight: float = 1.0
+    max_queue_wait: float | None = None
 
     def may_use(self, model: str, names: Collection[str] = ()) -> bool:
         """True when this caller may send requests for `model`, also known as `names`
@@ -74,4 +79,7 @@ def principal_for(key: ApiKey) -> Principal:
         models=frozenset(key.models) if key.models is not None else None,
         is_admin=key.is_admin,
         limits=limits,
+        priority=key.priority,
+        weight=key.weight,
+        max_queue_wait=key.max_queue_wait,
     )

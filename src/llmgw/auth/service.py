@@ -25,6 +25,7 @@ from llmgw.store import (
     BudgetPeriod,
     Keep,
     KeyChanges,
+    KeyPriority,
     KeyRepository,
     NewApiKey,
     NotFound,
@@ -32,6 +33,7 @@ from llmgw.store import (
 
 MAX_NAME = 200
 PERIODS: tuple[BudgetPeriod, ...] = ("day", "month")
+PRIORITIES: tuple[KeyPriority, ...] = ("interactive", "default", "batch")
 _CREATE_HINTS = ("leave it out for no limit", "leave it out to allow every model")
 _UPDATE_HINTS = ("clear it for no limit", "clear it to allow every model")
 
@@ -61,6 +63,9 @@ class KeyService:
         period: str | None = None,
         expires_at: datetime | None = None,
         is_admin: bool = False,
+        priority: str = "default",
+        weight: float = 1.0,
+        max_queue_wait: float | None = None,
     ) -> tuple[ApiKey, str]:
         """Create a key; returns it and its secret, which cannot be read again.
 
@@ -73,6 +78,9 @@ class KeyService:
             _check_limit(field, value, hint=_CREATE_HINTS[0])
         budget_period = _check_period(budget_tokens, period)
         self._check_expiry(expires_at)
+        key_priority = check_priority(priority)
+        _check_weight(weight)
+        _check_wait(max_queue_wait)
         secret = self._new_secret()
         key = await self._keys.create(
             NewApiKey(
@@ -86,6 +94,9 @@ class KeyService:
                 budget_period=budget_period,
                 expires_at=expires_at,
                 is_admin=is_admin,
+                priority=key_priority,
+                weight=weight,
+                max_queue_wait=max_queue_wait,
             )
         )
         return key, secret
@@ -102,6 +113,9 @@ class KeyService:
         period: str | Keep | None = KEEP,
         expires_at: datetime | Keep | None = KEEP,
         is_admin: bool | Keep = KEEP,
+        priority: str | Keep = KEEP,
+        weight: float | Keep = KEEP,
+        max_queue_wait: float | Keep | None = KEEP,
     ) -> ApiKey:
         """Change the key named by `ref`, keeping its secret; returns the key after.
 
@@ -123,6 +137,11 @@ class KeyService:
                 _check_limit(field, value, hint=_UPDATE_HINTS[0])
         if not isinstance(expires_at, Keep):
             self._check_expiry(expires_at)
+        key_priority = priority if isinstance(priority, Keep) else check_priority(priority)
+        if not isinstance(weight, Keep):
+            _check_weight(weight)
+        if not isinstance(max_queue_wait, Keep):
+            _check_wait(max_queue_wait)
         key = await self.resolve(ref)
         budget_period: BudgetPeriod | Keep | None = KEEP
         if budget_tokens is None and isinstance(period, Keep):
@@ -142,6 +161,9 @@ class KeyService:
             budget_period=budget_period,
             expires_at=expires_at,
             is_admin=is_admin,
+            priority=key_priority,
+            weight=weight,
+            max_queue_wait=max_queue_wait,
         )
         return await self._keys.update(key.id, changes)
 
@@ -228,6 +250,31 @@ def _check_models(models: Sequence[str] | None, *, hint: str) -> tuple[str, ...]
     if not cleaned:
         raise KeyInputError("models", f"lists no model; {hint}")
     return tuple(cleaned)
+
+
+def check_priority(priority: str) -> KeyPriority:
+    """`priority` as a queue class; `KeyInputError` naming the choices if it is none."""
+    for known in PRIORITIES:
+        if priority == known:
+            return known
+    raise KeyInputError(
+        "priority", f"must be interactive, default or batch, got {escape(priority)}"
+    )
+
+
+def _check_weight(weight: float) -> None:
+    if not (0 < weight <= 1000):
+        raise KeyInputError(
+            "weight", f"must be more than 0 and at most 1000 (1 is an equal share), got {weight}"
+        )
+
+
+def _check_wait(seconds: float | None) -> None:
+    if seconds is not None and not (0 <= seconds <= 86400):
+        raise KeyInputError(
+            "max_queue_wait",
+            f"must be 0 to 86400 seconds (clear it for the router's default), got {seconds}",
+        )
 
 
 def _check_period(budget_tokens: int | None, period: str | None) -> BudgetPeriod | None:

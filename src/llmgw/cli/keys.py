@@ -55,6 +55,9 @@ FLAGS = {
     "period": "--period",
     "expires_at": "--expires",
     "is_admin": "--admin",
+    "priority": "--priority",
+    "weight": "--weight",
+    "max_queue_wait": "--max-queue-wait",
     "ref": "REF",
 }
 SECRET_WARNING = "store it now; it cannot be shown again"
@@ -112,6 +115,27 @@ def create(
     admin: Annotated[
         bool, typer.Option("--admin", help="Allow the key to use the admin API.")
     ] = False,
+    priority: Annotated[
+        str,
+        typer.Option(
+            "--priority",
+            help="Queue class while a model is saturated: interactive, default or batch.",
+        ),
+    ] = "default",
+    weight: Annotated[
+        float,
+        typer.Option(
+            "--weight", help="Fair-share weight against other keys of its class (1: equal)."
+        ),
+    ] = 1.0,
+    max_queue_wait: Annotated[
+        float | None,
+        typer.Option(
+            "--max-queue-wait",
+            help="Longest wait in seconds in a saturated model's queue before a 429 "
+            "[default: the router's router.queue.max_wait].",
+        ),
+    ] = None,
     json_out: JsonOption = False,
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     store: StoreOption = None,
@@ -133,6 +157,9 @@ def create(
                 period=period,
                 expires_at=expires_at,
                 is_admin=admin,
+                priority=priority,
+                weight=weight,
+                max_queue_wait=max_queue_wait,
             )
         except KeyInputError as exc:
             raise _bad(exc) from None
@@ -214,6 +241,31 @@ def update(
             show_default=False,
         ),
     ] = None,
+    priority: Annotated[
+        str | None,
+        typer.Option(
+            "--priority",
+            help="Queue class while a model is saturated: interactive, default or batch.",
+        ),
+    ] = None,
+    weight: Annotated[
+        float | None,
+        typer.Option(
+            "--weight", help="Fair-share weight against other keys of its class (1: equal)."
+        ),
+    ] = None,
+    max_queue_wait: Annotated[
+        float | None,
+        typer.Option(
+            "--max-queue-wait", help="Longest wait in seconds in a saturated model's queue."
+        ),
+    ] = None,
+    default_queue_wait: Annotated[
+        bool,
+        typer.Option(
+            "--default-queue-wait", help="Wait as long as the router's default (router.queue)."
+        ),
+    ] = False,
     json_out: JsonOption = False,
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     store: StoreOption = None,
@@ -226,17 +278,25 @@ def update(
         (budget_tokens is not None, "--budget-tokens", no_budget, "--no-budget"),
         (period is not None, "--period", no_budget, "--no-budget"),
         (expires is not None, "--expires", never_expires, "--never-expires"),
+        (
+            max_queue_wait is not None,
+            "--max-queue-wait",
+            default_queue_wait,
+            "--default-queue-wait",
+        ),
     ):
         if given and cleared:
             fail(f"{flag} sets what {clear_flag} clears; give one of the two")
     given_any = (name, models, rpm, tpm, budget_tokens, period, expires, admin)
-    if all(v is None for v in given_any) and not (
-        all_models or no_rpm or no_tpm or no_budget or never_expires
+    queueing = (priority, weight, max_queue_wait)
+    if all(v is None for v in (*given_any, *queueing)) and not (
+        all_models or no_rpm or no_tpm or no_budget or never_expires or default_queue_wait
     ):
         fail(
             "nothing to change: give at least one of --name, --models/--all-models, "
             "--rpm/--no-rpm, --tpm/--no-tpm, --budget-tokens/--period/--no-budget, "
-            "--expires/--never-expires, --admin/--no-admin"
+            "--expires/--never-expires, --admin/--no-admin, --priority, --weight, "
+            "--max-queue-wait/--default-queue-wait"
         )
     model_list = models.split(",") if models is not None else None
     expires_at = parse_time_or_fail("--expires", expires, future=True)
@@ -255,6 +315,9 @@ def update(
                 period=_change(period, clear=no_budget),
                 expires_at=_change(expires_at, clear=never_expires),
                 is_admin=_given(admin),
+                priority=_given(priority),
+                weight=_given(weight),
+                max_queue_wait=_change(max_queue_wait, clear=default_queue_wait),
             )
         except KeyInputError as exc:
             raise _bad(exc) from None
@@ -377,4 +440,10 @@ def _limits(key: ApiKey) -> str:
         parts.append(f"tpm={key.tpm}")
     if key.budget_tokens is not None:
         parts.append(f"budget={key.budget_tokens}/{key.budget_period}")
+    if key.priority != "default":
+        parts.append(f"priority={key.priority}")
+    if key.weight != 1:
+        parts.append(f"weight={key.weight:g}")
+    if key.max_queue_wait is not None:
+        parts.append(f"queue_wait={key.max_queue_wait:g}s")
     return " ".join(parts) or "-"

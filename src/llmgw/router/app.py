@@ -38,6 +38,7 @@ from llmgw.router.errors import (
 )
 from llmgw.router.ids import new_request_id
 from llmgw.router.proxy import CLIENT_CLOSED, Outcome, Proxy
+from llmgw.router.queue import Ticket, ticket_for
 from llmgw.router.requests import (
     CHAT,
     COMPLETIONS,
@@ -89,6 +90,7 @@ class RouterApp:
         started_at: int,
         admin_portal: ASGIApp | None = None,
         model_names: Callable[[str], Collection[str]] | None = None,
+        queue_wait: float | None = None,
         apis: Mapping[str, ClientApi] | None = None,
     ) -> None:
         """`admin_portal` answers every `/admin` and `/admin/...` path (the login and
@@ -109,6 +111,8 @@ class RouterApp:
         self._created = started_at
         self._admin_portal = admin_portal
         self._model_names = model_names or _only_itself
+        # The router's default wait budget; None: requests never queue.
+        self._queue_wait = queue_wait
         self._apis: Mapping[str, ClientApi] = (
             apis
             if apis is not None
@@ -253,6 +257,7 @@ class RouterApp:
                 principal.check_model(req.model, self._model_names(req.model))
             except AuthError as exc:
                 raise _refused(exc) from None
+            ticket = self._ticket(principal, headers)
         except RouterError as exc:
             self._metrics.request_counter.inc(model, "none", exc.status)
             # Every request of a key is recorded, refused ones too (bad body: 400,
@@ -283,7 +288,7 @@ class RouterApp:
         outcome: Outcome | None = None
         try:
             outcome = await self._proxy_watching_disconnect(
-                req, request_id, send, start, receive, admission
+                req, request_id, send, start, receive, admission, ticket
             )
         except RouterError as exc:
             self._metrics.request_counter.inc(model, exc.endpoint_id or "none", exc.status)
@@ -304,6 +309,7 @@ class RouterApp:
         start: float,
         receive: Receive,
         admission: Admission | None,
+        ticket: Ticket | None = None,
     ) -> Outcome:
         """Proxy `req`, cancelling it the moment the client goes away."""
         task = asyncio.current_task()
@@ -321,7 +327,7 @@ class RouterApp:
         watcher.add_done_callback(on_disconnect)
         extra = admission.headers if admission is not None else []
         try:
-            return await self._proxy.handle(req, request_id, send, start, extra)
+            return await self._proxy.handle(req, request_id, send, start, extra, ticket=ticket)
         except asyncio.CancelledError:
             if not gone:
                 raise
@@ -333,6 +339,22 @@ class RouterApp:
             active = False
             watcher.remove_done_callback(on_disconnect)
             watcher.cancel()
+
+    def _ticket(
+        self, principal: Principal, headers: list[tuple[bytes, bytes]] | None
+    ) -> Ticket | None:
+        """How the request queues while its model is saturated (None: it never does);
+        InvalidRequest (400) naming a bad queue header."""
+        if self._queue_wait is None:
+            return None
+        own_wait = principal.max_queue_wait
+        return ticket_for(
+            key=principal.key_id or principal.name,
+            priority=principal.priority,
+            weight=principal.weight,
+            max_wait=self._queue_wait if own_wait is None else own_wait,
+            headers=headers or (),
+        )
 
     def _record(
         self,
@@ -358,6 +380,7 @@ class RouterApp:
                 latency_ms=(now - start) * 1000.0,
                 ttft_ms=outcome.ttft * 1000.0 if outcome and outcome.ttft is not None else None,
                 streamed=req.stream,
+                queue_ms=outcome.queued * 1000.0 if outcome else 0.0,
             )
         )
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import math
 import re
 import secrets
 from collections.abc import Callable
@@ -34,10 +35,12 @@ from llmgw.store.engine import transaction
 from llmgw.store.errors import Ambiguous, Conflict, InvalidValue, NotFound
 from llmgw.store.models import (
     BUDGET_PERIODS,
+    KEY_PRIORITIES,
     ApiKey,
     BudgetPeriod,
     Keep,
     KeyChanges,
+    KeyPriority,
     NewApiKey,
     require_aware,
 )
@@ -88,6 +91,9 @@ class KeyRepository:
             budget_period=spec.budget_period,
             expires_at=spec.expires_at,
             is_admin=spec.is_admin,
+            priority=spec.priority,
+            weight=spec.weight,
+            max_queue_wait=spec.max_queue_wait,
             created_at=now,
             updated_at=now,
             revoked_at=None,
@@ -306,6 +312,18 @@ def _validate(spec: NewApiKey) -> None:
             f"got {spec.budget_period!r}"
         )
     require_aware("expires_at", spec.expires_at)
+    _validate_queueing(spec.priority, spec.weight, spec.max_queue_wait)
+
+
+def _validate_queueing(priority: object, weight: object, max_queue_wait: object) -> None:
+    if isinstance(priority, str) and priority not in KEY_PRIORITIES:
+        raise InvalidValue(f"priority must be one of {', '.join(KEY_PRIORITIES)}, got {priority!r}")
+    if isinstance(weight, int | float) and not (0 < weight < math.inf):
+        raise InvalidValue(f"weight must be more than 0, got {weight}")
+    if isinstance(max_queue_wait, int | float) and not (0 <= max_queue_wait < math.inf):
+        raise InvalidValue(
+            f"max_queue_wait must be 0 or more seconds (or unset), got {max_queue_wait}"
+        )
 
 
 def _validate_changes(changes: KeyChanges) -> None:
@@ -313,7 +331,8 @@ def _validate_changes(changes: KeyChanges) -> None:
     if not changed:
         raise InvalidValue(
             "a key update must change at least one of name, models, rpm, tpm, "
-            "budget_tokens, budget_period, expires_at or is_admin"
+            "budget_tokens, budget_period, expires_at, is_admin, priority, weight or "
+            "max_queue_wait"
         )
     if isinstance(changes.name, str) and (not changes.name or len(changes.name) > _MAX_NAME):
         raise InvalidValue(f"key name must be 1 to {_MAX_NAME} characters, got {changes.name!r}")
@@ -328,6 +347,7 @@ def _validate_changes(changes: KeyChanges) -> None:
         )
     if isinstance(changes.expires_at, datetime):
         require_aware("expires_at", changes.expires_at)
+    _validate_queueing(changes.priority, changes.weight, changes.max_queue_wait)
 
 
 def _apply(key: ApiKey, changes: KeyChanges, *, now: datetime) -> ApiKey:
@@ -342,6 +362,9 @@ def _apply(key: ApiKey, changes: KeyChanges, *, now: datetime) -> ApiKey:
         budget_period=_pick(changes.budget_period, key.budget_period),
         expires_at=_pick(changes.expires_at, key.expires_at),
         is_admin=_pick(changes.is_admin, key.is_admin),
+        priority=_pick(changes.priority, key.priority),
+        weight=_pick(changes.weight, key.weight),
+        max_queue_wait=_pick(changes.max_queue_wait, key.max_queue_wait),
         updated_at=now,
     )
     if after.budget_tokens is not None and after.budget_period is None:
@@ -394,6 +417,9 @@ def _to_row(key: ApiKey) -> dict[str, Any]:
         "created_at": key.created_at,
         "updated_at": key.updated_at,
         "revoked_at": key.revoked_at,
+        "priority": key.priority,
+        "weight": key.weight,
+        "max_queue_wait": key.max_queue_wait,
     }
 
 
@@ -414,4 +440,7 @@ def _from_row(row: RowMapping) -> ApiKey:
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         revoked_at=row["revoked_at"],
+        priority=cast("KeyPriority", row["priority"]),
+        weight=float(row["weight"]),
+        max_queue_wait=row["max_queue_wait"],
     )

@@ -18,6 +18,9 @@ from llmgw.store.errors import InvalidValue
 
 BudgetPeriod = Literal["day", "month"]
 BUDGET_PERIODS: tuple[BudgetPeriod, ...] = ("day", "month")
+# A key's class in the router's queue, highest first.
+KeyPriority = Literal["interactive", "default", "batch"]
+KEY_PRIORITIES: tuple[KeyPriority, ...] = ("interactive", "default", "batch")
 
 UsageDimension = Literal["hour", "day", "key", "model"]
 USAGE_DIMENSIONS: tuple[UsageDimension, ...] = ("hour", "day", "key", "model")
@@ -61,6 +64,9 @@ class NewApiKey:
     budget_period: BudgetPeriod | None = None
     expires_at: datetime | None = None
     is_admin: bool = False
+    priority: KeyPriority = "default"
+    weight: float = 1.0
+    max_queue_wait: float | None = None
 
 
 class Keep(Enum):
@@ -97,6 +103,9 @@ class KeyChanges:
     budget_period: BudgetPeriod | Keep | None = KEEP
     expires_at: datetime | Keep | None = KEEP
     is_admin: bool | Keep = KEEP
+    priority: KeyPriority | Keep = KEEP
+    weight: float | Keep = KEEP
+    max_queue_wait: float | Keep | None = KEEP
 
     def changed(self) -> dict[str, object]:
         """The fields that are not `KEEP`, by name, with their new values."""
@@ -126,6 +135,11 @@ class ApiKey:
     created_at: datetime
     updated_at: datetime
     revoked_at: datetime | None
+    # How its requests queue while a model is saturated (router.queue): class,
+    # fair-share weight, and the longest wait in seconds (None: the router's default).
+    priority: KeyPriority = "default"
+    weight: float = 1.0
+    max_queue_wait: float | None = None
 
     @property
     def revoked(self) -> bool:
@@ -159,6 +173,8 @@ class UsageRecord:
     latency_ms: float
     ttft_ms: float | None
     streamed: bool
+    # Time spent in the router's queue waiting for a replica with room.
+    queue_ms: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -99,6 +99,9 @@ api_keys = Table(
     Column("created_at", UTCDateTime, nullable=False),
     Column("updated_at", UTCDateTime, nullable=False, index=True),
     Column("revoked_at", UTCDateTime, nullable=True),
+    Column("priority", String(16), nullable=False, server_default="default"),
+    Column("weight", Float, nullable=False, server_default="1"),
+    Column("max_queue_wait", Float, nullable=True),
     CheckConstraint("budget_period IN ('day', 'month')", name="budget_period"),
     # Names are unique among keys that still work; a revoked key frees its name.
     Index(
@@ -125,6 +128,7 @@ usage_records = Table(
     Column("latency_ms", Float, nullable=False),
     Column("ttft_ms", Float, nullable=True),
     Column("streamed", Boolean, nullable=False),
+    Column("queue_ms", Float, nullable=True),
 )
 
 

@@ -253,6 +253,7 @@ def _raw_row(r: UsageRecord) -> dict[str, Any]:
         "latency_ms": r.latency_ms,
         "ttft_ms": r.ttft_ms,
         "streamed": r.streamed,
+        "queue_ms": r.queue_ms,
     }
 
 
