@@ -17,6 +17,8 @@ import httpx
 import pytest
 from procs import Server, Sim
 
+from llmgw.cli.status import queue_lines
+
 CHAT = {"model": "m1", "messages": [{"role": "user", "content": "Tell me about the sea"}]}
 
 
@@ -130,6 +132,14 @@ def test_a_waiting_stream_gets_keepalives_then_its_answer(fleet: tuple[Sim, Serv
         assert status == [200]
         assert b"data: " not in b"".join(received)
         assert 'llmgw_queue_depth{class="default",model="m1"} 1.0' in server.metrics()
+        (state,) = httpx.get(server.admin + "/admin/api/queue", timeout=10).json()["models"]
+        assert state["model"] == "m1"
+        assert state["saturated"] is True
+        assert state["waiting"] == 1
+        assert state["classes"]["default"]["waiting"] == 1
+        assert state["replicas"][0]["max_in_flight"] == 1
+        lines = queue_lines([state])
+        assert lines[0].startswith("queue m1: saturated; waiting: default 1 (oldest ")
     finally:
         holder.release()
     waiter.join(timeout=60)

@@ -145,7 +145,7 @@ def test_json_is_the_apis_own_shapes(server: AdminServer, tmp_path: Path) -> Non
     code, out, err = run(tmp_path, "--json", "--admin", server.url)
     assert (code, err) == (0, "")
     snap = json.loads(out)
-    assert set(snap) == {"leader", "servers", "nodes", "models"}
+    assert set(snap) == {"leader", "servers", "nodes", "models", "queue"}
     assert snap["leader"]["role"] == "leader" and snap["leader"]["epoch"] == 3
     assert [(s["server"], s["role"], s["this"]) for s in snap["servers"]] == [
         ("srv-a", "leader", True),
@@ -221,4 +221,4 @@ def test_watch_with_json_prints_one_object_per_line(server: AdminServer, tmp_pat
     assert (code, err) == (0, "")
     objects = [json.loads(line) for line in lines if line]
     assert len(objects) >= 2
-    assert all(set(o) == {"leader", "servers", "nodes", "models"} for o in objects)
+    assert all(set(o) == {"leader", "servers", "nodes", "models", "queue"} for o in objects)

@@ -503,6 +503,7 @@ async def _serve(
         registry=registry,
         clock=clock,
         on_demand=lambda: [m.name for m in catalog.models() if m.activation],
+        queue=request_queue.snapshot,
         extra_routes=[
             *key_routes(service=key_service, usage=store.usage, wall_clock=utc_now),
             *node_routes(

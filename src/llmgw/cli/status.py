@@ -50,7 +50,7 @@ GIB = 1 << 30
 
 
 def snapshot(admin: Admin) -> dict[str, Any]:
-    """`{leader, servers, nodes, models}` from the admin API; raises `AdminError`.
+    """`{leader, servers, nodes, models, queue}` from the admin API; raises `AdminError`.
 
     `leader` is None and `servers` empty for a server that does not report
     leadership (404).
@@ -64,7 +64,13 @@ def snapshot(admin: Admin) -> dict[str, Any]:
         leader, servers = None, []
     nodes = call("GET", admin, "/admin/api/nodes")["nodes"]
     models = call("GET", admin, "/admin/api/models")["models"]
-    return {"leader": leader, "servers": servers, "nodes": nodes, "models": models}
+    try:
+        queue = call("GET", admin, "/admin/api/queue")["models"]
+    except AdminError as exc:
+        if exc.status != 404:
+            raise
+        queue = []
+    return {"leader": leader, "servers": servers, "nodes": nodes, "models": models, "queue": queue}
 
 
 # ---- formatting ----
@@ -267,7 +273,28 @@ def status_text(snap: dict[str, Any], columns: int | None = None) -> str:
         else "no models: declare them under `models:` in the config file, or `llmgw models add`"
     )
     lines += ["", totals_line(nodes, models)]
+    queued = queue_lines(snap.get("queue", []))
+    if queued:
+        lines += ["", *queued]
     return "\n".join(lines)
+
+
+def queue_lines(queue: list[dict[str, Any]]) -> list[str]:
+    """One line per model that is saturated or has requests waiting in this router."""
+    lines = []
+    for entry in queue:
+        if not entry.get("waiting") and not entry.get("saturated"):
+            continue
+        classes = entry.get("classes", {})
+        parts = [
+            f"{name} {info['waiting']} (oldest {info['oldest_wait_seconds']:g}s)"
+            for name, info in classes.items()
+            if info.get("waiting")
+        ]
+        state = "saturated" if entry.get("saturated") else "has room"
+        waiting = ", ".join(parts) if parts else "none"
+        lines.append(f"queue {entry['model']}: {state}; waiting: {waiting}")
+    return lines
 
 
 # ---- the command ----

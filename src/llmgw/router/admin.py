@@ -2,8 +2,9 @@
 
 Serves `/healthz` (the process is up), `/readyz` (at least one endpoint can
 take traffic, or a catalog model can be started by a request), `/metrics` and
-`GET /admin/api/endpoints`. Every error is an OpenAI-shaped body, like on the
-API listener.
+`GET /admin/api/endpoints` and `GET /admin/api/queue` (each model's waiting
+requests by class and whether it is saturated). Every error is an
+OpenAI-shaped body, like on the API listener.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def create_admin_app(
     clock: Callable[[], float],
     extra_routes: Sequence[BaseRoute] = (),
     on_demand: Callable[[], Sequence[str]] = tuple,
+    queue: Callable[[], list[dict[str, object]]] | None = None,
 ) -> Starlette:
     """`on_demand` lists the models a request may start (the catalog's); with
     any of them the server is ready even before an endpoint is."""
@@ -83,11 +85,15 @@ def create_admin_app(
         now = clock()
         return JSONResponse({"endpoints": [ep.describe(now) for ep in pool.endpoints()]})
 
+    async def queue_state(_: Request) -> Response:
+        return JSONResponse({"models": queue() if queue is not None else []})
+
     return Starlette(
         routes=[
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/admin/api/endpoints", endpoints, methods=["GET"]),
+            Route("/admin/api/queue", queue_state, methods=["GET"]),
             _metrics_route(registry),
             *extra_routes,
         ],

@@ -230,6 +230,11 @@ class RequestQueue:
             }
         return {"waiting": state.size if state else 0, "classes": classes}
 
+    def snapshot(self) -> list[dict[str, object]]:
+        """Every model's queue and saturation (`GET /admin/api/queue`)."""
+        models = sorted({*self._saturation.models(), *self._models})
+        return [{"model": m, **self.describe(m), **self._saturation.describe(m)} for m in models]
+
     async def wait_turn(
         self, model: str, ticket: Ticket, *, keepalive: KeepAlive | None, interval: float
     ) -> float:

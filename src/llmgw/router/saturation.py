@@ -135,6 +135,10 @@ class Saturation:
         roomy = [e for e in endpoints if self._room_of(e, model) > 0]
         return roomy if roomy else endpoints
 
+    def models(self) -> list[str]:
+        """Every model the pool serves."""
+        return self._pool.models()
+
     def describe(self, model: str) -> dict[str, object]:
         """The model's saturation as the admin API and status show it."""
         endpoints = self._pool.by_model.get(model) or []
