@@ -5,15 +5,30 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
+from llmgw.agent import interfaces, wire
+from llmgw.agent.flags import PortRange
+from llmgw.agent.hardware import HardwareReport
+from llmgw.agent.wire import NodeIdentity
 from llmgw.cli.models import explain_text
+from llmgw.control.agentsvc import convert
 from llmgw.control.catalog.errors import InvalidModel
 from llmgw.control.catalog.model import CatalogModel, Profile
 from llmgw.control.catalog.validate import model_to_dict, parse_model
-from llmgw.control.inventory.model import Gpu, Node, NodeState, Shard, ShardSpec, ShardState
+from llmgw.control.inventory.model import (
+    Gpu,
+    NetInterface,
+    Node,
+    NodeState,
+    Shard,
+    ShardSpec,
+    ShardState,
+)
 from llmgw.control.reconciler import Actual, Desired, Pending, Plan, Start, Stop, explain, plan
+from llmgw.control.reconciler.mgmt import MGMT_LABEL, MgmtAddress, mgmt_address
 from llmgw.control.reconciler.views import explanation_view
 from llmgw.engines import EngineSettings, EngineSpec, ProfileError, adapter_for
 
@@ -445,3 +460,111 @@ def test_models_explain_shows_the_ranks_and_the_short_fabric_groups() -> None:
         "  fabric groups short of nodes:\n    ib-domain=pod3: 1 of 2 nodes with 8 free 80 GiB GPUs"
         in short
     )
+
+
+# ---- the management network ----
+
+
+def dual_homed(node_id: str, host: int, **changes: object) -> Node:
+    """A node reaching the server on eth0 (10.77.0.x) with a management link eth1 (10.88.0.x)."""
+    base = node(node_id)
+    interfaces = (
+        NetInterface("lo", ("127.0.0.1/8",)),
+        NetInterface("eth0", (f"10.77.0.{host}/24",)),
+        NetInterface("eth1", (f"10.88.0.{host}/24", f"fd88::{host}/64")),
+        NetInterface("eth10", (f"10.99.0.{host}/24",)),
+    )
+    made = replace(base, advertise_host=f"10.77.0.{host}", interfaces=interfaces)
+    return replace(made, **changes)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("setting", "labels", "expected"),
+    [
+        ("eth1", {}, MgmtAddress("eth1", "10.88.0.2")),
+        ("10.88.0.0/16", {}, MgmtAddress("eth1", "10.88.0.2")),
+        ("fd88::/64", {}, MgmtAddress("eth1", "fd88::2")),
+        ("", {}, MgmtAddress("eth0", "10.77.0.2")),
+        ("eth0", {MGMT_LABEL: "eth10"}, MgmtAddress("eth10", "10.99.0.2")),
+    ],
+)
+def test_the_management_address_by_name_cidr_default_or_node_label(
+    setting: str, labels: dict[str, str], expected: MgmtAddress
+) -> None:
+    assert mgmt_address(dual_homed("n2", 2, labels=labels), setting) == expected
+
+
+def test_a_node_without_the_management_network_cannot_take_a_rank() -> None:
+    nodes = [dual_homed("n1", 1), dual_homed("n2", 2), node("n3", pod="pod3")]
+    found = explain(big_model(), nodes, mgmt_interface="10.88.0.0/24")
+    assert found.placement is not None
+    assert [r.node_id for r in found.placement.ranks] == ["n1", "n2"]
+    reasons = {r.node_id: r.reason for r in found.verdicts[0].rejections}
+    assert reasons["n3"] == (
+        "reports no network interfaces, so control.mgmt_interface '10.88.0.0/24' cannot be matched"
+    )
+    lacking = explain(big_model(), [dual_homed("n1", 1), dual_homed("n2", 2)], mgmt_interface="ib0")
+    assert lacking.placement is None
+    assert "n1: has no interface ib0 (control.mgmt_interface); it has lo 127.0.0.1/8, eth0" in (
+        lacking.summary()
+    )
+
+
+def test_ranks_are_wired_over_the_management_network() -> None:
+    profile = gang_profile(env={"GLOO_SOCKET_IFNAME": "eth1", "NCCL_DEBUG": "INFO"})
+    nodes = [dual_homed("n1", 1), dual_homed("n2", 2)]
+    result = plan(
+        [Desired(big_model(profile), 1)],
+        Actual(nodes=nodes),
+        policy="pack",
+        new_shard_id=lambda model: "big",
+        mgmt_interface="eth1",
+    )
+    made = {s.spec.node_rank: s.spec for s in starts(result)}
+    assert {r: (s.master_addr, s.master_port) for r, s in made.items()} == {
+        0: ("10.88.0.1", 20001),
+        1: ("10.88.0.1", 20001),
+    }
+    assert dict(made[1].env) == {
+        # The exact-name form: a bare "eth1" would match eth10 too.
+        "NCCL_SOCKET_IFNAME": "=eth1",
+        "GLOO_SOCKET_IFNAME": "eth1",  # the profile's own value wins (the same here)
+        "VLLM_HOST_IP": "10.88.0.2",
+        "NCCL_DEBUG": "INFO",
+    }
+    assert made[0].env["VLLM_HOST_IP"] == "10.88.0.1"
+    sglang = plan(
+        [Desired(big_model(gang_profile(engine="sglang")), 1)],
+        Actual(nodes=nodes),
+        policy="pack",
+        new_shard_id=lambda model: "big",
+        mgmt_interface="eth1",
+    )
+    assert [s.spec.env["SGLANG_HOST_IP"] for s in starts(sglang)] == ["10.88.0.1", "10.88.0.2"]
+
+
+def test_agents_report_their_interfaces_and_the_server_keeps_them() -> None:
+    found = interfaces.discover()
+    loopback = next(i for i in found if i.name == "lo")
+    assert "127.0.0.1/8" in loopback.addresses
+    message = wire.register(
+        NodeIdentity(
+            node_id="n1",
+            hostname="n1",
+            agent_version="0",
+            labels={},
+            fabric={},
+            port_range=PortRange(20000, 20009),
+            weights_dir=Path("/w"),
+        ),
+        HardwareReport(
+            gpus=(), cpu_count=1, memory_total_bytes=1, weights_disk_free_bytes=1, gpu_source="none"
+        ),
+        (),
+        advertise_host="10.77.0.1",
+        interfaces=(*found, interfaces.Interface("bad0", ("10.0.0.1/24", "nonsense"))),
+    )
+    registered = convert.registration(message.register)
+    kept = {i.name: i.addresses for i in registered.interfaces}
+    assert kept["lo"] == loopback.addresses
+    assert kept["bad0"] == ("10.0.0.1/24",)

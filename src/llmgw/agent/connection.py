@@ -49,7 +49,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from llmgw.agent import wire
+from llmgw.agent import interfaces, wire
 from llmgw.agent.addresses import EngineAddresses, local_address_towards
 from llmgw.agent.backoff import Backoff
 from llmgw.agent.errors import CommandError, ConnectError
@@ -288,6 +288,7 @@ class Connection:
             await self._hardware.report(),
             shards,
             advertise_host=await self._advertise_host(address),
+            interfaces=await asyncio.to_thread(interfaces.discover),
         )
         timeout = self._settings.connect_timeout_seconds
         try:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from llmgw.agent.flags import PortRange
 from llmgw.agent.hardware import GpuUsage, HardwareReport
+from llmgw.agent.interfaces import Interface
 from llmgw.agent.shard import ShardReport, ShardState
 from llmgw.proto import agent_pb2
 
@@ -79,6 +80,7 @@ def register(
     shards: Iterable[ShardReport],
     *,
     advertise_host: str = "",
+    interfaces: Iterable[Interface] = (),
 ) -> agent_pb2.AgentMessage:
     return agent_pb2.AgentMessage(
         register=agent_pb2.Register(
@@ -93,6 +95,10 @@ def register(
             port_range_end=identity.port_range.end,
             weights_dir=str(identity.weights_dir),
             advertise_host=advertise_host,
+            interfaces=[
+                agent_pb2.NetworkInterface(name=i.name, addresses=list(i.addresses))
+                for i in interfaces
+            ],
         )
     )
 

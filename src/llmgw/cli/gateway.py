@@ -392,6 +392,7 @@ async def _serve(
         leading=leadership.is_leader,
         # A node that stops answering: requests waiting on its engines go elsewhere.
         abandon=pool.abandon,
+        mgmt_interface=control.mgmt_interface,
     )
     routing = cfg.router.routing
     routing_metrics = RoutingMetrics(registry=registry)

@@ -443,6 +443,16 @@ class ControlConfig(_Strict):
             "puts replicas on the emptiest nodes (fewer replicas lost with one node)."
         ),
     )
+    mgmt_interface: str = Field(
+        default="",
+        description=(
+            "The network the ranks of a multi-node replica talk over: an interface name "
+            "('eth1', 'ib0') or a CIDR ('10.77.1.0/24') matched against the addresses "
+            "each agent reports. A node label llmgw.mgmt-interface overrides it per node. "
+            "Empty by default: the interface holding the address the node advertises, "
+            "which is right when one network carries everything."
+        ),
+    )
     retry_base: float = Field(
         default=5.0,
         gt=0,

@@ -21,6 +21,7 @@ from llmgw.engines.registry import adapter_for
 from llmgw.engines.sglang import SglangAdapter
 from llmgw.engines.sim import SimAdapter
 from llmgw.engines.spec import (
+    HOST_IP_ENV,
     KNOWN_ENGINES,
     EngineLoad,
     EngineSettings,
@@ -31,6 +32,7 @@ from llmgw.engines.spec import (
 from llmgw.engines.vllm import VllmAdapter
 
 __all__ = [
+    "HOST_IP_ENV",
     "KNOWN_ENGINES",
     "EngineAdapter",
     "EngineError",

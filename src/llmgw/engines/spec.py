@@ -15,9 +15,16 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 KNOWN_ENGINES: tuple[str, ...] = ("vllm", "sglang", "llamacpp", "sim")
 """The engine names `adapter_for` accepts, in the order error messages list them."""
+
+HOST_IP_ENV: Mapping[str, str] = MappingProxyType(
+    {"vllm": "VLLM_HOST_IP", "sglang": "SGLANG_HOST_IP"}
+)
+"""Per engine that can span nodes, the variable naming the address its ranks use
+(vLLM's `VLLM_HOST_IP`; SGLang's `get_ip()` reads `SGLANG_HOST_IP`)."""
 
 
 @dataclass(frozen=True, slots=True)

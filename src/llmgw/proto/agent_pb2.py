@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1allmgw/agent/v1/agent.proto\x12\x0ellmgw.agent.v1\">\n\x0bJoinRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0f\n\x07\x63sr_pem\x18\x03 \x01(\x0c\"\xb1\x01\n\x0cJoinResponse\x12\x17\n\x0f\x63\x65rtificate_pem\x18\x01 \x01(\x0c\x12\x0e\n\x06\x63\x61_pem\x18\x02 \x01(\x0c\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x38\n\x06labels\x18\x04 \x03(\x0b\x32(.llmgw.agent.v1.JoinResponse.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1f\n\x0cRenewRequest\x12\x0f\n\x07\x63sr_pem\x18\x01 \x01(\x0c\"8\n\rRenewResponse\x12\x17\n\x0f\x63\x65rtificate_pem\x18\x01 \x01(\x0c\x12\x0e\n\x06\x63\x61_pem\x18\x02 \x01(\x0c\"\xe2\x01\n\x0c\x41gentMessage\x12,\n\x08register\x18\x01 \x01(\x0b\x32\x18.llmgw.agent.v1.RegisterH\x00\x12.\n\theartbeat\x18\x02 \x01(\x0b\x32\x19.llmgw.agent.v1.HeartbeatH\x00\x12\x33\n\x0cshard_status\x18\x03 \x01(\x0b\x32\x1b.llmgw.agent.v1.ShardStatusH\x00\x12\x37\n\x0e\x63ommand_result\x18\x04 \x01(\x0b\x32\x1d.llmgw.agent.v1.CommandResultH\x00\x42\x06\n\x04kind\"g\n\x03Gpu\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x1a\n\x12memory_total_bytes\x18\x04 \x01(\x04\x12\x19\n\x11memory_free_bytes\x18\x05 \x01(\x04\"\x91\x01\n\x08Hardware\x12!\n\x04gpus\x18\x01 \x03(\x0b\x32\x13.llmgw.agent.v1.Gpu\x12\x11\n\tcpu_count\x18\x02 \x01(\r\x12\x1a\n\x12memory_total_bytes\x18\x03 \x01(\x04\x12\x1f\n\x17weights_disk_free_bytes\x18\x04 \x01(\x04\x12\x12\n\ngpu_source\x18\x05 \x01(\t\"\xce\x03\n\x08Register\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12*\n\x08hardware\x18\x04 \x01(\x0b\x32\x18.llmgw.agent.v1.Hardware\x12\x34\n\x06labels\x18\x05 \x03(\x0b\x32$.llmgw.agent.v1.Register.LabelsEntry\x12\x34\n\x06\x66\x61\x62ric\x18\x06 \x03(\x0b\x32$.llmgw.agent.v1.Register.FabricEntry\x12\x33\n\x0erunning_shards\x18\x07 \x03(\x0b\x32\x1b.llmgw.agent.v1.ShardStatus\x12\x18\n\x10port_range_start\x18\x08 \x01(\r\x12\x16\n\x0eport_range_end\x18\t \x01(\r\x12\x13\n\x0bweights_dir\x18\n \x01(\t\x12\x16\n\x0e\x61\x64vertise_host\x18\x0b \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a-\n\x0b\x46\x61\x62ricEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"l\n\x08GpuUsage\x12\r\n\x05index\x18\x01 \x01(\r\x12\x1b\n\x13utilization_percent\x18\x02 \x01(\x02\x12\x19\n\x11memory_used_bytes\x18\x03 \x01(\x04\x12\x19\n\x11memory_free_bytes\x18\x04 \x01(\x04\"E\n\tHeartbeat\x12&\n\x04gpus\x18\x01 \x03(\x0b\x32\x18.llmgw.agent.v1.GpuUsage\x12\x10\n\x08sequence\x18\x02 \x01(\x04\"\xf2\x01\n\x0bShardStatus\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.llmgw.agent.v1.ShardState\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x0b\n\x03pid\x18\x05 \x01(\x05\x12\x14\n\x0c\x65ndpoint_url\x18\x06 \x01(\t\x12\x13\n\x0boutput_tail\x18\x07 \x03(\t\x12\x11\n\texit_code\x18\x08 \x01(\x05\x12\'\n\x04spec\x18\t \x01(\x0b\x32\x19.llmgw.agent.v1.ShardSpec\x12\x12\n\nsince_unix\x18\n \x01(\x01\">\n\rCommandResult\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"\xad\x02\n\rServerMessage\x12\x30\n\nregistered\x18\x01 \x01(\x0b\x32\x1a.llmgw.agent.v1.RegisteredH\x00\x12\x31\n\x0bstart_shard\x18\x02 \x01(\x0b\x32\x1a.llmgw.agent.v1.StartShardH\x00\x12/\n\nstop_shard\x18\x03 \x01(\x0b\x32\x19.llmgw.agent.v1.StopShardH\x00\x12\x31\n\x0b\x64rain_shard\x18\x04 \x01(\x0b\x32\x1a.llmgw.agent.v1.DrainShardH\x00\x12\x37\n\x0eremove_weights\x18\x05 \x01(\x0b\x32\x1d.llmgw.agent.v1.RemoveWeightsH\x00\x12\x12\n\ncommand_id\x18\x0f \x01(\tB\x06\n\x04kind\"[\n\nRegistered\x12\"\n\x1aheartbeat_interval_seconds\x18\x01 \x01(\x01\x12\x11\n\tleader_id\x18\x02 \x01(\t\x12\x16\n\x0eserver_version\x18\x03 \x01(\t\"\xfc\x03\n\tShardSpec\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\x0f\n\x07weights\x18\x04 \x01(\t\x12\x13\n\x0bgpu_indices\x18\x05 \x03(\r\x12\x0c\n\x04port\x18\x06 \x01(\r\x12\x13\n\x0b\x65ngine_args\x18\x07 \x03(\t\x12/\n\x03\x65nv\x18\x08 \x03(\x0b\x32\".llmgw.agent.v1.ShardSpec.EnvEntry\x12\x1c\n\x14tensor_parallel_size\x18\t \x01(\r\x12\x1e\n\x16pipeline_parallel_size\x18\n \x01(\r\x12\x1e\n\x16gpu_memory_utilization\x18\x0b \x01(\x01\x12\x1c\n\x14load_timeout_seconds\x18\x0c \x01(\x01\x12\x1f\n\x17unhealthy_after_seconds\x18\r \x01(\x01\x12\x1b\n\x13\x64rain_grace_seconds\x18\x0e \x01(\x01\x12\r\n\x05nodes\x18\x0f \x01(\r\x12\x11\n\tnode_rank\x18\x10 \x01(\r\x12\x13\n\x0bmaster_addr\x18\x11 \x01(\t\x12\x13\n\x0bmaster_port\x18\x12 \x01(\r\x12\x12\n\nreplica_id\x18\x13 \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"5\n\nStartShard\x12\'\n\x04spec\x18\x01 \x01(\x0b\x32\x19.llmgw.agent.v1.ShardSpec\"4\n\tStopShard\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x15\n\rgrace_seconds\x18\x02 \x01(\x01\"5\n\nDrainShard\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x15\n\rgrace_seconds\x18\x02 \x01(\x01\"\x1d\n\rRemoveWeights\x12\x0c\n\x04path\x18\x01 \x01(\t*\xbe\x01\n\nShardState\x12\x1b\n\x17SHARD_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14SHARD_STATE_STARTING\x10\x01\x12\x17\n\x13SHARD_STATE_LOADING\x10\x02\x12\x15\n\x11SHARD_STATE_READY\x10\x03\x12\x18\n\x14SHARD_STATE_DRAINING\x10\x04\x12\x17\n\x13SHARD_STATE_STOPPED\x10\x05\x12\x16\n\x12SHARD_STATE_FAILED\x10\x06\x32\xe3\x01\n\x0c\x41gentService\x12J\n\x07\x43onnect\x12\x1c.llmgw.agent.v1.AgentMessage\x1a\x1d.llmgw.agent.v1.ServerMessage(\x01\x30\x01\x12\x41\n\x04Join\x12\x1b.llmgw.agent.v1.JoinRequest\x1a\x1c.llmgw.agent.v1.JoinResponse\x12\x44\n\x05Renew\x12\x1c.llmgw.agent.v1.RenewRequest\x1a\x1d.llmgw.agent.v1.RenewResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1allmgw/agent/v1/agent.proto\x12\x0ellmgw.agent.v1\">\n\x0bJoinRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0f\n\x07\x63sr_pem\x18\x03 \x01(\x0c\"\xb1\x01\n\x0cJoinResponse\x12\x17\n\x0f\x63\x65rtificate_pem\x18\x01 \x01(\x0c\x12\x0e\n\x06\x63\x61_pem\x18\x02 \x01(\x0c\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x38\n\x06labels\x18\x04 \x03(\x0b\x32(.llmgw.agent.v1.JoinResponse.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1f\n\x0cRenewRequest\x12\x0f\n\x07\x63sr_pem\x18\x01 \x01(\x0c\"8\n\rRenewResponse\x12\x17\n\x0f\x63\x65rtificate_pem\x18\x01 \x01(\x0c\x12\x0e\n\x06\x63\x61_pem\x18\x02 \x01(\x0c\"\xe2\x01\n\x0c\x41gentMessage\x12,\n\x08register\x18\x01 \x01(\x0b\x32\x18.llmgw.agent.v1.RegisterH\x00\x12.\n\theartbeat\x18\x02 \x01(\x0b\x32\x19.llmgw.agent.v1.HeartbeatH\x00\x12\x33\n\x0cshard_status\x18\x03 \x01(\x0b\x32\x1b.llmgw.agent.v1.ShardStatusH\x00\x12\x37\n\x0e\x63ommand_result\x18\x04 \x01(\x0b\x32\x1d.llmgw.agent.v1.CommandResultH\x00\x42\x06\n\x04kind\"g\n\x03Gpu\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x1a\n\x12memory_total_bytes\x18\x04 \x01(\x04\x12\x19\n\x11memory_free_bytes\x18\x05 \x01(\x04\"\x91\x01\n\x08Hardware\x12!\n\x04gpus\x18\x01 \x03(\x0b\x32\x13.llmgw.agent.v1.Gpu\x12\x11\n\tcpu_count\x18\x02 \x01(\r\x12\x1a\n\x12memory_total_bytes\x18\x03 \x01(\x04\x12\x1f\n\x17weights_disk_free_bytes\x18\x04 \x01(\x04\x12\x12\n\ngpu_source\x18\x05 \x01(\t\"\x84\x04\n\x08Register\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12*\n\x08hardware\x18\x04 \x01(\x0b\x32\x18.llmgw.agent.v1.Hardware\x12\x34\n\x06labels\x18\x05 \x03(\x0b\x32$.llmgw.agent.v1.Register.LabelsEntry\x12\x34\n\x06\x66\x61\x62ric\x18\x06 \x03(\x0b\x32$.llmgw.agent.v1.Register.FabricEntry\x12\x33\n\x0erunning_shards\x18\x07 \x03(\x0b\x32\x1b.llmgw.agent.v1.ShardStatus\x12\x18\n\x10port_range_start\x18\x08 \x01(\r\x12\x16\n\x0eport_range_end\x18\t \x01(\r\x12\x13\n\x0bweights_dir\x18\n \x01(\t\x12\x16\n\x0e\x61\x64vertise_host\x18\x0b \x01(\t\x12\x34\n\ninterfaces\x18\x0c \x03(\x0b\x32 .llmgw.agent.v1.NetworkInterface\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a-\n\x0b\x46\x61\x62ricEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"3\n\x10NetworkInterface\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\taddresses\x18\x02 \x03(\t\"l\n\x08GpuUsage\x12\r\n\x05index\x18\x01 \x01(\r\x12\x1b\n\x13utilization_percent\x18\x02 \x01(\x02\x12\x19\n\x11memory_used_bytes\x18\x03 \x01(\x04\x12\x19\n\x11memory_free_bytes\x18\x04 \x01(\x04\"E\n\tHeartbeat\x12&\n\x04gpus\x18\x01 \x03(\x0b\x32\x18.llmgw.agent.v1.GpuUsage\x12\x10\n\x08sequence\x18\x02 \x01(\x04\"\xf2\x01\n\x0bShardStatus\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.llmgw.agent.v1.ShardState\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x0b\n\x03pid\x18\x05 \x01(\x05\x12\x14\n\x0c\x65ndpoint_url\x18\x06 \x01(\t\x12\x13\n\x0boutput_tail\x18\x07 \x03(\t\x12\x11\n\texit_code\x18\x08 \x01(\x05\x12\'\n\x04spec\x18\t \x01(\x0b\x32\x19.llmgw.agent.v1.ShardSpec\x12\x12\n\nsince_unix\x18\n \x01(\x01\">\n\rCommandResult\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"\xad\x02\n\rServerMessage\x12\x30\n\nregistered\x18\x01 \x01(\x0b\x32\x1a.llmgw.agent.v1.RegisteredH\x00\x12\x31\n\x0bstart_shard\x18\x02 \x01(\x0b\x32\x1a.llmgw.agent.v1.StartShardH\x00\x12/\n\nstop_shard\x18\x03 \x01(\x0b\x32\x19.llmgw.agent.v1.StopShardH\x00\x12\x31\n\x0b\x64rain_shard\x18\x04 \x01(\x0b\x32\x1a.llmgw.agent.v1.DrainShardH\x00\x12\x37\n\x0eremove_weights\x18\x05 \x01(\x0b\x32\x1d.llmgw.agent.v1.RemoveWeightsH\x00\x12\x12\n\ncommand_id\x18\x0f \x01(\tB\x06\n\x04kind\"[\n\nRegistered\x12\"\n\x1aheartbeat_interval_seconds\x18\x01 \x01(\x01\x12\x11\n\tleader_id\x18\x02 \x01(\t\x12\x16\n\x0eserver_version\x18\x03 \x01(\t\"\xfc\x03\n\tShardSpec\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\x0f\n\x07weights\x18\x04 \x01(\t\x12\x13\n\x0bgpu_indices\x18\x05 \x03(\r\x12\x0c\n\x04port\x18\x06 \x01(\r\x12\x13\n\x0b\x65ngine_args\x18\x07 \x03(\t\x12/\n\x03\x65nv\x18\x08 \x03(\x0b\x32\".llmgw.agent.v1.ShardSpec.EnvEntry\x12\x1c\n\x14tensor_parallel_size\x18\t \x01(\r\x12\x1e\n\x16pipeline_parallel_size\x18\n \x01(\r\x12\x1e\n\x16gpu_memory_utilization\x18\x0b \x01(\x01\x12\x1c\n\x14load_timeout_seconds\x18\x0c \x01(\x01\x12\x1f\n\x17unhealthy_after_seconds\x18\r \x01(\x01\x12\x1b\n\x13\x64rain_grace_seconds\x18\x0e \x01(\x01\x12\r\n\x05nodes\x18\x0f \x01(\r\x12\x11\n\tnode_rank\x18\x10 \x01(\r\x12\x13\n\x0bmaster_addr\x18\x11 \x01(\t\x12\x13\n\x0bmaster_port\x18\x12 \x01(\r\x12\x12\n\nreplica_id\x18\x13 \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"5\n\nStartShard\x12\'\n\x04spec\x18\x01 \x01(\x0b\x32\x19.llmgw.agent.v1.ShardSpec\"4\n\tStopShard\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x15\n\rgrace_seconds\x18\x02 \x01(\x01\"5\n\nDrainShard\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x15\n\rgrace_seconds\x18\x02 \x01(\x01\"\x1d\n\rRemoveWeights\x12\x0c\n\x04path\x18\x01 \x01(\t*\xbe\x01\n\nShardState\x12\x1b\n\x17SHARD_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14SHARD_STATE_STARTING\x10\x01\x12\x17\n\x13SHARD_STATE_LOADING\x10\x02\x12\x15\n\x11SHARD_STATE_READY\x10\x03\x12\x18\n\x14SHARD_STATE_DRAINING\x10\x04\x12\x17\n\x13SHARD_STATE_STOPPED\x10\x05\x12\x16\n\x12SHARD_STATE_FAILED\x10\x06\x32\xe3\x01\n\x0c\x41gentService\x12J\n\x07\x43onnect\x12\x1c.llmgw.agent.v1.AgentMessage\x1a\x1d.llmgw.agent.v1.ServerMessage(\x01\x30\x01\x12\x41\n\x04Join\x12\x1b.llmgw.agent.v1.JoinRequest\x1a\x1c.llmgw.agent.v1.JoinResponse\x12\x44\n\x05Renew\x12\x1c.llmgw.agent.v1.RenewRequest\x1a\x1d.llmgw.agent.v1.RenewResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,8 +39,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTER_FABRICENTRY']._serialized_options = b'8\001'
   _globals['_SHARDSPEC_ENVENTRY']._loaded_options = None
   _globals['_SHARDSPEC_ENVENTRY']._serialized_options = b'8\001'
-  _globals['_SHARDSTATE']._serialized_start=2922
-  _globals['_SHARDSTATE']._serialized_end=3112
+  _globals['_SHARDSTATE']._serialized_start=3029
+  _globals['_SHARDSTATE']._serialized_end=3219
   _globals['_JOINREQUEST']._serialized_start=46
   _globals['_JOINREQUEST']._serialized_end=108
   _globals['_JOINRESPONSE']._serialized_start=111
@@ -58,35 +58,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HARDWARE']._serialized_start=716
   _globals['_HARDWARE']._serialized_end=861
   _globals['_REGISTER']._serialized_start=864
-  _globals['_REGISTER']._serialized_end=1326
+  _globals['_REGISTER']._serialized_end=1380
   _globals['_REGISTER_LABELSENTRY']._serialized_start=243
   _globals['_REGISTER_LABELSENTRY']._serialized_end=288
-  _globals['_REGISTER_FABRICENTRY']._serialized_start=1281
-  _globals['_REGISTER_FABRICENTRY']._serialized_end=1326
-  _globals['_GPUUSAGE']._serialized_start=1328
-  _globals['_GPUUSAGE']._serialized_end=1436
-  _globals['_HEARTBEAT']._serialized_start=1438
-  _globals['_HEARTBEAT']._serialized_end=1507
-  _globals['_SHARDSTATUS']._serialized_start=1510
-  _globals['_SHARDSTATUS']._serialized_end=1752
-  _globals['_COMMANDRESULT']._serialized_start=1754
-  _globals['_COMMANDRESULT']._serialized_end=1816
-  _globals['_SERVERMESSAGE']._serialized_start=1819
-  _globals['_SERVERMESSAGE']._serialized_end=2120
-  _globals['_REGISTERED']._serialized_start=2122
-  _globals['_REGISTERED']._serialized_end=2213
-  _globals['_SHARDSPEC']._serialized_start=2216
-  _globals['_SHARDSPEC']._serialized_end=2724
-  _globals['_SHARDSPEC_ENVENTRY']._serialized_start=2682
-  _globals['_SHARDSPEC_ENVENTRY']._serialized_end=2724
-  _globals['_STARTSHARD']._serialized_start=2726
-  _globals['_STARTSHARD']._serialized_end=2779
-  _globals['_STOPSHARD']._serialized_start=2781
-  _globals['_STOPSHARD']._serialized_end=2833
-  _globals['_DRAINSHARD']._serialized_start=2835
-  _globals['_DRAINSHARD']._serialized_end=2888
-  _globals['_REMOVEWEIGHTS']._serialized_start=2890
-  _globals['_REMOVEWEIGHTS']._serialized_end=2919
-  _globals['_AGENTSERVICE']._serialized_start=3115
-  _globals['_AGENTSERVICE']._serialized_end=3342
+  _globals['_REGISTER_FABRICENTRY']._serialized_start=1335
+  _globals['_REGISTER_FABRICENTRY']._serialized_end=1380
+  _globals['_NETWORKINTERFACE']._serialized_start=1382
+  _globals['_NETWORKINTERFACE']._serialized_end=1433
+  _globals['_GPUUSAGE']._serialized_start=1435
+  _globals['_GPUUSAGE']._serialized_end=1543
+  _globals['_HEARTBEAT']._serialized_start=1545
+  _globals['_HEARTBEAT']._serialized_end=1614
+  _globals['_SHARDSTATUS']._serialized_start=1617
+  _globals['_SHARDSTATUS']._serialized_end=1859
+  _globals['_COMMANDRESULT']._serialized_start=1861
+  _globals['_COMMANDRESULT']._serialized_end=1923
+  _globals['_SERVERMESSAGE']._serialized_start=1926
+  _globals['_SERVERMESSAGE']._serialized_end=2227
+  _globals['_REGISTERED']._serialized_start=2229
+  _globals['_REGISTERED']._serialized_end=2320
+  _globals['_SHARDSPEC']._serialized_start=2323
+  _globals['_SHARDSPEC']._serialized_end=2831
+  _globals['_SHARDSPEC_ENVENTRY']._serialized_start=2789
+  _globals['_SHARDSPEC_ENVENTRY']._serialized_end=2831
+  _globals['_STARTSHARD']._serialized_start=2833
+  _globals['_STARTSHARD']._serialized_end=2886
+  _globals['_STOPSHARD']._serialized_start=2888
+  _globals['_STOPSHARD']._serialized_end=2940
+  _globals['_DRAINSHARD']._serialized_start=2942
+  _globals['_DRAINSHARD']._serialized_end=2995
+  _globals['_REMOVEWEIGHTS']._serialized_start=2997
+  _globals['_REMOVEWEIGHTS']._serialized_end=3026
+  _globals['_AGENTSERVICE']._serialized_start=3222
+  _globals['_AGENTSERVICE']._serialized_end=3449
 # @@protoc_insertion_point(module_scope)

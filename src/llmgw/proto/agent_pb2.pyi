@@ -108,7 +108,7 @@ class Hardware(_message.Message):
     def __init__(self, gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., cpu_count: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., weights_disk_free_bytes: _Optional[int] = ..., gpu_source: _Optional[str] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("node_id", "hostname", "agent_version", "hardware", "labels", "fabric", "running_shards", "port_range_start", "port_range_end", "weights_dir", "advertise_host")
+    __slots__ = ("node_id", "hostname", "agent_version", "hardware", "labels", "fabric", "running_shards", "port_range_start", "port_range_end", "weights_dir", "advertise_host", "interfaces")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -134,6 +134,7 @@ class Register(_message.Message):
     PORT_RANGE_END_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_DIR_FIELD_NUMBER: _ClassVar[int]
     ADVERTISE_HOST_FIELD_NUMBER: _ClassVar[int]
+    INTERFACES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     hostname: str
     agent_version: str
@@ -145,7 +146,16 @@ class Register(_message.Message):
     port_range_end: int
     weights_dir: str
     advertise_host: str
-    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., agent_version: _Optional[str] = ..., hardware: _Optional[_Union[Hardware, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., fabric: _Optional[_Mapping[str, str]] = ..., running_shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., port_range_start: _Optional[int] = ..., port_range_end: _Optional[int] = ..., weights_dir: _Optional[str] = ..., advertise_host: _Optional[str] = ...) -> None: ...
+    interfaces: _containers.RepeatedCompositeFieldContainer[NetworkInterface]
+    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., agent_version: _Optional[str] = ..., hardware: _Optional[_Union[Hardware, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., fabric: _Optional[_Mapping[str, str]] = ..., running_shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., port_range_start: _Optional[int] = ..., port_range_end: _Optional[int] = ..., weights_dir: _Optional[str] = ..., advertise_host: _Optional[str] = ..., interfaces: _Optional[_Iterable[_Union[NetworkInterface, _Mapping]]] = ...) -> None: ...
+
+class NetworkInterface(_message.Message):
+    __slots__ = ("name", "addresses")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GpuUsage(_message.Message):
     __slots__ = ("index", "utilization_percent", "memory_used_bytes", "memory_free_bytes")

@@ -21,6 +21,7 @@ from llmgw.control.inventory.model import (
     TERMINAL_SHARD_STATES,
     GpuInfo,
     GpuUsage,
+    NetInterface,
     NodeRegistration,
     ShardReport,
     ShardSpec,
@@ -70,7 +71,21 @@ def registration(msg: agent_pb2.Register) -> NodeRegistration:
         port_range=(start, end),
         weights_dir=msg.weights_dir,
         advertise_host=msg.advertise_host,
+        interfaces=tuple(
+            NetInterface(i.name, tuple(a for a in i.addresses if _is_cidr(a)))
+            for i in msg.interfaces
+            if i.name
+        ),
     )
+
+
+def _is_cidr(text: str) -> bool:
+    """An address with a prefix length ("10.0.0.2/24"); anything else an agent sent is dropped."""
+    try:
+        ipaddress.ip_interface(text)
+    except ValueError:
+        return False
+    return "/" in text
 
 
 def peer_host(peer: str) -> str:

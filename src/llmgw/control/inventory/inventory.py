@@ -153,6 +153,7 @@ class Inventory:
             shards=shards,
             advertise_host=registration.advertise_host,
             seen_from=registration.seen_from,
+            interfaces=registration.interfaces,
         )
         self._nodes[node.id] = node
         gone = sorted(set(old_shards) - set(shards))

@@ -61,6 +61,14 @@ class ShardSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class NetInterface:
+    """One network interface of a node and its addresses, as CIDR strings."""
+
+    name: str
+    addresses: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class GpuInfo:
     """One GPU as the agent describes it when it registers."""
 
@@ -119,6 +127,8 @@ class NodeRegistration:
     # the address this server sees the agent's connection from (its gRPC peer).
     advertise_host: str = ""
     seen_from: str = ""
+    # Every interface the agent reported (empty from older agents).
+    interfaces: tuple[NetInterface, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +200,7 @@ class Node:
     shards: dict[str, Shard]
     advertise_host: str = ""
     seen_from: str = ""
+    interfaces: tuple[NetInterface, ...] = ()
 
     def address_warning(self) -> str | None:
         """Why this node's engine URLs cannot work from this server, if they cannot."""

@@ -149,6 +149,7 @@ class Controller:
         leading: Callable[[], bool] = lambda: True,
         new_shard_id: Callable[[str], str] | None = None,
         abandon: Callable[[Sequence[str]], object] | None = None,
+        mgmt_interface: str = "",
     ) -> None:
         """`startup_grace`: for this long after `run()` starts, an activation that
         cannot be placed waits instead of failing at once, since agents are still
@@ -158,7 +159,8 @@ class Controller:
         window is right, since that is when their node would be given up too. `leading` says
         whether this server may place work (it holds the lease). `abandon(ids)` is
         told once about replicas whose node stopped answering (this server's
-        router moves requests still waiting on them)."""
+        router moves requests still waiting on them). `mgmt_interface`: the network
+        multi-node ranks talk over (`control.mgmt_interface`; see `mgmt`)."""
         self._catalog = catalog
         self._inventory = inventory
         self._dispatcher = dispatcher
@@ -166,6 +168,7 @@ class Controller:
         self._clock = clock
         self._wall_clock = wall_clock
         self._policy: PlacementPolicy = policy
+        self._mgmt_interface = mgmt_interface
         self._interval = interval
         self._retry_base = retry_base
         self._retry_max = retry_max
@@ -281,6 +284,7 @@ class Controller:
             ),
             policy=self._policy,
             new_shard_id=self._new_shard_id,
+            mgmt_interface=self._mgmt_interface,
         )
         self._note_unplaced(result.unplaced, now)
         self._unplaced = dict(result.unplaced)
@@ -827,6 +831,7 @@ class Controller:
             policy=self._policy,
             avoid_nodes=frozenset(health.avoid) if health is not None else frozenset(),
             avoid_ports=frozenset(health.avoid_ports) if health is not None else frozenset(),
+            mgmt_interface=self._mgmt_interface,
         )
 
     def snapshot(self, name: str) -> ModelState | None:

@@ -14,7 +14,8 @@ nothing: the same filters judge each node for one shard, the nodes that pass
 are grouped by their value of fabric label KEY, and a group with N of them
 takes the replica (the group whose N best nodes are best, by the same tiers
 and score; ties to the lower label value). Rank 0 goes on the best of them and
-also gets the rendezvous port, a second free port of its range. `explain` says
+also gets the rendezvous port, a second free port of its range. Each node
+also needs an address on the management network (`mgmt.mgmt_address`). `explain` says
 per group why it falls short ("ib-domain=pod3: 1 of 2 nodes with 8 free 80
 GiB GPUs").
 
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 
 from llmgw.control.catalog.model import CatalogModel, Profile
 from llmgw.control.inventory.model import Gpu, Node
+from llmgw.control.reconciler.mgmt import mgmt_address
 from llmgw.control.reconciler.types import (
     Explanation,
     Pending,
@@ -69,16 +71,20 @@ class Need:
     # value of fabric label `fabric`; each needs the above.
     nodes: int = 1
     fabric: str | None = None
+    # A multi-node replica's management network setting ("" is the default).
+    mgmt: str = ""
 
     @classmethod
-    def of(cls, profile: Profile) -> Need:
+    def of(cls, profile: Profile, mgmt: str = "") -> Need:
+        gang = profile.nodes > 1
         return cls(
             gpus=profile.gpus,
             gpu_memory=profile.gpu_memory,
             gpu_kind=profile.gpu_kind or None,
             labels=tuple(sorted(profile.labels.items())),
             nodes=profile.nodes,
-            fabric=profile.fabric if profile.nodes > 1 else None,
+            fabric=profile.fabric if gang else None,
+            mgmt=mgmt if gang else "",
         )
 
     def describe(self) -> str:
@@ -253,6 +259,14 @@ def filter_fabric(cap: NodeCapacity, need: Need) -> str | None:
     return f"no fabric label {need.fabric} (the profile spans {need.nodes} nodes of one fabric)"
 
 
+def filter_mgmt(cap: NodeCapacity, need: Need) -> str | None:
+    """A multi-node replica's node needs an address on the management network."""
+    if need.nodes <= 1:
+        return None
+    found = mgmt_address(cap.node, need.mgmt)
+    return found if isinstance(found, str) else None
+
+
 def filter_gpu_kind(cap: NodeCapacity, need: Need) -> str | None:
     """At least one GPU's name contains the profile's kind (case-insensitive)."""
     if need.gpus == 0 or need.gpu_kind is None:
@@ -298,6 +312,7 @@ DEFAULT_FILTERS: tuple[Filter, ...] = (
     filter_node_state,
     filter_labels,
     filter_fabric,
+    filter_mgmt,
     filter_gpu_kind,
     filter_gpus,
     filter_ports,
@@ -386,8 +401,10 @@ class Fleet:
         *,
         policy: PlacementPolicy = "pack",
         filters: Sequence[Filter] = DEFAULT_FILTERS,
+        mgmt_interface: str = "",
     ) -> None:
         self._filters = tuple(filters)
+        self._mgmt = mgmt_interface
         self._score = scorer_for(policy)
         self._caps = {n.id: NodeCapacity.of(n) for n in sorted(nodes, key=lambda n: n.id)}
         self._candidates: dict[Need, _Candidates] = {}
@@ -419,7 +436,7 @@ class Fleet:
         """Every profile in order against every node, until one fits somewhere."""
         verdicts: list[ProfileVerdict] = []
         for profile in model.profiles:
-            need = Need.of(profile)
+            need = Need.of(profile, self._mgmt)
             fits: list[NodeCapacity] = []
             rejections: list[Rejection] = []
             checked = self._memo(need)
@@ -476,7 +493,7 @@ class Fleet:
     ) -> Placement | None:
         """The placement `explain` would give, without the reasons (and much faster)."""
         for profile in model.profiles:
-            need = Need.of(profile)
+            need = Need.of(profile, self._mgmt)
             if need.nodes > 1:
                 checked = self._memo(need)
                 fits = [c for c in self._caps.values() if self._check(c, need, checked) is None]
@@ -655,11 +672,12 @@ def explain(
     avoid_nodes: frozenset[str] = frozenset(),
     avoid_ports: frozenset[tuple[str, int]] = frozenset(),
     filters: Sequence[Filter] = DEFAULT_FILTERS,
+    mgmt_interface: str = "",
 ) -> Explanation:
     """Where one more replica of `model` would go, and why every other node would not.
 
     A dry run: nothing is started. `pending` are starts in flight, whose GPUs
     and ports count as taken.
     """
-    fleet = Fleet(nodes, pending, policy=policy, filters=filters)
+    fleet = Fleet(nodes, pending, policy=policy, filters=filters, mgmt_interface=mgmt_interface)
     return fleet.explain(model, avoid_nodes=avoid_nodes, avoid_ports=avoid_ports)

@@ -42,7 +42,8 @@ A pure function of its inputs: same input, same actions in the same order
   as a whole. A stop of a gang (drain, scale down) stops every shard of it.
   A gang is started as N starts at once, placed all or nothing
   (`Fleet.place`); rank 0's shard id is the replica id, rank R's is
-  "<replica id>-r<R>", and ranks meet at rank 0's node address.
+  "<replica id>-r<R>"; ranks meet at rank 0's management address (`mgmt`)
+  and each gets its node's management interface as environment.
 
 No stop goes to a disconnected node; it is retried by the next plan.
 
@@ -52,11 +53,12 @@ re-plans after every change, and the agent refuses work that conflicts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from llmgw.control.catalog.model import CatalogModel
 from llmgw.control.inventory.model import Node, Shard, ShardSpec
+from llmgw.control.reconciler.mgmt import MgmtAddress, mgmt_address, rank_env
 from llmgw.control.reconciler.placement import DEFAULT_FILTERS, Filter, Fleet, explain
 from llmgw.control.reconciler.types import (
     Actual,
@@ -103,6 +105,7 @@ def plan(
     policy: PlacementPolicy,
     new_shard_id: Callable[[str], str],
     filters: Sequence[Filter] = DEFAULT_FILTERS,
+    mgmt_interface: str = "",
 ) -> Plan:
     """The actions that bring `actual` towards `desired`; see the module docstring.
 
@@ -120,9 +123,13 @@ def plan(
         if not want.hold and have.count < want.replicas:
             short.append((want, want.replicas - have.count))
     stops = _with_followers(stops, replicas)
-    fleet = Fleet(actual.nodes, actual.pending, policy=policy, filters=filters)
-    addresses = {n.id: n.advertise_host or n.seen_from or n.hostname for n in actual.nodes}
-    starts, unplaced = _place(short, fleet, new_shard_id, addresses)
+    fleet = Fleet(
+        actual.nodes, actual.pending, policy=policy, filters=filters, mgmt_interface=mgmt_interface
+    )
+    nodes = {n.id: n for n in actual.nodes}
+    starts, unplaced = _place(
+        short, fleet, new_shard_id, lambda node_id: mgmt_address(nodes[node_id], mgmt_interface)
+    )
     stops.sort(key=lambda s: (s.node_id, s.shard_id))
     in_doubt = {
         name: tuple(sorted(shard.id for _, shard in have.in_doubt))
@@ -304,7 +311,7 @@ def _place(
     short: list[tuple[Desired, int]],
     fleet: Fleet,
     new_shard_id: Callable[[str], str],
-    addresses: Mapping[str, str],
+    mgmt: Callable[[str], MgmtAddress | str],
 ) -> tuple[list[Start], dict[str, Explanation]]:
     starts: list[Start] = []
     unplaced: dict[str, Explanation] = {}
@@ -321,7 +328,7 @@ def _place(
                 )
                 break
             fleet.reserve(placement, model.name)
-            starts += _starts(model, placement, new_shard_id(model.name), addresses)
+            starts += _starts(model, placement, new_shard_id(model.name), mgmt)
     return starts, dict(sorted(unplaced.items()))
 
 
@@ -330,14 +337,26 @@ def _size(model: CatalogModel) -> int:
 
 
 def _starts(
-    model: CatalogModel, placement: Placement, replica_id: str, addresses: Mapping[str, str]
+    model: CatalogModel,
+    placement: Placement,
+    replica_id: str,
+    mgmt: Callable[[str], MgmtAddress | str],
 ) -> list[Start]:
-    """One start per shard: rank 0 first, then the other ranks of a multi-node replica."""
+    """One start per shard: rank 0 first, then the other ranks of a multi-node replica,
+    each with its management network's environment (`mgmt.rank_env`)."""
     profile = placement.profile
     gang = profile.nodes > 1
-    master_addr = addresses.get(placement.node_id, "") if gang else ""
+    # Placement only picks nodes with a management address (filter_mgmt).
+    networks = [mgmt(r.node_id) if gang else "" for r in placement.ranks]
+    master_addr = networks[0].address if isinstance(networks[0], MgmtAddress) else ""
     starts = []
     for rank, shard in enumerate(placement.ranks):
+        network = networks[rank]
+        env = (
+            rank_env(profile.engine, network, profile.env)
+            if isinstance(network, MgmtAddress)
+            else profile.env
+        )
         spec = ShardSpec(
             shard_id=replica_id if rank == 0 else f"{replica_id}-r{rank}",
             model=model.name,
@@ -346,7 +365,7 @@ def _starts(
             gpu_indices=shard.gpu_indices,
             port=shard.port,
             engine_args=profile.engine_args,
-            env=profile.env,
+            env=env,
             tensor_parallel_size=profile.tensor_parallel,
             pipeline_parallel_size=profile.pipeline_parallel,
             gpu_memory_utilization=profile.gpu_memory_utilization,
