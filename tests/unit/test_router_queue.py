@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import random
+from collections.abc import MutableMapping
+from typing import Any
 
+import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
+from llmgw.config import RouterConfig
+from llmgw.metrics import RouterMetrics
 from llmgw.metrics.queue import QueueMetrics
+from llmgw.router.balancer import Balancer
 from llmgw.router.endpoints import EjectionPolicy, EndpointPool, EndpointSpec
 from llmgw.router.errors import InvalidRequest
+from llmgw.router.proxy import Proxy
 from llmgw.router.queue import QueueRefused, RequestQueue, Ticket, ticket_for
+from llmgw.router.requests import CHAT, parse_request
 from llmgw.router.saturation import EngineLoad, Saturation
+from llmgw.router.upstream import Upstream
 
 MODEL = "m"
 
@@ -328,3 +338,64 @@ def test_headers_lower_the_class_and_the_wait_never_raise_them() -> None:
     with pytest.raises(InvalidRequest) as info:
         ticket((b"x-llmgw-max-queue-wait", b"-1"))
     assert info.value.param == "x-llmgw-max-queue-wait"
+
+
+class Demand:
+    """An activator that only counts the requests it is told about."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.peak = 0
+
+    def knows(self, model: str) -> bool:
+        return True
+
+    async def activate(self, model: str) -> None:
+        return None
+
+    def request_started(self, model: str) -> None:
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+
+    def request_finished(self, model: str) -> None:
+        self.in_flight -= 1
+
+
+async def test_a_queued_request_counts_as_demand_and_a_stream_gets_its_refusal_as_an_event() -> (
+    None
+):
+    loop = asyncio.get_running_loop()
+    pool = _pool(Clock())
+    pool.by_model[MODEL][0].in_flight = 1
+    saturation = Saturation(pool=pool, clock=loop.time, default_limit=1)
+    queue = RequestQueue(
+        saturation=saturation, clock=loop.time, max_size=10, aging=0, recheck=60, retry_after=3
+    )
+    demand = Demand()
+    proxy = Proxy(
+        pool=pool,
+        balancer=Balancer(clock=loop.time, rng=random.Random(0)),
+        upstream=Upstream(connect_timeout=1, idle_timeout=1),
+        metrics=RouterMetrics(registry=CollectorRegistry()),
+        config=RouterConfig(),
+        clock=loop.time,
+        activator=demand,
+        activation_keepalive=0.01,
+        queue=queue,
+        saturation=saturation,
+    )
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(dict(message))
+        assert demand.in_flight == 1  # counted while it waits
+
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    req = parse_request(CHAT, orjson.dumps(body))
+    outcome = await proxy.handle(req, b"r", send, loop.time(), [], ticket=Ticket("k", max_wait=0.1))
+    assert outcome.status == 429
+    assert demand.peak == 1 and demand.in_flight == 0
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
+    assert any(b": llmgw queued for model m (1 waiting)" in m.get("body", b"") for m in sent)
+    last = sent[-1]["body"]
+    assert last.startswith(b"event: error\ndata: ") and b"queue_wait_expired" in last

@@ -182,6 +182,10 @@ class Proxy:
             comment = f": llmgw queued for model {req.model} ({waiting} waiting)\n\n".encode()
             await send({"type": "http.response.body", "body": comment, "more_body": True})
 
+        activator = self._activator
+        if activator is not None:
+            # A queued request is demand too: target_in_flight scales up for it.
+            activator.request_started(req.model)
         try:
             waited = await queue.wait_turn(
                 req.model,
@@ -194,6 +198,10 @@ class Proxy:
                 raise
             await _send_error_event(send, exc)
             return Outcome(exc.status, "none")
+        finally:
+            # `_serve` counts it again at once (no await in between).
+            if activator is not None:
+                activator.request_finished(req.model)
         # No await between the queue letting the request out and its dispatch.
         try:
             if not started:
