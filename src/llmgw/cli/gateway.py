@@ -85,6 +85,7 @@ from llmgw.router.proxy import Proxy
 from llmgw.router.queue import RequestQueue
 from llmgw.router.saturation import Saturation
 from llmgw.router.scoring.load import LoadBook
+from llmgw.router.apis.count_tokens import TokenCounter
 from llmgw.router.upstream import Upstream
 from llmgw.store import ControlServer, Store, StoreError, open_store, store_url, utc_now
 from llmgw.usage import RetentionPruner, UsageRecorder
@@ -585,6 +586,7 @@ async def _serve(
             ),
             model_names=lambda name: _model_names(catalog, name),
             queue_wait=cfg.router.queue.max_wait,
+            token_counter=TokenCounter(pool=pool, upstream=upstream, clock=clock),
         ),
         "admin": browser_guard(
             admin_guard(admin_app, authenticator=authenticator),

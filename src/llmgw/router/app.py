@@ -23,6 +23,7 @@ from llmgw.auth import Authenticator, AuthError, Principal, token_from_headers
 from llmgw.limits import Admission, Limiter, LimitExceeded
 from llmgw.metrics import RouterMetrics
 from llmgw.router.apis import ClientApi
+from llmgw.router.apis import count_tokens as counting
 from llmgw.router.apis.messages import MessagesApi
 from llmgw.router.apis.responses import ResponsesApi
 from llmgw.router.endpoints import EndpointPool
@@ -58,6 +59,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 log = logging.getLogger("llmgw.router")
 
 _POST_ROUTES = frozenset({CHAT, COMPLETIONS, EMBEDDINGS})
+_COUNT_TOKENS = "/v1/messages/count_tokens"
 _MAX_REQUEST_ID = 128
 
 
@@ -92,13 +94,14 @@ class RouterApp:
         model_names: Callable[[str], Collection[str]] | None = None,
         queue_wait: float | None = None,
         apis: Mapping[str, ClientApi] | None = None,
+        token_counter: counting.TokenCounter | None = None,
     ) -> None:
         """`admin_portal` answers every `/admin` and `/admin/...` path (the login and
         admin pages); without one those paths are 404 like any unknown route.
         `model_names` gives every name of the model a name stands for (its own and
         its aliases), so a key allowed one of them may use them all. `apis` maps
         paths to the other client APIs served (default: Anthropic Messages and
-        OpenAI Responses)."""
+        OpenAI Responses). `token_counter` answers `/v1/messages/count_tokens`."""
         self._proxy = proxy
         self._pool = pool
         self._metrics = metrics
@@ -118,6 +121,7 @@ class RouterApp:
             if apis is not None
             else {"/v1/messages": MessagesApi(), "/v1/responses": ResponsesApi()}
         )
+        self._token_counter = token_counter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -157,6 +161,10 @@ class RouterApp:
                     content_length,
                     principal,
                     headers=scope["headers"],
+                )
+            elif path == _COUNT_TOKENS and self._token_counter is not None:
+                await self._count_tokens(
+                    self._token_counter, scope, receive, send, request_id, content_length
                 )
             elif path in self._apis:
                 await self._other_api(
@@ -216,6 +224,44 @@ class RouterApp:
             )
         except RouterError as exc:
             await _send_error(send, exc, request_id, api.error_body(exc))
+
+    async def _count_tokens(
+        self,
+        counter: counting.TokenCounter,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        request_id: bytes,
+        content_length: int,
+    ) -> None:
+        """A Messages prompt's token count (errors in the Messages API's shape)."""
+        api = self._apis.get("/v1/messages") or MessagesApi()
+        headers = dict(scope["headers"])
+        model = "none"
+        try:
+            if scope["method"] != "POST":
+                raise MethodNotAllowed(
+                    f"{scope['method']} {_COUNT_TOKENS} is not allowed; use POST", allowed="POST"
+                )
+            principal = await self._authenticate(
+                headers.get(b"authorization"), headers.get(b"x-api-key")
+            )
+            if content_length > self._max_body:
+                raise BodyTooLarge(self._too_large(content_length))
+            req = counting.parse(await self._read_body(receive))
+            model = req.model if req.model in self._pool.by_model else "unknown"
+            try:
+                principal.check_model(req.model, self._model_names(req.model))
+            except AuthError as exc:
+                raise _refused(exc) from None
+            tokens, estimated = await counter.count(req)
+        except RouterError as exc:
+            self._metrics.request_counter.inc(model, "none", exc.status)
+            await _send_error(send, exc, request_id, api.error_body(exc))
+            return
+        self._metrics.request_counter.inc(model, "none", 200)
+        extra = [(b"x-llmgw-estimated", b"true")] if estimated else []
+        await _send_json(send, 200, {"input_tokens": tokens}, request_id, extra)
 
     async def _authenticate(self, authorization: bytes | None, api_key: bytes | None) -> Principal:
         try:
@@ -460,7 +506,13 @@ def _refused(exc: AuthError) -> Refused:
     return Refused(exc.message, status=exc.status, type_=exc.type, code=exc.code)
 
 
-async def _send_json(send: Send, status: int, payload: object, request_id: bytes) -> None:
+async def _send_json(
+    send: Send,
+    status: int,
+    payload: object,
+    request_id: bytes,
+    extra_headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
     body = orjson.dumps(payload)
     await send(
         {
@@ -471,6 +523,7 @@ async def _send_json(send: Send, status: int, payload: object, request_id: bytes
                 (b"content-length", str(len(body)).encode()),
                 (b"x-request-id", request_id),
                 (b"x-llmgw-replica", b"none"),
+                *(extra_headers or ()),
             ],
         }
     )

@@ -209,16 +209,17 @@ def _tool_choice(choice: Any) -> tuple[Any, bool]:
     return {"auto": "auto", "any": "required", "none": "none"}[kind], parallel
 
 
-def _options(body: dict[str, Any], chat: dict[str, Any]) -> None:
+def _options(body: dict[str, Any], chat: dict[str, Any], *, counting: bool) -> None:
     max_tokens = body.get("max_tokens")
-    if max_tokens is None:
+    if max_tokens is None and not counting:
         raise InvalidRequest("max_tokens: field required", param="max_tokens")
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise InvalidRequest(
-            f"max_tokens: must be an integer of at least 1, got {max_tokens!r}",
-            param="max_tokens",
-        )
-    chat["max_tokens"] = max_tokens
+    if max_tokens is not None:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise InvalidRequest(
+                f"max_tokens: must be an integer of at least 1, got {max_tokens!r}",
+                param="max_tokens",
+            )
+        chat["max_tokens"] = max_tokens
     for field in ("temperature", "top_p", "top_k"):
         value = number_field(body, field)
         if value is not None:
@@ -240,8 +241,9 @@ def _options(body: dict[str, Any], chat: dict[str, Any]) -> None:
             chat["user"] = user
 
 
-def translate_request(raw: bytes) -> ParsedRequest:
-    """A Messages body as a chat completion request; InvalidRequest naming the field."""
+def translate_request(raw: bytes, *, counting: bool = False) -> ParsedRequest:
+    """A Messages body as a chat completion request; InvalidRequest naming the field.
+    `counting`: a count_tokens body, which has no `max_tokens`."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -271,7 +273,7 @@ def translate_request(raw: bytes) -> ParsedRequest:
     for i, message in enumerate(messages):
         out.extend(_message(message, i))
     chat["messages"] = out
-    _options(body, chat)
+    _options(body, chat, counting=counting)
     tools = body.get("tools")
     if tools is not None:
         translated = _tools(tools)
