@@ -9,8 +9,10 @@ opens `ClusterPki` (which creates the CA on an empty store); a problem is a
 prints the command that joins a new node, with a fresh token.
 
 Not guaranteed: that the printed address is reachable from the new node; it
-is the server's agent address as configured (`control.advertise_agent_address`)
-or this host's name, and the operator may need another.
+is the server's agent address as configured (`control.advertise_agent_address`),
+this host's name when it resolves to a non-loopback address, or else the
+address of its default route; the operator may need another (NAT, several
+networks).
 """
 
 from __future__ import annotations
@@ -139,9 +141,49 @@ async def open_cluster_pki(
 
 
 def dialable(host: str, port: int) -> str:
+    """HOST:PORT another machine can dial for a listener bound to `host`.
+
+    A wildcard bind is turned into this host's name when that name resolves to
+    an address other hosts can reach, else into the source address of the
+    default route (many hosts map their own name to 127.0.0.1 or 127.0.1.1, and
+    `socket.getfqdn()` then says "localhost", which no other node can dial).
+    """
     if host in ("0.0.0.0", "::", ""):
-        host = socket.getfqdn()
+        host = _reachable_name() or _default_route_address() or socket.gethostname()
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _is_loopback(address: str) -> bool:
+    return address.startswith("127.") or address in ("::1", "localhost")
+
+
+def _reachable_name() -> str | None:
+    """This host's name, if it resolves only to addresses that are not loopback."""
+    for name in (socket.getfqdn(), socket.gethostname()):
+        if not name or _is_loopback(name):
+            continue
+        try:
+            infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+        except OSError:
+            continue
+        addresses = {str(info[4][0]) for info in infos}
+        if addresses and not any(_is_loopback(a) for a in addresses):
+            return name
+    return None
+
+
+def _default_route_address() -> str | None:
+    """The local address of the route to other networks (a UDP connect sends nothing)."""
+    for family, probe in ((socket.AF_INET, "198.51.100.1"), (socket.AF_INET6, "2001:db8::1")):
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as sock:
+                sock.connect((probe, 9))
+                address = str(sock.getsockname()[0])
+        except OSError:
+            continue
+        if not _is_loopback(address):
+            return address
+    return None
 
 
 async def announce_join(pki: ClusterPki, address: str) -> None:
