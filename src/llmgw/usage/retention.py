@@ -20,6 +20,10 @@ from llmgw.store import StoreError
 
 log = logging.getLogger("llmgw.usage")
 
+# After a failed run, this many retries come sooner than `interval`.
+EARLY_RETRIES = 3
+EARLY_RETRY_SECONDS = 30.0
+
 
 class RawUsagePruner(Protocol):
     """What the pruner needs of the store (`UsageRepository` is one)."""
@@ -69,11 +73,21 @@ class RetentionPruner:
         A store error is logged and the next run tries again; anything else ends
         the loop for the guard to report.
         """
+        failures = 0
         while True:
+            delay = self._interval
             try:
                 await self.prune_once()
+                failures = 0
             except StoreError as exc:
-                log.warning(
-                    "pruning raw usage records failed, retrying in %.0fs: %s", self._interval, exc
+                failures += 1
+                # The first run comes at start-up, when the server writes most (the
+                # CA, migrations, the lease): a locked SQLite file then is expected
+                # and worth a quick retry, not an hour's wait and a warning.
+                if failures <= EARLY_RETRIES:
+                    delay = min(self._interval, EARLY_RETRY_SECONDS)
+                level = logging.INFO if failures == 1 else logging.WARNING
+                log.log(
+                    level, "pruning raw usage records failed, retrying in %.0fs: %s", delay, exc
                 )
-            await self._sleep(self._interval)
+            await self._sleep(delay)
