@@ -47,7 +47,19 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 T = TypeVar("T")
 
 _DIMENSIONS: tuple[str, ...] = get_args(UsageDimension)
-_CREATE_FIELDS = {"name", "models", "rpm", "tpm", "budget_tokens", "period", "expires_at", "admin"}
+_CREATE_FIELDS = {
+    "name",
+    "models",
+    "rpm",
+    "tpm",
+    "budget_tokens",
+    "period",
+    "expires_at",
+    "admin",
+    "priority",
+    "weight",
+    "max_queue_wait",
+}
 # The secret is not a field: it changes only by rotating.
 _UPDATE_FIELDS = _CREATE_FIELDS
 
@@ -149,6 +161,28 @@ def _int(field: str, value: object) -> int | None:
     return value
 
 
+def _priority(value: object) -> str:
+    if not isinstance(value, str):
+        raise AdminInputError(
+            "'priority' must be 'interactive', 'default' or 'batch'", param="priority"
+        )
+    return value
+
+
+def _weight(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise AdminInputError("'weight' must be a number (1: an equal share)", param="weight")
+    return float(value)
+
+
+def _seconds(field: str, value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise AdminInputError(f"'{field}' must be a number of seconds or null", param=field)
+    return float(value)
+
+
 def _time(field: str, value: object) -> datetime | None:
     if value is None or value == "":
         return None
@@ -193,6 +227,9 @@ def key_routes(
                 period=_period(body.get("period")),
                 expires_at=_time("expires_at", body.get("expires_at")),
                 is_admin=_admin(body.get("admin", False)),
+                priority=_priority(body.get("priority", "default")),
+                weight=_weight(body.get("weight", 1.0)),
+                max_queue_wait=_seconds("max_queue_wait", body.get("max_queue_wait")),
             )
             return _json({**key_view(key, wall_clock()), "secret": secret}, status=201)
 
@@ -224,6 +261,9 @@ def key_routes(
                 period=_given(body, "period", _period),
                 expires_at=_given(body, "expires_at", partial(_time, "expires_at")),
                 is_admin=_given(body, "admin", _admin),
+                priority=_given(body, "priority", _priority),
+                weight=_given(body, "weight", _weight),
+                max_queue_wait=_given(body, "max_queue_wait", partial(_seconds, "max_queue_wait")),
             )
             return _json(key_view(key, wall_clock()))
 
