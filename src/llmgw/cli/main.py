@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import typer
 
 from llmgw import __version__
@@ -70,4 +72,9 @@ app.command(
 
 
 def main() -> None:
+    # gRPC's core writes its own INFO lines to stderr (e.g. "Handshake failed ..."
+    # for every TLS client without a certificate: each join's chain check, each
+    # plaintext agent). Our logs say what happened and what to do; keep gRPC's to
+    # errors unless the operator asks for more (GRPC_VERBOSITY=INFO or DEBUG).
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     app()

@@ -15,8 +15,9 @@ back) instead of answering GOAWAY "too_many_pings".
 
 Not guaranteed: a log line of ours for a client that fails the TLS handshake
 (a plaintext agent, a certificate from another CA). gRPC refuses it inside its
-core, which logs "Handshake failed ..." to stderr itself; the agent's own log
-says why it was refused and what to do.
+core and says so on stderr only at GRPC_VERBOSITY=INFO (`llmgw` keeps gRPC's
+own logging to errors by default); the agent's own log says why it was refused
+and what to do.
 """
 
 from __future__ import annotations
