@@ -195,10 +195,17 @@ async def announce_join(pki: ClusterPki, address: str) -> None:
             "cannot make a join token to print (%s); `llmgw nodes token create` makes one", exc
         )
         return
+    host = address.rpartition(":")[0].strip("[]")
+    note = (
+        "  (the agent listener is on loopback: only agents on this machine can dial it; "
+        "listen on an address other hosts reach, e.g. --agent-listen 0.0.0.0:9443)\n"
+        if _is_loopback(host)
+        else ""
+    )
     print(
         f"\nTo join a GPU node to this cluster, run on it (token {token.id}, valid 24 h; "
         "`llmgw nodes token create` makes more):\n"
-        f"  llmgw agent --server {address} --token {text}\n",
+        f"  llmgw agent --server {address} --token {text}\n{note}",
         flush=True,
     )
 
