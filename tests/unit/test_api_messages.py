@@ -59,7 +59,7 @@ def test_request_fields_are_carried() -> None:
         {"role": "user", "content": "Weather?"},
         {
             "role": "assistant",
-            "content": None,
+            "content": "",
             "tool_calls": [
                 {
                     "id": "t1",

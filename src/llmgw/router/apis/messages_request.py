@@ -146,9 +146,10 @@ def _message(message: Any, i: int) -> list[dict[str, Any]]:
             )
     out: list[dict[str, Any]] = list(results)
     if role == "assistant":
+        # "" rather than null beside tool calls: llama-cpp-python refuses a null content.
         text = "".join(p["text"] for p in parts)
         if text or calls:
-            reply: dict[str, Any] = {"role": "assistant", "content": text or None}
+            reply: dict[str, Any] = {"role": "assistant", "content": text}
             if calls:
                 reply["tool_calls"] = calls
             out.append(reply)

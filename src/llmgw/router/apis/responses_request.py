@@ -123,7 +123,8 @@ def _input(items: Any, out: list[dict[str, Any]]) -> None:
             if last is not None and last["role"] == "assistant" and "tool_calls" in last:
                 last["tool_calls"].append(call)
             else:
-                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                # "" rather than null: llama-cpp-python refuses a null content.
+                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
             output = item.get("output")
             if isinstance(output, list):
