@@ -276,3 +276,28 @@ def test_explain_and_dry_run(admin_url: str) -> None:
     ]
     code, out, _ = run("list", "--json", "--admin", admin_url)
     assert "big" not in [m["name"] for m in json.loads(out)["models"]]
+
+
+def test_a_models_own_routing_is_kept_and_shown(admin_url: str, tmp_path: Path) -> None:
+    path = tmp_path / "chat.yaml"
+    path.write_text(
+        "name: chat\n"
+        "weights: /m/chat\n"
+        "routing: {scorers: {prefix: 5, session: 0}}\n"
+        "profiles:\n"
+        "  - name: tp1\n"
+        "    engine: vllm\n"
+        "    gpus: 1\n"
+    )
+    code, _, err = run("add", "-f", str(path), "--admin", admin_url)
+    assert (code, err) == (0, "")
+    code, out, _ = run("show", "chat", "--admin", admin_url)
+    assert "routing:     prefix=5 load=2 kv=1 session=0 rendezvous=1" in out
+    code, out, _ = run("show", "chat", "--json", "--admin", admin_url)
+    assert json.loads(out)["routing"]["scorers"]["prefix"] == 5
+    code, out, _ = run("show", "gemma", "--admin", admin_url)
+    assert "routing:     the server's (router.routing.scorers)" in out
+    path.write_text(path.read_text().replace("prefix: 5", "prefix: -1"))
+    code, _, err = run("add", "-f", str(path), "--replace", "--admin", admin_url)
+    assert code == 2 and "routing" in err and "prefix" in err
+    run("remove", "chat", "--admin", admin_url)

@@ -10,7 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
-from llmgw.config.server import RouterConfig, RoutingConfig, ScorerWeights
+from llmgw.config.routing import ModelRouting, RoutingConfig, ScorerWeights
+from llmgw.config.server import RouterConfig
 from llmgw.engines.spec import EngineLoad
 from llmgw.metrics.routing import RoutingMetrics
 from llmgw.router.balancer import Balancer, build_scorers
@@ -288,7 +289,7 @@ def test_weights_zero_and_per_model_weights() -> None:
         routing=RoutingConfig(),
         scorers=build_scorers(RoutingConfig(), book=book, clock=clock),
         book=book,
-        model_weights={"m": ScorerWeights(prefix=0, load=1, kv=0, session=0, rendezvous=0)},
+        model_weights={"m": ScorerWeights(prefix=0, load=1, kv=0, session=0, rendezvous=0)}.get,
     )
     assert per_model.weights("m").load == 1 and per_model.weights("other").prefix == 3
     assert per_model.pick(eps, (), per_model.route(req)) is eps[1]

@@ -38,6 +38,7 @@ from llmgw.cli.control_wiring import ControllerActivator, PoolPublisher
 from llmgw.cli.dashboard_wiring import dashboard_sources
 from llmgw.cli.serving import BoundListener, QuietServer, make_server
 from llmgw.config import ListenAddress, ServerConfig
+from llmgw.config.routing import ScorerWeights
 from llmgw.control.adminapi import event_routes, model_routes, node_routes, node_view
 from llmgw.control.adminapi.tokens import join_token_routes
 from llmgw.control.agentsvc import (
@@ -75,6 +76,7 @@ from llmgw.metrics.queue import QueueMetrics
 from llmgw.metrics.routing import RoutingMetrics
 from llmgw.router.admin import create_admin_app, create_metrics_app
 from llmgw.router.admin_keys import admin_guard, key_routes
+from llmgw.router.apis.count_tokens import TokenCounter
 from llmgw.router.app import RouterApp
 from llmgw.router.balancer import Balancer, build_scorers
 from llmgw.router.browser_guard import browser_guard
@@ -85,7 +87,6 @@ from llmgw.router.proxy import Proxy
 from llmgw.router.queue import RequestQueue
 from llmgw.router.saturation import Saturation
 from llmgw.router.scoring.load import LoadBook
-from llmgw.router.apis.count_tokens import TokenCounter
 from llmgw.router.upstream import Upstream
 from llmgw.store import ControlServer, Store, StoreError, open_store, store_url, utc_now
 from llmgw.usage import RetentionPruner, UsageRecorder
@@ -258,6 +259,12 @@ def _model_names(catalog: Catalog, name: str) -> tuple[str, ...]:
     """Every name of the model `name` stands for in the catalog (just `name` if none)."""
     model = catalog.get(name)
     return model.names if model is not None else (name,)
+
+
+def _routing_weights(catalog: Catalog, name: str) -> ScorerWeights | None:
+    """The catalog model's own scorer weights (None: not a catalog model, or unset)."""
+    model = catalog.get(name)
+    return model.routing if model is not None else None
 
 
 def _max_in_flight(catalog: Catalog, name: str) -> int | None:
@@ -437,6 +444,7 @@ async def _serve(
         scorers=build_scorers(routing, book=load_book, clock=clock),
         book=load_book,
         metrics=routing_metrics,
+        model_weights=lambda name: _routing_weights(catalog, name),
     )
     proxy = Proxy(
         queue=request_queue,

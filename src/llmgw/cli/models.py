@@ -186,6 +186,14 @@ def _scaling(model: dict[str, Any]) -> str:
     )
 
 
+def _routing(model: dict[str, Any]) -> str:
+    routing = model.get("routing")
+    scorers = routing.get("scorers") if isinstance(routing, dict) else None
+    if not isinstance(scorers, dict):
+        return "the server's (router.routing.scorers)"
+    return " ".join(f"{name}={weight:g}" for name, weight in scorers.items())
+
+
 def _pairs(mapping: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(mapping.items())) or "-"
 
@@ -239,6 +247,7 @@ def _show_text(model: dict[str, Any]) -> str:
         f"replicas:    {model['min_replicas']} to {model['max_replicas']}",
         f"keep alive:  {_keep_alive(model['keep_alive'])}",
         f"scaling:     {_scaling(model)}",
+        f"routing:     {_routing(model)}",
         f"activation:  {'on request' if model['activation'] else 'off (operator starts it)'}",
         f"state:       {status.get('state', '-')} ({_replicas(model)} ready)",
         "",

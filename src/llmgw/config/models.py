@@ -35,6 +35,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from llmgw.config.routing import ModelRouting
+
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
 PROFILE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 _NAME = re.compile(NAME_PATTERN)
@@ -546,6 +548,13 @@ class ModelConfig(_Strict):
             "Requests in flight per replica before it counts as saturated and further "
             "requests wait in the router's queue. Unset by default: router.max_in_flight "
             "applies (and with that unset too, nothing is held back)."
+        ),
+    )
+    routing: ModelRouting | None = Field(
+        default=None,
+        description=(
+            "The model's own routing (`scorers` weights), replacing the server's "
+            "`router.routing.scorers` for it. Unset by default: the server's apply."
         ),
     )
     scale_down_delay: float = Field(

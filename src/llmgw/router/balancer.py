@@ -22,9 +22,9 @@ router's own guess, not the engine's word.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 
-from llmgw.config.server import RoutingConfig, ScorerWeights
+from llmgw.config.routing import RoutingConfig, ScorerWeights
 from llmgw.metrics.routing import RoutingMetrics
 from llmgw.router.endpoints import Endpoint
 from llmgw.router.requests import ParsedRequest
@@ -62,16 +62,17 @@ class Balancer:
         routing: RoutingConfig | None = None,
         scorers: Sequence[Scorer] = (),
         book: LoadBook | None = None,
-        model_weights: Mapping[str, ScorerWeights] | None = None,
+        model_weights: Callable[[str], ScorerWeights | None] | None = None,
         metrics: RoutingMetrics | None = None,
     ) -> None:
-        """`model_weights` (read at each pick) overrides `routing.scorers` for a model."""
+        """`model_weights(model)` (asked at each pick; None: no override) replaces
+        `routing.scorers` for a model (a catalog model's own `routing`)."""
         self._clock = clock
         self._rng = rng
         self._routing = routing or RoutingConfig()
         self._scorers = list(scorers)
         self._book = book or LoadBook(clock=clock, stale_after=5.0)
-        self._model_weights: Mapping[str, ScorerWeights] = model_weights or {}
+        self._model_weights = model_weights
         self._metrics = metrics
         self._session_header = self._routing.session_header.lower().encode()
 
@@ -81,7 +82,11 @@ class Balancer:
 
     def weights(self, model: str) -> ScorerWeights:
         """The scorer weights `model` is routed with."""
-        return self._model_weights.get(model) or self._routing.scorers
+        if self._model_weights is not None:
+            own = self._model_weights(model)
+            if own is not None:
+                return own
+        return self._routing.scorers
 
     def route(
         self,

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from llmgw.config.routing import ScorerWeights
+
 ModelSource = Literal["config", "store"]
 
 PINNED = -1.0
@@ -104,6 +106,8 @@ class CatalogModel:
     scale_down_delay: float = 60.0
     # Requests in flight per replica before the router queues (None: router default).
     max_in_flight: int | None = None
+    # The model's own routing scorer weights (None: the server's router.routing.scorers).
+    routing: ScorerWeights | None = None
 
     @property
     def names(self) -> tuple[str, ...]:

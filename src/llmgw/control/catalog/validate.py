@@ -79,6 +79,7 @@ def model_from_config(cfg: ModelConfig, *, source: ModelSource) -> CatalogModel:
         target_in_flight=cfg.target_in_flight,
         scale_down_delay=cfg.scale_down_delay,
         max_in_flight=cfg.max_in_flight,
+        routing=cfg.routing.scorers if cfg.routing is not None else None,
     )
     for index, profile in enumerate(model.profiles):
         _check_engine(model, index, profile)
@@ -149,6 +150,11 @@ def model_to_dict(model: CatalogModel) -> dict[str, Any]:
         "target_in_flight": model.target_in_flight,
         "scale_down_delay": _number(model.scale_down_delay),
         **({"max_in_flight": model.max_in_flight} if model.max_in_flight is not None else {}),
+        **(
+            {"routing": {"scorers": model.routing.model_dump()}}
+            if model.routing is not None
+            else {}
+        ),
     }
 
 

@@ -1,0 +1,167 @@
+"""Routing settings: the scorers' weights and the knobs of cache-aware routing.
+
+`RoutingConfig` is `router.routing` in the server config, the default for every
+model (static endpoints included); `ModelRouting` is `routing` on a catalog
+model, whose scorer weights replace the server's for that model. Each default
+says why it is what it is.
+
+Not guaranteed: that a weight set suits a workload; `bench/routing.py` compares
+them on the sim.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ScorerWeights(_Strict):
+    """How much each routing signal counts; 0 turns a scorer off."""
+
+    prefix: float = Field(
+        default=3.0,
+        ge=0,
+        description=(
+            "Prefix affinity: an engine that holds a prompt's prefix skips its prefill, "
+            "an order of magnitude off time to first token; the strongest signal."
+        ),
+    )
+    load: float = Field(
+        default=2.0,
+        ge=0,
+        description=(
+            "Requests in flight (the router's own counts plus the engine's queue): "
+            "strong enough to spread cold traffic, weaker than a cache hit."
+        ),
+    )
+    kv: float = Field(
+        default=1.0,
+        ge=0,
+        description=(
+            "Free KV cache the engine reports: a nearly full cache evicts what the next "
+            "request would reuse. Neutral for engines whose metrics are not read."
+        ),
+    )
+    session: float = Field(
+        default=1.0,
+        ge=0,
+        description=(
+            "Back to the replica that served the session last; one signal among the "
+            "others, since pinning alone spreads shared system prompts over every replica."
+        ),
+    )
+    rendezvous: float = Field(
+        default=1.0,
+        ge=0,
+        description=(
+            "Highest-random-weight hashing of the prompt's first blocks: a prefix no "
+            "replica has seen goes where every other router sends it too."
+        ),
+    )
+
+
+class RoutingConfig(_Strict):
+    """How a request chooses among the replicas of its model."""
+
+    scorers: ScorerWeights = Field(
+        default_factory=ScorerWeights,
+        description="Weights of the routing signals; all on by default (cache-aware routing).",
+    )
+    block_bytes: int = Field(
+        default=256,
+        ge=16,
+        le=65536,
+        description=(
+            "Bytes of prompt text per hashed block (about 64 tokens): fine enough that "
+            "a conversation's growing history matches up to its last turn."
+        ),
+    )
+    max_prompt_bytes: int = Field(
+        default=262144,
+        ge=1024,
+        description=(
+            "Prompt bytes hashed per request, from the start; caps the router's "
+            "work (a 256 KiB prefix already identifies a conversation)."
+        ),
+    )
+    index_blocks: int = Field(
+        default=65536,
+        ge=16,
+        description=(
+            "Blocks remembered per endpoint (LRU): about what an engine's prefix cache "
+            "holds; a larger index only predicts hits the engine already evicted."
+        ),
+    )
+    index_ttl: float = Field(
+        default=600.0,
+        gt=0,
+        description=(
+            "Seconds a block sent to an endpoint is still believed cached there; "
+            "engines evict by pressure, and ten idle minutes usually mean evicted."
+        ),
+    )
+    rendezvous_blocks: int = Field(
+        default=8,
+        ge=1,
+        description=(
+            "Leading blocks that name a prefix for rendezvous hashing (about 500 "
+            "tokens): the shared system prompt, not the user's own turns."
+        ),
+    )
+    session_header: str = Field(
+        default="x-session-id",
+        pattern=r"^[A-Za-z0-9-]{1,64}$",
+        description=(
+            "Request header naming a conversation, for clients that know one; the "
+            "OpenAI `user` field and then the API key are used without it."
+        ),
+    )
+    session_from_key: bool = Field(
+        default=False,
+        description=(
+            "Treat the API key as the session when a request names none. Off by "
+            "default: one key often carries many users' conversations."
+        ),
+    )
+    sessions: int = Field(
+        default=100000,
+        ge=1,
+        description="Sessions remembered (LRU); a forgotten one is routed by its prompt.",
+    )
+    balance_abs: int = Field(
+        default=4,
+        ge=0,
+        description=(
+            "Balance guard: an endpoint with this many more requests in flight than the "
+            "least loaded one (and balance_rel times as many) is passed over, so a hot "
+            "prefix cannot melt one replica."
+        ),
+    )
+    balance_rel: float = Field(
+        default=1.5,
+        ge=1.0,
+        description="Balance guard's relative threshold (see balance_abs).",
+    )
+    metrics_interval: float = Field(
+        default=1.0,
+        gt=0,
+        description=(
+            "Seconds between reads of each engine's /metrics (queue, KV use); the "
+            "router's own in-flight counts fill the gaps between reads."
+        ),
+    )
+
+
+class ModelRouting(_Strict):
+    """A catalog model's own routing: its scorer weights replace the server's."""
+
+    scorers: ScorerWeights = Field(
+        default_factory=ScorerWeights,
+        description=(
+            "Weights of the routing signals for this model; a weight left out takes "
+            "its default (not the server's), so the model's set is complete on its own."
+        ),
+    )
