@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -568,3 +570,22 @@ def test_agents_report_their_interfaces_and_the_server_keeps_them() -> None:
     kept = {i.name: i.addresses for i in registered.interfaces}
     assert kept["lo"] == loopback.addresses
     assert kept["bad0"] == ("10.0.0.1/24",)
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--nnodes", "2", "--node-rank", "2"], "must be below --nnodes (2)"),
+        (["--nnodes", "2", "--node-rank", "1"], "give --master-addr and --master-port"),
+    ],
+)
+def test_sim_rank_flags_are_checked(args: list[str], words: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "llmgw", "sim", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert words in done.stderr

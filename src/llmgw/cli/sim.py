@@ -82,6 +82,21 @@ def sim(
         float,
         typer.Option(min=0.0, help="Seconds every inference request waits before answering."),
     ] = 0.0,
+    nnodes: Annotated[
+        int,
+        typer.Option(
+            min=1, help="Nodes of a multi-node replica this process is one rank of (1: alone)."
+        ),
+    ] = 1,
+    node_rank: Annotated[
+        int, typer.Option(min=0, help="This process's rank; only rank 0 serves HTTP.")
+    ] = 0,
+    master_addr: Annotated[
+        str, typer.Option(help="Rank 0's rendezvous address (it listens there; the others dial).")
+    ] = "",
+    master_port: Annotated[
+        int, typer.Option(min=0, max=65535, help="Rank 0's rendezvous port.")
+    ] = 0,
     shutdown_grace: Annotated[
         float,
         typer.Option(
@@ -91,13 +106,18 @@ def sim(
         ),
     ] = 1.0,
 ) -> None:
-    """Run a simulated OpenAI-compatible engine."""
+    """Run a simulated OpenAI-compatible engine, or one rank of a multi-node one."""
     import uvicorn
     from prometheus_client import CollectorRegistry
 
-    from llmgw.cli.sim_wiring import build_app
+    from llmgw.cli.sim_wiring import build_app, gang_settings, run_follower, run_rank0
     from llmgw.sim.faults import FaultSettings
     from llmgw.sim.settings import SimSettings
+
+    gang = gang_settings(nnodes, node_rank, master_addr, master_port)
+    if gang is not None and gang.node_rank > 0:
+        run_follower(gang)
+        return
 
     settings = SimSettings(
         models=tuple(model) if model else ("sim-model",),
@@ -122,14 +142,16 @@ def sim(
         slow_start=slow_start,
     )
     app = build_app(settings, faults=faults, registry=CollectorRegistry(auto_describe=False))
-    uvicorn.run(
-        app,
-        host=host,
-        port=port,
-        loop="uvloop",
-        http="httptools",
-        lifespan="on",
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=math.ceil(shutdown_grace),
-    )
+    options = {
+        "host": host,
+        "port": port,
+        "http": "httptools",
+        "lifespan": "on",
+        "log_level": "warning",
+        "access_log": False,
+        "timeout_graceful_shutdown": math.ceil(shutdown_grace),
+    }
+    if gang is not None:
+        run_rank0(app, gang, uvicorn.Config(app, loop="none", **options))  # type: ignore[arg-type]
+        return
+    uvicorn.run(app, loop="uvloop", **options)  # type: ignore[arg-type]

@@ -2,7 +2,8 @@
 
 The text generator, prefix cache, scheduler, engine, counters, faults and
 metrics registry are built here, each handed to the next as keyword arguments.
-In-process tests use `build_app` without a server.
+In-process tests use `build_app` without a server. `run_rank0` and
+`run_follower` run one rank of a multi-node replica (`llmgw.sim.gang`).
 """
 
 import asyncio
@@ -12,12 +13,15 @@ import time
 from collections.abc import Callable
 from typing import NoReturn
 
+import typer
+import uvicorn
 from prometheus_client import CollectorRegistry
 
 from llmgw.sim.app import SimApp, create_app
 from llmgw.sim.cache import PrefixCache
 from llmgw.sim.engine import Engine
 from llmgw.sim.faults import Faults, FaultSettings
+from llmgw.sim.gang import GangError, GangSettings, Rendezvous, fail, follow, gate
 from llmgw.sim.metrics import SimCollector
 from llmgw.sim.scheduler import Clock, Scheduler, Sleep, TimingModel
 from llmgw.sim.settings import SimSettings
@@ -64,3 +68,58 @@ def build_app(
         clock=clock,
         wall_clock=wall_clock,
     )
+
+
+def gang_settings(
+    nnodes: int, node_rank: int, master_addr: str, master_port: int
+) -> GangSettings | None:
+    """The rank this process plays, or None alone; bad flags end the command (exit 2)."""
+    if nnodes == 1:
+        return None
+    if node_rank >= nnodes:
+        raise typer.BadParameter(f"must be below --nnodes ({nnodes})", param_hint="--node-rank")
+    if not master_addr or not master_port:
+        raise typer.BadParameter(
+            "a multi-node rank needs rank 0's rendezvous: give --master-addr and --master-port",
+            param_hint="--master-addr",
+        )
+    gang = GangSettings(
+        nnodes=nnodes,
+        node_rank=node_rank,
+        master_addr=master_addr,
+        master_port=master_port,
+        interface=os.environ.get("GLOO_SOCKET_IFNAME", ""),
+    )
+    print(gang.describe(), flush=True)
+    return gang
+
+
+def run_follower(gang: GangSettings) -> None:
+    """A rank above 0: no HTTP; joins rank 0 and ends when it goes."""
+    try:
+        why = asyncio.run(follow(gang, sleep=asyncio.sleep))
+    except GangError as exc:
+        why = str(exc)
+    fail(why)
+
+
+def run_rank0(app: SimApp, gang: GangSettings, config: uvicorn.Config) -> None:
+    """Rank 0: the rendezvous, and HTTP that is ready once every rank has joined."""
+
+    async def main() -> None:
+        rendezvous = Rendezvous(gang)
+        try:
+            await rendezvous.start()
+        except GangError as exc:
+            fail(str(exc))
+        config.app = gate(app, rendezvous)
+        server = uvicorn.Server(config)
+        serving = asyncio.create_task(server.serve())
+        broken = asyncio.create_task(rendezvous.broken.wait())
+        await asyncio.wait({serving, broken}, return_when=asyncio.FIRST_COMPLETED)
+        if broken.done():
+            fail(rendezvous.why)
+        broken.cancel()
+        await rendezvous.close()
+
+    asyncio.run(main())

@@ -3,7 +3,10 @@
 It needs no GPUs and no weights (`weights` is ignored and may be empty). When
 given GPUs it is pinned to them like a real engine, so placement tests see the
 same environment; parallel sizes are accepted as given, not checked against the
-GPU count. It exports vLLM's metric names, read by the vLLM parser.
+GPU count. It exports vLLM's metric names, read by the vLLM parser. A rank of a
+multi-node replica gets vLLM's flags (`--nnodes --node-rank --master-addr
+--master-port`) and plays the rank with a real TCP rendezvous; ranks above 0
+serve no HTTP and are ready while they run.
 
 Not guaranteed: that the engine arguments are options `llmgw sim` knows (click
 refuses unknown ones when the process starts).
@@ -27,6 +30,10 @@ MANAGED_ARGS: Mapping[str, str] = {
     "--host": checks.USE_HOST,
     "--port": checks.USE_PORT,
     "--model": checks.USE_MODEL,
+    "--nnodes": checks.USE_NODES,
+    "--node-rank": checks.USE_NODES,
+    "--master-addr": checks.USE_NODES,
+    "--master-port": checks.USE_NODES,
 }
 """Options llmgw sets (click does not expand abbreviations, so only exact names)."""
 
@@ -48,8 +55,7 @@ class SimAdapter:
         """Raise `ProfileError` for a spec `llmgw sim` would refuse."""
         checks.check_engine(spec, self.name)
         checks.check_common(spec)
-        # `llmgw sim` has no ranks yet: a multi-node profile needs vllm or sglang.
-        checks.check_ranks(spec, multi_node=False)
+        checks.check_ranks(spec, multi_node=True)
         checks.check_timings(spec)
         checks.check_memory_fraction(spec)
         checks.check_engine_args(spec, MANAGED_ARGS, abbreviations=False)
@@ -67,13 +73,14 @@ class SimAdapter:
             str(spec.port),
             "--model",
             spec.model,
+            *_rank_args(spec),
             *spec.engine_args,
         )
         return LaunchPlan(
             argv=argv,
             env=checks.plan_env(spec),
             unset_env=(),
-            ready_path="/health",
+            ready_path="/health" if spec.node_rank == 0 else "",
             timings=TIMINGS.resolve(spec),
             metrics_path="/metrics",
         )
@@ -81,3 +88,19 @@ class SimAdapter:
     def parse_metrics(self, text: str) -> EngineLoad:
         """Load from the sim's vLLM-named metrics; never raises."""
         return parse_vllm_metrics(text)
+
+
+def _rank_args(spec: EngineSpec) -> tuple[str, ...]:
+    """vLLM's multi-node flags, which `llmgw sim` plays (`llmgw.sim.gang`)."""
+    if spec.nodes <= 1:
+        return ()
+    return (
+        "--nnodes",
+        str(spec.nodes),
+        "--node-rank",
+        str(spec.node_rank),
+        "--master-addr",
+        spec.master_addr,
+        "--master-port",
+        str(spec.master_port),
+    )

@@ -1,0 +1,174 @@
+"""A replica that spans two nodes, with real agents and sim ranks in separate network stacks.
+
+Four hosts, each in its own namespace: they reach the server over eth0 (the
+server's bridge) and each other over eth1 as well, a management network the
+server is not on. Three hosts are in fabric ib-domain=pod-a, one in pod-b.
+`control.mgmt_interface` names the management network by its CIDR, so the
+ranks must be wired over eth1: the test reads each rank's command line and
+environment from /proc and fails if they name anything else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from netns import Host, Network
+from procs import Server
+from test_multihost import (
+    chat,
+    replicas,
+    start_agent,
+    start_server,
+    told_on_failure,
+    wait_for,
+)
+
+NETNS_HOSTS = 4
+NETNS_EXTRA_NETWORKS = 1
+
+CONFIG = """
+control:
+  heartbeat_interval: 0.3
+  unreachable_after: 1.5
+  lost_after: 4
+  reconcile_interval: 0.5
+  retry_base: 0.5
+  retry_max: 2
+  mgmt_interface: {mgmt}
+router: {{health: {{interval: 0.5}}}}
+models:
+  - name: big
+    weights: none
+    min_replicas: 1
+    max_replicas: 1
+    profiles: [{{name: gang, engine: sim, gpus: 1, nodes: 2, fabric: ib-domain}}]
+"""
+
+
+def engines_in(host: Host) -> dict[int, tuple[list[str], dict[str, str]]]:
+    """The sim ranks running in a host's namespace: rank -> (argv, environment)."""
+    found: dict[int, tuple[list[str], dict[str, str]]] = {}
+    listed = subprocess.run(
+        ["ip", "netns", "pids", host.namespace], capture_output=True, text=True, check=False
+    ).stdout.split()
+    for pid in listed:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+            raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "sim" not in argv or "--node-rank" not in argv:
+            continue
+        env = dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+        found[int(argv[argv.index("--node-rank") + 1])] = (argv, env)
+    return found
+
+
+def crash(host: Host) -> None:
+    """The host dies: SIGKILL every process in its namespace (agent and engines) at once."""
+    pids = subprocess.run(
+        ["ip", "netns", "pids", host.namespace], capture_output=True, text=True, check=False
+    ).stdout.split()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def shards(server: Server) -> dict[str, dict[str, Any]]:
+    return {r["id"]: r for r in replicas(server, "big")}
+
+
+def ready_gang(server: Server) -> dict[str, dict[str, Any]] | None:
+    """The replica's two shards once both are ready (rank 0's id has no -r1)."""
+    found = {i: r for i, r in shards(server).items() if r["state"] == "ready"}
+    heads = [i for i in found if f"{i}-r1" in found]
+    if len(heads) != 1:
+        return None
+    return {"rank0": found[heads[0]], "rank1": found[f"{heads[0]}-r1"]}
+
+
+def test_a_two_node_replica_is_wired_over_the_management_network_and_replaced_whole(
+    netns: Network, tmp_path: Path
+) -> None:
+    _, _, prefix = netns.extra[0]
+    mgmt = f"{prefix}0/24"
+    server, agent_port = start_server(netns, tmp_path, config=CONFIG.format(mgmt=mgmt))
+    address = f"{netns.gateway}:{agent_port}"
+    hosts = {f"n-{i}": netns.hosts[i] for i in range(4)}
+    try:
+        with told_on_failure(server, netns):
+            for name, host in hosts.items():
+                pod = "pod-b" if name == "n-3" else "pod-a"
+                start_agent(host, name, address, tmp_path, "--fabric", f"ib-domain={pod}")
+            gang = wait_for(lambda: ready_gang(server), "both ranks of the replica", within=120)
+            head, follower = gang["rank0"], gang["rank1"]
+            assert head["node"] != follower["node"]
+            assert {head["node"], follower["node"]} <= {"n-0", "n-1", "n-2"}
+            head_host, follower_host = hosts[head["node"]], hosts[follower["node"]]
+
+            # Rank 0 serves through the router and is the only one published.
+            answer = chat(server, "big")
+            assert answer.status_code == 200, answer.text
+            assert answer.headers["x-llmgw-replica"] == head["id"]
+            assert head["endpoint_url"].startswith(f"http://{head_host.address}:")
+            published = [e for e in server.endpoints() if "big" in e["models"]]  # type: ignore[operator]
+            assert [(e["id"], e["url"]) for e in published] == [(head["id"], head["endpoint_url"])]
+
+            # Each rank got the same launch line as vLLM's and the management network.
+            (rank0_argv, rank0_env) = engines_in(head_host)[0]
+            (rank1_argv, rank1_env) = engines_in(follower_host)[1]
+            master = head_host.extra_addresses[0]
+            assert master.startswith(prefix)
+            for argv in (rank0_argv, rank1_argv):
+                assert flag(argv, "--nnodes") == "2"
+                assert flag(argv, "--master-addr") == master
+                assert flag(argv, "--master-port") == flag(rank0_argv, "--master-port")
+            for env in (rank0_env, rank1_env):
+                assert env["NCCL_SOCKET_IFNAME"] == "=eth1"
+                assert env["GLOO_SOCKET_IFNAME"] == "eth1"
+            # Rank 0's rendezvous listens on its management address only, bound to eth1
+            # (as Gloo binds to GLOO_SOCKET_IFNAME).
+            listening = head_host.run(["ss", "-ltnH"]).stdout
+            assert f"{master}%eth1:{flag(rank0_argv, '--master-port')}" in listening
+
+            # Rank 1's node dies (agent and engine): rank 0 exits as an NCCL abort
+            # would, and the replica is stopped and placed again whole.
+            lost_at = time.monotonic()
+            crash(follower_host)
+            replaced = wait_for(
+                lambda: (g := ready_gang(server)) and g["rank0"]["id"] != head["id"] and g,
+                "a new two-node replica",
+                within=180,
+            )
+            served = wait_for(
+                lambda: chat(server, "big").status_code == 200, "the model to serve again"
+            )
+            took = time.monotonic() - lost_at
+            print(f"member loss to serving again: {took:.1f} s")
+            assert served
+            nodes = {replaced["rank0"]["node"], replaced["rank1"]["node"]}
+            assert follower["node"] not in nodes and nodes <= {"n-0", "n-1", "n-2"}
+            assert "n-3" not in nodes  # another fabric
+            events = httpx.get(
+                f"{server.admin}/admin/api/events", params={"model": "big"}, timeout=10
+            ).json()["events"]
+            # Rank 0 failed once its follower left (as an NCCL abort ends a rank), which
+            # counts as the model's failure: the replacement came after the backoff.
+            failed = [e for e in events if e["kind"] == "failed"]
+            assert any(
+                e["node"] == head["node"] and f"replica {head['id']} " in e["message"]
+                for e in failed
+            ), "\n".join(f"{e['kind']} {e['node']}: {e['message']}" for e in events)
+    finally:
+        server.proc.stop()
