@@ -11,6 +11,7 @@ environment from /proc and fails if they name anything else.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -23,6 +24,7 @@ from netns import Host, Network
 from procs import Server
 from test_multihost import (
     chat,
+    cli,
     replicas,
     start_agent,
     start_server,
@@ -85,17 +87,17 @@ def flag(argv: list[str], name: str) -> str:
     return argv[argv.index(name) + 1]
 
 
-def shards(server: Server) -> dict[str, dict[str, Any]]:
-    return {r["id"]: r for r in replicas(server, "big")}
-
-
-def ready_gang(server: Server) -> dict[str, dict[str, Any]] | None:
-    """The replica's two shards once both are ready (rank 0's id has no -r1)."""
-    found = {i: r for i, r in shards(server).items() if r["state"] == "ready"}
-    heads = [i for i in found if f"{i}-r1" in found]
-    if len(heads) != 1:
-        return None
-    return {"rank0": found[heads[0]], "rank1": found[f"{heads[0]}-r1"]}
+def ready_gang(server: Server) -> dict[str, Any] | None:
+    """The replica once both of its shards are ready: its row (rank 0's) and rank 1's shard."""
+    for row in replicas(server, "big"):
+        shards = row.get("shards") or []
+        if (
+            row["state"] == "ready"
+            and [s["rank"] for s in shards] == [0, 1]
+            and all(s["state"] == "ready" for s in shards)
+        ):
+            return {"rank0": row, "rank1": shards[1]}
+    return None
 
 
 def test_a_two_node_replica_is_wired_over_the_management_network_and_replaced_whole(
@@ -116,6 +118,17 @@ def test_a_two_node_replica_is_wired_over_the_management_network_and_replaced_wh
             assert head["node"] != follower["node"]
             assert {head["node"], follower["node"]} <= {"n-0", "n-1", "n-2"}
             head_host, follower_host = hosts[head["node"]], hosts[follower["node"]]
+
+            # One replica, its shards listed by node and rank (admin API, CLI).
+            assert len(replicas(server, "big")) == 1
+            shown = json.loads(cli(server, "models", "show", "big", "--json"))
+            (row,) = shown["status"]["replicas"]
+            assert [(s["node"], s["rank"]) for s in row["shards"]] == [
+                (head["node"], 0),
+                (follower["node"], 1),
+            ]
+            text = cli(server, "models", "show", "big")
+            assert f"spans 2 nodes: rank 0 on {head['node']} (ready), rank 1 on " in text
 
             # Rank 0 serves through the router and is the only one published.
             answer = chat(server, "big")

@@ -31,7 +31,8 @@ from llmgw.control.inventory.model import (
 )
 from llmgw.control.reconciler import Actual, Desired, Pending, Plan, Start, Stop, explain, plan
 from llmgw.control.reconciler.mgmt import MGMT_LABEL, MgmtAddress, mgmt_address
-from llmgw.control.reconciler.views import explanation_view
+from llmgw.control.reconciler.state import ModelState
+from llmgw.control.reconciler.views import explanation_view, state_view
 from llmgw.engines import EngineSettings, EngineSpec, ProfileError, adapter_for
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
@@ -589,3 +590,35 @@ def test_sim_rank_flags_are_checked(args: list[str], words: str) -> None:
     )
     assert done.returncode == 2, done.stderr
     assert words in done.stderr
+
+
+def test_a_multi_node_replica_is_one_row_with_its_shards_by_rank() -> None:
+    head = gang_shard("big", 0, master_port=20001)
+    follower = gang_shard("big-r1", 1, state="loading")
+    n1, n2 = node("n1", shards=[head]), node("n2", shards=[follower])
+    solo = blocker("solo", (0,))
+    state = ModelState(
+        model=big_model(),
+        desired=1,
+        replicas=((n2, follower), (n1, head), (n2, solo)),
+        pending=(),
+        stopping=frozenset(),
+        in_flight=0,
+        idle_for=None,
+        failures=0,
+        last_failure=None,
+        retry_in=0.0,
+        unplaced=None,
+        activating=False,
+    )
+    view = state_view(state)
+    rows = view["replicas"]
+    assert isinstance(rows, list)
+    assert [r["id"] for r in rows] == ["big", "solo"]
+    assert rows[0]["shards"] == [
+        {"node": "n1", "rank": 0, "id": "big", "state": "ready", "gpus": list(range(8))},
+        {"node": "n2", "rank": 1, "id": "big-r1", "state": "loading", "gpus": list(range(8))},
+    ]
+    assert [(s["node"], s["rank"]) for s in rows[1]["shards"]] == [("n2", 0)]
+    # The gang counts once, by its rank 0; the single-node replica too.
+    assert view["ready_replicas"] == 2

@@ -289,6 +289,14 @@ def _show_text(model: dict[str, Any]) -> str:
         ]
         table = render_table(["REPLICA", "NODE", "STATE", "GPUS", "ENDPOINT"], rows)
         lines += ["", "replicas:", *("  " + line for line in table.splitlines())]
+        # A multi-node replica's row is its rank 0's; its shards by rank follow.
+        for r in replicas:
+            shards = r.get("shards") or []
+            if len(shards) > 1:
+                ranks = ", ".join(
+                    f"rank {s.get('rank')} on {s.get('node')} ({s.get('state')})" for s in shards
+                )
+                lines.append(f"  replica {r.get('id')} spans {len(shards)} nodes: {ranks}")
     unreachable = [
         f"  ! replica {r.get('replica')} is ready but this server cannot reach it at "
         f"{r.get('url')}: {r.get('error')} (not routed to from here)"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from llmgw.control.catalog.model import CatalogModel
-from llmgw.control.inventory.model import Node, Shard
+from llmgw.control.inventory.model import Node, Shard, ShardSpec
 from llmgw.control.reachability import Reach
 from llmgw.control.reconciler.controller import Controller
 from llmgw.control.reconciler.errors import ActivationRefused, NotInCatalog
@@ -75,44 +75,55 @@ def state_view(state: ModelState, reach: Reachability | None = None) -> dict[str
     """`reach`: how this server last found each Ready replica's endpoint, shown per
     replica and, as `reachability`, for every one this server was given (a standby
     routes to replicas its own inventory does not list)."""
-    replicas: list[dict[str, object]] = [
-        {
-            "id": shard.id,
-            "node": node.id,
-            "node_state": node.state,
-            "state": _replica_state(node, shard, state.stopping),
-            "engine": shard.engine,
-            "endpoint_url": shard.endpoint_url or None,
-            "gpus": list(shard.gpu_indices),
-            "message": shard.message,
-            "since": shard.since.isoformat(),
-            "output_tail": list(shard.output_tail) if shard.state == "failed" else [],
-            "reach": _reach_view(reach, shard.id),
-        }
+    rows: list[tuple[ShardSpec | None, dict[str, object]]] = [
+        (
+            shard.spec,
+            {
+                "id": shard.id,
+                "node": node.id,
+                "node_state": node.state,
+                "state": _replica_state(node, shard, state.stopping),
+                "engine": shard.engine,
+                "endpoint_url": shard.endpoint_url or None,
+                "gpus": list(shard.gpu_indices),
+                "message": shard.message,
+                "since": shard.since.isoformat(),
+                "output_tail": list(shard.output_tail) if shard.state == "failed" else [],
+                "reach": _reach_view(reach, shard.id),
+            },
+        )
         for node, shard in state.replicas
     ]
-    replicas += [
-        {
-            "id": p.spec.shard_id,
-            "node": p.node_id,
-            "node_state": None,
-            "state": "placing",
-            "engine": p.spec.engine,
-            "endpoint_url": None,
-            "gpus": list(p.spec.gpu_indices),
-            "message": "start sent to the node",
-            "since": None,
-            "output_tail": [],
-            "reach": None,
-        }
+    rows += [
+        (
+            p.spec,
+            {
+                "id": p.spec.shard_id,
+                "node": p.node_id,
+                "node_state": None,
+                "state": "placing",
+                "engine": p.spec.engine,
+                "endpoint_url": None,
+                "gpus": list(p.spec.gpu_indices),
+                "message": "start sent to the node",
+                "since": None,
+                "output_tail": [],
+                "reach": None,
+            },
+        )
         for p in state.pending
     ]
     return {
         "state": state.state,
         "desired_replicas": state.desired,
-        # Replicas on a node in doubt are out of the routers: not counted as ready.
-        "ready_replicas": sum(1 for n, s in state.replicas if s.state == "ready" and routable(n)),
-        "replicas": replicas,
+        # Replicas on a node in doubt are out of the routers: not counted as ready; a
+        # multi-node replica counts once, by its rank 0 (the one that serves).
+        "ready_replicas": sum(
+            1
+            for n, s in state.replicas
+            if s.state == "ready" and routable(n) and (s.spec is None or s.spec.node_rank == 0)
+        ),
+        "replicas": _by_replica(rows),
         "in_flight": state.in_flight,
         "idle_seconds": None if state.idle_for is None else round(state.idle_for, 1),
         "activating": state.activating,
@@ -124,6 +135,43 @@ def state_view(state: ModelState, reach: Reachability | None = None) -> dict[str
         if reach is None
         else [r.view() for r in reach.reaches(state.model.name)],
     }
+
+
+def _by_replica(rows: list[tuple[ShardSpec | None, dict[str, object]]]) -> list[dict[str, object]]:
+    """One row per replica, with its `shards` (node, rank, id, state, GPUs) by rank.
+
+    A multi-node replica's row is its rank 0's; a rank whose rank 0 is not listed
+    (stopped and forgotten) keeps a row of its own, so nothing running is hidden.
+    """
+    heads: dict[str, dict[str, object]] = {}
+    out: list[dict[str, object]] = []
+    followers: list[tuple[str, dict[str, object]]] = []
+    for spec, row in rows:
+        rank = spec.node_rank if spec is not None else 0
+        shard = {
+            "node": row["node"],
+            "rank": rank,
+            "id": row["id"],
+            "state": row["state"],
+            "gpus": row["gpus"],
+        }
+        replica = spec.replica if spec is not None else str(row["id"])
+        if rank > 0:
+            followers.append((replica, {**row, "shards": [shard]}))
+            continue
+        row["shards"] = [shard]
+        heads[replica] = row
+        out.append(row)
+    for replica, row in followers:
+        head = heads.get(replica)
+        if head is None:
+            out.append(row)
+            continue
+        listed = head["shards"]
+        assert isinstance(listed, list)
+        listed.extend(row["shards"])  # type: ignore[arg-type]
+        listed.sort(key=lambda s: s["rank"])
+    return out
 
 
 def _reach_view(reach: Reachability | None, replica_id: str) -> dict[str, object] | None:
