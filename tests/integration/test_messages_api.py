@@ -51,7 +51,7 @@ TOOLS: list[Any] = [
 ]
 
 
-def new_key(data_dir: Path) -> tuple[str, str]:
+def new_key(data_dir: Path, *flags: str) -> tuple[str, str]:
     """A fresh key's (id, secret), so each test reads its own usage."""
     result = subprocess.run(
         llmgw(
@@ -62,6 +62,7 @@ def new_key(data_dir: Path) -> tuple[str, str]:
             "--json",
             "--name",
             f"claude-{uuid.uuid4().hex[:8]}",
+            *flags,
         ),
         capture_output=True,
         text=True,
@@ -186,3 +187,23 @@ def test_errors_in_anthropic_shape(
     assert denied.value.body["error"]["type"] == "authentication_error"
     get = httpx.get(server.url + "/v1/messages")
     assert get.status_code == 405 and get.json()["type"] == "error"
+
+
+def test_limits_and_metrics_as_for_chat(gateway: tuple[Server, Path, str]) -> None:
+    server, data_dir, _ = gateway
+    _, secret = new_key(data_dir, "--rpm", "1")
+    with anthropic.Anthropic(base_url=server.url, api_key=secret, max_retries=0) as client:
+        client.messages.create(model="m1", max_tokens=2, messages=USER)
+        with pytest.raises(anthropic.RateLimitError) as limited:
+            client.messages.create(model="m1", max_tokens=2, messages=USER)
+    body = limited.value.body
+    assert isinstance(body, dict) and body["error"]["type"] == "rate_limit_error"
+    assert limited.value.response.headers.get("retry-after")
+    limited_lines = [
+        line
+        for line in server.metrics().splitlines()
+        if line.startswith("llmgw_requests_total{")
+        and 'model="m1"' in line
+        and 'status="429"' in line
+    ]
+    assert limited_lines and float(limited_lines[0].rsplit(" ", 1)[1]) >= 1
