@@ -89,6 +89,31 @@ def test_request_fields_are_carried() -> None:
     assert "stream" not in chat
 
 
+def test_tool_result_images_follow_as_a_user_message() -> None:
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA"}}
+    chat = _req(
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t1",
+                        "content": [{"type": "text", "text": "the screenshot"}, image],
+                    }
+                ],
+            }
+        ]
+    )
+    assert chat["messages"] == [
+        {"role": "tool", "tool_call_id": "t1", "content": "the screenshot"},
+        {
+            "role": "user",
+            "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}],
+        },
+    ]
+
+
 def test_streaming_asks_for_usage() -> None:
     parsed = translate_request(
         orjson.dumps({"model": "m", "max_tokens": 3, "messages": [], "stream": True})

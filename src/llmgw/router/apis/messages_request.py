@@ -91,11 +91,21 @@ def _tool_use(block: dict[str, Any], where: str) -> dict[str, Any]:
     }
 
 
-def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
+def _tool_result(block: dict[str, Any], where: str, images: list[dict[str, Any]]) -> dict[str, Any]:
+    """A `tool` message; the result's images go to `images` (a chat tool message holds
+    only text, so they follow as a user message)."""
     ident = block.get("tool_use_id")
     if not isinstance(ident, str):
         raise field_error(f"{where}.tool_use_id", "a string", ident)
     content = block.get("content", "")
+    if isinstance(content, list):
+        texts: list[Any] = []
+        for k, part in enumerate(content):
+            if isinstance(part, dict) and part.get("type") == "image":
+                images.append(_image(part, f"{where}.content.{k}"))
+            else:
+                texts.append(part)
+        content = texts
     text = _text_of(content, f"{where}.content") if content else ""
     if block.get("is_error") is True:
         text = f"Error: {text}" if text else "Error"
@@ -120,6 +130,7 @@ def _message(message: Any, i: int) -> list[dict[str, Any]]:
     parts: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
+    images: list[dict[str, Any]] = []
     for j, block in enumerate(content):
         at = f"{where}.content.{j}"
         if not isinstance(block, dict):
@@ -135,7 +146,7 @@ def _message(message: Any, i: int) -> list[dict[str, Any]]:
         elif kind == "tool_use" and role == "assistant":
             calls.append(_tool_use(block, at))
         elif kind == "tool_result" and role == "user":
-            results.append(_tool_result(block, at))
+            results.append(_tool_result(block, at, images))
         elif kind in ("thinking", "redacted_thinking") and role == "assistant":
             continue  # an earlier turn's reasoning: engines take none back
         else:
@@ -145,6 +156,7 @@ def _message(message: Any, i: int) -> list[dict[str, Any]]:
                 param=f"{at}.type",
             )
     out: list[dict[str, Any]] = list(results)
+    parts = images + parts
     if role == "assistant":
         # "" rather than null beside tool calls: llama-cpp-python refuses a null content.
         text = "".join(p["text"] for p in parts)
