@@ -140,6 +140,7 @@ def dashboard_sources(
     wall_clock: Callable[[], datetime],
     agent_listener: Json | None = None,
     fleet: FleetView | None = None,
+    queue: Callable[[str], Json | None] | None = None,
 ) -> DashboardSources:
     """The dashboard's sources over the server's real objects. With `fleet`, a
     standby shows the nodes as the leader last wrote them, and refuses to drain."""
@@ -182,4 +183,5 @@ def dashboard_sources(
         history=history,
         wall_clock=wall_clock,
         agent_listener=agent_listener or {"mode": "off", "text": ""},
+        queue=queue or (lambda name: None),
     )

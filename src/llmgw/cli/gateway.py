@@ -556,6 +556,7 @@ async def _serve(
                     wall_clock=utc_now,
                     agent_listener=agent_listener_view(security),
                     fleet=fleet_view,
+                    queue=request_queue.model_state,
                 )
             ),
         ],

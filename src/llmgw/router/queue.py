@@ -230,6 +230,10 @@ class RequestQueue:
             }
         return {"waiting": state.size if state else 0, "classes": classes}
 
+    def model_state(self, model: str) -> dict[str, object]:
+        """One model's queue and saturation, as in `snapshot`."""
+        return {"model": model, **self.describe(model), **self._saturation.describe(model)}
+
     def snapshot(self) -> list[dict[str, object]]:
         """Every model's queue and saturation (`GET /admin/api/queue`)."""
         models = sorted({*self._saturation.models(), *self._models})

@@ -129,6 +129,8 @@ class DashboardSources:
     Metrics:
       history           the router's last hour (requests/s, error rate, TTFT)
       wall_clock        aware UTC now, for usage ranges and key states
+    Router:
+      queue(name)       this router's queue and saturation for the model (None: nothing)
     Security:
       agent_listener    how the agent listener authenticates nodes: {"mode": "cluster" |
                         "own" | "insecure" | "off", "text": a sentence for the overview}
@@ -151,3 +153,5 @@ class DashboardSources:
     history: HistorySource
     wall_clock: Callable[[], datetime]
     agent_listener: Json = field(default_factory=lambda: {"mode": "off", "text": ""})
+    # This router's queue for a model (GET /admin/api/queue's entry); None: nothing known.
+    queue: Callable[[str], Json | None] = field(default=lambda name: None)

@@ -282,6 +282,7 @@ def model_page(sources: DashboardSources, name: str) -> dict[str, Any] | None:
         "placement_profiles": placement_groups(placement) if placement else [],
         "events": [e for e in sources.events() if e.get("model") == model["name"]][:20],
         "read_only": model.get("source") == "config",
+        "queue": sources.queue(str(model["name"])),
     }
 
 

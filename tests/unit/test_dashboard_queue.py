@@ -1,0 +1,47 @@
+"""The router's queue on the dashboard's model page (the real dashboard over a small fleet)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import httpx
+from dashboard_fleet import fleet_sources
+from starlette.applications import Starlette
+
+from llmgw.store import open_store, store_url
+from llmgw.web import create_dashboard_routes
+
+SATURATED = {
+    "model": "model-001",
+    "waiting": 3,
+    "classes": {
+        "interactive": {"waiting": 1, "oldest_wait_seconds": 0.5},
+        "default": {"waiting": 0, "oldest_wait_seconds": 0},
+        "batch": {"waiting": 2, "oldest_wait_seconds": 12.0},
+    },
+    "saturated": True,
+    "replicas": [],
+}
+
+
+async def test_the_model_page_shows_its_queue(tmp_path: Path) -> None:
+    store = await open_store(store_url(tmp_path / "data", None))
+    await store.upgrade()
+    try:
+        sources, _ = await fleet_sources(store, nodes=2, models=3)
+        queued = dataclasses.replace(
+            sources, queue=lambda name: SATURATED if name == "model-001" else None
+        )
+        app = Starlette(routes=create_dashboard_routes(sources=queued))
+        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
+            page = (await client.get("/admin/models/model-001")).text
+            other = (await client.get("/admin/models/model-002")).text
+    finally:
+        await store.close()
+    queue = page.split('<dd id="queue">')[1].split("</dd>")[0]
+    assert queue.startswith("saturated · 3 waiting · interactive 1 (oldest ")
+    assert "batch 2 (oldest " in queue
+    assert "default" not in queue
+    assert other.split('<dd id="queue">')[1].split("</dd>")[0] == "empty"
