@@ -185,3 +185,75 @@ def test_a_two_node_replica_is_wired_over_the_management_network_and_replaced_wh
             ), "\n".join(f"{e['kind']} {e['node']}: {e['message']}" for e in events)
     finally:
         server.proc.stop()
+
+
+def start_fleet(netns: Network, tmp_path: Path) -> tuple[Server, int, dict[str, Host]]:
+    """The server and four agents (n-3 in another fabric pod)."""
+    _, _, prefix = netns.extra[0]
+    server, agent_port = start_server(netns, tmp_path, config=CONFIG.format(mgmt=f"{prefix}0/24"))
+    hosts = {f"n-{i}": netns.hosts[i] for i in range(4)}
+    for name, host in hosts.items():
+        pod = "pod-b" if name == "n-3" else "pod-a"
+        start_agent(
+            host, name, f"{netns.gateway}:{agent_port}", tmp_path, "--fabric", f"ib-domain={pod}"
+        )
+    return server, agent_port, hosts
+
+
+def test_draining_a_follower_node_moves_the_whole_replica_replacement_first(
+    netns: Network, tmp_path: Path
+) -> None:
+    server, _, _ = start_fleet(netns, tmp_path)
+    try:
+        with told_on_failure(server, netns):
+            gang = wait_for(lambda: ready_gang(server), "both ranks of the replica", within=120)
+            old, follower = gang["rank0"], gang["rank1"]
+            out = cli(server, "nodes", "drain", follower["node"], "--wait", "--timeout", "120")
+            assert "drain" in out
+            moved = wait_for(
+                lambda: (g := ready_gang(server)) and g["rank0"]["id"] != old["id"] and g,
+                "the replica on other nodes",
+            )
+            # The old replica stopped on both of its nodes, and only after the new one
+            # was ready (the stop events come after the new replica's ready events).
+            wait_for(lambda: len(replicas(server, "big")) == 1, "the old replica to be gone")
+            nodes = {moved["rank0"]["node"], moved["rank1"]["node"]}
+            assert follower["node"] not in nodes and "n-3" not in nodes
+            events = httpx.get(
+                f"{server.admin}/admin/api/events", params={"model": "big"}, timeout=10
+            ).json()["events"][::-1]
+            order = [(e["kind"], e["message"]) for e in events]
+            ready_at = max(
+                i
+                for i, (kind, text) in enumerate(order)
+                if kind == "ready" and moved["rank0"]["id"] in text
+            )
+            stops = [
+                i for i, (kind, text) in enumerate(order) if kind == "stop" and old["id"] in text
+            ]
+            assert len(stops) == 2 and min(stops) > ready_at, order
+            assert chat(server, "big").status_code == 200
+    finally:
+        server.proc.stop()
+
+
+def test_a_restarted_control_plane_adopts_every_rank(netns: Network, tmp_path: Path) -> None:
+    server, agent_port, _ = start_fleet(netns, tmp_path)
+    try:
+        with told_on_failure(server, netns):
+            gang = wait_for(lambda: ready_gang(server), "both ranks of the replica", within=120)
+            server.proc.stop()
+            server = Server(
+                "--agent-listen", f"{netns.gateway}:{agent_port}",
+                "--config", str(tmp_path / "llmgw.yaml"), data_dir=server.data_dir,
+            )  # fmt: skip
+            again = wait_for(lambda: ready_gang(server), "the replica adopted", within=120)
+            assert again["rank0"]["id"] == gang["rank0"]["id"]
+            assert again["rank1"]["id"] == gang["rank1"]["id"]
+            assert chat(server, "big").status_code == 200
+            events = httpx.get(
+                f"{server.admin}/admin/api/events", params={"model": "big"}, timeout=10
+            ).json()["events"]
+            assert not [e for e in events if e["kind"] in ("start", "stop")], events
+    finally:
+        server.proc.stop()

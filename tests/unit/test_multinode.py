@@ -622,3 +622,18 @@ def test_a_multi_node_replica_is_one_row_with_its_shards_by_rank() -> None:
     assert [(s["node"], s["rank"]) for s in rows[1]["shards"]] == [("n2", 0)]
     # The gang counts once, by its rank 0; the single-node replica too.
     assert view["ready_replicas"] == 2
+
+
+def test_a_new_leader_waits_for_ranks_on_nodes_that_have_not_registered_yet() -> None:
+    # Only rank 0's node is back after a control-plane restart.
+    nodes = [node("n1", shards=[gang_shard("big", 0, master_port=20001)]), node("n3")]
+    waiting = run([Desired(big_model(), 1)], nodes, settling=True)
+    assert waiting.actions == ()
+    # Once the window is over, the missing rank is given up: the replica is broken.
+    broken = run([Desired(big_model(), 1)], nodes)
+    assert [(s.shard_id, s.reason) for s in stops(broken)] == [("big", "gang_broken")]
+    # A rank known to be gone (its node lost) is not waited for, settling or not.
+    lost = [*nodes, node("n2", shards=[gang_shard("big-r1", 1)], state="lost")]
+    assert [s.reason for s in stops(run([Desired(big_model(), 1)], lost, settling=True))] == [
+        "gang_broken"
+    ]

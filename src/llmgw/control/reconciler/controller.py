@@ -281,6 +281,7 @@ class Controller:
                 nodes=nodes,
                 pending=tuple(self._pending.values()),
                 stopping=frozenset(self._stopping),
+                settling=now < self._adopt_until,
             ),
             policy=self._policy,
             new_shard_id=self._new_shard_id,

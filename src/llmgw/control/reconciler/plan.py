@@ -144,7 +144,17 @@ def _count(actual: Actual, replicas: dict[str, _Replicas]) -> list[Stop]:
     stops: list[Stop] = []
     nodes = {n.id: n for n in actual.nodes}
     gangs: dict[str, list[tuple[Node, Shard]]] = {}
+    # Ranks of multi-node replicas known to be gone: on a lost node, or being stopped.
+    gone: dict[str, set[int]] = {}
     for node in sorted(actual.nodes, key=lambda n: n.id):
+        for shard in node.shards.values():
+            spec = shard.spec
+            if (
+                spec is not None
+                and spec.nodes > 1
+                and (node.state == "lost" or shard.id in actual.stopping)
+            ):
+                gone.setdefault(spec.replica, set()).add(spec.node_rank)
         if node.state == "lost":
             continue
         for shard in sorted(node.shards.values(), key=lambda s: s.id):
@@ -194,7 +204,12 @@ def _count(actual: Actual, replicas: dict[str, _Replicas]) -> list[Stop]:
         have.pending += 1
     for replica_id in sorted(gangs):
         stops += _count_gang(
-            replica_id, gangs[replica_id], pending_ranks.get(replica_id, set()), replicas
+            replica_id,
+            gangs[replica_id],
+            pending_ranks.get(replica_id, set()),
+            gone.get(replica_id, set()),
+            replicas,
+            settling=actual.settling,
         )
     return stops
 
@@ -203,15 +218,29 @@ def _count_gang(
     replica_id: str,
     members: list[tuple[Node, Shard]],
     pending: set[int],
+    gone: set[int],
     replicas: dict[str, _Replicas],
+    *,
+    settling: bool,
 ) -> list[Stop]:
-    """Count one multi-node replica once, or stop what is left of a broken one."""
+    """Count one multi-node replica once, or stop what is left of a broken one.
+
+    A rank is missing when no node reports it running and no start of it is in
+    flight. While `settling` (a new leader's first moments, when agents are still
+    registering) a missing rank that nothing says is gone may be on a node that
+    has not registered yet: the replica is waited for, not stopped.
+    """
     first = members[0][1]
     assert first.spec is not None
     size = first.spec.nodes
     have = replicas.get(first.model)
     live = [(n, s) for n, s in members if s.holds_gpus and s.state != "draining"]
     ranks = {s.spec.node_rank for _, s in live if s.spec is not None} | pending
+    ended = {
+        s.spec.node_rank
+        for _, s in members
+        if s.spec is not None and (not s.holds_gpus or s.state == "draining")
+    } | gone
     stops: list[Stop] = []
     for node, shard in members:
         if not shard.holds_gpus and node.connected:
@@ -223,6 +252,14 @@ def _count_gang(
             if n.connected and n.state == "ready"
         ]
     missing = sorted(set(range(size)) - ranks)
+    if missing and settling and not set(missing) & ended:
+        head = next((m for m in live if m[1].spec is not None and m[1].spec.node_rank == 0), None)
+        if head is None:
+            have.pending += 1
+        else:
+            have.followers[head[1].id] = [m for m in live if m is not head]
+            have.serving.append(head)
+        return stops
     if missing:
         names = ", ".join(str(r) for r in missing)
         detail = f"replica {replica_id} lost rank{'s' if len(missing) > 1 else ''} {names}"

@@ -55,6 +55,9 @@ class Actual:
     pending: Sequence[Pending] = ()
     # Shards with a stop or drain in flight: they are neither counted nor stopped again.
     stopping: frozenset[str] = frozenset()
+    # A new leader's first moments (agents still registering): a multi-node replica
+    # missing a rank that nothing says is gone is waited for rather than stopped.
+    settling: bool = False
 
 
 @dataclass(frozen=True, slots=True)
