@@ -198,6 +198,47 @@ async def test_weights_give_proportional_shares() -> None:
     await asyncio.gather(*fleet.tasks, return_exceptions=True)
 
 
+async def test_token_shares_let_more_short_requests_through() -> None:
+    clock = Clock()
+    pool = _pool(clock)
+    saturation = Saturation(pool=pool, clock=clock, default_limit=1)
+    queue = RequestQueue(
+        saturation=saturation,
+        clock=clock,
+        max_size=100,
+        aging=0,
+        recheck=60,
+        retry_after=7,
+        share="tokens",
+    )
+    endpoint = pool.by_model[MODEL][0]
+    endpoint.in_flight = 1
+    order: list[str] = []
+
+    async def one(name: str, key: str, tokens: int) -> None:
+        await queue.wait_turn(
+            MODEL, Ticket(key), keepalive=None, interval=60, tokens=lambda: tokens
+        )
+        endpoint.in_flight += 1
+        order.append(name)
+
+    tasks = [asyncio.ensure_future(one(f"long{i}", "long", 4000)) for i in range(3)]
+    tasks += [asyncio.ensure_future(one(f"short{i}", "short", 1000)) for i in range(10)]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    for _ in range(10):
+        endpoint.in_flight -= 1
+        queue.done(MODEL)
+        for _ in range(5):
+            await asyncio.sleep(0)
+    # Equal tokens: four short requests for each long one (by requests: five each).
+    assert sum(name.startswith("short") for name in order) == 8
+    assert sum(name.startswith("long") for name in order) == 2
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def test_full_queue_refuses_at_once_with_retry_after() -> None:
     clock = Clock()
     pool = _pool(clock)

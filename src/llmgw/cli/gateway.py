@@ -436,6 +436,7 @@ async def _serve(
         recheck=cfg.router.queue.recheck,
         retry_after=cfg.router.retry_after,
         metrics=QueueMetrics(registry=registry),
+        share=cfg.router.queue.share,
     )
     balancer = Balancer(
         clock=clock,

@@ -6,6 +6,8 @@ the queue does with them.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -47,6 +49,15 @@ class QueueConfig(BaseModel):
         description=(
             "Seconds between looks for room that appears without a request ending (a new "
             "replica, an engine's load report); requests ending let waiters out at once."
+        ),
+    )
+    share: Literal["requests", "tokens"] = Field(
+        default="requests",
+        description=(
+            "What fair share between keys counts: requests (each costs 1), or tokens (each "
+            "costs its estimated prompt tokens + max_tokens, so a key sending long prompts "
+            "gets fewer requests through). Requests by default: estimates are rough, and "
+            "request counts are what clients see in their latency."
         ),
     )
     max_waiting: int | None = Field(

@@ -192,6 +192,7 @@ class Proxy:
                 ticket,
                 keepalive=keepalive if req.stream else None,
                 interval=self._keepalive,
+                tokens=lambda: req.prompt_tokens_estimate() + _max_tokens(req.body),
             )
         except QueueRefused as exc:
             if not started:
@@ -725,6 +726,15 @@ class _HeadersSent:
             if name == b"x-llmgw-replica":
                 comment = b": llmgw replica " + value + b"\n\n"
                 await self._send({"type": "http.response.body", "body": comment, "more_body": True})
+
+
+def _max_tokens(body: dict[str, Any]) -> int:
+    """The completion tokens a request asks for at most (0 when it does not say)."""
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 0
 
 
 def _upstream_id(request_id: bytes) -> bytes:

@@ -14,7 +14,9 @@ order:
    queuing: each request of a key gets a virtual start tag one `1/weight` after
    the key's previous one, and never before the class's virtual time), so a key
    that sends ten times more requests than another of the same weight gets
-   the same share while both wait.
+   the same share while both wait. With `share="tokens"` a request costs its
+   estimated tokens (prompt estimate + max_tokens) instead of 1, so shares are
+   equal in tokens rather than in requests.
 
 A waiting request leaves with a 429 (`QueueRefused`, with Retry-After and the
 queue's length in the message) when its wait budget runs out, and is refused
@@ -28,8 +30,9 @@ ones out. Waiters also look again every `recheck` seconds, for room that
 appears without a request ending (a new replica, an engine's load report).
 
 Not guaranteed: fairness across router processes (each keeps its own queue and
-its own virtual times); shares are counted in requests, not tokens; a key's
-virtual time is forgotten whenever its model's queue empties.
+its own virtual times); a token share is counted from estimates (the prompt's
+text and max_tokens), not from what the engine later reports; a key's virtual
+time is forgotten whenever its model's queue empties.
 """
 
 from __future__ import annotations
@@ -197,7 +200,9 @@ class RequestQueue:
         recheck: float,
         retry_after: int,
         metrics: QueueMetrics | None = None,
+        share: Literal["requests", "tokens"] = "requests",
     ) -> None:
+        self._by_tokens = share == "tokens"
         self._saturation = saturation
         self._clock = clock
         self._max_size = max_size
@@ -240,11 +245,18 @@ class RequestQueue:
         return [{"model": m, **self.describe(m), **self._saturation.describe(m)} for m in models]
 
     async def wait_turn(
-        self, model: str, ticket: Ticket, *, keepalive: KeepAlive | None, interval: float
+        self,
+        model: str,
+        ticket: Ticket,
+        *,
+        keepalive: KeepAlive | None,
+        interval: float,
+        tokens: Callable[[], int] | None = None,
     ) -> float:
         """Return when `model` has room for this request (the seconds it waited);
         the caller must send it at once, then call `done(model)` when it ends.
-        `keepalive(waiting)` is awaited every `interval` seconds while it waits.
+        `keepalive(waiting)` is awaited every `interval` seconds while it waits;
+        `tokens()` (asked only when it queues) is its cost when shares are in tokens.
         Raises QueueRefused when the queue is full or the wait budget runs out."""
         state = self._models.get(model)
         if state is None or state.size == 0:
@@ -262,7 +274,8 @@ class RequestQueue:
                 code="queue_full",
                 retry_after=self._retry_after,
             )
-        waiter = self._push(state, ticket, rank)
+        cost = max(1.0, float(tokens())) if self._by_tokens and tokens is not None else 1.0
+        waiter = self._push(state, ticket, rank, cost)
         self._drain(model, state)
         start = waiter.enqueued
         deadline = start + ticket.max_wait
@@ -306,13 +319,13 @@ class RequestQueue:
         if self._metrics is not None:
             self._metrics.refused.labels(model, ticket.priority, reason).inc()
 
-    def _push(self, state: _ModelQueue, ticket: Ticket, rank: int) -> _Waiter:
+    def _push(self, state: _ModelQueue, ticket: Ticket, rank: int, cost: float) -> _Waiter:
         now = self._clock()
         if state.size == 0:
             state.reset_tags()
         finish = state.finish[rank]
         start_tag = max(state.vtime[rank], finish.get(ticket.key, 0.0))
-        finish[ticket.key] = start_tag + 1.0 / ticket.weight
+        finish[ticket.key] = start_tag + cost / ticket.weight
         waiter = _Waiter(
             ticket=ticket,
             rank=rank,
