@@ -257,3 +257,71 @@ def test_a_restarted_control_plane_adopts_every_rank(netns: Network, tmp_path: P
             assert not [e for e in events if e["kind"] in ("start", "stop")], events
     finally:
         server.proc.stop()
+
+
+def test_half_a_fabric_is_refused_and_a_killed_rank_engine_restarts_the_replica(
+    netns: Network, tmp_path: Path
+) -> None:
+    _, _, prefix = netns.extra[0]
+    server, agent_port = start_server(netns, tmp_path, config=CONFIG.format(mgmt=f"{prefix}0/24"))
+    address = f"{netns.gateway}:{agent_port}"
+    hosts = {f"n-{i}": netns.hosts[i] for i in range(4)}
+    try:
+        with told_on_failure(server, netns):
+            # One node of each pod: no fabric group has the two nodes a replica needs.
+            for name, pod in (("n-0", "pod-a"), ("n-3", "pod-b")):
+                start_agent(hosts[name], name, address, tmp_path, "--fabric", f"ib-domain={pod}")
+            why = wait_for(
+                lambda: (
+                    "ib-domain=pod-b" in (text := cli(server, "models", "explain", "big"))
+                    and "ib-domain=pod-a" in text
+                    and text
+                ),
+                "both nodes in the explanation",
+            )
+            assert "ib-domain=pod-a: 1 of 2 nodes with 1 free GPU" in why
+            assert "ib-domain=pod-b: 1 of 2 nodes with 1 free GPU" in why
+            assert replicas(server, "big") == []
+            status = httpx.get(f"{server.admin}/admin/api/models/big", timeout=5).json()["status"]
+            assert "ib-domain=pod-a: 1 of 2 nodes" in status["unplaceable"]
+            # A second node in pod-a: the replica is placed there, whole.
+            start_agent(hosts["n-1"], "n-1", address, tmp_path, "--fabric", "ib-domain=pod-a")
+            gang = wait_for(lambda: ready_gang(server), "both ranks of the replica", within=120)
+            assert {gang["rank0"]["node"], gang["rank1"]["node"]} == {"n-0", "n-1"}
+
+            # Rank 1's engine dies (its agent lives): the agent reports the failure,
+            # rank 0 is stopped, and the replica starts again after the backoff.
+            follower_host = hosts[gang["rank1"]["node"]]
+            rank1_pid = next(pid for pid, rank in engine_pids(follower_host).items() if rank == 1)
+            os.kill(rank1_pid, signal.SIGKILL)
+            again = wait_for(
+                lambda: (g := ready_gang(server)) and g["rank0"]["id"] != gang["rank0"]["id"] and g,
+                "the replica started again",
+                within=120,
+            )
+            assert {again["rank0"]["node"], again["rank1"]["node"]} == {"n-0", "n-1"}
+            assert chat(server, "big").status_code == 200
+            events = httpx.get(
+                f"{server.admin}/admin/api/events", params={"model": "big"}, timeout=10
+            ).json()["events"]
+            text = "\n".join(f"{e['kind']} {e['node']}: {e['message']}" for e in events)
+            assert f"replica {gang['rank1']['id']} on node" in text and "failed" in text, text
+            assert "another shard of its multi-node replica is gone" in text, text
+    finally:
+        server.proc.stop()
+
+
+def engine_pids(host: Host) -> dict[int, int]:
+    """pid -> rank of the sim ranks in a host's namespace."""
+    found: dict[int, int] = {}
+    listed = subprocess.run(
+        ["ip", "netns", "pids", host.namespace], capture_output=True, text=True, check=False
+    ).stdout.split()
+    for pid in listed:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+        except OSError:
+            continue
+        if "sim" in argv and "--node-rank" in argv:
+            found[int(pid)] = int(argv[argv.index("--node-rank") + 1])
+    return found
