@@ -87,6 +87,7 @@ from llmgw.router.proxy import Proxy
 from llmgw.router.queue import RequestQueue
 from llmgw.router.saturation import Saturation
 from llmgw.router.scoring.load import LoadBook
+from llmgw.router.shares import ShareLedger
 from llmgw.router.upstream import Upstream
 from llmgw.store import ControlServer, Store, StoreError, open_store, store_url, utc_now
 from llmgw.usage import RetentionPruner, UsageRecorder
@@ -428,7 +429,20 @@ async def _serve(
         max_kv_cache=cfg.router.queue.max_kv_cache,
         load=load_book if queue_reads_load else None,
     )
+    # Routers sharing a Redis count fair shares together; alone, a router's queue
+    # orders by its own start-time fair queuing.
+    ledger = (
+        ShareLedger(
+            wall_clock=time.time,
+            window=cfg.router.queue.share_window,
+            interval=cfg.router.queue.recheck,
+            redis_url=cfg.limits.redis_url,
+        )
+        if cfg.limits.redis_url is not None
+        else None
+    )
     request_queue = RequestQueue(
+        ledger=ledger,
         saturation=saturation,
         clock=clock,
         max_size=cfg.router.queue.max_size,
@@ -720,6 +734,8 @@ async def _serve(
                 background.append(
                     group.create_task(guard("key cache refresher", key_authenticator.run()))
                 )
+            if ledger is not None:
+                background.append(group.create_task(guard("fair-share sync", ledger.run())))
             usage_task = group.create_task(guard("usage writer", usage.run()))
             servers: list[QuietServer] = []
             server_tasks = []
@@ -772,5 +788,7 @@ async def _serve(
         if agent_listener is not None:
             await agent_listener.stop(AGENT_STOP_GRACE)
         await limiter.close()
+        if ledger is not None:
+            await ledger.close()
         await upstream.close()
     log.info("stopped")

@@ -60,6 +60,16 @@ class QueueConfig(BaseModel):
             "request counts are what clients see in their latency."
         ),
     )
+    share_window: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "Seconds of recent work that fair share between keys counts when routers "
+            "share it through Redis (limits.redis_url): long enough that a key's burst is "
+            "remembered while it is still queueing, short enough that yesterday's heavy "
+            "user is not held back today."
+        ),
+    )
     max_waiting: int | None = Field(
         default=None,
         ge=0,

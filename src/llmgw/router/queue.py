@@ -16,7 +16,10 @@ order:
    that sends ten times more requests than another of the same weight gets
    the same share while both wait. With `share="tokens"` a request costs its
    estimated tokens (prompt estimate + max_tokens) instead of 1, so shares are
-   equal in tokens rather than in requests.
+   equal in tokens rather than in requests. With a `ShareLedger` (see
+   `llmgw.router.shares`), a class's next request is instead the one whose key
+   was given the least work lately (over its weight), as counted by every
+   router through Redis; requests of one key leave in arrival order.
 
 A waiting request leaves with a 429 (`QueueRefused`, with Retry-After and the
 queue's length in the message) when its wait budget runs out, and is refused
@@ -48,6 +51,7 @@ from typing import Literal
 from llmgw.metrics.queue import DepthRow, QueueMetrics
 from llmgw.router.errors import InvalidRequest, RouterError
 from llmgw.router.saturation import Saturation
+from llmgw.router.shares import ShareLedger
 
 Priority = Literal["interactive", "default", "batch"]
 PRIORITIES: tuple[Priority, ...] = ("interactive", "default", "batch")
@@ -158,6 +162,7 @@ class _Waiter:
     enqueued: float
     tag: float
     future: asyncio.Future[None]
+    cost: float = 1.0
     gone: bool = False
 
 
@@ -201,8 +206,10 @@ class RequestQueue:
         retry_after: int,
         metrics: QueueMetrics | None = None,
         share: Literal["requests", "tokens"] = "requests",
+        ledger: ShareLedger | None = None,
     ) -> None:
         self._by_tokens = share == "tokens"
+        self._ledger = ledger
         self._saturation = saturation
         self._clock = clock
         self._max_size = max_size
@@ -262,6 +269,8 @@ class RequestQueue:
         if state is None or state.size == 0:
             reserved = state.reserved if state else 0
             if self._saturation.room(model, reserved) > 0:
+                if self._ledger is not None:
+                    self._ledger.charge(model, ticket.key, self._cost(tokens))
                 return 0.0
         if state is None:
             state = self._models[model] = _ModelQueue()
@@ -274,8 +283,7 @@ class RequestQueue:
                 code="queue_full",
                 retry_after=self._retry_after,
             )
-        cost = max(1.0, float(tokens())) if self._by_tokens and tokens is not None else 1.0
-        waiter = self._push(state, ticket, rank, cost)
+        waiter = self._push(state, ticket, rank, self._cost(tokens))
         self._drain(model, state)
         start = waiter.enqueued
         deadline = start + ticket.max_wait
@@ -315,6 +323,11 @@ class RequestQueue:
         if state is not None and state.size:
             self._drain(model, state)
 
+    def _cost(self, tokens: Callable[[], int] | None) -> float:
+        if self._by_tokens and tokens is not None:
+            return max(1.0, float(tokens()))
+        return 1.0
+
     def _refuse_count(self, model: str, ticket: Ticket, reason: str) -> None:
         if self._metrics is not None:
             self._metrics.refused.labels(model, ticket.priority, reason).inc()
@@ -332,6 +345,7 @@ class RequestQueue:
             enqueued=now,
             tag=start_tag,
             future=asyncio.get_running_loop().create_future(),
+            cost=cost,
         )
         state.seq += 1
         heapq.heappush(state.heaps[rank], (start_tag, state.seq, waiter))
@@ -357,7 +371,26 @@ class RequestQueue:
         if state.size == 0 and state.reserved == 0:
             self._models.pop(model, None)
 
-    def _next(self, state: _ModelQueue, now: float) -> _Waiter | None:
+    def _least_served(self, model: str, heap: list[tuple[float, int, _Waiter]]) -> _Waiter | None:
+        """The waiter whose key was given the least work lately (over its weight);
+        the earliest among its key's."""
+        ledger = self._ledger
+        assert ledger is not None
+        best: _Waiter | None = None
+        best_key = (math.inf, math.inf)
+        usage: dict[str, float] = {}
+        for _, seq, waiter in heap:
+            if waiter.gone:
+                continue
+            key = waiter.ticket.key
+            if key not in usage:
+                usage[key] = ledger.served(model, key) / waiter.ticket.weight
+            order = (usage[key], float(seq))
+            if order < best_key:
+                best, best_key = waiter, order
+        return best
+
+    def _next(self, model: str, state: _ModelQueue, now: float) -> _Waiter | None:
         best: _Waiter | None = None
         best_key = (math.inf, math.inf)
         for rank, heap in enumerate(state.heaps):
@@ -365,7 +398,9 @@ class RequestQueue:
                 heapq.heappop(heap)
             if not heap:
                 continue
-            head = heap[0][2]
+            head = heap[0][2] if self._ledger is None else self._least_served(model, heap)
+            if head is None:
+                continue
             promoted = int((now - head.enqueued) // self._aging) if self._aging > 0 else 0
             key = (float(rank - promoted), float(rank))
             if key < best_key:
@@ -378,11 +413,16 @@ class RequestQueue:
         while state.size:
             if self._saturation.room(model, state.reserved) <= 0:
                 return
-            waiter = self._next(state, now)
+            waiter = self._next(model, state, now)
             if waiter is None:
                 return
-            heapq.heappop(state.heaps[waiter.rank])
+            heap = state.heaps[waiter.rank]
+            if heap[0][2] is waiter:
+                heapq.heappop(heap)
+            # (Otherwise it is left in the heap, gone, until it reaches the top.)
             state.vtime[waiter.rank] = waiter.tag
+            if self._ledger is not None:
+                self._ledger.charge(model, waiter.ticket.key, waiter.cost)
             waiter.gone = True
             state.size -= 1
             state.counts[waiter.rank] -= 1
