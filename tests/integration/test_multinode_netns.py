@@ -22,10 +22,12 @@ from typing import Any
 import httpx
 from netns import Host, Network
 from procs import Server
-from test_multihost import (
+from test_multihost import (  # `database` is a fixture
     chat,
     cli,
+    database,  # noqa: F401
     replicas,
+    role,
     start_agent,
     start_server,
     told_on_failure,
@@ -187,10 +189,18 @@ def test_a_two_node_replica_is_wired_over_the_management_network_and_replaced_wh
         server.proc.stop()
 
 
-def start_fleet(netns: Network, tmp_path: Path) -> tuple[Server, int, dict[str, Host]]:
+# A new leader waits this long (control.lost_after) for ranks on nodes that have not
+# registered with it yet; agents reconnecting with backoff need more than the 4 s above.
+SLOW_LOSS = ("lost_after: 4", "lost_after: 30")
+
+
+def start_fleet(
+    netns: Network, tmp_path: Path, *, lost_after: tuple[str, str] = ("", "")
+) -> tuple[Server, int, dict[str, Host]]:
     """The server and four agents (n-3 in another fabric pod)."""
     _, _, prefix = netns.extra[0]
-    server, agent_port = start_server(netns, tmp_path, config=CONFIG.format(mgmt=f"{prefix}0/24"))
+    config = CONFIG.format(mgmt=f"{prefix}0/24").replace(*lost_after)
+    server, agent_port = start_server(netns, tmp_path, config=config)
     hosts = {f"n-{i}": netns.hosts[i] for i in range(4)}
     for name, host in hosts.items():
         pod = "pod-b" if name == "n-3" else "pod-a"
@@ -238,7 +248,7 @@ def test_draining_a_follower_node_moves_the_whole_replica_replacement_first(
 
 
 def test_a_restarted_control_plane_adopts_every_rank(netns: Network, tmp_path: Path) -> None:
-    server, agent_port, _ = start_fleet(netns, tmp_path)
+    server, agent_port, _ = start_fleet(netns, tmp_path, lost_after=SLOW_LOSS)
     try:
         with told_on_failure(server, netns):
             gang = wait_for(lambda: ready_gang(server), "both ranks of the replica", within=120)
@@ -325,3 +335,53 @@ def engine_pids(host: Host) -> dict[int, int]:
         if "sim" in argv and "--node-rank" in argv:
             found[int(pid)] = int(argv[argv.index("--node-rank") + 1])
     return found
+
+
+def test_a_standby_takes_over_a_running_multi_node_replica(
+    netns: Network,
+    tmp_path: Path,
+    database: str,  # noqa: F811 (the fixture imported above)
+) -> None:
+    _, _, prefix = netns.extra[0]
+    config = (
+        CONFIG.format(mgmt=f"{prefix}0/24")
+        .replace("control:\n", "control:\n  lease_ttl: 3\n")
+        .replace(*SLOW_LOSS)
+    )
+    first, first_port = start_server(netns, tmp_path, "--store", database, config=config)
+    second: Server | None = None
+    try:
+        with told_on_failure(first, netns):
+            wait_for(lambda: role(first) == "leader", "the first server to lead")
+            second, second_port = start_server(netns, tmp_path, "--store", database, config=config)
+            standby = second
+            assert role(standby) == "standby"
+            for index in (0, 1):
+                start_agent(
+                    netns.hosts[index], f"n-{index}", f"{netns.gateway}:{first_port}", tmp_path,
+                    "--servers", f"{netns.gateway}:{second_port}", "--fabric", "ib-domain=pod-a",
+                )  # fmt: skip
+            gang = wait_for(lambda: ready_gang(first), "both ranks of the replica", within=120)
+            head = gang["rank0"]
+            # The standby routes to rank 0 only, as the leader does.
+            wait_for(
+                lambda: [e["url"] for e in standby.endpoints()] == [head["endpoint_url"]],
+                "the standby's router to take rank 0",
+            )
+            assert chat(standby, "big").status_code == 200
+
+            os.kill(first.proc.popen.pid, signal.SIGKILL)
+            wait_for(lambda: role(standby) == "leader", "the standby to lead")
+            kept = wait_for(lambda: ready_gang(standby), "the replica, adopted", within=120)
+            assert kept["rank0"]["id"] == head["id"]
+            assert kept["rank1"]["id"] == gang["rank1"]["id"]
+            answer = chat(standby, "big")
+            assert answer.status_code == 200, answer.text
+            events = httpx.get(
+                f"{standby.admin}/admin/api/events", params={"model": "big"}, timeout=10
+            ).json()["events"]
+            assert not [e for e in events if e["kind"] in ("start", "stop")], events
+    finally:
+        if second is not None:
+            second.proc.stop()
+        first.proc.stop()
