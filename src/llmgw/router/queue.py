@@ -32,10 +32,11 @@ free place; every request the proxy served calls `done`, which lets the next
 ones out. Waiters also look again every `recheck` seconds, for room that
 appears without a request ending (a new replica, an engine's load report).
 
-Not guaranteed: fairness across router processes (each keeps its own queue and
-its own virtual times); a token share is counted from estimates (the prompt's
-text and max_tokens), not from what the engine later reports; a key's virtual
-time is forgotten whenever its model's queue empties.
+Not guaranteed: without a ledger, fairness across router processes (each keeps
+its own queue and its own virtual times, and a key's virtual time is forgotten
+whenever its model's queue empties); with one, other routers' latest work is
+seen only after the next sync. A token share is counted from estimates (the
+prompt's text and max_tokens), not from what the engine later reports.
 """
 
 from __future__ import annotations
