@@ -131,6 +131,8 @@ def test_a_two_node_replica_is_wired_over_the_management_network_and_replaced_wh
             ]
             text = cli(server, "models", "show", "big")
             assert f"spans 2 nodes: rank 0 on {head['node']} (ready), rank 1 on " in text
+            page = httpx.get(f"{server.admin}/admin/models/big", timeout=10).text
+            assert f"rank 0 on {head['node']} (ready), rank 1 on {follower['node']}" in page
 
             # Rank 0 serves through the router and is the only one published.
             answer = chat(server, "big")
