@@ -1339,6 +1339,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone"
     )
+    parser.add_argument(
+        "--prompt-bytes",
+        type=int,
+        default=0,
+        help="user message of about this many bytes instead of one short sentence "
+        "(the routing issue's check: 20480); implies --no-write",
+    )
     args = parser.parse_args(argv)
     if args.features_rounds < 1:
         parser.error("--features-rounds must be at least 1")
@@ -1349,6 +1356,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.prompt_bytes:
+        # Words, as a chat would send: every byte is hashed for prefix affinity.
+        words = "the router hashes every block of this prompt "
+        content = (words * (args.prompt_bytes // len(words) + 1))[: args.prompt_bytes]
+        PLAIN_PAYLOAD["messages"] = [{"role": "user", "content": content}]
+        args.no_write = True
     s = Settings(
         args.warmup,
         args.duration,

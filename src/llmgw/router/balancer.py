@@ -3,7 +3,11 @@
 With scorers (the default in a server: `router.routing.scorers`), each healthy
 candidate gets the weighted sum of the scorers' values (prefix affinity, load,
 KV-cache use, session, rendezvous; see `llmgw.router.scoring`) and the best sum
-wins; ties go to a random one of the best. Before scoring, the balance guard
+wins; ties go to a random one of the best. A prefix no candidate holds (cold)
+goes to the first endpoint in rendezvous order whose share of the new prefixes
+placed lately is within `cold_balance` times the mean (consistent hashing with
+bounded loads): every router replica agrees on it without talking, and each
+replica gets its share of conversations. Before scoring, the balance guard
 passes over every endpoint whose load exceeds the least loaded one's by more
 than `balance_abs` requests and `balance_rel` times, so affinity never piles a
 hot prefix onto one replica (the thresholds follow SGLang's router).
@@ -30,7 +34,7 @@ from llmgw.router.endpoints import Endpoint
 from llmgw.router.requests import ParsedRequest
 from llmgw.router.scoring import RouteRequest, Scorer
 from llmgw.router.scoring.blocks import prompt_blocks
-from llmgw.router.scoring.load import KVScorer, LoadBook, LoadScorer
+from llmgw.router.scoring.load import KVScorer, LoadBook, LoadScorer, RecentPicks
 from llmgw.router.scoring.prefix import PrefixIndex, PrefixScorer
 from llmgw.router.scoring.rendezvous import RendezvousScorer
 from llmgw.router.scoring.session import SessionScorer
@@ -72,6 +76,7 @@ class Balancer:
         self._routing = routing or RoutingConfig()
         self._scorers = list(scorers)
         self._book = book or LoadBook(clock=clock, stale_after=5.0)
+        self._recent = RecentPicks(window=self._routing.cold_window, clock=clock)
         self._model_weights = model_weights
         self._metrics = metrics
         self._session_header = self._routing.session_header.lower().encode()
@@ -154,9 +159,17 @@ class Balancer:
             per_scorer.append(scores)
             for i, value in enumerate(scores):
                 totals[i] += weight * value
-        top = max(totals)
-        best = [i for i, total in enumerate(totals) if total >= top - 1e-9]
-        index = best[0] if len(best) == 1 else best[self._rng.randrange(len(best))]
+        by_name = {
+            scorer.name: scores for (scorer, _), scores in zip(active, per_scorer, strict=True)
+        }
+        prefix_scores = by_name.get("prefix")
+        rendezvous = by_name.get("rendezvous")
+        if prefix_scores is not None and rendezvous is not None and max(prefix_scores) == 0:
+            index = self._cold(candidates, rendezvous)
+        else:
+            top = max(totals)
+            best = [i for i, total in enumerate(totals) if total >= top - 1e-9]
+            index = best[0] if len(best) == 1 else best[self._rng.randrange(len(best))]
         chosen = candidates[index]
         route.chosen_scores = {
             scorer.name: scores[index]
@@ -172,6 +185,19 @@ class Balancer:
         for scorer, _ in active:
             scorer.chosen(route, chosen)
         return chosen
+
+    def _cold(self, candidates: list[Endpoint], rendezvous: list[float]) -> int:
+        """A prefix no candidate holds: the first endpoint in rendezvous order whose
+        share of the new prefixes placed lately is within `cold_balance` times the
+        mean (consistent hashing with bounded loads), so that independent routers
+        agree and no replica collects more than its share of conversations."""
+        recent = [self._recent.count(ep.id) for ep in candidates]
+        bound = self._routing.cold_balance * (sum(recent) + 1) / len(recent)
+        order = sorted(range(len(candidates)), key=rendezvous.__getitem__, reverse=True)
+        # Counted with this placement: the endpoint would stay within the bound.
+        index = next((i for i in order if recent[i] + 1 <= bound), order[0])
+        self._recent.add(candidates[index].id)
+        return index
 
     def _guard(self, candidates: list[Endpoint]) -> list[Endpoint]:
         """The candidates the balance guard lets affinity choose among."""

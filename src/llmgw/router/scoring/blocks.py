@@ -86,10 +86,13 @@ def prompt_blocks(
             break
     if not size:
         return [], 0
-    data = b"".join(parts)[:max_bytes]
+    data = memoryview(b"".join(parts))[:max_bytes]
     chain: list[int] = []
-    previous = b""
+    # One running hash over the prompt, read at each block's end: block k's value
+    # covers every byte before it, as a chain would, for one pass over the bytes.
+    running = blake2b(digest_size=8)
+    from_bytes = int.from_bytes
     for start in range(0, len(data), block_bytes):
-        previous = blake2b(previous + data[start : start + block_bytes], digest_size=8).digest()
-        chain.append(int.from_bytes(previous, "little"))
+        running.update(data[start : start + block_bytes])
+        chain.append(from_bytes(running.copy().digest(), "little"))
     return chain, max(0, head) // block_bytes

@@ -17,6 +17,7 @@ the router's own counts stand alone.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
@@ -82,6 +83,40 @@ class LoadBook:
             return endpoint.in_flight
         engine = (report.running or 0) + (report.waiting or 0)
         return max(endpoint.in_flight, engine)
+
+
+class RecentPicks:
+    """Events per endpoint lately (the balancer counts new prefixes placed), decayed
+    with time constant `window` (an exponentially weighted count).
+
+    Routers behind a client-side round robin each see a similar share of the
+    traffic, so the ratios between endpoints agree from router to router even
+    though the counts differ: a steadier signal for placing new prefixes than
+    requests in flight, which are few and jump.
+    """
+
+    def __init__(self, *, window: float, clock: Callable[[], float]) -> None:
+        self._window = window
+        self._clock = clock
+        self._counts: dict[str, tuple[float, float]] = {}
+
+    def _decayed(self, endpoint_id: str, now: float) -> float:
+        entry = self._counts.get(endpoint_id)
+        if entry is None:
+            return 0.0
+        count, at = entry
+        return count * math.exp(-(now - at) / self._window)
+
+    def count(self, endpoint_id: str) -> float:
+        return self._decayed(endpoint_id, self._clock())
+
+    def add(self, endpoint_id: str) -> None:
+        now = self._clock()
+        self._counts[endpoint_id] = (self._decayed(endpoint_id, now) + 1.0, now)
+
+    def keep_only(self, endpoint_ids: Collection[str]) -> None:
+        for endpoint_id in [i for i in self._counts if i not in endpoint_ids]:
+            del self._counts[endpoint_id]
 
 
 class LoadScorer:
