@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import signal
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +27,21 @@ import pytest
 from llmgw.agent.state import read_identity
 
 pytest_plugins = ["netns"]
+
+# Fixtures wider than a test (a module's fleet) start their agents before the
+# per-test fixture below has run: they get this session-wide state directory,
+# never the user's ~/.local/share/llmgw/agent (CI runs on a machine that keeps
+# its home directory between runs, and a stale state file there would be adopted).
+_SESSION_STATE_DIR = Path(tempfile.mkdtemp(prefix="llmgw-agent-state-"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ["LLMGW_AGENT_STATE_DIR"] = str(_SESSION_STATE_DIR)
+    os.environ["LLMGW_AGENT_STOP_ENGINES_ON_EXIT"] = "1"
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _kill_left_engines(_SESSION_STATE_DIR)
 
 
 @pytest.fixture(autouse=True)

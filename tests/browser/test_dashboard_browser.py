@@ -144,6 +144,8 @@ def fleet_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         yield fleet
     except BaseException:
         print(server.proc.output())
+        for agent in agents:
+            print(agent.output())
         raise
     finally:
         for agent in agents:

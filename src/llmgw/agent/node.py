@@ -47,7 +47,12 @@ async def run_node(
     """Serve until `stop` is set, then stop every engine (or leave them) and disconnect."""
     async with asyncio.TaskGroup() as group:
         supervising = group.create_task(guard("supervisor", supervisor.run()))
-        await supervisor.adopt()
+        try:
+            await supervisor.adopt()
+        except Exception:
+            # Not one of the guarded loops: log it here, or it leaves no traceback.
+            log.exception("adopting the engines of the state directory failed")
+            raise
         connected = group.create_task(guard("connection", connection.run()))
         await stop.wait()
         if stop_engines:

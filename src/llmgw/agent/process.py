@@ -191,7 +191,10 @@ def attach(pid: int, *, expected: ProcessIdentity) -> EngineProcess | None:
     """Watch a running engine an earlier agent started; None when the pid is now another
     process (or none). The pidfd is opened first and the identity checked after, so a
     pid recycled in between is caught too."""
-    process = EngineProcess(pid, child=False)
+    try:
+        process = EngineProcess(pid, child=False)
+    except ProcessLookupError:
+        return None  # no such process any more (the state file outlived the engine)
     identity = read_identity(pid)
     if identity != expected:
         process.close()
