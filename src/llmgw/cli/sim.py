@@ -92,8 +92,13 @@ def sim(
         int, typer.Option(min=0, help="This process's rank; only rank 0 serves HTTP.")
     ] = 0,
     master_addr: Annotated[
-        str, typer.Option(help="Rank 0's rendezvous address (it listens there; the others dial).")
-    ] = "",
+        str | None,
+        typer.Option(
+            help="Rank 0's rendezvous address (it listens there; the others dial); needed "
+            "with --nnodes above 1.",
+            show_default=False,
+        ),
+    ] = None,
     master_port: Annotated[
         int, typer.Option(min=0, max=65535, help="Rank 0's rendezvous port.")
     ] = 0,
@@ -114,7 +119,7 @@ def sim(
     from llmgw.sim.faults import FaultSettings
     from llmgw.sim.settings import SimSettings
 
-    gang = gang_settings(nnodes, node_rank, master_addr, master_port)
+    gang = gang_settings(nnodes, node_rank, master_addr or "", master_port)
     if gang is not None and gang.node_rank > 0:
         run_follower(gang)
         return
