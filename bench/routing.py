@@ -40,6 +40,7 @@ import math
 import os
 import random
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -229,6 +230,20 @@ def start_server(
     fleet.server_urls.append(f"http://{HOST}:{port}")
 
 
+def start_smg(args: argparse.Namespace, fleet: Fleet, workdir: Path) -> None:
+    """`smg launch --policy cache_aware` in front of the sims (SGLang's router, Rust)."""
+    port = free_port()
+    argv = [
+        args.smg, "launch", "--host", HOST, "--port", str(port),
+        "--worker-urls", *fleet.urls, "--policy", "cache_aware",
+        "--prometheus-port", str(free_port()),
+    ]  # fmt: skip
+    proc = Proc(argv, workdir / "smg.log")
+    fleet.servers.append(proc)
+    wait_http(f"http://{HOST}:{port}/health", proc)
+    fleet.server_urls.append(f"http://{HOST}:{port}")
+
+
 @dataclass
 class Result:
     name: str
@@ -311,6 +326,8 @@ def run_one(
         workdir = Path(tmp)
         fleet = start_sims(args, workdir)
         try:
+            if mode == "smg":
+                start_smg(args, fleet, workdir)
             for index in range(routers if scorers is not None else 0):
                 start_server(args, fleet, scorers or {}, workdir, f"server-{index}", settings)
             before = sim_counters(fleet)
@@ -379,6 +396,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument(
+        "--smg",
+        default=shutil.which("smg") or "",
+        metavar="PATH",
+        help="the `smg` command (pip install smg, in a venv of its own) for a row with "
+        "its cache_aware policy; found on PATH by default, skipped when absent",
+    )
+    parser.add_argument(
         "--routing",
         action="append",
         default=[],
@@ -407,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     runs.append(
         run_one(args, "llmgw default, cold_balance 1.25, 2 routers", "llmgw", shared, {}, 2, looser)
     )
+    if args.smg:
+        runs.append(run_one(args, "smg --policy cache_aware", "smg", shared, None, 0))
     results = [r for r in runs if r is not None]
     control: list[Result] = []
     if not args.no_control:
