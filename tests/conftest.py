@@ -63,3 +63,31 @@ def _kill_left_engines(state_dir: Path) -> None:
                 if identity is not None and identity.start_ticks == engine["start_ticks"]:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(int(engine["pid"]), signal.SIGKILL)
+
+
+PG_URL = os.environ.get("LLMGW_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+async def _pg_admin(sql: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(PG_URL)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def database() -> Iterator[str]:
+    """A fresh PostgreSQL database (the URL), dropped after the test; fails if there is none."""
+    import asyncio
+    import secrets
+
+    name = f"llmgw_t_{secrets.token_hex(4)}"
+    try:
+        asyncio.run(_pg_admin(f"CREATE DATABASE {name}"))
+    except OSError as exc:
+        pytest.fail(f"PostgreSQL is not running on 127.0.0.1:5432 ({exc}); this test needs it")
+    yield f"{PG_URL.rsplit('/', 1)[0]}/{name}"
+    asyncio.run(_pg_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))

@@ -11,11 +11,8 @@ the agent accepts. Waits poll with deadlines.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import os
 import re
-import secrets
 import signal
 import socket
 import time
@@ -23,13 +20,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import httpx
 import pytest
 from netns import Host, Network
 from procs import Proc, Server, free_port_block, llmgw
 
-PG = os.environ.get("LLMGW_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 CONFIG = """
 control:
   heartbeat_interval: 0.3
@@ -44,25 +39,6 @@ models:
     min_replicas: 1
     profiles: [{name: one-gpu, engine: sim, gpus: 1}]
 """
-
-
-async def _admin(sql: str) -> None:
-    conn = await asyncpg.connect(PG)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
-@pytest.fixture
-def database() -> Iterator[str]:
-    name = f"llmgw_t_{secrets.token_hex(4)}"
-    try:
-        asyncio.run(_admin(f"CREATE DATABASE {name}"))
-    except OSError as exc:
-        pytest.fail(f"PostgreSQL is not running on 127.0.0.1:5432 ({exc}); this test needs it")
-    yield f"{PG.rsplit('/', 1)[0]}/{name}"
-    asyncio.run(_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
 def wait_for(check: Callable[[], object], what: str, within: float = 60.0) -> Any:

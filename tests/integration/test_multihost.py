@@ -7,11 +7,9 @@ agents' namespaces. Nothing here is reachable through 127.0.0.1 across them.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -20,9 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import httpx
-import pytest
 from netns import Host, Network
 from procs import Proc, Server, free_port_block, llmgw
 
@@ -312,28 +308,6 @@ def test_draining_a_node_moves_its_replica_to_another_host(netns: Network, tmp_p
             assert answer.status_code == 200, answer.text
     finally:
         server.proc.stop()
-
-
-PG = os.environ.get("LLMGW_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
-
-
-async def _pg_admin(sql: str) -> None:
-    conn = await asyncpg.connect(PG)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
-@pytest.fixture
-def database() -> Iterator[str]:
-    name = f"llmgw_mh_{secrets.token_hex(4)}"
-    try:
-        asyncio.run(_pg_admin(f"CREATE DATABASE {name}"))
-    except OSError as exc:
-        pytest.fail(f"PostgreSQL is not running on 127.0.0.1:5432 ({exc}); failover tests need it")
-    yield f"{PG.rsplit('/', 1)[0]}/{name}"
-    asyncio.run(_pg_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
 def role(server: Server) -> str:

@@ -22,10 +22,9 @@ from typing import Any
 import httpx
 from netns import Host, Network
 from procs import Server
-from test_multihost import (  # `database` is a fixture
+from test_multihost import (
     chat,
     cli,
-    database,  # noqa: F401
     replicas,
     role,
     start_agent,
@@ -342,7 +341,7 @@ def engine_pids(host: Host) -> dict[int, int]:
 def test_a_standby_takes_over_a_running_multi_node_replica(
     netns: Network,
     tmp_path: Path,
-    database: str,  # noqa: F811 (the fixture imported above)
+    database: str,
 ) -> None:
     _, _, prefix = netns.extra[0]
     config = (

@@ -16,12 +16,10 @@ assert outcomes, never durations.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import json
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -32,9 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import httpx
-import pytest
 from netns import Host, Network
 from procs import Proc, Server, free_port, free_port_block, llmgw
 
@@ -301,28 +297,6 @@ def test_an_engine_that_dies_in_service_costs_no_request(tmp_path: Path) -> None
         assert load.failures() == []
         failed = [e["message"] for e in events(server) if e["kind"] == "failed"]
         assert any(first["id"] in m for m in failed), failed
-
-
-PG = os.environ.get("LLMGW_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
-
-
-async def _pg(sql: str) -> None:
-    conn = await asyncpg.connect(PG)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
-@pytest.fixture
-def database() -> Iterator[str]:
-    name = f"llmgw_d_{secrets.token_hex(4)}"
-    try:
-        asyncio.run(_pg(f"CREATE DATABASE {name}"))
-    except OSError as exc:
-        pytest.fail(f"PostgreSQL is not running on 127.0.0.1:5432 ({exc}); this test needs it")
-    yield f"{PG.rsplit('/', 1)[0]}/{name}"
-    asyncio.run(_pg(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
 def role(server: Server) -> str:

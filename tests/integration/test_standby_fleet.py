@@ -6,23 +6,17 @@ test), real agents; the standby has no agent streams of its own.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import secrets
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import httpx
-import pytest
 from procs import Proc, Server, free_port, free_port_block, llmgw
 
-PG = os.environ.get("LLMGW_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 TTL = 3.0
 CONFIG = f"""
 control:
@@ -37,25 +31,6 @@ models:
     min_replicas: 1
     profiles: [{{name: one-gpu, engine: sim, gpus: 1}}]
 """
-
-
-async def _admin(sql: str) -> None:
-    conn = await asyncpg.connect(PG)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
-@pytest.fixture
-def database() -> Iterator[str]:
-    name = f"llmgw_t_{secrets.token_hex(4)}"
-    try:
-        asyncio.run(_admin(f"CREATE DATABASE {name}"))
-    except OSError as exc:
-        pytest.fail(f"PostgreSQL is not running on 127.0.0.1:5432 ({exc}); these tests need it")
-    yield f"{PG.rsplit('/', 1)[0]}/{name}"
-    asyncio.run(_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
 def wait_for(check: Callable[[], bool], what: str, within: float = 60.0) -> None:
