@@ -87,9 +87,16 @@ def test_role_boundaries_and_tools_change_the_hashes() -> None:
     as_user = {"messages": [{"role": "user", "content": "abc"}]}
     as_system = {"messages": [{"role": "system", "content": "abc"}]}
     with_tools = {"tools": [{"type": "function"}], "messages": as_user["messages"]}
-    hashes = [prompt_blocks(b, block_bytes=64, max_bytes=1024)[0] for b in (as_user, as_system)]
-    hashes.append(prompt_blocks(with_tools, block_bytes=64, max_bytes=1024)[0])
+    hashes = [prompt_blocks(b, block_bytes=4, max_bytes=1024)[0] for b in (as_user, as_system)]
+    hashes.append(prompt_blocks(with_tools, block_bytes=4, max_bytes=1024)[0])
     assert len({h[0] for h in hashes}) == 3
+
+
+def test_only_whole_blocks_count() -> None:
+    # Engines cache whole blocks: a prompt shorter than a block has nothing to be
+    # affine to, and the tail of a longer one is left out.
+    assert prompt_blocks({"prompt": "x" * 99}, block_bytes=100, max_bytes=1000) == ([], 0)
+    assert len(prompt_blocks({"prompt": "x" * 250}, block_bytes=100, max_bytes=1000)[0]) == 2
 
 
 def test_blocks_are_stable_capped_and_cover_completions_and_parts() -> None:
@@ -253,7 +260,7 @@ def test_session_header_user_field_and_key_name_the_session() -> None:
     embed = parse_request(EMBEDDINGS, orjson.dumps({"model": "m", "input": "x" * 999}))
     assert bal.route(embed).blocks == []
     completion = parse_request(COMPLETIONS, orjson.dumps({"model": "m", "prompt": "x" * 999}))
-    assert len(bal.route(completion).blocks) == 4
+    assert len(bal.route(completion).blocks) == 3  # 999 bytes: three whole 256-byte blocks
 
 
 def test_explanation_names_each_scorer_and_the_choice() -> None:

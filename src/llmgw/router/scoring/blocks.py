@@ -90,9 +90,12 @@ def prompt_blocks(
     chain: list[int] = []
     # One running hash over the prompt, read at each block's end: block k's value
     # covers every byte before it, as a chain would, for one pass over the bytes.
+    # Whole blocks only: engines cache whole blocks of tokens, so a tail shorter
+    # than a block (or a prompt shorter than one) is nothing an engine keeps, and
+    # affinity to it would pin every short prompt to one replica.
     running = blake2b(digest_size=8)
     from_bytes = int.from_bytes
-    for start in range(0, len(data), block_bytes):
+    for start in range(0, len(data) - block_bytes + 1, block_bytes):
         running.update(data[start : start + block_bytes])
         chain.append(from_bytes(running.copy().digest(), "little"))
     return chain, max(0, head) // block_bytes
