@@ -186,6 +186,8 @@ def gateway(engine_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         "--endpoint", f"gemma={engine_url}={MODEL_NAME}",
         "--listen", f"127.0.0.1:{port}",
         "--admin-listen", f"127.0.0.1:{admin_port}",
+        # Router-only: no agents, and no fixed port 9443 for two test runs to fight over.
+        "--agent-listen", "off",
         "--data-dir", data_dir,
     ]  # fmt: skip
     admin_url = f"http://127.0.0.1:{admin_port}"
