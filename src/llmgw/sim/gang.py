@@ -111,9 +111,10 @@ class Rendezvous:
                 print("sim rank 0: every rank has joined; ready", flush=True)
                 self.complete.set()
             await reader.read()
-        except OSError:
-            pass
-        self.why = f"rank {rank} left the replica"
+            self.why = f"rank {rank} left the replica"
+        except OSError as exc:
+            # A reset connection is how a killed rank leaves: say so, with the error.
+            self.why = f"rank {rank} left the replica ({exc.strerror or exc})"
         self.broken.set()
 
 
