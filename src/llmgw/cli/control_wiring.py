@@ -14,10 +14,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
+from llmgw.config import EndpointConfig
 from llmgw.control.reachability import ReachabilityGate, ReplicaUnreachable
 from llmgw.control.reconciler.controller import Controller
 from llmgw.control.reconciler.errors import ActivationRefused
 from llmgw.control.reconciler.state import ReadyEndpoint
+from llmgw.engines import UnknownEngine, routes_of
 from llmgw.router.endpoints import EndpointSink, EndpointSpec, publish_static
 from llmgw.router.errors import ModelUnavailable
 
@@ -37,7 +39,7 @@ class PoolPublisher:
         publish_static(self._sink, self._static_specs)
 
     def publish(self, names: Sequence[str], endpoints: Sequence[ReadyEndpoint]) -> None:
-        replicas = [EndpointSpec(e.id, e.url, tuple(names)) for e in endpoints]
+        replicas = [replica_spec(e, tuple(names)) for e in endpoints]
         # The first name is the model's own: engines serve it under that one.
         for alias in names[1:]:
             self._sink.set_alias(alias, names[0])
@@ -52,6 +54,39 @@ class PoolPublisher:
                 self._sink.set_model_endpoints(name, static)
             else:
                 self._sink.remove_model(name)
+
+
+def replica_spec(endpoint: ReadyEndpoint, names: tuple[str, ...]) -> EndpointSpec:
+    """A Ready replica as the router sees it, with the routes its engine serves
+    (every route, passed as it comes, when its engine is not known)."""
+    routes: tuple[tuple[str, str], ...] | None = None
+    if endpoint.engine:
+        try:
+            routes = tuple(routes_of(endpoint.engine).items())
+        except UnknownEngine:
+            routes = None
+    return EndpointSpec(endpoint.id, endpoint.url, names, engine=endpoint.engine, routes=routes)
+
+
+def static_spec(endpoint: EndpointConfig) -> EndpointSpec:
+    """A static endpoint as the router sees it: its engine's routes, narrowed to the
+    routes it declares; a declared route its engine is not known to serve goes under
+    its own path (the operator may run a newer engine than llmgw knows)."""
+    engine_routes = routes_of(endpoint.engine) if endpoint.engine else None
+    routes: tuple[tuple[str, str], ...] | None
+    if endpoint.routes is not None:
+        known = engine_routes or {}
+        routes = tuple((r, known.get(r, r)) for r in endpoint.routes)
+    else:
+        routes = tuple(engine_routes.items()) if engine_routes is not None else None
+    return EndpointSpec(
+        endpoint.id,
+        endpoint.url,
+        tuple(endpoint.models),
+        endpoint.health_path,
+        engine=endpoint.engine or "",
+        routes=routes,
+    )
 
 
 class ControllerActivator:

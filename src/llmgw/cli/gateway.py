@@ -34,7 +34,7 @@ from llmgw.cli.cluster_wiring import (
     open_cluster_pki,
     tokens_unavailable,
 )
-from llmgw.cli.control_wiring import ControllerActivator, PoolPublisher
+from llmgw.cli.control_wiring import ControllerActivator, PoolPublisher, static_spec
 from llmgw.cli.dashboard_wiring import dashboard_sources
 from llmgw.cli.serving import BoundListener, QuietServer, make_server
 from llmgw.config import ListenAddress, ServerConfig
@@ -80,7 +80,7 @@ from llmgw.router.apis.count_tokens import TokenCounter
 from llmgw.router.app import RouterApp
 from llmgw.router.balancer import Balancer, build_scorers
 from llmgw.router.browser_guard import browser_guard
-from llmgw.router.endpoints import EjectionPolicy, EndpointPool, EndpointSpec
+from llmgw.router.endpoints import EjectionPolicy, EndpointPool
 from llmgw.router.engine_load import EngineLoadScraper
 from llmgw.router.health import HealthProber
 from llmgw.router.proxy import Proxy
@@ -289,7 +289,7 @@ async def _serve(
     )
     publisher = PoolPublisher(
         sink=pool,
-        static=[EndpointSpec(e.id, e.url, tuple(e.models), e.health_path) for e in cfg.endpoints],
+        static=[static_spec(e) for e in cfg.endpoints],
     )
     publisher.publish_static()
     catalog = await _load_catalog(cfg, store, config_file)

@@ -16,6 +16,22 @@ from llmgw.config.models import ModelConfig
 from llmgw.config.queue import QueueConfig
 from llmgw.config.routing import RoutingConfig
 
+EngineName = Literal["vllm", "sglang", "llamacpp", "sim"]
+"""The engines llmgw knows (`llmgw.engines.KNOWN_ENGINES`; a unit test keeps them equal)."""
+
+EndpointRoute = Literal[
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/rerank",
+    "/v1/score",
+    "/tokenize",
+    "/detokenize",
+    "/v1/audio/transcriptions",
+    "/v1/audio/translations",
+]
+"""The client routes an endpoint may serve (`llmgw.engines.routes.ALL_ROUTES`)."""
+
 _ENDPOINT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
 
 
@@ -71,6 +87,24 @@ class EndpointConfig(_Strict):
             "then wait in the router). Unset by default: router.max_in_flight applies."
         ),
     )
+    engine: EngineName | None = Field(
+        default=None,
+        description=(
+            "The kind of engine behind the URL: vllm, sglang, llamacpp or sim. It decides "
+            "which routes the endpoint serves and under which paths (llama.cpp tokenizes "
+            "at /extras/tokenize). Unset by default: llmgw does not guess, and passes "
+            "every route on as it comes, leaving the engine to answer for itself."
+        ),
+    )
+    routes: list[EndpointRoute] | None = Field(
+        default=None,
+        description=(
+            "The client routes this endpoint serves, when fewer than its engine's: "
+            "requests for other routes never reach it, and a model none of whose "
+            "endpoints serves a route answers 404 naming it. Unset by default: the "
+            "engine's routes (every route when `engine` is unset)."
+        ),
+    )
 
     @field_validator("id")
     @classmethod
@@ -98,6 +132,13 @@ class EndpointConfig(_Strict):
         for name in value:
             if not name or name != name.strip():
                 raise ValueError(f"model name {name!r} is empty or has surrounding spaces")
+        return value
+
+    @field_validator("routes")
+    @classmethod
+    def _check_routes(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and not value:
+            raise ValueError("must name at least one route; leave it unset for the engine's own")
         return value
 
     @field_validator("health_path")

@@ -11,6 +11,7 @@ values and may be shared freely.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 from llmgw.engines.spec import EngineLoad, EngineSpec, LaunchPlan
@@ -20,11 +21,13 @@ class EngineAdapter(Protocol):
     """One kind of engine (vLLM, SGLang, llama.cpp, the simulator).
 
     `name` is the engine name specs use; `needs_gpus` says whether a shard
-    without GPUs is refused.
+    without GPUs is refused; `routes` maps each client route the engine serves
+    (`llmgw.engines.routes`) to the engine's own path for it.
     """
 
     name: str
     needs_gpus: bool
+    routes: Mapping[str, str]
 
     def validate(self, spec: EngineSpec) -> None:
         """Raise `ProfileError` naming the field when the engine would refuse `spec`."""

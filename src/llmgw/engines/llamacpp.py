@@ -24,6 +24,7 @@ from collections.abc import Mapping
 
 from llmgw.engines import checks
 from llmgw.engines.errors import ProfileError
+from llmgw.engines.routes import LLAMACPP_ROUTES
 from llmgw.engines.spec import (
     EngineLoad,
     EngineSettings,
@@ -86,6 +87,7 @@ class LlamaCppAdapter:
 
     name = "llamacpp"
     needs_gpus = False
+    routes = LLAMACPP_ROUTES
 
     def __init__(self, *, settings: EngineSettings) -> None:
         self._settings = settings

@@ -7,6 +7,8 @@ on this node — adapters only build command lines.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from llmgw.engines.adapter import EngineAdapter
 from llmgw.engines.errors import UnknownEngine
 from llmgw.engines.llamacpp import LlamaCppAdapter
@@ -26,4 +28,18 @@ def adapter_for(engine: str, *, settings: EngineSettings) -> EngineAdapter:
         return LlamaCppAdapter(settings=settings)
     if engine == "sim":
         return SimAdapter(settings=settings)
+    raise UnknownEngine(engine, KNOWN_ENGINES)
+
+
+def routes_of(engine: str) -> Mapping[str, str]:
+    """The client routes `engine` serves and its path for each (`EngineAdapter.routes`),
+    without building an adapter; `UnknownEngine` (field "engine") for any other name."""
+    if engine == "vllm":
+        return VllmAdapter.routes
+    if engine == "sglang":
+        return SglangAdapter.routes
+    if engine == "llamacpp":
+        return LlamaCppAdapter.routes
+    if engine == "sim":
+        return SimAdapter.routes
     raise UnknownEngine(engine, KNOWN_ENGINES)

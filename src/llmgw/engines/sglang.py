@@ -31,6 +31,7 @@ from collections.abc import Mapping
 
 from llmgw.engines import checks
 from llmgw.engines.prometheus import Sample, metric_max, metric_sum, parse_samples
+from llmgw.engines.routes import SGLANG_ROUTES
 from llmgw.engines.spec import (
     EngineLoad,
     EngineSettings,
@@ -79,6 +80,7 @@ class SglangAdapter:
 
     name = "sglang"
     needs_gpus = True
+    routes = SGLANG_ROUTES
 
     def __init__(self, *, settings: EngineSettings) -> None:
         self._settings = settings

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from llmgw.engines import checks
+from llmgw.engines.routes import SIM_ROUTES
 from llmgw.engines.spec import (
     EngineLoad,
     EngineSettings,
@@ -47,6 +48,7 @@ class SimAdapter:
 
     name = "sim"
     needs_gpus = False
+    routes = SIM_ROUTES
 
     def __init__(self, *, settings: EngineSettings) -> None:
         self._settings = settings

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 
 from llmgw.engines import checks
 from llmgw.engines.prometheus import metric_max, metric_sum, parse_samples
+from llmgw.engines.routes import VLLM_ROUTES
 from llmgw.engines.spec import (
     EngineLoad,
     EngineSettings,
@@ -83,6 +84,7 @@ class VllmAdapter:
 
     name = "vllm"
     needs_gpus = True
+    routes = VLLM_ROUTES
 
     def __init__(self, *, settings: EngineSettings) -> None:
         self._settings = settings

@@ -30,12 +30,19 @@ log = logging.getLogger("llmgw.router.endpoints")
 
 @dataclass(frozen=True, slots=True)
 class EndpointSpec:
-    """What a source of endpoints says about one of them."""
+    """What a source of endpoints says about one of them.
+
+    `engine` names the kind of engine ("" when the source does not say) and
+    `routes` pairs each client route it serves with the engine's path for it
+    (None: every route, each under its own path; the engine answers for itself).
+    """
 
     id: str
     url: str
     models: tuple[str, ...]
     health_path: str = "/v1/models"
+    engine: str = ""
+    routes: tuple[tuple[str, str], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,12 +61,14 @@ class Endpoint:
         "consecutive_failures",
         "ejected_until",
         "ejections",
+        "engine",
         "health_path",
         "id",
         "in_flight",
         "last_error",
         "models",
         "probe_ok",
+        "routes",
         "stream_usage",
         "url",
     )
@@ -71,6 +80,8 @@ class Endpoint:
         self.url = spec.url
         self.models = spec.models
         self.health_path = spec.health_path
+        self.engine = spec.engine
+        self.routes = _routes(spec)
         self._policy = policy
         self._clock = clock
         self.in_flight = 0
@@ -85,6 +96,12 @@ class Endpoint:
 
     def available(self, now: float) -> bool:
         return self.probe_ok and now >= self.ejected_until
+
+    def path_for(self, route: str) -> str | None:
+        """The engine's path for client route `route`; None when it does not serve it."""
+        if self.routes is None:
+            return route
+        return self.routes.get(route)
 
     def record_success(self) -> None:
         self.consecutive_failures = 0
@@ -112,6 +129,8 @@ class Endpoint:
         self.url = spec.url
         self.models = spec.models
         self.health_path = spec.health_path
+        self.engine = spec.engine
+        self.routes = _routes(spec)
 
     def describe(self, now: float) -> dict[str, object]:
         """The endpoint as the admin API shows it."""
@@ -119,6 +138,8 @@ class Endpoint:
             "id": self.id,
             "url": self.url,
             "models": list(self.models),
+            "engine": self.engine or None,
+            "routes": sorted(self.routes) if self.routes is not None else None,
             "healthy": self.available(now),
             "probe_ok": self.probe_ok,
             "ejected": now < self.ejected_until,
@@ -127,6 +148,10 @@ class Endpoint:
             "in_flight": self.in_flight,
             "last_error": self.last_error,
         }
+
+
+def _routes(spec: EndpointSpec) -> dict[str, str] | None:
+    return dict(spec.routes) if spec.routes is not None else None
 
 
 class FirstByteWait:

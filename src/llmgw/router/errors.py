@@ -62,6 +62,14 @@ class RouteNotFound(RouterError):
     code = "not_found"
 
 
+class RouteNotServed(RouterError):
+    """The model is served here, but no engine behind it serves the route asked for."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "route_not_served"
+
+
 class MethodNotAllowed(RouterError):
     status = 405
     type = "invalid_request_error"

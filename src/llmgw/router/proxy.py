@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmgw.config import RouterConfig
+from llmgw.engines.routes import display_name
 from llmgw.metrics import RouterMetrics
 from llmgw.metrics.router import RequestSeries
 from llmgw.router.activation import Activator
@@ -51,6 +52,7 @@ from llmgw.router.errors import (
     ModelNotFound,
     ModelUnavailable,
     NoHealthyEndpoint,
+    RouteNotServed,
     RouterError,
     engine_error_message,
 )
@@ -386,6 +388,7 @@ class Proxy:
                 f"model '{req.model}' is not served here; GET /v1/models lists the models",
                 param="model",
             )
+        endpoints = _serving(req, endpoints)
         if self._saturation is not None:
             # Replicas with room (all of them when none has room).
             endpoints = self._saturation.with_room(req.model, endpoints)
@@ -528,9 +531,12 @@ class Proxy:
             return await self._upstream.request(
                 b"POST",
                 endpoint.url,
-                req.path,
+                endpoint.path_for(req.path) or req.path,
                 req.upstream_body,
-                ((b"Content-Type", _JSON), (b"X-Request-Id", _upstream_id(request_id))),
+                (
+                    (b"Content-Type", req.content_type),
+                    (b"X-Request-Id", _upstream_id(request_id)),
+                ),
             )
         except (ConnectFailed, Disconnected) as exc:
             raise _Retryable(
@@ -726,6 +732,24 @@ class _HeadersSent:
             if name == b"x-llmgw-replica":
                 comment = b": llmgw replica " + value + b"\n\n"
                 await self._send({"type": "http.response.body", "body": comment, "more_body": True})
+
+
+def _serving(req: ParsedRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
+    """The endpoints whose engine serves `req`'s route; RouteNotServed naming the
+    model, its engines and the route when none does."""
+    serving = [e for e in endpoints if e.path_for(req.path) is not None]
+    if serving or not endpoints:
+        return serving
+    engines = sorted({display_name(e.engine) for e in endpoints if e.engine})
+    if engines:
+        message = f"model '{req.model}' (engine {', '.join(engines)}) does not serve {req.path}"
+    else:
+        ids = ", ".join(e.id for e in endpoints)
+        message = (
+            f"model '{req.model}' does not serve {req.path}: its endpoints ({ids}) "
+            "leave it out of their `routes`"
+        )
+    raise RouteNotServed(message, param="model")
 
 
 def _max_tokens(body: dict[str, Any]) -> int:

@@ -54,6 +54,8 @@ class ParsedRequest:
     # The client's request headers and key, for routing (session, explain header).
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     key_id: str | None = None
+    # Sent upstream as the body's content type (a multipart body keeps its boundary).
+    content_type: bytes = b"application/json"
 
     def send_as(self, engine_model: str) -> None:
         """Send the request upstream under `engine_model` (the name an alias stands for)."""

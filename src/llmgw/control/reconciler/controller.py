@@ -614,8 +614,9 @@ class Controller:
                     and shard.id not in self._stopping
                     and rank == 0
                 ):
+                    engine = shard.spec.engine if shard.spec is not None else ""
                     ready.setdefault(shard.model, []).append(
-                        ReadyEndpoint(shard.id, shard.endpoint_url)
+                        ReadyEndpoint(shard.id, shard.endpoint_url, engine)
                     )
         self._publish_ready(ready, skip=self._expected)
 
@@ -629,7 +630,9 @@ class Controller:
             current.add(model.name)
             if model.name in skip:
                 continue
-            endpoints = tuple(sorted(ready.get(model.name, ()), key=lambda e: e.id))
+            endpoints = tuple(
+                sorted(_with_engine(model, ready.get(model.name, ())), key=lambda e: e.id)
+            )
             entry = (model.names, endpoints)
             previous = self._published.get(model.name)
             if previous == entry:
@@ -913,3 +916,12 @@ def _node_message(change: Change, node: Node) -> str:
         "unreachable: heartbeats stopped; its replicas are out of the routers and replaced "
         "elsewhere; they are kept in case it comes back"
     )
+
+
+def _with_engine(model: CatalogModel, endpoints: Iterable[ReadyEndpoint]) -> list[ReadyEndpoint]:
+    """`endpoints`, each naming its engine: one that does not (a standby reads only ids
+    and URLs from the store) gets the engine of the model's profiles when they all
+    use the same one, and stays unnamed when they differ."""
+    engines = {profile.engine for profile in model.profiles}
+    only = engines.pop() if len(engines) == 1 else ""
+    return [e if e.engine or not only else ReadyEndpoint(e.id, e.url, only) for e in endpoints]

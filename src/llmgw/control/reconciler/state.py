@@ -25,10 +25,12 @@ def routable(node: Node) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class ReadyEndpoint:
-    """A Ready replica as the router needs it."""
+    """A Ready replica as the router needs it; `engine` is its engine's name ("" when
+    not known, e.g. on a standby: the catalog then names it, see `Controller`)."""
 
     id: str
     url: str
+    engine: str = ""
 
 
 class EndpointPublisher(Protocol):
