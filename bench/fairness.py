@@ -5,14 +5,17 @@ at once, queuing the rest FIFO as an engine does) behind one `llmgw server` with
 API keys. Two keys of the same weight send open-loop Poisson streams of chat
 requests: `light` at `--light-rate` and `flood` at `--flood-factor` times that,
 together well over what the fleet completes, for `--duration` seconds. Each
-request's prompt is its own (no prefix-cache effects). Four runs against the same
-sims, one after the other:
+request's prompt is its own (no prefix-cache effects). Four or five runs against the
+same sims, one after the other:
 
 - `idle`: the light key alone (its TTFT on an idle fleet: the reference);
 - `FCFS`: both keys, the server without `max_in_flight` (what llmgw did before the
   queue: every request goes straight to an engine and waits in the engine's FIFO);
 - `fair queue`: both keys, `router.max_in_flight` = the sims' `--max-running`, so
-  requests wait in the router's queue and leave by weighted fair share;
+  requests wait in the router's queue and leave by weighted fair share (every
+  other queue setting at its default);
+- `fair queue, reserve R`: the same with `router.queue.reserve` = `--reserve`
+  (places kept for keys under their fair share), when given;
 - `priorities`: an `interactive` key at the light rate and a `batch` key flooding,
   through the fair queue.
 
@@ -52,6 +55,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sections import write_section
+
+from llmgw.config.queue import QueueConfig
 
 HOST = "127.0.0.1"
 MODEL = "bench-model"
@@ -282,6 +287,7 @@ def run_mode(
     secrets: dict[str, str],
     rates: dict[str, float],
     watched: str,
+    reserve: float | None = None,
 ) -> Run:
     port, admin = free_port(), free_port()
     config = workdir / f"{name.replace(' ', '-')}.yaml"
@@ -290,6 +296,8 @@ def run_mode(
         lines += [f"  - id: r{index}", f"    url: {url}", f"    models: [{MODEL}]"]
     if queue:
         lines += ["router:", f"  max_in_flight: {args.max_running}"]
+        if reserve is not None:
+            lines += ["  queue:", f"    reserve: {reserve}"]
     config.write_text("\n".join(lines) + "\n")
     proc = Proc(
         llmgw(
@@ -337,6 +345,13 @@ def row(run: Run, idle_p90: float | None) -> str:
     )
 
 
+def _kept(reserve: float, places: int) -> int:
+    """Places a reserve keeps, as the queue counts them."""
+    if places < 2:
+        return 0
+    return min(places - 1, int(reserve * places + 0.5))
+
+
 def unqueued_cost(replicas: int, rounds: int = 100_000) -> float:
     """Seconds the queue adds to a request that does not wait (model not saturated):
     `wait_turn`, the balancer's room filter and `done`, in this process."""
@@ -353,7 +368,13 @@ def unqueued_cost(replicas: int, rounds: int = 100_000) -> float:
             pool=pool, clock=clock, default_limit=64, model_limit=lambda name: None
         )
         queue = RequestQueue(
-            saturation=saturation, clock=clock, max_size=1000, aging=10, recheck=0.5, retry_after=5
+            saturation=saturation,
+            clock=clock,
+            max_size=1000,
+            aging=10,
+            recheck=0.5,
+            retry_after=5,
+            reserve=QueueConfig().reserve,
         )
         ticket = Ticket("key")
         endpoints = pool.by_model[MODEL]
@@ -361,7 +382,7 @@ def unqueued_cost(replicas: int, rounds: int = 100_000) -> float:
         for _ in range(rounds):
             await queue.wait_turn(MODEL, ticket, keepalive=None, interval=5)
             saturation.with_room(MODEL, endpoints)
-            queue.done(MODEL)
+            queue.done(MODEL, ticket.key)
         return (time.perf_counter() - start) / rounds
 
     return asyncio.run(measure())
@@ -379,6 +400,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--itl", type=float, default=0.02)
     parser.add_argument("--prefill-per-token", type=float, default=0.0005)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--reserve", type=float, default=None,
+        help="also run the fair queue with this router.queue.reserve",
+    )  # fmt: skip
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
 
@@ -433,6 +458,10 @@ def main(argv: list[str] | None = None) -> int:
                          {"light": light, "flood": flood}, "light"),
                 run_mode(args, workdir, data, sims, "fair queue", True, pair,
                          {"light": light, "flood": flood}, "light"),
+                *([run_mode(args, workdir, data, sims, f"fair queue, reserve {args.reserve:g}",
+                            True, pair, {"light": light, "flood": flood}, "light",
+                            reserve=args.reserve)]
+                  if args.reserve is not None else []),
                 run_mode(args, workdir, data, sims, "priorities: interactive vs batch flood",
                          True, {"interactive": secrets["interactive"], "batch": secrets["batch"]},
                          {"interactive": light, "batch": flood}, "interactive"),
@@ -443,6 +472,9 @@ def main(argv: list[str] | None = None) -> int:
     cost = unqueued_cost(args.replicas)
     idle_p90 = pct(runs[0].keys["light"].ttft, 0.9)
     fcfs, fair = runs[1], runs[2]
+    places = args.replicas * args.max_running
+    default_kept = _kept(QueueConfig().reserve, places)
+    compared = [fair, *([runs[3]] if args.reserve is not None else [])]
     command = "python bench/fairness.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     body = "\n".join(
         [
@@ -455,20 +487,31 @@ def main(argv: list[str] | None = None) -> int:
             f"per token), {args.output_tokens} output tokens at {args.itl * 1000:g} ms; light "
             f"key {light:g} req/s, flooding key {flood:g} req/s (same weight), Poisson, "
             f"{args.duration:g} s of sending; fair queue: router.max_in_flight "
-            f"{args.max_running}, default wait budget (30 s).",
+            f"{args.max_running} ({places} places), the other queue settings at their "
+            f"defaults (wait budget 30 s, reserve {QueueConfig().reserve:g}: "
+            f"{default_kept} of the {places} places kept)"
+            + (
+                f"; reserve {args.reserve:g}: {_kept(args.reserve, places)} kept."
+                if args.reserve is not None
+                else "."
+            ),
             "",
             HEADER,
             *(row(r, idle_p90) for r in runs),
             "",
-            f"Fair queue vs FCFS throughput: {fair.throughput / fcfs.throughput:.2f}x "
-            "(target >= 0.95x). Light key TTFT p90 vs idle: "
-            f"FCFS {pct(fcfs.keys['light'].ttft, 0.9) / idle_p90:.2f}x, fair queue "
-            f"{pct(fair.keys['light'].ttft, 0.9) / idle_p90:.2f}x (target <= 1.5x).",
+            "Throughput vs FCFS (target >= 0.95x): "
+            + ", ".join(f"{r.name} {r.throughput / fcfs.throughput:.2f}x" for r in compared)
+            + ". Light key TTFT p90 vs idle (target <= 1.5x): "
+            f"FCFS {pct(fcfs.keys['light'].ttft, 0.9) / idle_p90:.2f}x, "
+            + ", ".join(
+                f"{r.name} {pct(r.keys['light'].ttft, 0.9) / idle_p90:.2f}x" for r in compared
+            )
+            + ".",
             "",
             f"What the queue adds to a request that does not wait (the model has room): "
             f"{cost * 1e6:.1f} us per request, measured in-process (wait_turn, the balancer's "
-            f"room filter and done over {args.replicas} replicas with a max_in_flight), "
-            "against the router overhead target of 0.5 ms p50.",
+            f"room filter and done over {args.replicas} replicas with a max_in_flight and "
+            "the default reserve), against the router overhead target of 0.5 ms p50.",
         ]
     )
     print()

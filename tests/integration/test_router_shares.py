@@ -89,7 +89,7 @@ async def test_work_given_on_one_router_counts_on_another() -> None:
         for _ in range(5):
             await asyncio.sleep(0)
         endpoint.in_flight -= 1
-        queue.done(MODEL)
+        queue.done(MODEL, "flood")
         for _ in range(5):
             await asyncio.sleep(0)
         assert order == ["light"]

@@ -100,7 +100,7 @@ class Fleet:
 
     async def finish_one(self) -> None:
         self.endpoint.in_flight -= 1
-        self.queue.done(MODEL)
+        self.queue.done(MODEL, "k")
         await self.settle()
 
 
@@ -228,7 +228,7 @@ async def test_token_shares_let_more_short_requests_through() -> None:
         await asyncio.sleep(0)
     for _ in range(10):
         endpoint.in_flight -= 1
-        queue.done(MODEL)
+        queue.done(MODEL, "k")
         for _ in range(5):
             await asyncio.sleep(0)
     # Equal tokens: four short requests for each long one (by requests: five each).
@@ -296,7 +296,7 @@ async def test_streams_get_keepalives_while_waiting() -> None:
         beats.append(waiting)
         if len(beats) == 3:
             pool.by_model[MODEL][0].in_flight = 0
-            queue.done(MODEL)
+            queue.done(MODEL, "k")
 
     waited = await queue.wait_turn(MODEL, Ticket("k"), keepalive=keepalive, interval=0.01)
     assert beats == [1, 1, 1]

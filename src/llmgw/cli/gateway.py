@@ -451,6 +451,8 @@ async def _serve(
         retry_after=cfg.router.retry_after,
         metrics=QueueMetrics(registry=registry),
         share=cfg.router.queue.share,
+        reserve=cfg.router.queue.reserve,
+        active_for=cfg.router.queue.share_window,
     )
     balancer = Balancer(
         clock=clock,

@@ -293,7 +293,9 @@ def queue_lines(queue: list[dict[str, Any]]) -> list[str]:
         ]
         state = "saturated" if entry.get("saturated") else "has room"
         waiting = ", ".join(parts) if parts else "none"
-        lines.append(f"queue {entry['model']}: {state}; waiting: {waiting}")
+        reserve = entry.get("reserve") or 0
+        kept = f"; {reserve} kept for keys under their share" if reserve else ""
+        lines.append(f"queue {entry['model']}: {state}; waiting: {waiting}{kept}")
     return lines
 
 

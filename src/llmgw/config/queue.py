@@ -65,9 +65,26 @@ class QueueConfig(BaseModel):
         gt=0,
         description=(
             "Seconds of recent work that fair share between keys counts when routers "
-            "share it through Redis (limits.redis_url): long enough that a key's burst is "
-            "remembered while it is still queueing, short enough that yesterday's heavy "
-            "user is not held back today."
+            "share it through Redis (limits.redis_url), and for which a key counts as "
+            "active on a model after its last request (the reserve's fair shares): long "
+            "enough that a key's burst is remembered while it is still queueing, short "
+            "enough that yesterday's heavy user is not held back today."
+        ),
+    )
+    reserve: float = Field(
+        default=0.05,
+        ge=0,
+        lt=1,
+        description=(
+            "Fraction of a model's places (the sum of its replicas' max_in_flight, rounded "
+            "to the nearest place, never all of them) kept for keys holding less than their "
+            "fair share of the model (its places split by weight between the keys active "
+            "on it): a key over its share waits rather than take them, so a light user's "
+            "request finds a free place instead of waiting for one to end while another "
+            "key floods. A key alone is never over its share and still fills every place. "
+            "A kept place is idle until such a request comes, so while several keys "
+            "compete it costs up to this fraction of the model's throughput; 0.05 keeps "
+            "one place from 10 places up (none below) for at most about 5%; 0 turns it off."
         ),
     )
     max_waiting: int | None = Field(

@@ -218,7 +218,7 @@ class Proxy:
                     await _send_error_event(send, exc)
                     outcome = Outcome(exc.status, exc.endpoint_id or "none")
         finally:
-            queue.done(req.model)
+            queue.done(req.model, ticket.key)
         outcome.queued = waited
         return outcome
 

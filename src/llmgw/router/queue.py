@@ -21,6 +21,17 @@ order:
    was given the least work lately (over its weight), as counted by every
    router through Redis; requests of one key leave in arrival order.
 
+The reserve (router.queue.reserve, a fraction of the model's places: the sum
+of its replicas' limits): the model's last free places go only to requests
+whose key holds less than its fair share of the places (split by weight
+between the keys active on the model: with requests in flight or waiting, or
+one within the last `active_for` seconds). A flooding key then leaves them
+free, and a light key's request takes one at once instead of waiting for a
+request to end; the next place that frees is kept again. A key alone is never
+over its share, so with nobody else about every place is used. While several
+keys compete, a kept place is idle until such a request comes: that is the
+reserve's cost in throughput.
+
 A waiting request leaves with a 429 (`QueueRefused`, with Retry-After and the
 queue's length in the message) when its wait budget runs out, and is refused
 at once when the model's queue is full. A request whose client goes away is
@@ -36,7 +47,10 @@ Not guaranteed: without a ledger, fairness across router processes (each keeps
 its own queue and its own virtual times, and a key's virtual time is forgotten
 whenever its model's queue empties); with one, other routers' latest work is
 seen only after the next sync. A token share is counted from estimates (the
-prompt's text and max_tokens), not from what the engine later reports.
+prompt's text and max_tokens), not from what the engine later reports. The
+reserve counts this router's requests only, and takes its out-of-turn
+request by scanning the model's queue (only while the model is down to its
+reserve and the next request's key is over its share).
 """
 
 from __future__ import annotations
@@ -189,6 +203,22 @@ class _ModelQueue:
             self.finish[i].clear()
 
 
+@dataclass(slots=True)
+class _Flows:
+    """What the reserve needs of one model: each key's requests in flight and
+    waiting, its weight, and when it last began or ended a request."""
+
+    in_flight: dict[str, int] = field(default_factory=dict)
+    queued: dict[str, int] = field(default_factory=dict)
+    weight: dict[str, float] = field(default_factory=dict)
+    last: dict[str, float] = field(default_factory=dict)
+    pruned: float = 0.0
+
+    def seen(self, ticket: Ticket, now: float) -> None:
+        self.weight[ticket.key] = ticket.weight
+        self.last[ticket.key] = now
+
+
 # A callback the proxy gives for streams: sends an SSE keep-alive comment.
 KeepAlive = Callable[[int], Awaitable[None]]
 
@@ -208,7 +238,15 @@ class RequestQueue:
         metrics: QueueMetrics | None = None,
         share: Literal["requests", "tokens"] = "requests",
         ledger: ShareLedger | None = None,
+        reserve: float = 0.0,
+        active_for: float = 60.0,
     ) -> None:
+        """`reserve`: the fraction of a model's places kept for keys under their
+        fair share (see `_keeps`); a key counts as active on a model while it has
+        requests there, and for `active_for` seconds after its last one."""
+        self._reserve = reserve
+        self._active_for = active_for
+        self._flows: dict[str, _Flows] = {}
         self._by_tokens = share == "tokens"
         self._ledger = ledger
         self._saturation = saturation
@@ -241,7 +279,12 @@ class RequestQueue:
                     max((now - w.enqueued for w in waiting), default=0), 3
                 ),
             }
-        return {"waiting": state.size if state else 0, "classes": classes}
+        places = self._saturation.room_and_places(model)[1] if self._reserve > 0 else math.inf
+        return {
+            "waiting": state.size if state else 0,
+            "classes": classes,
+            "reserve": self._kept(places),
+        }
 
     def model_state(self, model: str) -> dict[str, object]:
         """One model's queue and saturation, as in `snapshot`."""
@@ -269,9 +312,18 @@ class RequestQueue:
         state = self._models.get(model)
         if state is None or state.size == 0:
             reserved = state.reserved if state else 0
-            if self._saturation.room(model, reserved) > 0:
+            if self._reserve <= 0:
+                free = self._saturation.room(model, reserved) > 0
+            else:
+                room, places = self._saturation.room_and_places(model, reserved)
+                free = room > 0 and (
+                    room > self._kept(places) or self._under_share(model, ticket, places)
+                )
+            if free:
                 if self._ledger is not None:
                     self._ledger.charge(model, ticket.key, self._cost(tokens))
+                if self._reserve > 0:
+                    self._began(model, ticket)
                 return 0.0
         if state is None:
             state = self._models[model] = _ModelQueue()
@@ -285,6 +337,8 @@ class RequestQueue:
                 retry_after=self._retry_after,
             )
         waiter = self._push(state, ticket, rank, self._cost(tokens))
+        if self._reserve > 0:
+            self._queued(model, ticket, 1)
         self._drain(model, state)
         start = waiter.enqueued
         deadline = start + ticket.max_wait
@@ -318,8 +372,11 @@ class RequestQueue:
             self._metrics.wait.labels(model, ticket.priority).observe(waited)
         return waited
 
-    def done(self, model: str) -> None:
-        """A request of `model` let through by `wait_turn` ended: let the next ones out."""
+    def done(self, model: str, key: str) -> None:
+        """A request of `model` by `key` let through by `wait_turn` ended: let the
+        next ones out."""
+        if self._reserve > 0:
+            self._ended(model, key)
         state = self._models.get(model)
         if state is not None and state.size:
             self._drain(model, state)
@@ -328,6 +385,75 @@ class RequestQueue:
         if self._by_tokens and tokens is not None:
             return max(1.0, float(tokens()))
         return 1.0
+
+    def _kept(self, places: float) -> int:
+        """How many of a model's `places` are its reserve (never all of them)."""
+        if places == math.inf or places < 2:
+            return 0
+        return min(int(places) - 1, int(self._reserve * places + 0.5))
+
+    def _under_share(self, model: str, ticket: Ticket, places: float) -> bool:
+        """Whether `ticket`'s key holds less than its fair share of `places`: the
+        places split by weight between the keys active on the model (a key with
+        nothing in flight always is)."""
+        flows = self._flows.get(model)
+        key = ticket.key
+        held = flows.in_flight.get(key, 0) if flows is not None else 0
+        if held == 0 or flows is None:
+            return True
+        now = self._clock()
+        total = 0.0 if key in flows.weight else ticket.weight
+        for other, weight in list(flows.weight.items()):
+            if (
+                flows.in_flight.get(other, 0)
+                or flows.queued.get(other, 0)
+                or now - flows.last[other] < self._active_for
+            ):
+                total += weight
+            else:
+                self._forget(flows, other)
+        return held + 1 <= places * ticket.weight / total
+
+    @staticmethod
+    def _forget(flows: _Flows, key: str) -> None:
+        for table in (flows.in_flight, flows.queued, flows.weight, flows.last):
+            table.pop(key, None)
+
+    def _began(self, model: str, ticket: Ticket) -> None:
+        flows = self._flows.get(model)
+        if flows is None:
+            flows = self._flows[model] = _Flows()
+        flows.seen(ticket, self._clock())
+        flows.in_flight[ticket.key] = flows.in_flight.get(ticket.key, 0) + 1
+
+    def _ended(self, model: str, key: str) -> None:
+        flows = self._flows.get(model)
+        if flows is None or key not in flows.in_flight:
+            return
+        now = flows.last[key] = self._clock()
+        left = flows.in_flight[key] - 1
+        if left > 0:
+            flows.in_flight[key] = left
+        else:
+            del flows.in_flight[key]
+        if now - flows.pruned > self._active_for:
+            # Keys gone quiet are forgotten here too, in case the model never
+            # gets down to its reserve (where they are otherwise forgotten).
+            flows.pruned = now
+            for other in [k for k, t in flows.last.items() if now - t >= self._active_for]:
+                if not flows.in_flight.get(other) and not flows.queued.get(other):
+                    self._forget(flows, other)
+
+    def _queued(self, model: str, ticket: Ticket, change: int) -> None:
+        flows = self._flows.get(model)
+        if flows is None:
+            flows = self._flows[model] = _Flows()
+        flows.seen(ticket, self._clock())
+        count = flows.queued.get(ticket.key, 0) + change
+        if count > 0:
+            flows.queued[ticket.key] = count
+        else:
+            flows.queued.pop(ticket.key, None)
 
     def _refuse_count(self, model: str, ticket: Ticket, reason: str) -> None:
         if self._metrics is not None:
@@ -361,12 +487,16 @@ class RequestQueue:
             state.reserved -= 1
             if not _returning():
                 # Cancelled after being let out (the client left): hand the place on.
+                if self._reserve > 0:
+                    self._ended(model, waiter.ticket.key)
                 self._drain(model, state)
         else:
             waiter.future.cancel()
             waiter.gone = True
             state.size -= 1
             state.counts[waiter.rank] -= 1
+            if self._reserve > 0:
+                self._queued(model, waiter.ticket, -1)
             if _returning() is False and self._metrics is not None:
                 self._metrics.left.labels(model, waiter.ticket.priority).inc()
         if state.size == 0 and state.reserved == 0:
@@ -408,26 +538,62 @@ class RequestQueue:
                 best, best_key = head, key
         return best
 
+    def _next_under_share(self, model: str, state: _ModelQueue, places: float) -> _Waiter | None:
+        """The first waiter, by class and then fair-share order, whose key is under
+        its fair share (the reserve's taker). Scans the queue: it runs only while
+        the model is down to its reserve and its next waiter's key is over its share."""
+        under: dict[str, bool] = {}
+        for heap in state.heaps:
+            best: tuple[float, int, _Waiter] | None = None
+            for entry in heap:
+                waiter = entry[2]
+                if waiter.gone or (best is not None and entry[:2] >= best[:2]):
+                    continue
+                key = waiter.ticket.key
+                if key not in under:
+                    under[key] = self._under_share(model, waiter.ticket, places)
+                if under[key]:
+                    best = entry
+            if best is not None:
+                return best[2]
+        return None
+
     def _drain(self, model: str, state: _ModelQueue) -> None:
-        """Let waiters out, in order, while the model has room."""
+        """Let waiters out, in order, while the model has room (and, down to its
+        reserve, only those whose key is under its fair share)."""
         now = self._clock()
         while state.size:
-            if self._saturation.room(model, state.reserved) <= 0:
+            if self._reserve <= 0:
+                room, places = self._saturation.room(model, state.reserved), math.inf
+            else:
+                room, places = self._saturation.room_and_places(model, state.reserved)
+            if room <= 0:
                 return
             waiter = self._next(model, state, now)
             if waiter is None:
                 return
+            in_order = True
+            if room <= self._kept(places) and not self._under_share(model, waiter.ticket, places):
+                waiter = self._next_under_share(model, state, places)
+                if waiter is None:
+                    return
+                in_order = False
             heap = state.heaps[waiter.rank]
             if heap[0][2] is waiter:
                 heapq.heappop(heap)
             # (Otherwise it is left in the heap, gone, until it reaches the top.)
-            state.vtime[waiter.rank] = waiter.tag
+            if in_order:
+                # A reserve's taker out of order does not move the class's virtual time.
+                state.vtime[waiter.rank] = waiter.tag
             if self._ledger is not None:
                 self._ledger.charge(model, waiter.ticket.key, waiter.cost)
             waiter.gone = True
             state.size -= 1
             state.counts[waiter.rank] -= 1
             state.reserved += 1
+            if self._reserve > 0:
+                self._queued(model, waiter.ticket, -1)
+                self._began(model, waiter.ticket)
             waiter.future.set_result(None)
 
 

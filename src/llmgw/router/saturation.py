@@ -127,6 +127,31 @@ class Saturation:
             return math.inf
         return total - reserved
 
+    def room_and_places(self, model: str, reserved: int = 0) -> tuple[float, float]:
+        """`room(model, reserved)` and the model's places: the sum of its available
+        replicas' limits (`inf` as in `room`), in one pass."""
+        endpoints = self._pool.by_model.get(model)
+        if not endpoints:
+            return math.inf, math.inf
+        now = self._clock()
+        room = places = 0.0
+        seen = False
+        for endpoint in endpoints:
+            if not endpoint.available(now):
+                continue
+            seen = True
+            limit = self.limit(endpoint, model)
+            full = self._engine_full(endpoint)
+            if limit is None:
+                places = math.inf
+                room += 0.0 if full else math.inf
+            else:
+                places += limit
+                room += 0.0 if full else max(0, limit - endpoint.in_flight)
+        if not seen:
+            return math.inf, math.inf
+        return room - reserved, places
+
     def with_room(self, model: str, endpoints: list[Endpoint]) -> list[Endpoint]:
         """The endpoints that are not saturated (all of them when none has room,
         so that a request let through still has somewhere to go)."""

@@ -1,0 +1,210 @@
+"""The queue's reserve, a client leaving the queue and the wait in usage records,
+in a real `llmgw server` with API keys in front of a real `llmgw sim`.
+
+Five places on one replica (`router.max_in_flight: 5`). Long streams of a
+flooding key hold places; what the light key, the flood's waiting requests and
+the store then see is checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from procs import Server, Sim, llmgw
+
+from llmgw.cli.status import queue_lines
+
+CHAT = {"model": "m1", "messages": [{"role": "user", "content": "Tell me about the sea"}]}
+
+
+def _wait_for(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _create_key(data_dir: Path, name: str) -> tuple[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
+    out = subprocess.run(
+        [*llmgw("keys", "create", "--name", name, "--json"), "--data-dir", str(data_dir)],
+        capture_output=True, text=True, timeout=60, check=True, env=env,
+    )  # fmt: skip
+    created = json.loads(out.stdout)
+    return str(created["id"]), str(created["secret"])
+
+
+class Fleet:
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.keys = {name: _create_key(data_dir, name) for name in ("light", "flood")}
+        # About 0.1 s a token: a 400-token stream holds its place for as long as a test needs.
+        self.sim = Sim("--itl", "0.1", "--itl-per-running", "0", model="m1")
+
+    def server(self, queue: str) -> Server:
+        config = self.data_dir.parent / f"llmgw-{time.monotonic_ns()}.yaml"
+        config.write_text(
+            f"router: {{max_in_flight: 5, queue: {{recheck: 0.2, {queue}}}}}\n"
+            "control: {activation_keepalive: 0.2}\n"
+        )
+        return Server(
+            "--endpoint", f"s={self.sim.url}=m1", "--config", str(config),
+            auth=True, data_dir=self.data_dir,
+        )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    tmp = tmp_path_factory.mktemp("reserve")
+    made = Fleet(tmp / "data")
+    yield made
+    made.sim.proc.stop()
+
+
+class Stream:
+    """A streaming request in a thread: its status, what it received, and a way to
+    hang up (closing the connection, as a client that goes away does)."""
+
+    def __init__(self, server: Server, secret: str, max_tokens: int) -> None:
+        self.status: list[int] = []
+        self.received: list[bytes] = []
+        self._hang_up = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(server.url, secret, max_tokens), daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, url: str, secret: str, max_tokens: int) -> None:
+        body = {**CHAT, "stream": True, "max_tokens": max_tokens}
+        with httpx.stream(
+            "POST",
+            url + "/v1/chat/completions",
+            json=body,
+            headers={"authorization": f"Bearer {secret}"},
+            timeout=120,
+        ) as resp:
+            self.status.append(resp.status_code)
+            for chunk in resp.iter_bytes():
+                self.received.append(chunk)
+                if self._hang_up.is_set():
+                    return
+
+    @property
+    def text(self) -> str:
+        return b"".join(self.received).decode()
+
+    @property
+    def answering(self) -> bool:
+        return "data: {" in self.text
+
+    def hang_up(self) -> None:
+        self._hang_up.set()
+        self._thread.join(timeout=60)
+
+    def join(self) -> None:
+        self._thread.join(timeout=60)
+
+
+def _queue(server: Server) -> dict[str, object]:
+    (state,) = httpx.get(server.admin + "/admin/api/queue", timeout=10).json()["models"]
+    data: dict[str, object] = state
+    return data
+
+
+def _in_flight(server: Server) -> int:
+    return sum(int(str(e["in_flight"])) for e in server.endpoints())
+
+
+def _chat(server: Server, secret: str) -> httpx.Response:
+    return httpx.post(
+        server.url + "/v1/chat/completions",
+        json={**CHAT, "max_tokens": 2},
+        headers={"authorization": f"Bearer {secret}"},
+        timeout=60,
+    )
+
+
+def test_a_flooding_key_leaves_the_reserve_to_a_light_key(fleet: Fleet) -> None:
+    server = fleet.server("reserve: 0.2")
+    light, flood = fleet.keys["light"][1], fleet.keys["flood"][1]
+    holders: list[Stream] = []
+    try:
+        assert _chat(server, light).status_code == 200  # the light key is active
+        holders = [Stream(server, flood, 400) for _ in range(7)]
+        # Five places, one kept: the flood holds four and the rest of it waits.
+        _wait_for(
+            lambda: sum(h.answering for h in holders) == 4 and _queue(server)["waiting"] == 3,
+            "the flood to fill all but the reserve",
+        )
+        state = _queue(server)
+        assert state["reserve"] == 1
+        assert state["saturated"] is False
+        assert queue_lines([state]) == [
+            "queue m1: has room; waiting: default 3 (oldest "
+            f"{state['classes']['default']['oldest_wait_seconds']:g}s); "  # type: ignore[index]
+            "1 kept for keys under their share"
+        ]
+        # The light key's request finds the kept place and is answered at once,
+        # while the flood's requests still wait.
+        answer = Stream(server, light, 3)
+        answer.join()
+        assert answer.status == [200]
+        assert "data: [DONE]" in answer.text
+        assert ": llmgw queued" not in answer.text
+        assert _queue(server)["waiting"] == 3
+        assert sum(h.answering for h in holders) == 4
+    finally:
+        for holder in holders:
+            holder.hang_up()
+        _wait_for(lambda: _in_flight(server) == 0, "every request to end")
+        server.proc.stop()
+
+
+def test_a_client_that_hangs_up_leaves_the_queue_and_usage_says_how_long_one_waited(
+    fleet: Fleet,
+) -> None:
+    server = fleet.server("reserve: 0")
+    flood_id, flood = fleet.keys["flood"]
+    holders = [Stream(server, flood, 400) for _ in range(5)]
+    try:
+        _wait_for(lambda: sum(h.answering for h in holders) == 5, "the flood to fill the model")
+        leaving = Stream(server, flood, 3)
+        _wait_for(lambda: ": llmgw queued for model m1" in leaving.text, "the stream to wait")
+        staying = Stream(server, flood, 3)
+        _wait_for(lambda: _queue(server)["waiting"] == 2, "two requests waiting")
+        leaving.hang_up()
+        _wait_for(lambda: _queue(server)["waiting"] == 1, "the request to leave the queue")
+        assert 'llmgw_queue_abandoned_total{class="default",model="m1"} 1.0' in server.metrics()
+        assert not leaving.answering
+        _wait_for(lambda: ": llmgw queued" in staying.text, "a keep-alive while it waits")
+        holders[0].hang_up()
+        staying.join()
+        assert staying.status == [200]
+        assert "data: [DONE]" in staying.text
+    finally:
+        for holder in holders:
+            holder.hang_up()
+        _wait_for(lambda: _in_flight(server) == 0, "every request to end")
+        server.proc.stop()  # the usage recorder writes what it holds on the way out
+
+    with sqlite3.connect(fleet.data_dir / "llmgw.db") as db:
+        rows = db.execute(
+            "SELECT queue_ms FROM usage_records WHERE key_id = ? AND status = 200 "
+            "AND completion_tokens = 3",
+            (flood_id,),
+        ).fetchall()
+    # The request that waited for a holder to hang up: at least the keep-alive
+    # interval (it got a comment, sent that long after it began waiting).
+    assert len(rows) == 1
+    assert rows[0][0] >= 200.0
