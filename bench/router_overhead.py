@@ -271,6 +271,12 @@ def start_all(procs: Processes, ports: Ports, s: Settings, data_dir: Path) -> No
         ],
         LOAD_CORE,
     )  # fmt: skip
+    config: list[str] = []
+    if s.max_in_flight is not None:
+        # Every request then passes the queue's checks (room, the reserve) on its way.
+        path = data_dir.parent / "gateway.yaml"
+        path.write_text(f"router: {{max_in_flight: {s.max_in_flight}}}\n")
+        config = ["--config", str(path)]
     procs.start(
         "gateway",
         [
@@ -278,7 +284,7 @@ def start_all(procs: Processes, ports: Ports, s: Settings, data_dir: Path) -> No
             "--endpoint", f"fast=http://{HOST}:{ports.fast}={FAST_MODEL}",
             "--endpoint", f"paced=http://{HOST}:{ports.paced}={PACED_MODEL}",
             "--listen", f"{HOST}:{ports.gateway}", "--admin-listen", f"{HOST}:{ports.admin}",
-            "--data-dir", str(data_dir), "--auth-mode", s.auth_mode,
+            "--data-dir", str(data_dir), "--auth-mode", s.auth_mode, *config,
         ],
         GATEWAY_CORE,
     )  # fmt: skip
@@ -445,6 +451,8 @@ class Settings:
     features: bool = True
     feature_concurrency: tuple[int, ...] = (64, 1)
     feature_rounds: int = 2
+    # router.max_in_flight of the gateway (None: unset, nothing ever queues).
+    max_in_flight: int | None = None
 
 
 async def _phase(
@@ -1346,7 +1354,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="user message of about this many bytes instead of one short sentence "
         "(the routing issue's check: 20480); implies --no-write",
     )
+    parser.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=None,
+        help="the gateway's router.max_in_flight, so requests pass the queue's checks "
+        "(above the load: none waits); implies --no-write",
+    )
     args = parser.parse_args(argv)
+    if args.max_in_flight is not None and args.max_in_flight < 1:
+        parser.error("--max-in-flight must be at least 1")
     if args.features_rounds < 1:
         parser.error("--features-rounds must be at least 1")
     if args.features_only and not args.features:
@@ -1374,7 +1391,10 @@ def main(argv: list[str] | None = None) -> int:
         features=args.features,
         feature_concurrency=args.features_c,
         feature_rounds=args.features_rounds,
+        max_in_flight=args.max_in_flight,
     )
+    if args.max_in_flight is not None:
+        args.no_write = True
     pin = (os.cpu_count() or 1) >= 2
     if pin:
         os.sched_setaffinity(0, {LOAD_CORE})

@@ -21,6 +21,7 @@ SATURATED = {
         "batch": {"waiting": 2, "oldest_wait_seconds": 12.0},
     },
     "saturated": True,
+    "reserve": 2,
     "replicas": [],
 }
 
@@ -44,4 +45,5 @@ async def test_the_model_page_shows_its_queue(tmp_path: Path) -> None:
     assert queue.startswith("saturated · 3 waiting · interactive 1 (oldest ")
     assert "batch 2 (oldest " in queue
     assert "default" not in queue
+    assert queue.endswith(" · 2 kept for keys under their share")
     assert other.split('<dd id="queue">')[1].split("</dd>")[0] == "empty"
