@@ -1,5 +1,6 @@
-"""The queue's reserve, a client leaving the queue and the wait in usage records,
-in a real `llmgw server` with API keys in front of a real `llmgw sim`.
+"""The queue's reserve, the SDK's timeout as a wait budget, a client leaving the
+queue and the wait in usage records, in a real `llmgw server` with API keys in
+front of a real `llmgw sim`.
 
 Five places on one replica (`router.max_in_flight: 5`). Long streams of a
 flooding key hold places; what the light key, the flood's waiting requests and
@@ -179,6 +180,17 @@ def test_a_client_that_hangs_up_leaves_the_queue_and_usage_says_how_long_one_wai
     holders = [Stream(server, flood, 400) for _ in range(5)]
     try:
         _wait_for(lambda: sum(h.answering for h in holders) == 5, "the flood to fill the model")
+        # The OpenAI SDK's own timeout header lowers the request's wait budget.
+        refused = httpx.post(
+            server.url + "/v1/chat/completions",
+            json={**CHAT, "max_tokens": 2},
+            headers={"authorization": f"Bearer {flood}", "x-stainless-timeout": "0.3"},
+            timeout=60,
+        )
+        assert refused.status_code == 429, refused.text
+        assert refused.headers["retry-after"] == "5"
+        message = refused.json()["error"]["message"]
+        assert "whole wait budget of 0.3 s (1 requests waiting in the queue)" in message
         leaving = Stream(server, flood, 3)
         _wait_for(lambda: ": llmgw queued for model m1" in leaving.text, "the stream to wait")
         staying = Stream(server, flood, 3)
