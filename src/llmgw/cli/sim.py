@@ -102,6 +102,15 @@ def sim(
     master_port: Annotated[
         int, typer.Option(min=0, max=65535, help="Rank 0's rendezvous port.")
     ] = 0,
+    native_apis: Annotated[
+        str | None,
+        typer.Option(
+            help="Client APIs to serve natively besides OpenAI's, comma-separated: "
+            "'messages' (Anthropic, /v1/messages), 'responses' (OpenAI, /v1/responses); "
+            "none by default (those paths are 404, as on llama.cpp's server).",
+            show_default=False,
+        ),
+    ] = None,
     shutdown_grace: Annotated[
         float,
         typer.Option(
@@ -117,6 +126,7 @@ def sim(
 
     from llmgw.cli.sim_wiring import build_app, gang_settings, run_follower, run_rank0
     from llmgw.sim.faults import FaultSettings
+    from llmgw.sim.native_request import parse_native_apis
     from llmgw.sim.settings import SimSettings
 
     gang = gang_settings(nnodes, node_rank, master_addr or "", master_port)
@@ -124,7 +134,12 @@ def sim(
         run_follower(gang)
         return
 
+    try:
+        apis = parse_native_apis(native_apis or "")
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--native-apis") from None
     settings = SimSettings(
+        native_apis=apis,
         models=tuple(model) if model else ("sim-model",),
         load_time=load_time,
         prefill_per_token=prefill_per_token,

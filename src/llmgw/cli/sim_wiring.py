@@ -65,6 +65,7 @@ def build_app(
         load_time=settings.load_time,
         output_tokens=settings.output_tokens,
         embedding_dim=settings.embedding_dim,
+        native_apis=settings.native_apis,
         clock=clock,
         wall_clock=wall_clock,
     )

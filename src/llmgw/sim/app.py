@@ -6,6 +6,9 @@ OpenAI error bodies. Until `load_time` seconds (on the injected clock) have pass
 since the app was created, every route except `/metrics` and `/sim/*` answers 503
 `loading`, like an engine still loading weights.
 
+With `native_apis` the Anthropic Messages and OpenAI Responses APIs are served
+too (`llmgw.sim.native`); without, those paths are 404 like on llama.cpp's server.
+
 Not guaranteed: HEAD, OPTIONS, trailing-slash variants or query-string handling; the
 path must match exactly.
 """
@@ -23,6 +26,8 @@ from llmgw.sim.engine import Engine
 from llmgw.sim.errors import SimError, bad_request
 from llmgw.sim.faults import Faults, FaultsError
 from llmgw.sim.inference import Inference
+from llmgw.sim.native import NativeApis
+from llmgw.sim.native_request import MESSAGES, RESPONSES
 from llmgw.sim.protocol import parse_chat, parse_completion
 from llmgw.sim.scheduler import Clock
 from llmgw.sim.stats import SimStats
@@ -48,6 +53,7 @@ class SimApp:
         load_time: float,
         clock: Clock,
         wall_clock: Clock,
+        native_apis: frozenset[str] = frozenset(),
     ) -> None:
         self._engine = engine
         self._stats = stats
@@ -78,6 +84,11 @@ class SimApp:
             "/sim/stats": (False, {"GET": self._sim_stats}),
             "/sim/faults": (False, {"GET": self._get_faults, "POST": self._post_faults}),
         }
+        native = NativeApis(inference=inference)
+        if MESSAGES in native_apis:
+            self._routes["/v1/messages"] = (True, {"POST": native.messages})
+        if RESPONSES in native_apis:
+            self._routes["/v1/responses"] = (True, {"POST": native.responses})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -200,6 +211,7 @@ def create_app(
     embedding_dim: int,
     clock: Clock,
     wall_clock: Clock,
+    native_apis: frozenset[str] = frozenset(),
 ) -> SimApp:
     """The sim's ASGI app over objects built by the caller (the CLI or a test)."""
     if not models:
@@ -224,4 +236,5 @@ def create_app(
         load_time=load_time,
         clock=clock,
         wall_clock=wall_clock,
+        native_apis=native_apis,
     )

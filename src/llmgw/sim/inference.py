@@ -122,10 +122,10 @@ class Inference:
         self._id_base = secrets.token_hex(4)
         self._ids = itertools.count(1)
 
-    def _new_id(self, prefix: str) -> str:
+    def new_id(self, prefix: str) -> str:
         return f"{prefix}{self._id_base}{next(self._ids):08x}"
 
-    def _resolve(self, name: str | None) -> tuple[str, ModelCounters]:
+    def resolve(self, name: str | None) -> tuple[str, ModelCounters]:
         if name is None:
             name = self._default_model
         counters = self._stats.models.get(name)
@@ -139,14 +139,14 @@ class Inference:
             )
         return name, counters
 
-    def _needs_watch(self, faults: FaultSettings) -> bool:
+    def needs_watch(self, faults: FaultSettings) -> bool:
         return (
             not self._engine.scheduler.instant
             or faults.slow_start > 0
             or faults.stall_after_tokens is not None
         )
 
-    async def _watch(self, receive: Receive, work: Awaitable[None], watch: bool) -> bool:
+    async def watch(self, receive: Receive, work: Awaitable[None], watch: bool) -> bool:
         """Run `work`, watching for a disconnect only when it could take time."""
         if not watch:
             await work
@@ -156,7 +156,7 @@ class Inference:
         self._stats.requests_cancelled += 1
         return False
 
-    async def _begin(self, scope: Scope, receive: Receive) -> object | None:
+    async def begin(self, scope: Scope, receive: Receive) -> object | None:
         """Count the request, crash if told to, read and decode its body (None: gone)."""
         self._faults.on_inference_request()
         stats = self._stats
@@ -172,21 +172,65 @@ class Inference:
         stats.last_request = LastRequest(scope["path"], data, scope["headers"])
         return data
 
-    async def _injected_failure(self, receive: Receive, send: Send, faults: FaultSettings) -> None:
+    async def injected_error(self, receive: Receive, faults: FaultSettings) -> SimError | None:
+        """The injected failure to answer, after the slow start (None: the client left)."""
         if faults.slow_start > 0:
             pause = self._engine.scheduler.pause(faults.slow_start)
-            if not await self._watch(receive, pause, True):
-                return
+            if not await self.watch(receive, pause, True):
+                return None
         self._stats.requests_failed += 1
-        await send_error(
-            send,
-            SimError(
-                faults.error_status,
-                "injected failure: this llmgw sim fails a fraction of requests on purpose "
-                "(--error-rate or POST /sim/faults)",
-                code="injected_fault",
-            ),
+        return SimError(
+            faults.error_status,
+            "injected failure: this llmgw sim fails a fraction of requests on purpose "
+            "(--error-rate or POST /sim/faults)",
+            code="injected_fault",
         )
+
+    async def _injected_failure(self, receive: Receive, send: Send, faults: FaultSettings) -> None:
+        error = await self.injected_error(receive, faults)
+        if error is not None:
+            await send_error(send, error)
+
+    async def run(
+        self,
+        receive: Receive,
+        request: GenerationRequest,
+        model: str,
+        counters: ModelCounters,
+        faults: FaultSettings,
+        emit: Callable[[int, str], Awaitable[None]] | None,
+    ) -> Sequence[str] | None:
+        """Generate `request`'s tokens through the engine (each handed to `emit` as it
+        comes); None when the client left. For the other APIs' handlers (`native`)."""
+        tokens = self._generator.tokens(request.key, request.max_tokens or self._output_tokens)
+        work = self._engine.generate(
+            model=model,
+            counters=counters,
+            prompt=request.prompt,
+            tokens=tokens,
+            stall_after=faults.stall_after_tokens,
+            slow_start=faults.slow_start,
+            emit=emit,
+        )
+        if not await self.watch(receive, work, self.needs_watch(faults)):
+            return None
+        return tokens
+
+    def completed(self, counters: ModelCounters) -> None:
+        counters.request_success += 1
+        self._stats.requests_completed += 1
+
+    @property
+    def faults(self) -> Faults:
+        return self._faults
+
+    @property
+    def stats(self) -> SimStats:
+        return self._stats
+
+    @property
+    def wall_clock(self) -> Callable[[], float]:
+        return self._wall_clock
 
     async def chat(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._generation(scope, receive, send, chat=True)
@@ -196,11 +240,11 @@ class Inference:
 
     async def _generation(self, scope: Scope, receive: Receive, send: Send, *, chat: bool) -> None:
         try:
-            data = await self._begin(scope, receive)
+            data = await self.begin(scope, receive)
             if data is None:
                 return
             request = parse_chat(data) if chat else parse_completion(data)
-            model, counters = self._resolve(request.model)
+            model, counters = self.resolve(request.model)
         except SimError as exc:
             self._stats.requests_failed += 1
             await send_error(send, exc)
@@ -235,7 +279,7 @@ class Inference:
             slow_start=faults.slow_start,
             emit=None,
         )
-        if not await self._watch(receive, work, self._needs_watch(faults)):
+        if not await self.watch(receive, work, self.needs_watch(faults)):
             return
         finish = "length" if request.max_tokens is not None else "stop"
         text = "".join(tokens)
@@ -250,7 +294,7 @@ class Inference:
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         payload = {
-            "id": self._new_id("chatcmpl-" if chat else "cmpl-"),
+            "id": self.new_id("chatcmpl-" if chat else "cmpl-"),
             "object": "chat.completion" if chat else "text_completion",
             "created": int(self._wall_clock()),
             "model": model,
@@ -276,7 +320,7 @@ class Inference:
         finish = "length" if request.max_tokens is not None else "stop"
         last = len(tokens) - 1
         head: dict[str, object] = {
-            "id": self._new_id("chatcmpl-" if chat else "cmpl-"),
+            "id": self.new_id("chatcmpl-" if chat else "cmpl-"),
             "object": "chat.completion.chunk" if chat else "text_completion",
             "created": int(self._wall_clock()),
             "model": model,
@@ -300,7 +344,7 @@ class Inference:
             slow_start=faults.slow_start,
             emit=emit,
         )
-        if not await self._watch(receive, work, self._needs_watch(faults)):
+        if not await self.watch(receive, work, self.needs_watch(faults)):
             return
         if request.include_usage:
             usage = _usage(len(request.prompt), len(tokens))
@@ -311,11 +355,11 @@ class Inference:
 
     async def embeddings(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            data = await self._begin(scope, receive)
+            data = await self.begin(scope, receive)
             if data is None:
                 return
             request = parse_embedding(data)
-            model, counters = self._resolve(request.model)
+            model, counters = self.resolve(request.model)
         except SimError as exc:
             self._stats.requests_failed += 1
             await send_error(send, exc)
@@ -328,7 +372,7 @@ class Inference:
         work = self._engine.encode(
             counters=counters, prompt_tokens=prompt_tokens, slow_start=faults.slow_start
         )
-        if not await self._watch(receive, work, self._needs_watch(faults)):
+        if not await self.watch(receive, work, self.needs_watch(faults)):
             return
         dim = self._embedding_dim
         items: list[dict[str, object]] = []
@@ -337,7 +381,7 @@ class Inference:
             embedding: object = to_base64(vector) if request.base64 else vector
             items.append({"object": "embedding", "index": index, "embedding": embedding})
         payload = {
-            "id": self._new_id("embd-"),
+            "id": self.new_id("embd-"),
             "object": "list",
             "created": int(self._wall_clock()),
             "model": model,

@@ -67,6 +67,12 @@ class SimSettings(BaseModel):
     )
     embedding_dim: int = Field(default=64, ge=1, description="Length of embedding vectors.")
     seed: int = Field(default=0, description="Seeds the generated text and the error draws.")
+    native_apis: frozenset[str] = Field(
+        default=frozenset(),
+        description="Client APIs served natively besides OpenAI's (`messages`: Anthropic "
+        "Messages at /v1/messages; `responses`: OpenAI Responses at /v1/responses), as vLLM "
+        "does; none by default, like llama.cpp, so a gateway's translation is tested too.",
+    )
     zero_delay: bool = Field(
         default=False,
         description="No timing model at all (no sleeps, no queue) for router overhead "
