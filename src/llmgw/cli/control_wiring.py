@@ -86,6 +86,7 @@ def static_spec(endpoint: EndpointConfig) -> EndpointSpec:
         endpoint.health_path,
         engine=endpoint.engine or "",
         routes=routes,
+        native_apis=endpoint.apis.native(),
     )
 
 

@@ -66,6 +66,33 @@ class ListenAddress(_Strict):
         return f"{self.host}:{self.port}"
 
 
+class ApisConfig(_Strict):
+    """How the router serves each client API besides OpenAI's on one endpoint:
+    `native` sends the client's request as is to the engine's own path for it
+    (vLLM serves both; SGLang serves Responses), `translate` turns it into a
+    chat completion and the answer back."""
+
+    messages: Literal["native", "translate"] = Field(
+        default="translate",
+        description="Anthropic Messages (/v1/messages). Translation by default: every "
+        "OpenAI-compatible engine serves chat completions, not every one serves Messages.",
+    )
+    responses: Literal["native", "translate"] = Field(
+        default="translate",
+        description="OpenAI Responses (/v1/responses). Translation by default, for the same "
+        "reason; `native` also carries what a translation cannot (stored responses, "
+        "previous_response_id) when the engine keeps them.",
+    )
+
+    def native(self) -> frozenset[str]:
+        """The APIs served natively, by name ("messages", "responses")."""
+        return frozenset(
+            name
+            for name, mode in (("messages", self.messages), ("responses", self.responses))
+            if mode == "native"
+        )
+
+
 class EndpointConfig(_Strict):
     """One OpenAI-compatible engine the router may send requests to."""
 
@@ -104,6 +131,10 @@ class EndpointConfig(_Strict):
             "endpoints serves a route answers 404 naming it. Unset by default: the "
             "engine's routes (every route when `engine` is unset)."
         ),
+    )
+    apis: ApisConfig = Field(
+        default_factory=ApisConfig,
+        description="Per client API (messages, responses): native or translate.",
     )
 
     @field_validator("id")

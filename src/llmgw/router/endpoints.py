@@ -43,6 +43,9 @@ class EndpointSpec:
     health_path: str = "/v1/models"
     engine: str = ""
     routes: tuple[tuple[str, str], ...] | None = None
+    # The client APIs (besides chat completions) the engine serves natively:
+    # "messages", "responses". Requests of the others are translated.
+    native_apis: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +70,7 @@ class Endpoint:
         "in_flight",
         "last_error",
         "models",
+        "native_apis",
         "probe_ok",
         "routes",
         "stream_usage",
@@ -82,6 +86,7 @@ class Endpoint:
         self.health_path = spec.health_path
         self.engine = spec.engine
         self.routes = _routes(spec)
+        self.native_apis = spec.native_apis
         self._policy = policy
         self._clock = clock
         self.in_flight = 0
@@ -131,6 +136,7 @@ class Endpoint:
         self.health_path = spec.health_path
         self.engine = spec.engine
         self.routes = _routes(spec)
+        self.native_apis = spec.native_apis
 
     def describe(self, now: float) -> dict[str, object]:
         """The endpoint as the admin API shows it."""
@@ -140,6 +146,7 @@ class Endpoint:
             "models": list(self.models),
             "engine": self.engine or None,
             "routes": sorted(self.routes) if self.routes is not None else None,
+            "native_apis": sorted(self.native_apis),
             "healthy": self.available(now),
             "probe_ok": self.probe_ok,
             "ejected": now < self.ejected_until,

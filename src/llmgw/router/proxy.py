@@ -25,6 +25,13 @@ frozen or cut-off node: nothing closes the connection) is moved as soon as the
 control plane says so (`EndpointPool.abandon`), if no byte of the answer has
 reached the client yet.
 
+A request of another client API (Messages, Responses) carries both its
+translation and its own body (`ParsedRequest.native`); each attempt sends the
+body as is to the API's own path when the endpoint serves that API natively
+(`Endpoint.native_apis`), the translation otherwise, and reads the usage from
+whichever answer comes back. A request only a native engine can serve is
+routed among those only.
+
 Not guaranteed: an engine that received a request and then failed may have
 done work for it before the retry. On a standby server (which does not lead the
 control plane) such a request waits for its engine up to the first-byte
@@ -60,7 +67,7 @@ from llmgw.router.ids import is_uuid, new_request_id
 from llmgw.router.queue import QueueRefused, RequestQueue, Ticket
 from llmgw.router.requests import ParsedRequest
 from llmgw.router.saturation import Saturation
-from llmgw.router.sse import SSERelay
+from llmgw.router.sse import NativeRelay, SSERelay
 from llmgw.router.upstream import (
     ConnectFailed,
     Disconnected,
@@ -389,6 +396,12 @@ class Proxy:
                 param="model",
             )
         endpoints = _serving(req, endpoints)
+        native = req.native
+        if native is not None and native.required is not None:
+            # Only an engine serving the API itself can take what translation cannot.
+            endpoints = [e for e in endpoints if native.api in e.native_apis]
+            if not endpoints:
+                raise native.required
         if self._saturation is not None:
             # Replicas with room (all of them when none has room).
             endpoints = self._saturation.with_room(req.model, endpoints)
@@ -527,12 +540,19 @@ class Proxy:
                     resp.close()
 
     async def _post(self, endpoint: Endpoint, req: ParsedRequest, request_id: bytes) -> Response:
+        native = req.native
+        req.served_natively = native is not None and native.api in endpoint.native_apis
+        if req.served_natively:
+            assert native is not None
+            path, body = native.path, native.body
+        else:
+            path, body = endpoint.path_for(req.path) or req.path, req.upstream_body
         try:
             return await self._upstream.request(
                 b"POST",
                 endpoint.url,
-                endpoint.path_for(req.path) or req.path,
-                req.upstream_body,
+                path,
+                body,
                 (
                     (b"Content-Type", req.content_type),
                     (b"X-Request-Id", _upstream_id(request_id)),
@@ -606,8 +626,12 @@ class Proxy:
         idle = self._idle
         next_chunk = resp.next_chunk
         series = self._metrics.series(req.model, endpoint.id)
-        counting = endpoint.stream_usage is not True
-        relay = SSERelay(strip_usage=not req.client_wants_usage, count_tokens=counting)
+        relay: SSERelay | NativeRelay
+        if req.served_natively:
+            relay = NativeRelay()
+        else:
+            counting = endpoint.stream_usage is not True
+            relay = SSERelay(strip_usage=not req.client_wants_usage, count_tokens=counting)
         last = clock()
         ttft = last - start
         series.ttft.observe(ttft)
@@ -657,7 +681,8 @@ class Proxy:
             )
             return self._partial(endpoint, resp, relay, ttft)
         endpoint.record_success()
-        endpoint.stream_usage = relay.usage is not None
+        if not req.served_natively:
+            endpoint.stream_usage = relay.usage is not None
         tail = relay.finish(prompt_tokens_estimate=req.prompt_tokens_estimate())
         await send({"type": "http.response.body", "body": tail, "more_body": False})
         prompt, completion = self._record_usage(series, relay.usage)
@@ -665,12 +690,19 @@ class Proxy:
         return Outcome(resp.status, endpoint.id, prompt, completion, ttft)
 
     @staticmethod
-    def _partial(endpoint: Endpoint, resp: Response, relay: SSERelay, ttft: float) -> Outcome:
+    def _partial(
+        endpoint: Endpoint, resp: Response, relay: SSERelay | NativeRelay, ttft: float
+    ) -> Outcome:
         """A stream cut short: the completion tokens relayed so far, when counted."""
         return Outcome(resp.status, endpoint.id, 0, relay.counted, ttft)
 
     async def _end_stream_with_error(
-        self, endpoint: Endpoint, send: Send, relay: SSERelay, kind: str, error: RouterError
+        self,
+        endpoint: Endpoint,
+        send: Send,
+        relay: SSERelay | NativeRelay,
+        kind: str,
+        error: RouterError,
     ) -> None:
         self._metrics.upstream_errors.labels(endpoint.id, kind).inc()
         # A half-written event would swallow the error event: drop it.
@@ -682,8 +714,9 @@ class Proxy:
         """Count the engine's usage in the metrics; (prompt, completion) tokens."""
         if not usage:
             return 0, 0
-        prompt = usage.get("prompt_tokens")
-        completion = usage.get("completion_tokens")
+        # Chat completions say prompt/completion; Messages and Responses input/output.
+        prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+        completion = usage.get("completion_tokens", usage.get("output_tokens"))
         prompt = prompt if isinstance(prompt, int) and prompt > 0 else 0
         completion = completion if isinstance(completion, int) and completion > 0 else 0
         if prompt:

@@ -43,6 +43,22 @@ _REQUIRED: dict[str, tuple[str, tuple[type, ...], str]] = {
 
 
 @dataclass(slots=True)
+class NativeRequest:
+    """A client's body in another API (`api`: "messages" or "responses"), kept as
+    sent for engines that serve that API natively at `path`.
+
+    `required` is why a translation cannot carry the body (e.g. a Responses
+    `previous_response_id`): such a request goes only to engines that serve the
+    API natively, and is refused with that error when the model has none.
+    """
+
+    api: str
+    path: str
+    body: bytes
+    required: InvalidRequest | None = None
+
+
+@dataclass(slots=True)
 class ParsedRequest:
     path: str
     model: str
@@ -56,11 +72,21 @@ class ParsedRequest:
     key_id: str | None = None
     # Sent upstream as the body's content type (a multipart body keeps its boundary).
     content_type: bytes = b"application/json"
+    # The client's own body, for engines serving its API natively; and whether
+    # the attempt under way sends it (set by the proxy per attempt).
+    native: NativeRequest | None = None
+    served_natively: bool = False
 
     def send_as(self, engine_model: str) -> None:
         """Send the request upstream under `engine_model` (the name an alias stands for)."""
         self.body["model"] = engine_model
         self.upstream_body = orjson.dumps(self.body)
+        native = self.native
+        if native is not None:
+            # Only an alias costs the native body a re-serialization.
+            client = orjson.loads(native.body)
+            client["model"] = engine_model
+            native.body = orjson.dumps(client)
 
     def prompt_tokens_estimate(self) -> int:
         """Prompt tokens estimated from the text (computed once, on first use)."""

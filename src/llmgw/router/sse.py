@@ -13,6 +13,12 @@ that stream one token per chunk) and the router's estimate of the prompt
 tokens. The proxy picks counting mode per endpoint until that endpoint shows it
 sends usage itself, so engines that do pay nothing for it.
 
+`NativeRelay` relays a stream of another API (Anthropic Messages, OpenAI
+Responses) from an engine that serves it natively: events pass through
+untouched, and the usage objects they carry (Messages: `message_start`'s
+input tokens, `message_delta`'s output tokens; Responses: the final response's
+`usage`) are read and merged, later values winning.
+
 Events may end with "\\n\\n" or "\\r\\n\\r\\n". Not guaranteed: events with bare
 "\\r" line endings are relayed but not inspected.
 """
@@ -23,6 +29,8 @@ import re
 from typing import Any
 
 import orjson
+
+from llmgw.router.usage_scan import usages_in
 
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
 _DONE = b"[DONE]"
@@ -201,3 +209,44 @@ class SSERelay:
             "usage": usage,
         }
         return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+class NativeRelay:
+    """Feeds a native stream's bytes in, gives them back by whole events, reading usage."""
+
+    __slots__ = ("_pending", "usage")
+
+    def __init__(self) -> None:
+        self.usage: dict[str, Any] | None = None
+        self._pending = b""
+
+    @property
+    def counted(self) -> int:
+        """Output tokens the stream reported so far (for a stream cut short)."""
+        usage = self.usage or {}
+        output = usage.get("output_tokens")
+        return output if isinstance(output, int) and output > 0 else 0
+
+    def feed(self, data: bytes) -> bytes:
+        buf = self._pending + data if self._pending else data
+        end = _last_event_end(buf)
+        if end == 0:
+            self._pending = buf
+            return b""
+        complete = buf[:end]
+        self._pending = buf[end:]
+        if b'"usage"' in complete:
+            for usage in usages_in(complete):
+                self.usage = {**self.usage, **usage} if self.usage else usage
+        return complete
+
+    def finish(self, *, prompt_tokens_estimate: int) -> bytes:
+        """What is left once the engine closed the stream (the estimate is unused:
+        a native stream reports its own usage)."""
+        del prompt_tokens_estimate
+        tail, self._pending = self._pending, b""
+        return tail
+
+    def abandon(self) -> None:
+        """Forget what is pending: the stream ends with an error instead."""
+        self._pending = b""

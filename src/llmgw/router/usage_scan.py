@@ -47,3 +47,24 @@ def find_usage(data: bytes) -> dict[str, Any] | None:
             return None
         return usage if isinstance(usage, dict) else None
     return None
+
+
+def usages_in(data: bytes) -> list[dict[str, Any]]:
+    """Every `"usage": {...}` object in `data`, in order (`"usage": null` is none)."""
+    found: list[tuple[int, dict[str, Any]]] = []
+    for marker in _MARKERS:
+        index = data.find(marker)
+        while index >= 0:
+            start = index + len(marker) - 1
+            raw = _object_at(data, start)
+            usage: Any = None
+            if raw is not None:
+                try:
+                    usage = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    usage = None
+            if isinstance(usage, dict):
+                found.append((start, usage))
+            index = data.find(marker, start)
+    found.sort(key=lambda item: item[0])
+    return [usage for _, usage in found]

@@ -7,8 +7,14 @@ JSON body or SSE events) reaches the client in the API's own shape. The proxy
 never knows which API a request came in as; errors raised before the first byte
 are shaped by `error_body`.
 
+An endpoint whose engine serves the API itself (`Endpoint.native_apis`: vLLM
+serves Messages and Responses, SGLang Responses; static endpoints say so with
+`apis:`) gets the client's body as is instead (`native.with_native`), and its
+answer passes through untouched; usage is read from it all the same.
+
 Not guaranteed: an API's fields that a chat completion cannot carry are either
-refused with an error naming the field or dropped, as each adapter documents.
+refused with an error naming the field or dropped, as each adapter documents;
+such a request goes to native endpoints only, when the model has some.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ import orjson
 
 from llmgw.router.apis import Send
 from llmgw.router.apis.messages_request import stop_sequences, translate_request
+from llmgw.router.apis.native import with_native
 from llmgw.router.apis.relay import TranslatingSend, error_message
 from llmgw.router.apis.sse_events import format_event
 from llmgw.router.errors import RouterError
@@ -303,13 +304,14 @@ class _Translation:
 
 
 class MessagesApi:
-    """`/v1/messages` by translation into `/v1/chat/completions`."""
+    """`/v1/messages`: passed through to engines that serve it natively, translated
+    into `/v1/chat/completions` for the others (`native.with_native`)."""
 
     def parse(self, raw: bytes) -> ParsedRequest:
-        return translate_request(raw)
+        return with_native("messages", "/v1/messages", raw, translate_request)
 
     def responder(self, req: ParsedRequest, send: Send) -> Send:
-        return TranslatingSend(_Translation(req), send)
+        return TranslatingSend(_Translation(req), send, req)
 
     def error_body(self, exc: RouterError) -> bytes:
         return orjson.dumps(anthropic_error(exc.status, exc.message))

@@ -7,6 +7,11 @@ proxy from the engine's own answer, so accounting is the same for every API.
 Headers pass through; a whole body's `content-length` is set to the new body's.
 Comments (`: llmgw ...` keep-alives and replica notes) pass through unchanged.
 
+When the proxy served the request natively (`ParsedRequest.served_natively`:
+the engine speaks the client's API), the engine's answer passes through as
+bytes; only the router's own mid-stream error event, which is OpenAI-shaped,
+is rewritten into the API's error event.
+
 Not guaranteed: a body that is not JSON is handed to the translation as raw bytes.
 """
 
@@ -18,6 +23,10 @@ import orjson
 
 from llmgw.router.apis import Message, Send
 from llmgw.router.apis.sse_events import SSEEvents
+from llmgw.router.requests import ParsedRequest
+
+# How the proxy ends a stream it cannot finish (`proxy._send_error_event`).
+_ROUTER_ERROR_EVENT = b'event: error\ndata: {"error":'
 
 
 class StreamTranslation(Protocol):
@@ -65,11 +74,23 @@ def error_message(parsed: dict[str, Any] | None, raw: bytes) -> str:
 class TranslatingSend:
     """The `send` of one translated request."""
 
-    __slots__ = ("_body", "_events", "_send", "_start", "_status", "_stream", "_translation")
+    __slots__ = (
+        "_body",
+        "_events",
+        "_passthrough",
+        "_req",
+        "_send",
+        "_start",
+        "_status",
+        "_stream",
+        "_translation",
+    )
 
-    def __init__(self, translation: Translation, send: Send) -> None:
+    def __init__(self, translation: Translation, send: Send, req: ParsedRequest) -> None:
         self._translation = translation
         self._send = send
+        self._req = req
+        self._passthrough = False
         self._status = 200
         self._start: Message | None = None
         self._body: list[bytes] = []
@@ -77,6 +98,13 @@ class TranslatingSend:
         self._stream: StreamTranslation | None = None
 
     async def __call__(self, message: Message) -> None:
+        if not self._passthrough and self._req.served_natively:
+            # A queued or activating stream's headers may have gone out before the
+            # proxy chose a replica; only comments were sent then.
+            self._passthrough = message["type"] == "http.response.start" or self._events is not None
+        if self._passthrough:
+            await self._send_native(message)
+            return
         if message["type"] == "http.response.start":
             self._status = message["status"]
             if any(
@@ -95,6 +123,15 @@ class TranslatingSend:
         self._body.append(message.get("body", b""))
         if not message.get("more_body", False):
             await self._send_whole(b"".join(self._body))
+
+    async def _send_native(self, message: Message) -> None:
+        body = message.get("body", b"")
+        if message["type"] == "http.response.body" and body.startswith(_ROUTER_ERROR_EVENT):
+            parsed = loads(body[len(b"event: error\ndata: ") :].strip()) or {}
+            inner = parsed.get("error")
+            error = inner if isinstance(inner, dict) else {"message": "stream failed"}
+            message = {**message, "body": self._translation.stream().error(error)}
+        await self._send(message)
 
     async def _send_whole(self, raw: bytes) -> None:
         assert self._start is not None

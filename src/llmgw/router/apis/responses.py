@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 
 from llmgw.router.apis import Send
+from llmgw.router.apis.native import with_native
 from llmgw.router.apis.relay import TranslatingSend
 from llmgw.router.apis.responses_request import TranslatedRequest, translate_request
 from llmgw.router.apis.sse_events import format_event
@@ -358,14 +359,15 @@ class _Translation:
 
 
 class ResponsesApi:
-    """`/v1/responses` by translation into `/v1/chat/completions`."""
+    """`/v1/responses`: passed through to engines that serve it natively, translated
+    into `/v1/chat/completions` for the others (`native.with_native`)."""
 
     def parse(self, raw: bytes) -> ParsedRequest:
-        return translate_request(raw)
+        return with_native("responses", "/v1/responses", raw, translate_request)
 
     def responder(self, req: ParsedRequest, send: Send) -> Send:
         body = req.client_body if isinstance(req, TranslatedRequest) else {}
-        return TranslatingSend(_Translation(ResponseShape(req, body)), send)
+        return TranslatingSend(_Translation(ResponseShape(req, body)), send, req)
 
     def error_body(self, exc: RouterError) -> bytes:
         return exc.body()
