@@ -19,7 +19,7 @@ from llmgw.control.reachability import ReachabilityGate, ReplicaUnreachable
 from llmgw.control.reconciler.controller import Controller
 from llmgw.control.reconciler.errors import ActivationRefused
 from llmgw.control.reconciler.state import ReadyEndpoint
-from llmgw.engines import UnknownEngine, routes_of
+from llmgw.engines import UnknownEngine, native_apis_of, routes_of
 from llmgw.router.endpoints import EndpointSink, EndpointSpec, publish_static
 from llmgw.router.errors import ModelUnavailable
 
@@ -58,14 +58,24 @@ class PoolPublisher:
 
 def replica_spec(endpoint: ReadyEndpoint, names: tuple[str, ...]) -> EndpointSpec:
     """A Ready replica as the router sees it, with the routes its engine serves
-    (every route, passed as it comes, when its engine is not known)."""
+    (every route, passed as it comes, when its engine is not known) and the client
+    APIs it serves natively (none when its engine is not known: they are translated)."""
     routes: tuple[tuple[str, str], ...] | None = None
+    native: frozenset[str] = frozenset()
     if endpoint.engine:
         try:
             routes = tuple(routes_of(endpoint.engine).items())
+            native = native_apis_of(endpoint.engine, endpoint.engine_args)
         except UnknownEngine:
             routes = None
-    return EndpointSpec(endpoint.id, endpoint.url, names, engine=endpoint.engine, routes=routes)
+    return EndpointSpec(
+        endpoint.id,
+        endpoint.url,
+        names,
+        engine=endpoint.engine,
+        routes=routes,
+        native_apis=native,
+    )
 
 
 def static_spec(endpoint: EndpointConfig) -> EndpointSpec:

@@ -125,8 +125,8 @@ def sim(
     from prometheus_client import CollectorRegistry
 
     from llmgw.cli.sim_wiring import build_app, gang_settings, run_follower, run_rank0
+    from llmgw.engines.apis import parse_apis
     from llmgw.sim.faults import FaultSettings
-    from llmgw.sim.native_request import parse_native_apis
     from llmgw.sim.settings import SimSettings
 
     gang = gang_settings(nnodes, node_rank, master_addr or "", master_port)
@@ -135,7 +135,7 @@ def sim(
         return
 
     try:
-        apis = parse_native_apis(native_apis or "")
+        apis = parse_apis(native_apis or "")
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--native-apis") from None
     settings = SimSettings(

@@ -11,7 +11,7 @@ values and may be shared freely.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from llmgw.engines.spec import EngineLoad, EngineSpec, LaunchPlan
@@ -28,6 +28,12 @@ class EngineAdapter(Protocol):
     name: str
     needs_gpus: bool
     routes: Mapping[str, str]
+
+    def native_apis(self, engine_args: Sequence[str]) -> frozenset[str]:
+        """The client APIs besides OpenAI's (`llmgw.engines.apis`: "messages",
+        "responses") that this engine, run with `engine_args`, serves itself; the
+        router translates requests of the others into chat completions."""
+        ...
 
     def validate(self, spec: EngineSpec) -> None:
         """Raise `ProfileError` naming the field when the engine would refuse `spec`."""

@@ -20,9 +20,10 @@ case-insensitively) are unset — only the upper-case names are.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from llmgw.engines import checks
+from llmgw.engines.apis import NONE
 from llmgw.engines.errors import ProfileError
 from llmgw.engines.routes import LLAMACPP_ROUTES
 from llmgw.engines.spec import (
@@ -91,6 +92,12 @@ class LlamaCppAdapter:
 
     def __init__(self, *, settings: EngineSettings) -> None:
         self._settings = settings
+
+    @staticmethod
+    def native_apis(engine_args: Sequence[str]) -> frozenset[str]:
+        """llama-cpp-python's server serves neither: both are translated."""
+        del engine_args
+        return NONE
 
     def validate(self, spec: EngineSpec) -> None:
         """Raise `ProfileError` for a spec the llama.cpp server would refuse."""

@@ -7,7 +7,7 @@ on this node — adapters only build command lines.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from llmgw.engines.adapter import EngineAdapter
 from llmgw.engines.errors import UnknownEngine
@@ -42,4 +42,18 @@ def routes_of(engine: str) -> Mapping[str, str]:
         return LlamaCppAdapter.routes
     if engine == "sim":
         return SimAdapter.routes
+    raise UnknownEngine(engine, KNOWN_ENGINES)
+
+
+def native_apis_of(engine: str, engine_args: Sequence[str]) -> frozenset[str]:
+    """The client APIs `engine` run with `engine_args` serves natively
+    (`EngineAdapter.native_apis`); `UnknownEngine` (field "engine") for any other name."""
+    if engine == "vllm":
+        return VllmAdapter.native_apis(engine_args)
+    if engine == "sglang":
+        return SglangAdapter.native_apis(engine_args)
+    if engine == "llamacpp":
+        return LlamaCppAdapter.native_apis(engine_args)
+    if engine == "sim":
+        return SimAdapter.native_apis(engine_args)
     raise UnknownEngine(engine, KNOWN_ENGINES)

@@ -27,9 +27,10 @@ manages (SGLang lets command-line flags win, so llmgw's own still apply).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from llmgw.engines import checks
+from llmgw.engines.apis import RESPONSES
 from llmgw.engines.prometheus import Sample, metric_max, metric_sum, parse_samples
 from llmgw.engines.routes import SGLANG_ROUTES
 from llmgw.engines.spec import (
@@ -84,6 +85,12 @@ class SglangAdapter:
 
     def __init__(self, *, settings: EngineSettings) -> None:
         self._settings = settings
+
+    @staticmethod
+    def native_apis(engine_args: Sequence[str]) -> frozenset[str]:
+        """SGLang serves Responses itself, not Messages."""
+        del engine_args
+        return frozenset({RESPONSES})
 
     def validate(self, spec: EngineSpec) -> None:
         """Raise `ProfileError` for a spec SGLang would refuse or llmgw could not serve."""

@@ -14,9 +14,11 @@ refuses unknown ones when the process starts).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from llmgw.engines import checks
+from llmgw.engines.apis import flag_value, parse_apis
+from llmgw.engines.errors import ProfileError
 from llmgw.engines.routes import SIM_ROUTES
 from llmgw.engines.spec import (
     EngineLoad,
@@ -53,6 +55,16 @@ class SimAdapter:
     def __init__(self, *, settings: EngineSettings) -> None:
         self._settings = settings
 
+    @staticmethod
+    def native_apis(engine_args: Sequence[str]) -> frozenset[str]:
+        """Those its `--native-apis` engine argument names (none without it)."""
+        value = flag_value(engine_args, "--native-apis")
+        try:
+            return parse_apis(value or "")
+        except ValueError:
+            # `validate` refuses such a spec; a sim started with it would not run.
+            return frozenset()
+
     def validate(self, spec: EngineSpec) -> None:
         """Raise `ProfileError` for a spec `llmgw sim` would refuse."""
         checks.check_engine(spec, self.name)
@@ -62,6 +74,12 @@ class SimAdapter:
         checks.check_memory_fraction(spec)
         checks.check_engine_args(spec, MANAGED_ARGS, abbreviations=False)
         checks.check_env(spec, checks.GPU_ENV)
+        value = flag_value(spec.engine_args, "--native-apis")
+        if value is not None:
+            try:
+                parse_apis(value)
+            except ValueError as exc:
+                raise ProfileError("engine_args", f"--native-apis: {exc}") from None
 
     def plan(self, spec: EngineSpec) -> LaunchPlan:
         """Validate `spec`, then build its `llmgw sim` command."""

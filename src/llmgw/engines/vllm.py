@@ -23,9 +23,10 @@ manages (vLLM lets command-line flags win over it, so llmgw's own still apply).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from llmgw.engines import checks
+from llmgw.engines.apis import BOTH
 from llmgw.engines.prometheus import metric_max, metric_sum, parse_samples
 from llmgw.engines.routes import VLLM_ROUTES
 from llmgw.engines.spec import (
@@ -88,6 +89,12 @@ class VllmAdapter:
 
     def __init__(self, *, settings: EngineSettings) -> None:
         self._settings = settings
+
+    @staticmethod
+    def native_apis(engine_args: Sequence[str]) -> frozenset[str]:
+        """vLLM serves Messages and Responses itself (`llmgw.engines.apis`)."""
+        del engine_args
+        return BOTH
 
     def validate(self, spec: EngineSpec) -> None:
         """Raise `ProfileError` for a spec vLLM would refuse or llmgw could not serve."""

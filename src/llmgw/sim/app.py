@@ -21,13 +21,13 @@ from typing import Final
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from llmgw.engines.apis import MESSAGES, RESPONSES
 from llmgw.sim.asgi import Receive, Scope, Send, read_body, send_bytes, send_error, send_json
 from llmgw.sim.engine import Engine
 from llmgw.sim.errors import SimError, bad_request
 from llmgw.sim.faults import Faults, FaultsError
 from llmgw.sim.inference import Inference
 from llmgw.sim.native import NativeApis
-from llmgw.sim.native_request import MESSAGES, RESPONSES
 from llmgw.sim.protocol import parse_chat, parse_completion
 from llmgw.sim.scheduler import Clock
 from llmgw.sim.stats import SimStats

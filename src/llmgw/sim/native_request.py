@@ -23,11 +23,6 @@ from llmgw.sim.errors import SimError, bad_request
 from llmgw.sim.protocol import GenerationRequest
 from llmgw.sim.tokens import chat_tokens
 
-MESSAGES = "messages"
-RESPONSES = "responses"
-NATIVE_APIS: tuple[str, ...] = (MESSAGES, RESPONSES)
-"""The client APIs `llmgw sim --native-apis` can serve, in the order messages list them."""
-
 
 class Tool(NamedTuple):
     """The tool an answer calls: its name and JSON schema of its arguments."""
@@ -40,18 +35,6 @@ class NativeRequest(NamedTuple):
     generation: GenerationRequest
     tool: Tool | None
     body: dict[str, Any]
-
-
-def parse_native_apis(value: str) -> frozenset[str]:
-    """`messages,responses` as a set; ValueError naming a value that is none of them."""
-    apis = {part.strip() for part in value.split(",") if part.strip()}
-    unknown = sorted(apis - set(NATIVE_APIS))
-    if unknown:
-        raise ValueError(
-            f"unknown API {unknown[0]!r} in --native-apis: use a comma-separated list of "
-            + ", ".join(NATIVE_APIS)
-        )
-    return frozenset(apis)
 
 
 def _object(body: object) -> dict[str, Any]:

@@ -614,9 +614,10 @@ class Controller:
                     and shard.id not in self._stopping
                     and rank == 0
                 ):
-                    engine = shard.spec.engine if shard.spec is not None else ""
+                    spec = shard.spec
+                    engine, args = (spec.engine, spec.engine_args) if spec else ("", ())
                     ready.setdefault(shard.model, []).append(
-                        ReadyEndpoint(shard.id, shard.endpoint_url, engine)
+                        ReadyEndpoint(shard.id, shard.endpoint_url, engine, args)
                     )
         self._publish_ready(ready, skip=self._expected)
 
@@ -920,8 +921,10 @@ def _node_message(change: Change, node: Node) -> str:
 
 def _with_engine(model: CatalogModel, endpoints: Iterable[ReadyEndpoint]) -> list[ReadyEndpoint]:
     """`endpoints`, each naming its engine: one that does not (a standby reads only ids
-    and URLs from the store) gets the engine of the model's profiles when they all
-    use the same one, and stays unnamed when they differ."""
-    engines = {profile.engine for profile in model.profiles}
-    only = engines.pop() if len(engines) == 1 else ""
-    return [e if e.engine or not only else ReadyEndpoint(e.id, e.url, only) for e in endpoints]
+    and URLs from the store) gets the engine (and engine arguments) of the model's
+    profiles when they all use the same, and stays unnamed when they differ."""
+    engines = {(profile.engine, profile.engine_args) for profile in model.profiles}
+    only, args = engines.pop() if len(engines) == 1 else ("", ())
+    return [
+        e if e.engine or not only else ReadyEndpoint(e.id, e.url, only, args) for e in endpoints
+    ]

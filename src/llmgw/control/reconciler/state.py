@@ -26,11 +26,14 @@ def routable(node: Node) -> bool:
 @dataclass(frozen=True, slots=True)
 class ReadyEndpoint:
     """A Ready replica as the router needs it; `engine` is its engine's name ("" when
-    not known, e.g. on a standby: the catalog then names it, see `Controller`)."""
+    not known, e.g. on a standby: the catalog then names it, see `Controller`), and
+    `engine_args` the arguments it runs with (they decide, for the simulator, which
+    client APIs it serves natively)."""
 
     id: str
     url: str
     engine: str = ""
+    engine_args: tuple[str, ...] = ()
 
 
 class EndpointPublisher(Protocol):
