@@ -1,13 +1,20 @@
-"""What translating the Messages and Responses APIs costs, against chat completions.
+"""What the Messages and Responses APIs cost through the router, translated or native.
 
-Starts a zero-delay `llmgw sim` and an open-mode `llmgw server` in front of it,
-then runs closed-loop load (bench/loadgen.py) for each route in turn, rounds
-alternating chat, Messages, Responses so that drift on a shared machine hits
-all three alike, and once straight at the sim as the baseline:
+Starts a zero-delay `llmgw sim --native-apis messages,responses` serving two
+model names and an open-mode `llmgw server` in front of it with two static
+endpoints on that sim: `m1` translated (the default), `m2` with
+`apis: {messages: native, responses: native}` (passed through as bytes). Then
+runs closed-loop load (bench/loadgen.py) for each row in turn, rounds
+alternating the rows so that drift on a shared machine hits all alike, and
+straight at the sim as the baselines (its chat path, and its native Messages
+and Responses handlers):
 
 1. non-streaming (max_tokens 16, concurrency 1 and 16): p50 latency and req/s;
-   the router's overhead is a route's p50 minus the sim's own p50;
-2. streams (64 tokens, concurrency 16): SSE `data:` events a second.
+   the router's overhead is a row's p50 minus the p50 of what the sim runs for
+   it (chat for chat and translated rows, the API's own handler for native rows);
+2. streams (64 tokens, concurrency 16): SSE `data:` events and streams a second
+   (tokens a second = streams x 64; the APIs frame a stream with different
+   numbers of events).
 
 The issue's target: translation costs at most 1.5x the chat route's overhead.
 Prints a markdown table; `--write` puts it in bench/RESULTS.md between the
@@ -37,6 +44,7 @@ import loadgen
 
 HOST = "127.0.0.1"
 MODEL = "m1"
+NATIVE_MODEL = "m2"
 PROMPT = "Write about the sea and the shore in a few words"
 ROUTES: dict[str, tuple[str, dict[str, Any]]] = {
     "chat": (
@@ -88,9 +96,25 @@ def _wait(port: int, path: str, timeout: float = 60.0) -> None:
     raise SystemExit(f"nothing answered 200 on {HOST}:{port}{path}")
 
 
-def _run(port: int, route: str, *, stream: bool, concurrency: int, seconds: float) -> Any:
+# row -> (target: the sim or the router, API route, model, the sim row that is its baseline)
+ROWS: dict[str, tuple[str, str, str, str]] = {
+    "sim chat": ("sim", "chat", MODEL, ""),
+    "sim messages": ("sim", "messages", MODEL, ""),
+    "sim responses": ("sim", "responses", MODEL, ""),
+    "chat": ("router", "chat", MODEL, "sim chat"),
+    "messages translated": ("router", "messages", MODEL, "sim chat"),
+    "responses translated": ("router", "responses", MODEL, "sim chat"),
+    "messages native": ("router", "messages", NATIVE_MODEL, "sim messages"),
+    "responses native": ("router", "responses", NATIVE_MODEL, "sim responses"),
+}
+
+
+def _run(
+    port: int, route: str, model: str, *, stream: bool, concurrency: int, seconds: float
+) -> Any:
     tokens = 64 if stream else 16
-    path, payload = _payload("chat" if route == "sim" else route, tokens, stream)
+    path, payload = _payload(route, tokens, stream)
+    payload = {**payload, "model": model}
     request = loadgen.build_request(HOST, port, path, payload)
     expect = _events(port, path, payload) if stream else 0
     return asyncio.run(
@@ -116,14 +140,23 @@ def main() -> None:
     sim_port, port, admin = _port(), _port(), _port()
     work = Path(tempfile.mkdtemp(prefix="llmgw-bench-apis-"))
     py = sys.executable
+    config = work / "llmgw.yaml"
+    url = f"http://{HOST}:{sim_port}"
+    config.write_text(
+        "endpoints:\n"
+        f"  - {{id: translated, url: '{url}', models: [{MODEL}]}}\n"
+        f"  - {{id: native, url: '{url}', models: [{NATIVE_MODEL}],"
+        " apis: {messages: native, responses: native}}\n"
+    )
     procs = [
         subprocess.Popen(
             [py, "-m", "llmgw", "sim", "--host", HOST, "--port", str(sim_port),
-             "--model", MODEL, "--zero-delay"],
+             "--model", MODEL, "--model", NATIVE_MODEL, "--zero-delay",
+             "--native-apis", "messages,responses"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         ),
         subprocess.Popen(
-            [py, "-m", "llmgw", "server", "--endpoint", f"s=http://{HOST}:{sim_port}={MODEL}",
+            [py, "-m", "llmgw", "server", "--config", str(config),
              "--listen", f"{HOST}:{port}", "--admin-listen", f"{HOST}:{admin}",
              "--agent-listen", f"{HOST}:{_port()}", "--insecure-agents",
              "--data-dir", str(work), "--auth-mode", "open"],
@@ -149,16 +182,17 @@ Row = dict[str, list[float]]
 
 
 def _measure(sim_port: int, port: int, seconds: float, rounds: int) -> dict[str, Row]:
-    rows: dict[str, Row] = {k: {} for k in ("sim", *ROUTES)}
+    rows: dict[str, Row] = {name: {} for name in ROWS}
     for _ in range(rounds):
-        for route, row in rows.items():
-            target = sim_port if route == "sim" else port
-            one = _run(target, route, stream=False, concurrency=1, seconds=seconds)
-            many = _run(target, route, stream=False, concurrency=16, seconds=seconds)
-            streams = _run(target, route, stream=True, concurrency=16, seconds=seconds)
-            for name, result in (("c1", one), ("c16", many), ("stream", streams)):
+        for name, row in rows.items():
+            target, route, model, _ = ROWS[name]
+            at = sim_port if target == "sim" else port
+            one = _run(at, route, model, stream=False, concurrency=1, seconds=seconds)
+            many = _run(at, route, model, stream=False, concurrency=16, seconds=seconds)
+            streams = _run(at, route, model, stream=True, concurrency=16, seconds=seconds)
+            for phase, result in (("c1", one), ("c16", many), ("stream", streams)):
                 if result.error_count:
-                    raise SystemExit(f"{route} {name}: {result.errors[:3]}")
+                    raise SystemExit(f"{name} {phase}: {result.errors[:3]}")
             row.setdefault("p50_c1", []).append(one.latency(50) * 1000)
             row.setdefault("rps_c16", []).append(many.rps)
             row.setdefault("p50_c16", []).append(many.latency(50) * 1000)
@@ -168,23 +202,23 @@ def _measure(sim_port: int, port: int, seconds: float, rounds: int) -> dict[str,
 
 
 def _table(rows: dict[str, Row]) -> str:
-    med = {route: {k: statistics.median(v) for k, v in row.items()} for route, row in rows.items()}
-    base = med["sim"]["p50_c1"]
-    chat_over = med["chat"]["p50_c1"] - base
+    med = {name: {k: statistics.median(v) for k, v in row.items()} for name, row in rows.items()}
+    chat_over = med["chat"]["p50_c1"] - med["sim chat"]["p50_c1"]
     lines = [
         f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}; medians of the rounds.",
         "",
-        "| route | p50 c=1 (ms) | overhead vs sim (ms) | x chat's overhead | req/s c=16 "
-        "| p50 c=16 (ms) | stream events/s c=16 | streams/s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| row | p50 c=1 (ms) | added p50 vs its sim row (ms) | x chat's added | req/s c=16 "
+        "| p50 c=16 (ms) | stream events/s c=16 | streams/s | tokens/s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for route, m in med.items():
-        over = m["p50_c1"] - base
-        ratio = "" if route == "sim" else f"{over / chat_over:.2f}" if chat_over > 0 else "n/a"
+    for name, m in med.items():
+        base = ROWS[name][3]
+        added = m["p50_c1"] - med[base]["p50_c1"] if base else 0.0
+        ratio = "" if not base else f"{added / chat_over:.2f}" if chat_over > 0 else "n/a"
         lines.append(
-            f"| {route} | {m['p50_c1']:.2f} | {'' if route == 'sim' else f'{over:.2f}'} "
+            f"| {name} | {m['p50_c1']:.2f} | {f'{added:.2f}' if base else ''} "
             f"| {ratio} | {m['rps_c16']:.0f} | {m['p50_c16']:.2f} | {m['events']:.0f} "
-            f"| {m['streams']:.1f} |"
+            f"| {m['streams']:.1f} | {m['streams'] * 64:.0f} |"
         )
     return "\n".join(lines)
 
@@ -194,7 +228,7 @@ def _write(table: str) -> None:
     text = path.read_text()
     begin, end = "<!-- agent-apis:start -->", "<!-- agent-apis:end -->"
     section = (
-        f"{begin}\n## Messages and Responses translation vs chat completions "
+        f"{begin}\n## Messages and Responses: translated, native pass-through, chat completions "
         f"(`bench/agent_apis.py`)\n\n{table}\n{end}"
     )
     if begin in text:
