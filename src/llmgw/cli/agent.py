@@ -12,6 +12,10 @@ Engines outlive the agent: on SIGTERM/SIGINT they are left running (unless
 with the same --state-dir and node id adopts them. The state directory is
 locked for the agent's life, so a second agent on it is an `error:`.
 
+SIGUSR1 writes every thread's stack (faulthandler, at once) and every asyncio
+task's stack (when the loop next runs) to the log on stderr; the agent carries
+on.
+
 Not guaranteed: that engines left running are ever adopted (an agent that
 never comes back leaves them running; one that comes back stops those no
 control plane confirms within --adopt-grace).
@@ -481,6 +485,7 @@ async def _serve(
     from llmgw.agent.settings import ConnectionSettings, SupervisorSettings
     from llmgw.agent.supervisor import Supervisor
     from llmgw.agent.wire import NodeIdentity
+    from llmgw.diagnostics import install_stack_dump
     from llmgw.engines import adapter_for
     from llmgw.lifecycle import guard
 
@@ -488,6 +493,8 @@ async def _serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # No HTTP listener here: SIGUSR1 writes every thread's and task's stack to the log.
+    install_stack_dump(loop, log=log, file=sys.stderr, signum=signal.SIGUSR1)
 
     gpus = await asyncio.to_thread(
         discover_gpus,

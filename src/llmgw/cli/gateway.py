@@ -69,6 +69,7 @@ from llmgw.control.leadership import (
 from llmgw.control.reachability import ReachabilityGate, tcp_probe
 from llmgw.control.reconciler.controller import Controller
 from llmgw.control.reconciler.views import ModelControlService
+from llmgw.diagnostics import AllocationTracer, Profiler
 from llmgw.lifecycle import guard
 from llmgw.limits import Limiter, LimitMetrics
 from llmgw.metrics import MetricsHistory, RouterMetrics
@@ -80,6 +81,7 @@ from llmgw.router.apis.count_tokens import TokenCounter
 from llmgw.router.app import RouterApp
 from llmgw.router.balancer import Balancer, build_scorers
 from llmgw.router.browser_guard import browser_guard
+from llmgw.router.debug import debug_paths, debug_routes
 from llmgw.router.endpoints import EjectionPolicy, EndpointPool
 from llmgw.router.engine_load import EngineLoadScraper
 from llmgw.router.health import HealthProber
@@ -553,6 +555,8 @@ async def _serve(
                 agent_address=_agent_address(cfg),
             ),
             *event_routes(source=model_control),
+            # The profiler times itself with time.monotonic on its own thread.
+            *debug_routes(profiler=Profiler(), tracer=AllocationTracer(wall_clock=utc_now)),
             *leader_routes(
                 leadership=leadership,
                 servers=store.leadership,
@@ -608,7 +612,7 @@ async def _serve(
                 surface="/admin on the API port",
                 allowed_hosts=_own_names(cfg.listen, cfg.admin.allowed_hosts),
                 form_paths=FORM_PATHS,
-                secret_reads=SECRET_READS,
+                secret_reads=SECRET_READS | debug_paths(),
             ),
             model_names=lambda name: _model_names(catalog, name),
             queue_wait=cfg.router.queue.max_wait,
@@ -620,6 +624,7 @@ async def _serve(
             allowed_hosts=_own_names(cfg.admin_listen, cfg.admin.allowed_hosts),
             # A liveness probe learns nothing but "up".
             host_exempt=("/healthz",),
+            secret_reads=debug_paths(),
         ),
         "metrics": create_metrics_app(registry=registry),
     }

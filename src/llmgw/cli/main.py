@@ -10,6 +10,7 @@ from llmgw import __version__
 from llmgw.cli import agent as agent_cmd
 from llmgw.cli import certs as certs_cmd
 from llmgw.cli import db as db_cmd
+from llmgw.cli import debug as debug_cmd
 from llmgw.cli import keys as keys_cmd
 from llmgw.cli import models as models_cmd
 from llmgw.cli import nodes as nodes_cmd
@@ -54,7 +55,10 @@ app.command(
 )(sim_cmd.sim)
 app.command(
     name="agent",
-    help="Run the node agent: dial out to the control plane and run engines on command.",
+    help="Run the node agent: dial out to the control plane and run engines on command.\n\n"
+    "The agent has no HTTP listener; to see what it is doing, `kill -USR1 PID` writes "
+    "every thread's stack and every asyncio task's stack to its log (stderr), and it "
+    "keeps running.",
 )(agent_cmd.agent)
 app.add_typer(keys_cmd.keys_app, name="keys")
 app.add_typer(users_cmd.users_app, name="users")
@@ -65,6 +69,7 @@ app.add_typer(nodes_cmd.nodes_app, name="nodes")
 app.add_typer(certs_cmd.certs_app, name="certs")
 app.add_typer(models_cmd.models_app, name="models")
 app.command(name="status")(status_cmd.status)
+app.add_typer(debug_cmd.debug_app, name="debug")
 app.command(
     name="up",
     help="Quickstart: the gateway, a local agent and its models on this machine.",
