@@ -141,6 +141,11 @@ def _step(obj: object) -> tuple[types.FrameType | None, object | None, str | Non
         return None, None, f"<awaiting another task running {what}>"
     if isinstance(obj, asyncio.Future):
         return None, None, f"<awaiting {type(obj).__name__}>"
+    if hasattr(obj, "cr_await"):
+        # A compiled (Cython) coroutine, such as grpc.aio's: no Python frame, but
+        # it says what it awaits.
+        name = getattr(obj, "__qualname__", kind)
+        return None, obj.cr_await, f"<compiled coroutine {name}>"
     return None, None, f"<awaiting {kind}>"
 
 
@@ -154,9 +159,9 @@ def coroutine_frames(coro: object, names: PathNames) -> tuple[str, ...]:
         frame, awaited, last = _step(obj)
         if frame is not None:
             lines.append(frame_text(frame, names))
+        elif last is not None and (awaited is None or last.startswith("<compiled")):
+            lines.append(last)
         if awaited is None:
-            if last is not None:
-                lines.append(last)
             break
         obj = awaited
     return tuple(lines)
