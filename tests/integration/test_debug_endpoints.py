@@ -160,9 +160,7 @@ def test_a_profile_under_load_names_the_routers_functions_and_only_one_runs(
     loaders = [threading.Thread(target=_load, args=(gw, stop)) for _ in range(4)]
     answers: list[httpx.Response] = []
     profile = threading.Thread(
-        target=lambda: answers.append(
-            httpx.get(gw.admin + "/debug/profile?seconds=4", timeout=60)
-        )
+        target=lambda: answers.append(httpx.get(gw.admin + "/debug/profile?seconds=4", timeout=60))
     )
     for t in loaders:
         t.start()

@@ -261,17 +261,22 @@ class Profiler:
         loop: asyncio.AbstractEventLoop,
         done: asyncio.Future[Profile],
     ) -> None:
+        result: Profile | None = None
+        error: BaseException | None = None
         try:
             result = sampler.run(seconds)
         except BaseException as exc:  # handed to the awaiting request, which reports it
-            with contextlib.suppress(RuntimeError):  # the loop has closed meanwhile
-                loop.call_soon_threadsafe(_fail, done, exc)
-        else:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_succeed, done, result)
+            error = exc
         finally:
+            # Free before answering: a caller may start the next profile at once.
             self._running = None
             self._lock.release()
+        with contextlib.suppress(RuntimeError):  # the loop has closed meanwhile
+            if result is not None:
+                loop.call_soon_threadsafe(_succeed, done, result)
+            else:
+                assert error is not None
+                loop.call_soon_threadsafe(_fail, done, error)
 
     def _busy_message(self) -> str:
         running = self._running
