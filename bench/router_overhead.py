@@ -49,6 +49,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -60,6 +61,7 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import loadgen
 from loadgen import PhaseResult, WindowHooks
+from sections import write_section as write_marked_section
 
 HOST = "127.0.0.1"
 CHAT = "/v1/chat/completions"
@@ -285,6 +287,8 @@ def start_all(procs: Processes, ports: Ports, s: Settings, data_dir: Path) -> No
             "--endpoint", f"paced=http://{HOST}:{ports.paced}={PACED_MODEL}",
             "--listen", f"{HOST}:{ports.gateway}", "--admin-listen", f"{HOST}:{ports.admin}",
             "--data-dir", str(data_dir), "--auth-mode", s.auth_mode, *config,
+            # Router only: no agent listener to collide with another run's 9443.
+            "--agent-listen", "off",
         ],
         GATEWAY_CORE,
     )  # fmt: skip
@@ -1291,6 +1295,94 @@ def _pyspy_version(pyspy: str) -> str:
     return done.stdout.strip().removeprefix("py-spy ")
 
 
+# --- the cost of llmgw's own profiler (`--debug-profile`) --------------------------
+
+
+class DebugProfileHooks(CpuSampler):
+    """Also runs `GET /debug/profile` on the gateway for exactly the window."""
+
+    def __init__(self, pids: dict[str, int], *, admin: int, seconds: float) -> None:
+        super().__init__(pids)
+        self._admin = admin
+        self._seconds = seconds
+        self._thread: threading.Thread | None = None
+        self.answer: tuple[int, dict[str, str], bytes] | None = None
+
+    def _profile(self) -> None:
+        conn = http.client.HTTPConnection(HOST, self._admin, timeout=self._seconds + 60)
+        try:
+            conn.request("GET", f"/debug/profile?seconds={self._seconds:g}")
+            resp = conn.getresponse()
+            self.answer = (resp.status, dict(resp.getheaders()), resp.read())
+        finally:
+            conn.close()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._profile, daemon=True)
+        self._thread.start()
+        super().start()
+
+    def end(self) -> dict[str, float]:
+        out = super().end()
+        assert self._thread is not None
+        self._thread.join(self._seconds + 90)
+        return out
+
+
+def run_debug_profile(ports: Ports, s: Settings, pids: dict[str, int], rounds: int) -> str:
+    """Non-streaming load through the gateway, windows alternating without and with
+    `/debug/profile` running for the whole window; the markdown section."""
+    windows: dict[tuple[int, bool], list[PhaseResult]] = {}
+    samples: list[int] = []
+    router_named = True
+    for concurrency in (1, 64):
+        for _ in range(rounds):
+            for profiled in (False, True):
+                hooks: CpuSampler = (
+                    DebugProfileHooks(pids, admin=ports.admin, seconds=s.duration)
+                    if profiled
+                    else CpuSampler(pids)
+                )
+                result = uvloop.run(_phase(ports.gateway, PLAIN_PAYLOAD, concurrency, s, hooks))
+                if isinstance(hooks, DebugProfileHooks):
+                    if hooks.answer is None or hooks.answer[0] != 200:
+                        raise BenchError(f"GET /debug/profile failed: {hooks.answer!r:.300}")
+                    samples.append(int(hooks.answer[1]["x-llmgw-profile-samples"]))
+                    router_named &= b"(llmgw/router/" in hooks.answer[2]
+                windows.setdefault((concurrency, profiled), []).append(result)
+                label = "with profile" if profiled else "without"
+                print(f"  c={concurrency:<3} {label:12} done", file=sys.stderr, flush=True)
+    rows = [
+        "| c | req/s without | req/s while profiled | profiled / without | p50 without (ms) "
+        "| p50 profiled (ms) | added p50 | gateway CPU without / profiled |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for concurrency in (1, 64):
+        off = _merge(windows[(concurrency, False)])
+        on = _merge(windows[(concurrency, True)])
+        rows.append(
+            f"| {concurrency} | {_num(off.rps)} | {_num(on.rps)} | {on.rps / off.rps:.2f}x "
+            f"| {_ms(off.latency(50))} | {_ms(on.latency(50))} "
+            f"| {(on.latency(50) - off.latency(50)) * 1000:+.3f} ms "
+            f"| {_cpu(off, 'gateway')} / {_cpu(on, 'gateway')} |"
+        )
+    errors = sum(r.error_count for rs in windows.values() for r in rs)
+    return "\n".join(
+        [
+            f"Each row: {rounds} pairs of {s.duration:g} s windows ({s.warmup:g} s warm-up "
+            "each) of non-streaming chat completions (max_tokens 16) through the gateway, "
+            "alternating without and with `GET /debug/profile?seconds="
+            f"{s.duration:g}` (default 5 ms interval) running on the admin listener for the "
+            "whole window; the ratio and the added p50 compare windows of the same run. "
+            f"Profiles answered {min(samples)}-{max(samples)} samples each; every one named "
+            "llmgw/router functions: " + ("yes" if router_named else "**no**") + ". "
+            f"Errors: {errors}.",
+            "",
+            *rows,
+        ]
+    )
+
+
 # --- main ----------------------------------------------------------------------
 
 
@@ -1343,6 +1435,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--profile", action="store_true", help="profile the gateway with py-spy instead"
+    )
+    parser.add_argument(
+        "--debug-profile",
+        action="store_true",
+        help="instead: the gateway's cost while its own /debug/profile runs (writes the "
+        "debug-profile section)",
+    )
+    parser.add_argument(
+        "--debug-profile-rounds", type=int, default=3, help="window pairs per concurrency"
     )
     parser.add_argument(
         "--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone"
@@ -1465,6 +1566,25 @@ def _run(
     start_all(procs, ports, s, data_dir)
     sanity_check(ports, s.headers)
     pids = {name: procs.pid(name) for name in ("gateway", "sim-fast", "sim-paced")}
+    if args.debug_profile:
+        procs.stop("canned")
+        section = run_debug_profile(ports, s, pids, args.debug_profile_rounds)
+        body = "\n".join(
+            [
+                "## Router overhead while `/debug/profile` runs",
+                "",
+                f"Run {facts['date']} on {facts['machine']}. Tree: {facts['tree']}.",
+                "",
+                f"Command: `{facts['command']}`",
+                "",
+                section,
+            ]
+        )
+        print(body)
+        if not args.no_write:
+            write_marked_section("debug-profile", body)
+            print(f"wrote the debug-profile section of {RESULTS}", file=sys.stderr)
+        return 0
     if args.profile:
         procs.stop("canned")
         body = run_profile(ports, procs, s, pids)
