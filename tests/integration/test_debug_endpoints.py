@@ -143,7 +143,7 @@ def test_stalled_streams_show_as_one_group_parked_in_the_proxy(gw: Gateway) -> N
 
 def _load(gw: Gateway, stop: threading.Event) -> None:
     body = {"model": "fast", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
-    with httpx.Client(base_url=gw.server.url, timeout=30) as client:
+    with httpx.Client(base_url=gw.server.url, timeout=120) as client:
         while not stop.is_set():
             assert client.post("/v1/chat/completions", json=body).status_code == 200
 

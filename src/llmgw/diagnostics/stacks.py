@@ -8,6 +8,10 @@ one it awaits, and so on down to the future it is parked on, so a stream
 waiting on its engine shows the proxy's frames, not only the task's first
 coroutine (which is all `Task.get_stack()` gives for a suspended task).
 
+`thread_stacks()` gives every thread that runs Python code with its frames,
+then (on Linux, from /proc/self/task) the threads that run none, such as
+gRPC's core threads, by name only.
+
 `group()` folds identical stacks into one group with a count: 5,000 streams
 waiting in the same place make one group. Frames are `file:line in function`,
 the file shortened to its path under `sys.path` (`llmgw/router/proxy.py`).
@@ -209,7 +213,8 @@ def thread_name(ident: int, threads: dict[int, threading.Thread]) -> str:
 
 
 def thread_stacks(names: PathNames | None = None) -> list[Stack]:
-    """Every thread that runs Python code, the calling one marked `current`."""
+    """Every thread: those that run Python code with their stacks (the calling one
+    marked `current`), then the others (`native`) by name only."""
     names = names if names is not None else PathNames()
     threads = {t.ident: t for t in threading.enumerate() if t.ident is not None}
     me = threading.get_ident()
@@ -223,7 +228,27 @@ def thread_stacks(names: PathNames | None = None) -> list[Stack]:
         else:
             state = "alive"
         stacks.append(Stack(thread_name(ident, threads), state, frame_chain(frame, names)))
-    return stacks
+    return stacks + native_threads({t.native_id for t in threads.values() if t.native_id})
+
+
+def native_threads(known: set[int]) -> list[Stack]:
+    """Threads of this process that run no Python code (gRPC's core, uvloop's, a C
+    library's), from /proc/self/task on Linux: their names, no frames."""
+    found = []
+    try:
+        tids = [int(entry) for entry in os.listdir("/proc/self/task") if entry.isdigit()]
+    except OSError:
+        return []  # not Linux: only the Python threads are known
+    for tid in sorted(tids):
+        if tid in known:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/comm", encoding="utf-8") as f:
+                comm = f.read().strip()
+        except OSError:
+            continue  # it ended meanwhile
+        found.append(Stack(f"{comm} [{tid}]", "native", ()))
+    return found
 
 
 # ---- reports ----
