@@ -72,6 +72,8 @@ def test_a_full_model_is_read_with_every_field() -> None:
             "keep_alive": "1h30m",
             "activation": False,
             "target_in_flight": 8,
+            "target_queue_depth": 4,
+            "target_kv_use": 0.75,
             "scale_down_delay": "2m",
         },
         source="store",
@@ -101,6 +103,8 @@ def test_a_full_model_is_read_with_every_field() -> None:
         activation=False,
         source="store",
         target_in_flight=8,
+        target_queue_depth=4,
+        target_kv_use=0.75,
         scale_down_delay=120.0,
     )
     assert parse_model(model_to_dict(parsed)) == parsed
@@ -147,6 +151,8 @@ def test_model_to_dict_is_plain_json_that_reads_back() -> None:
         "keep_alive": -1,
         "activation": True,
         "target_in_flight": None,
+        "target_queue_depth": None,
+        "target_kv_use": None,
         "scale_down_delay": 60,
     }
     assert isinstance(data["keep_alive"], int) and parsed.keep_alive == PINNED
@@ -160,6 +166,13 @@ def test_model_to_dict_is_plain_json_that_reads_back() -> None:
     [
         ("target_in_flight", 0, "greater than or equal to 1"),
         ("target_in_flight", "8", "valid integer"),
+        ("target_queue_depth", 0, "greater than or equal to 1"),
+        ("target_queue_depth", 2.5, "valid integer"),
+        ("target_queue_depth", True, "valid integer"),
+        ("target_kv_use", 0, "greater than 0"),
+        ("target_kv_use", 1.5, "less than or equal to 1"),
+        ("target_kv_use", "0.8", "valid number"),
+        ("target_kv_use", float("nan"), "finite number"),
         ("scale_down_delay", "-5s", "'-5s' is not a delay; give zero or more seconds"),
         ("scale_down_delay", -1, "-1 is not a delay"),
         ("scale_down_delay", "soon", "'soon' is not a delay"),

@@ -85,6 +85,7 @@ from llmgw.router.debug import debug_paths, debug_routes
 from llmgw.router.endpoints import EjectionPolicy, EndpointPool
 from llmgw.router.engine_load import EngineLoadScraper
 from llmgw.router.health import HealthProber
+from llmgw.router.load_report import LoadReport
 from llmgw.router.proxy import Proxy
 from llmgw.router.queue import RequestQueue
 from llmgw.router.saturation import Saturation
@@ -404,6 +405,8 @@ async def _serve(
         # A node that stops answering: requests waiting on its engines go elsewhere.
         abandon=pool.abandon,
         mgmt_interface=control.mgmt_interface,
+        # Late-bound: the router's load report is built with its queue, below.
+        router_load=lambda: load_report.models(),  # noqa: PLW0108
     )
     routing = cfg.router.routing
     routing_metrics = RoutingMetrics(registry=registry)
@@ -455,6 +458,9 @@ async def _serve(
         share=cfg.router.queue.share,
         reserve=cfg.router.queue.reserve,
         active_for=cfg.router.queue.share_window,
+    )
+    load_report = LoadReport(
+        pool=pool, book=load_book, queue=request_queue, clock=clock, wall_clock=utc_now
     )
     balancer = Balancer(
         clock=clock,
@@ -714,6 +720,7 @@ async def _serve(
                             server_id=server_id,
                             leading=leadership.is_leader,
                             on_remote=controller.wake,
+                            on_load=controller.check_load,
                             interval=DEMAND_INTERVAL,
                             wall_clock=utc_now,
                             ttl=cfg.control.lease_ttl,

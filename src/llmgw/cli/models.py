@@ -117,6 +117,8 @@ def model_from_flags(
     activation: bool,
     target_in_flight: int | None = None,
     scale_down_delay: str | None = None,
+    target_queue_depth: int | None = None,
+    target_kv_use: float | None = None,
 ) -> dict[str, Any]:
     """A one-profile model from `add`'s flags; unset flags keep the server's defaults."""
     missing = [
@@ -151,6 +153,10 @@ def model_from_flags(
         model["activation"] = False
     if target_in_flight is not None:
         model["target_in_flight"] = target_in_flight
+    if target_queue_depth is not None:
+        model["target_queue_depth"] = target_queue_depth
+    if target_kv_use is not None:
+        model["target_kv_use"] = target_kv_use
     if scale_down_delay is not None:
         model["scale_down_delay"] = _number_or_text(scale_down_delay)
     return model
@@ -176,14 +182,41 @@ def _keep_alive(value: float) -> str:
 
 
 def _scaling(model: dict[str, Any]) -> str:
-    target = model.get("target_in_flight")
-    if not target:
+    targets = []
+    if model.get("target_in_flight"):
+        targets.append(f"{model['target_in_flight']} requests in flight")
+    if model.get("target_queue_depth"):
+        targets.append(f"{model['target_queue_depth']} requests waiting")
+    if model.get("target_kv_use"):
+        targets.append(f"{float(model['target_kv_use']):.0%} KV-cache use")
+    if not targets:
         return "min replicas, or one while in use"
     delay = float(model.get("scale_down_delay", 60))
     return (
-        f"one replica per {target} requests in flight, down after {_keep_alive(delay)} "
-        "of lower load"
+        f"one replica per {' or per '.join(targets)}, down after {_keep_alive(delay)} of lower load"
     )
+
+
+def _load_lines(model: dict[str, Any]) -> list[str]:
+    """The load signals the model's targets read, and what is missing."""
+    load = _status(model).get("load")
+    if not isinstance(load, dict) or not (
+        model.get("target_in_flight")
+        or model.get("target_queue_depth")
+        or model.get("target_kv_use")
+    ):
+        return []
+    engines = load.get("engine_waiting")
+    kv = load.get("kv_use")
+    lines = [
+        f"load:        {load.get('in_flight', 0)} in flight; {load.get('waiting', 0)} waiting "
+        f"({'not reported' if engines is None else engines} in engines, "
+        f"{load.get('router_queued', 0)} in routers, longest "
+        f"{load.get('queue_wait_seconds', 0)} s), {load.get('queue_depth', 0)} per replica; "
+        f"KV cache {'not reported' if kv is None else f'{float(kv):.0%} used'}",
+    ]
+    lines += [f"  ! {message}" for message in load.get("missing") or []]
+    return lines
 
 
 def _routing(model: dict[str, Any]) -> str:
@@ -247,6 +280,7 @@ def _show_text(model: dict[str, Any]) -> str:
         f"replicas:    {model['min_replicas']} to {model['max_replicas']}",
         f"keep alive:  {_keep_alive(model['keep_alive'])}",
         f"scaling:     {_scaling(model)}",
+        *_load_lines(model),
         f"routing:     {_routing(model)}",
         f"activation:  {'on request' if model['activation'] else 'off (operator starts it)'}",
         f"state:       {status.get('state', '-')} ({_replicas(model)} ready)",
@@ -459,6 +493,25 @@ def add(
             show_default=False,
         ),
     ] = None,
+    target_queue_depth: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Scale on waiting requests: one replica per this many waiting (in the "
+            "engines and the routers' queues), up to --max-replicas [default: off].",
+            show_default=False,
+        ),
+    ] = None,
+    target_kv_use: Annotated[
+        float | None,
+        typer.Option(
+            min=0.01,
+            max=1.0,
+            help="Scale on KV-cache use: keep the mean over Ready replicas at or below "
+            "this fraction, e.g. 0.8, up to --max-replicas [default: off].",
+            show_default=False,
+        ),
+    ] = None,
     scale_down_delay: Annotated[
         str | None,
         typer.Option(
@@ -491,7 +544,7 @@ def add(
     """Add a model to the catalog (kept in the server's store), or replace one."""
     flags = (
         name, weights, engine, gpus, gpu_memory, min_replicas, max_replicas, keep_alive,
-        target_in_flight, scale_down_delay,
+        target_in_flight, scale_down_delay, target_queue_depth, target_kv_use,
     )  # fmt: skip
     flags_given = any(v is not None for v in flags) or bool(engine_arg or alias or no_activation)
     if file is not None:
@@ -516,6 +569,8 @@ def add(
             activation=not no_activation,
             target_in_flight=target_in_flight,
             scale_down_delay=scale_down_delay,
+            target_queue_depth=target_queue_depth,
+            target_kv_use=target_kv_use,
         )
     if dry_run and replace:
         fail("--dry-run stores nothing, so --replace means nothing with it", EXIT_BAD_INPUT)

@@ -512,7 +512,8 @@ class ModelConfig(_Strict):
         default=1,
         ge=1,
         description=(
-            "Most replicas placed under load (see target_in_flight). 1 by default, so "
+            "Most replicas placed under load (see target_in_flight, target_queue_depth, "
+            "target_kv_use). 1 by default, so "
             "that one busy model does not take the whole fleet unless asked to."
         ),
     )
@@ -539,6 +540,28 @@ class ModelConfig(_Strict):
             "Requests in flight per replica that the model is scaled for: with 20 in "
             "flight and a target of 8, three replicas are wanted (up to max_replicas). "
             "Unset by default: the model runs min_replicas, or one while in use."
+        ),
+    )
+    target_queue_depth: StrictCount | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Waiting requests per replica that the model is scaled for: those the "
+            "engines report waiting (vLLM's num_requests_waiting) plus those in the "
+            "routers' queues, over the Ready replicas. With 12 waiting and a target of "
+            "4, three replicas are wanted (up to max_replicas). Unset by default: "
+            "waiting requests only count through target_in_flight."
+        ),
+    )
+    target_kv_use: StrictFraction | None = Field(
+        default=None,
+        gt=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description=(
+            "Mean KV-cache use (0 to 1) over the Ready replicas that the model is "
+            "scaled for: two replicas at 0.9 with a target of 0.6 want three. Unset by "
+            "default: engines that report no KV use (llama.cpp) could not drive it."
         ),
     )
     max_in_flight: StrictCount | None = Field(

@@ -80,6 +80,28 @@ class FleetNode:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplicaLoad:
+    """One replica's engine load as a server's router last read it from its metrics
+    (None where the engine reports nothing), and when (wall clock, UTC)."""
+
+    replica: str
+    waiting: int | None
+    running: int | None
+    kv_cache_usage: float | None
+    read_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLoad:
+    """A server's router's load signals for one model: requests waiting in its own
+    queue, the longest wait among them (seconds), and its engine reads per replica."""
+
+    queued: int = 0
+    queue_wait: float = 0.0
+    replicas: tuple[ReplicaLoad, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Demand:
     """What one server's router saw of one model."""
 
@@ -88,6 +110,7 @@ class Demand:
     last_active: datetime
     in_flight: int
     wanted_at: datetime | None
+    load: ModelLoad = ModelLoad()
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,6 +344,8 @@ class LeadershipRepository:
                         {
                             "model": d.model, "server": server, "last_active": d.last_active,
                             "in_flight": d.in_flight, "wanted_at": d.wanted_at,
+                            "queued": d.load.queued, "queue_wait": d.load.queue_wait,
+                            "replicas": [_replica_json(r) for r in d.load.replicas] or None,
                         }
                         for d in rows
                     ],
@@ -370,8 +395,40 @@ class LeadershipRepository:
         async with transaction(self._engine, "reading demand") as conn:
             rows = (await conn.execute(select(model_demand))).all()
         return [
-            Demand(r.model, r.server, r.last_active, int(r.in_flight), r.wanted_at) for r in rows
+            Demand(
+                r.model,
+                r.server,
+                r.last_active,
+                int(r.in_flight),
+                r.wanted_at,
+                ModelLoad(
+                    int(r.queued),
+                    float(r.queue_wait),
+                    tuple(_replica_load(item) for item in r.replicas or ()),
+                ),
+            )
+            for r in rows
         ]
+
+
+def _replica_json(load: ReplicaLoad) -> dict[str, Any]:
+    return {
+        "replica": load.replica,
+        "waiting": load.waiting,
+        "running": load.running,
+        "kv_cache_usage": load.kv_cache_usage,
+        "read_at": load.read_at.isoformat(),
+    }
+
+
+def _replica_load(item: Mapping[str, Any]) -> ReplicaLoad:
+    return ReplicaLoad(
+        replica=str(item["replica"]),
+        waiting=item.get("waiting"),
+        running=item.get("running"),
+        kv_cache_usage=item.get("kv_cache_usage"),
+        read_at=datetime.fromisoformat(item["read_at"]),
+    )
 
 
 def _lease(row: Any) -> Lease:

@@ -220,6 +220,13 @@ model_demand = Table(
     Column("in_flight", Integer, nullable=False),
     # Set while a request on that server waits for the model to start.
     Column("wanted_at", UTCDateTime, nullable=True),
+    # Load signals for target_queue_depth / target_kv_use: requests waiting in that
+    # server's router queue, the longest wait (s), and its engine reads per replica
+    # (a list of {replica, waiting, running, kv_cache_usage, read_at}; the store
+    # neither reads nor checks it).
+    Column("queued", Integer, nullable=False, server_default="0"),
+    Column("queue_wait", Float, nullable=False, server_default="0"),
+    Column("replicas", JSON, nullable=True),
     PrimaryKeyConstraint("model", "server"),
 )
 

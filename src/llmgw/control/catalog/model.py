@@ -89,8 +89,11 @@ class CatalogModel:
     `min_replicas`; `PINNED` (-1) keeps it running once started. `activation`
     says whether a request may start it when nothing runs. `target_in_flight`
     (None: off) is the number of requests in flight per replica the model is
-    scaled for, up to `max_replicas`; replicas started for load are stopped
-    once it has stayed lower for `scale_down_delay` seconds.
+    scaled for, up to `max_replicas`; `target_queue_depth` (waiting requests
+    per replica: engines' queues plus the routers') and `target_kv_use` (mean
+    KV-cache use, 0..1) are the same kind of target on other signals. Any
+    target above its mark adds replicas; replicas started for load are stopped
+    once every target has stayed lower for `scale_down_delay` seconds.
     """
 
     name: str
@@ -103,6 +106,8 @@ class CatalogModel:
     activation: bool = True
     source: ModelSource = "config"
     target_in_flight: int | None = None
+    target_queue_depth: int | None = None
+    target_kv_use: float | None = None
     scale_down_delay: float = 60.0
     # Requests in flight per replica before the router queues (None: router default).
     max_in_flight: int | None = None
@@ -113,6 +118,11 @@ class CatalogModel:
     def names(self) -> tuple[str, ...]:
         """The name and every alias: what a client may send for this model."""
         return (self.name, *self.aliases)
+
+    @property
+    def scales_on_load(self) -> bool:
+        """Whether any load target is set (the replica count follows the load)."""
+        return bool(self.target_in_flight or self.target_queue_depth or self.target_kv_use)
 
     @property
     def pinned(self) -> bool:

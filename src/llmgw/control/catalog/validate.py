@@ -77,6 +77,8 @@ def model_from_config(cfg: ModelConfig, *, source: ModelSource) -> CatalogModel:
         activation=cfg.activation,
         source=source,
         target_in_flight=cfg.target_in_flight,
+        target_queue_depth=cfg.target_queue_depth,
+        target_kv_use=cfg.target_kv_use,
         scale_down_delay=cfg.scale_down_delay,
         max_in_flight=cfg.max_in_flight,
         routing=cfg.routing.scorers if cfg.routing is not None else None,
@@ -148,6 +150,8 @@ def model_to_dict(model: CatalogModel) -> dict[str, Any]:
         "keep_alive": _number(model.keep_alive),
         "activation": model.activation,
         "target_in_flight": model.target_in_flight,
+        "target_queue_depth": model.target_queue_depth,
+        "target_kv_use": model.target_kv_use,
         "scale_down_delay": _number(model.scale_down_delay),
         **({"max_in_flight": model.max_in_flight} if model.max_in_flight is not None else {}),
         **(

@@ -9,7 +9,9 @@
   clients may use any server.
 - `sync_demand` runs on every server: it reports this server's demand and, on
   the leader, reads everyone else's, counting only servers announced within one
-  lease TTL (a server killed mid-request leaves rows nobody withdraws).
+  lease TTL (a server killed mid-request leaves rows nobody withdraws). The
+  rows carry the router's load signals; engine reads are re-sent when they
+  change, and at least every `LOAD_REFRESH` seconds so the leader knows them fresh.
 - `ServerDirectory` runs on every server: it refreshes this server's row every
   third of the lease TTL, so every server can list them all; the leader forgets
   servers silent for an hour, and a clean stop forgets this one at once.
@@ -37,6 +39,9 @@ log = logging.getLogger("llmgw.control.leadership")
 STORE_RETRY_SECONDS = 1.0
 # A server silent this long is removed from the list (and its demand rows with it).
 FORGET_AFTER = timedelta(hours=1)
+# Unchanged engine reads are written again this often: the leader ignores reads
+# older than demand.LOAD_MAX_AGE, which must stay well above this.
+LOAD_REFRESH = 5.0
 # How long a clean stop waits for the store to forget this server.
 FORGET_TIMEOUT_SECONDS = 2.0
 
@@ -190,18 +195,24 @@ async def sync_demand(
     interval: float,
     wall_clock: Callable[[], datetime],
     ttl: float,
+    on_load: Callable[[], None] = lambda: None,
 ) -> None:
     """Report this server's demand when it changes (at most every `interval` s, at
     once for a new activation), and while leading read the rows of the other
-    servers that are live (announced within `ttl` seconds)."""
+    servers that are live (announced within `ttl` seconds), then call `on_load`
+    (the load signals may ask for more replicas)."""
     reported: list[Demand] | None = None
+    reported_at = wall_clock()
     remote_wanted: list[str] = []
     while True:
         rows = demand.local_rows(server_id)
         try:
-            if rows != reported:
+            stale = (wall_clock() - reported_at).total_seconds() >= LOAD_REFRESH and any(
+                row.load.replicas for row in rows
+            )
+            if reported is None or _content(rows) != _content(reported) or stale:
                 await store.report_demand(server_id, rows)
-                reported = rows
+                reported, reported_at = rows, wall_clock()
             if leading():
                 now = wall_clock()
                 live = {s.server for s in await store.servers() if is_live(s, now, ttl)}
@@ -212,10 +223,28 @@ async def sync_demand(
                 if demand.remote_wanted() != remote_wanted:
                     remote_wanted = demand.remote_wanted()
                     on_remote()
+                on_load()
         except StoreError as exc:
             log.warning("cannot share demand through the store (retrying): %s", exc)
         demand.changed.clear()
         await wait_for_event(demand.changed, interval)
+
+
+def _content(rows: Sequence[Demand]) -> list[object]:
+    """The rows without the times of the engine reads, and with queue waits in whole
+    seconds: what is worth a write to the store."""
+    return [
+        (
+            row.model, row.last_active, row.in_flight, row.wanted_at, row.load.queued,
+            round(row.load.queue_wait),
+            tuple(
+                (r.replica, r.waiting, r.running,
+                 None if r.kv_cache_usage is None else round(r.kv_cache_usage, 2))
+                for r in row.load.replicas
+            ),
+        )
+        for row in rows
+    ]  # fmt: skip
 
 
 class ServerDirectory:

@@ -3,7 +3,7 @@
 One `Controller` per server. Each step is synchronous and never awaits: it reads
 the catalog and an inventory snapshot, works out how many replicas each model
 wants now (`min_replicas`, raised to one while the model is in use or within
-its `keep_alive`, and to one per `target_in_flight` requests in flight), calls
+its `keep_alive`, and to what its load targets ask for: see `autoscale`), calls
 the pure `plan()`, and starts one task per action (start, stop, drain) through
 the `Dispatcher`. Steps run on an interval and at
 once on every inventory or catalog change and every activation.
@@ -23,9 +23,8 @@ Not guaranteed:
 - Persistence. Replicas are what the agents report; demand and failure history
   live in this process and restart empty (running replicas are adopted, and
   their idle clock restarts).
-- Scaling on anything but requests in flight (engine queue depth, KV cache use,
-  latency); with `target_in_flight` unset a model runs `min_replicas`, or one
-  while in use.
+- Scaling on latency; with no load target set a model runs `min_replicas`, or
+  one while in use.
 """
 
 from __future__ import annotations
@@ -44,6 +43,7 @@ from llmgw.control.agentsvc.dispatcher import Dispatcher
 from llmgw.control.agentsvc.errors import AgentServiceError
 from llmgw.control.catalog.model import CatalogModel
 from llmgw.control.inventory import Change, Node, Shard
+from llmgw.control.reconciler.autoscale import LoadSignals, replicas_for_load
 from llmgw.control.reconciler.demand import DemandBook
 from llmgw.control.reconciler.errors import (
     ActivationDisabled,
@@ -72,6 +72,7 @@ from llmgw.control.reconciler.types import (
     Stop,
 )
 from llmgw.lifecycle import wait_for_event
+from llmgw.store import ModelLoad
 
 log = logging.getLogger("llmgw.control.reconciler")
 
@@ -150,17 +151,19 @@ class Controller:
         new_shard_id: Callable[[str], str] | None = None,
         abandon: Callable[[Sequence[str]], object] | None = None,
         mgmt_interface: str = "",
+        router_load: Callable[[], Mapping[str, ModelLoad]] | None = None,
     ) -> None:
-        """`startup_grace`: for this long after `run()` starts, an activation that
-        cannot be placed waits instead of failing at once, since agents are still
-        reconnecting after a (re)start. `adoption_grace` (default: the same): for
-        this long, replicas that were Ready before (`run`'s `expected`) are waited
-        for, and kept in the router, rather than started again; the node-lost
-        window is right, since that is when their node would be given up too. `leading` says
-        whether this server may place work (it holds the lease). `abandon(ids)` is
-        told once about replicas whose node stopped answering (this server's
-        router moves requests still waiting on them). `mgmt_interface`: the network
-        multi-node ranks talk over (`control.mgmt_interface`; see `mgmt`)."""
+        """`router_load` reads this server's router's load signals by model name (or
+        alias), for the load targets. `startup_grace`: for this long after `run()`
+        starts, an activation that cannot be placed waits instead of failing at once,
+        since agents are still reconnecting after a (re)start. `adoption_grace`
+        (default: the same): for this long, replicas that were Ready before (`run`'s
+        `expected`) are waited for, and kept in the router, rather than started again;
+        the node-lost window is right, since that is when their node would be given up
+        too. `leading` says whether this server may place work (it holds the lease).
+        `abandon(ids)` is told once about replicas whose node stopped answering (this
+        server's router moves requests still waiting on them). `mgmt_interface`: the
+        network multi-node ranks talk over (`control.mgmt_interface`; see `mgmt`)."""
         self._catalog = catalog
         self._inventory = inventory
         self._dispatcher = dispatcher
@@ -182,7 +185,10 @@ class Controller:
         self._leading = leading
         self._abandon = abandon
         self._abandoned: frozenset[str] = frozenset()
-        self.demand = DemandBook(clock=clock, wall_clock=wall_clock)
+        self._router_load = router_load
+        self.demand = DemandBook(
+            clock=clock, wall_clock=wall_clock, local_load=self._canonical_load
+        )
         self._expected: dict[str, set[str]] = {}
         self._standby_waits: dict[str, asyncio.Future[None]] = {}
         self._wake = asyncio.Event()
@@ -273,6 +279,7 @@ class Controller:
         self._adopt(nodes, now)
         self._settle_expected(nodes, now)
         self._confirm_pending(nodes)
+        self.demand.read_local_load()
         desired = [self._desired(model, now) for model in models]
         self._targets = {d.model.name: d.replicas for d in desired}
         result = plan(
@@ -350,7 +357,7 @@ class Controller:
         wanted = model.min_replicas
         if self.demand.wants(model, now, activating=model.name in self._activations):
             wanted = max(wanted, 1)
-        if model.target_in_flight:
+        if model.scales_on_load:
             wanted = max(wanted, self._for_load(model, now))
         health = self._health.get(model.name)
         return Desired(
@@ -362,16 +369,55 @@ class Controller:
             avoid_ports=frozenset(health.avoid_ports) if health is not None else frozenset(),
         )
 
+    def _canonical_load(self) -> dict[str, ModelLoad]:
+        """The router's load signals by canonical model name (queues are by the name
+        clients sent, which may be an alias)."""
+        if self._router_load is None:
+            return {}
+        merged: dict[str, ModelLoad] = {}
+        for name, load in self._router_load().items():
+            model = self._catalog.get(name)
+            if model is None:
+                continue
+            seen = merged.get(model.name)
+            merged[model.name] = (
+                load
+                if seen is None
+                else ModelLoad(
+                    seen.queued + load.queued,
+                    max(seen.queue_wait, load.queue_wait),
+                    seen.replicas + load.replicas,
+                )
+            )
+        return merged
+
+    def load_signals(self, model: CatalogModel) -> LoadSignals:
+        """The model's load over every server, on its Ready (published) replicas."""
+        entry = self._published.get(model.name)
+        ready = {e.id for e in entry[1]} if entry is not None else set()
+        return self.demand.signals(model.name, ready)
+
+    def check_load(self) -> None:
+        """New load signals arrived: reconcile at once if a model needs more replicas
+        than it has (lower counts wait for the next reconcile anyway)."""
+        self.demand.read_local_load()
+        for model in self._catalog.models():
+            if not (model.target_queue_depth or model.target_kv_use):
+                continue
+            need, _ = replicas_for_load(model, self.load_signals(model))
+            held = self._load.get(model.name)
+            if need > (held.count if held is not None else 0):
+                self._wake.set()
+                return
+
     def _for_load(self, model: CatalogModel, now: float) -> int:
-        """Replicas for the requests in flight (all servers), `target_in_flight` each.
+        """Replicas for the load (all servers), as the model's targets ask.
 
         A higher count applies at once; a lower one only after the load has
         stayed below the held count for `scale_down_delay` (each time the held
         count is needed again, the wait starts over).
         """
-        target = model.target_in_flight or 1
-        in_flight = self.demand.in_flight(model.name)
-        need = min(math.ceil(in_flight / target), model.max_replicas)
+        need, reason = replicas_for_load(model, self.load_signals(model))
         held = self._load.get(model.name)
         if held is not None and need < held.count and now - held.since < model.scale_down_delay:
             return held.count
@@ -383,8 +429,7 @@ class Controller:
                 model.name,
                 "",
                 (f"load lower for {model.scale_down_delay:g} s: " if lower else "")
-                + f"{in_flight} requests in flight at {target} per replica: "
-                f"{need} replica{'' if need == 1 else 's'} for the load",
+                + f"{reason}: {need} replica{'' if need == 1 else 's'} for the load",
             )
         self._load[model.name] = _LoadTarget(need, now)
         return need
@@ -876,6 +921,7 @@ class Controller:
             pending=tuple(pending),
             stopping=frozenset(s.id for _, s in replicas if s.id in self._stopping),
             in_flight=self.demand.in_flight(model.name),
+            load=self.load_signals(model),
             idle_for=self.demand.idle_for(model.name, now),
             failures=health.failures if health is not None else 0,
             last_failure=health.last if health is not None else None,

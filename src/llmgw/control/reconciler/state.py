@@ -13,6 +13,7 @@ from typing import Protocol
 
 from llmgw.control.catalog.model import CatalogModel
 from llmgw.control.inventory import Node, Shard
+from llmgw.control.reconciler.autoscale import NO_LOAD, LoadSignals
 from llmgw.control.reconciler.types import Explanation, Pending
 
 
@@ -140,6 +141,8 @@ class ModelState:
     retry_in: float
     unplaced: Explanation | None
     activating: bool
+    # The load signals for the model's load targets (see `autoscale`).
+    load: LoadSignals = NO_LOAD
 
     @property
     def state(self) -> str:

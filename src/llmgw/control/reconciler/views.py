@@ -12,6 +12,7 @@ from typing import Protocol
 from llmgw.control.catalog.model import CatalogModel
 from llmgw.control.inventory.model import Node, Shard, ShardSpec
 from llmgw.control.reachability import Reach
+from llmgw.control.reconciler.autoscale import signals_view
 from llmgw.control.reconciler.controller import Controller
 from llmgw.control.reconciler.errors import ActivationRefused, NotInCatalog
 from llmgw.control.reconciler.state import Event, Failure, ModelState, routable
@@ -125,6 +126,7 @@ def state_view(state: ModelState, reach: Reachability | None = None) -> dict[str
         ),
         "replicas": _by_replica(rows),
         "in_flight": state.in_flight,
+        "load": signals_view(state.model, state.load),
         "idle_seconds": None if state.idle_for is None else round(state.idle_for, 1),
         "activating": state.activating,
         "failures": state.failures,
