@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from store_fixtures import START, clock_fixture, store_fixture, target_fixture  # noqa: F401
 
 from llmgw.config import ConfigError, load_server_config
 from llmgw.control.catalog.model import CatalogModel, Profile
@@ -18,7 +19,7 @@ from llmgw.control.reconciler.autoscale import (
     signals_view,
 )
 from llmgw.control.reconciler.demand import NEVER, DemandBook
-from llmgw.store import Demand, ModelLoad, ReplicaLoad
+from llmgw.store import Demand, ModelLoad, ReplicaLoad, Store
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -193,3 +194,20 @@ def test_bad_targets_in_a_config_file_name_the_file_and_the_field(tmp_path: Path
         line.startswith(f"{path}: models[0].target_kv_use: ") and "less than or equal to 1" in line
         for line in lines
     ), lines
+
+
+async def test_demand_rows_keep_their_load_through_the_store(store: Store) -> None:
+    load = ModelLoad(
+        queued=3,
+        queue_wait=2.5,
+        replicas=(
+            ReplicaLoad("a", 4, 1, 0.25, START),
+            ReplicaLoad("b", None, None, None, START - timedelta(seconds=2)),
+        ),
+    )
+    await store.leadership.report_demand(
+        "s1", [Demand("m", "s1", START, 1, None, load), Demand("n", "s1", NEVER, 0, None)]
+    )
+    rows = sorted(await store.leadership.demand(), key=lambda d: d.model)
+    assert [(d.model, d.load) for d in rows] == [("m", load), ("n", ModelLoad())]
+    assert rows[1].last_active == NEVER

@@ -190,6 +190,21 @@ async def test_a_failed_model_shows_its_reason_and_the_engine_output(dash: Dash)
     assert "model-002" in live_part(overview).split("Needs attention")[1]
 
 
+async def test_a_model_page_shows_its_load_targets_and_signals(dash: Dash) -> None:
+    base = dash.fleet.catalog.get("model-001")
+    assert base is not None
+    await dash.fleet.catalog.add(
+        dataclasses.replace(
+            base, name="scaled", aliases=(), target_queue_depth=4, target_kv_use=0.8
+        )
+    )
+    page = await dash.client.get("/admin/models/scaled")
+    assert page.status_code == 200
+    assert "one replica per 4 requests waiting or per 80% KV-cache use, down after" in page.text
+    assert "0 waiting (not reported in engines, 0 in routers)" in page.text
+    assert "KV cache not reported" in page.text
+
+
 async def test_a_model_that_fits_nowhere_explains_why_node_by_node(dash: Dash) -> None:
     page = await dash.client.get("/admin/models/model-016")  # wants a B200; none exists
     assert page.status_code == 200

@@ -186,7 +186,8 @@ def _scaling(model: dict[str, Any]) -> str:
     if model.get("target_in_flight"):
         targets.append(f"{model['target_in_flight']} requests in flight")
     if model.get("target_queue_depth"):
-        targets.append(f"{model['target_queue_depth']} requests waiting")
+        waiting = model["target_queue_depth"]
+        targets.append(f"{waiting} request{'' if waiting == 1 else 's'} waiting")
     if model.get("target_kv_use"):
         targets.append(f"{float(model['target_kv_use']):.0%} KV-cache use")
     if not targets:

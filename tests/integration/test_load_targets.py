@@ -1,0 +1,155 @@
+"""Scaling on waiting requests and KV-cache use, end to end: a real `llmgw server`,
+real agents and real sim engines whose /metrics the router reads.
+
+The sims run one sequence at a time (`--max-running 1`), so requests beyond the
+first wait in the engine, as they do in a full vLLM batch; a model with
+`max_in_flight: 1` makes them wait in the router's queue instead.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+from procs import llmgw
+from test_control_plane import Fleet, fleet, sim_model, wait_for
+
+
+@contextmanager
+def load(f: Fleet, model: str, workers: int, **body: object) -> Iterator[list[int]]:
+    """`workers` clients sending chat requests back to back until the block ends;
+    yields the status codes seen so far."""
+    stop = threading.Event()
+    codes: list[int] = []
+
+    def worker() -> None:
+        while not stop.is_set():
+            codes.append(f.chat(model, max_tokens=40, **body).status_code)
+
+    threads = [threading.Thread(target=worker) for _ in range(workers)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield codes
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+
+
+def scale_events(f: Fleet, model: str) -> list[str]:
+    return [e["message"] for e in f.events(model) if e["kind"] == "scale"][::-1]
+
+
+def show(f: Fleet, model: str) -> str:
+    cli = subprocess.run(
+        llmgw("models", "show", model, "--admin", f.server.admin),
+        check=False, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert cli.returncode == 0, cli.stderr
+    return cli.stdout
+
+
+def test_requests_waiting_in_the_engines_scale_up_to_max_and_back_down(tmp_path: Path) -> None:
+    models = sim_model(
+        "deep", args="--itl 0.02 --max-running 1", min_replicas=1, max_replicas=3,
+        target_queue_depth=1, scale_down_delay=2,
+    )  # fmt: skip
+    with fleet(tmp_path, models) as f:
+        wait_for(lambda: len(f.ready_replicas("deep")) == 1, "deep's first replica")
+        assert "one replica per 1 request waiting, down after 2s" in show(f, "deep")
+        # Eight clients, one sequence per engine: seven wait at first, and still five
+        # with three replicas, at one per replica: as many replicas as allowed.
+        with load(f, "deep", 8) as codes:
+            wait_for(lambda: len(f.ready_replicas("deep")) == 3, "three replicas", within=60)
+            wait_for(
+                lambda: (f.status("deep")["load"]["engine_waiting"] or 0) > 0,
+                "waiting requests read from the engines",
+            )
+            shown = show(f, "deep")
+            assert re.search(r"\d+ waiting \(\d+ in engines, 0 in routers", shown), shown
+        assert set(codes) == {200}, codes
+        wait_for(lambda: len(f.ready_replicas("deep")) == 1, "back to one replica", within=60)
+        scale = scale_events(f, "deep")
+        assert re.fullmatch(
+            r"\d+ requests waiting \(\d+ in engines, 0 in routers\) at 1 per replica: "
+            r"[23] replicas for the load",
+            scale[0],
+        ), scale
+        assert any(m.endswith(": 3 replicas for the load") for m in scale), scale
+        assert re.fullmatch(
+            r"load lower for 2 s: [01] requests waiting \([01] in engines, 0 in routers\) at 1 "
+            r"per replica: [01] replicas? for the load",
+            scale[-1],
+        ), scale
+
+
+def test_requests_waiting_in_the_routers_queue_count_too(tmp_path: Path) -> None:
+    # One request per replica leaves the router: the rest wait in its queue, and the
+    # engines report nothing waiting.
+    models = sim_model(
+        "held", args="--itl 0.02", min_replicas=1, max_replicas=2, max_in_flight=1,
+        target_queue_depth=1, scale_down_delay=2,
+    )  # fmt: skip
+    with fleet(tmp_path, models) as f:
+        wait_for(lambda: len(f.ready_replicas("held")) == 1, "held's first replica")
+        with load(f, "held", 6) as codes:
+            wait_for(lambda: len(f.ready_replicas("held")) == 2, "two replicas", within=60)
+        assert set(codes) == {200}, codes
+        scale = scale_events(f, "held")
+        assert re.fullmatch(
+            r"\d+ requests waiting \(0 in engines, [2-9] in routers\) at 1 per replica: "
+            r"2 replicas for the load",
+            scale[0],
+        ), scale
+        wait_for(lambda: len(f.ready_replicas("held")) == 1, "back to one replica", within=60)
+
+
+def test_kv_cache_use_scales_up_and_shows_in_models_show(tmp_path: Path) -> None:
+    # The sim's KV use is its prefix cache's: 16 blocks of 16 tokens fill with a few
+    # long distinct prompts and stay full.
+    models = sim_model(
+        "roomy", args="--cache-blocks 16", min_replicas=1, max_replicas=2,
+        target_kv_use=0.6, scale_down_delay=2,
+    )  # fmt: skip
+    with fleet(tmp_path, models) as f:
+        wait_for(lambda: len(f.ready_replicas("roomy")) == 1, "roomy's first replica")
+        for i in range(4):
+            prompt = " ".join(f"w{i}x{j}" for j in range(200))
+            answer = f.chat("roomy", messages=[{"role": "user", "content": prompt}])
+            assert answer.status_code == 200, answer.text
+        wait_for(lambda: len(f.ready_replicas("roomy")) == 2, "a second replica for KV use")
+        scale = scale_events(f, "roomy")
+        assert re.fullmatch(
+            r"KV cache \d+% used on 1 replica at 60% per replica: 2 replicas for the load",
+            scale[0],
+        ), scale
+        # Bad targets are refused, naming the field (API) or the flag (CLI).
+        bad = httpx.post(
+            f"{f.server.admin}/admin/api/models",
+            json={"name": "bad", "weights": "none", "profiles": [{"engine": "sim"}],
+                  "target_kv_use": 1.5},
+            timeout=10,
+        )  # fmt: skip
+        assert bad.status_code == 400, bad.text
+        error = bad.json()["error"]
+        assert (error["code"], error["param"]) == ("invalid_model", "target_kv_use")
+        assert "field 'target_kv_use'" in error["message"], error
+        cli = subprocess.run(
+            llmgw(
+                "models", "add", "--name", "bad", "--weights", "none", "--engine", "sim",
+                "--target-queue-depth", "0", "--admin", f.server.admin,
+            ),
+            check=False, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert cli.returncode != 0
+        assert "--target-queue-depth" in cli.stderr and "Traceback" not in cli.stderr
+        shown = show(f, "roomy")
+        assert "one replica per 60% KV-cache use" in shown
+        assert re.search(r"KV cache \d+% used", shown), shown
+        assert "not reported" not in shown.split("load:", 1)[1].split("\n", 1)[0]
