@@ -258,3 +258,38 @@ async def test_another_requests_prefill_stalls_decoding_unless_its_prefix_is_cac
     # A cache hit costs the others nothing beyond the 0 uncached tokens (the last
     # partial block is none: 100 tokens are 25 full blocks).
     assert [t - start for t in decoding] == pytest.approx([0.01, 0.11, 0.21])
+
+
+async def test_prefill_slots_serialize_prefills_fifo_and_leave_cache_hits_alone() -> None:
+    def engine(vt: VirtualTime, slots: int) -> Engine:
+        timing = TimingModel(prefill_per_token=0.001, itl=0.1, itl_per_running=0.0)
+        scheduler = Scheduler(timing=timing, max_running=None, sleep=vt.sleep, prefill_slots=slots)
+        return Engine(scheduler=scheduler, cache=PrefixCache(block_size=4, capacity_blocks=100))
+
+    def prompt(tag: str) -> list[str]:
+        return [f"{tag}{index}" for index in range(100)]  # 0.1 s of prefill when uncached
+
+    for slots, expected in ((0, [0.1, 0.1, 0.1]), (1, [0.1, 0.2, 0.3]), (2, [0.1, 0.1, 0.2])):
+        vt = VirtualTime()
+        sim = engine(vt, slots)
+        firsts: list[list[float]] = [[], [], []]
+        await vt.run(
+            *(_request(sim, vt, firsts[i], prompt=prompt(t), tokens=1) for i, t in enumerate("abc"))
+        )
+        # Three misses at once: with one slot, each waits for the ones before it.
+        assert [times[0] for times in firsts] == pytest.approx(expected), slots
+
+    vt = VirtualTime()
+    sim = engine(vt, 1)
+    await vt.run(_request(sim, vt, [], prompt=prompt("a"), tokens=1))
+    start = vt.now
+    hit: list[float] = []
+    miss: list[float] = []
+    await vt.run(
+        _request(sim, vt, miss, prompt=prompt("b"), tokens=1),
+        _request(sim, vt, hit, prompt=prompt("a"), tokens=1),
+    )
+    # A cached prompt has nothing to compute, so it does not queue behind a miss.
+    assert (hit[0] - start, miss[0] - start) == pytest.approx((0.0, 0.1))
+    with pytest.raises(ValueError, match="prefill_slots"):
+        Scheduler(timing=sim.scheduler.timing, max_running=None, sleep=vt.sleep, prefill_slots=-1)

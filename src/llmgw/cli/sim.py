@@ -43,6 +43,14 @@ def sim(
             "token waits (1: the batch stalls for the whole prefill; 0: no stall).",
         ),
     ] = 1.0,
+    prefill_slots: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Prefills computed at once per replica, the others wait their turn "
+            "(1: serial, as on a GPU; 0: no limit).",
+        ),
+    ] = 0,
     max_running: Annotated[
         int, typer.Option(min=1, help="Sequences running at once; more queue FIFO.")
     ] = 64,
@@ -146,6 +154,7 @@ def sim(
         itl=itl,
         itl_per_running=itl_per_running,
         prefill_interference=prefill_interference,
+        prefill_slots=prefill_slots,
         max_running=max_running,
         block_size=block_size,
         cache_blocks=cache_blocks,

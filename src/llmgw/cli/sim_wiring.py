@@ -52,7 +52,12 @@ def build_app(
         )
         max_running = settings.max_running
     cache = PrefixCache(block_size=settings.block_size, capacity_blocks=settings.cache_blocks)
-    scheduler = Scheduler(timing=timing, max_running=max_running, sleep=sleep)
+    scheduler = Scheduler(
+        timing=timing,
+        max_running=max_running,
+        sleep=sleep,
+        prefill_slots=0 if settings.zero_delay else settings.prefill_slots,
+    )
     stats = SimStats(models=settings.models)
     registry.register(SimCollector(stats=stats, cache=cache))
     return create_app(

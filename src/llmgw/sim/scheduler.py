@@ -67,9 +67,21 @@ class DecodeCursor:
 class Scheduler:
     """Admission slots and the sleeps that make up a request's time on the engine."""
 
-    def __init__(self, *, timing: TimingModel, max_running: int | None, sleep: Sleep) -> None:
+    def __init__(
+        self,
+        *,
+        timing: TimingModel,
+        max_running: int | None,
+        sleep: Sleep,
+        prefill_slots: int = 0,
+    ) -> None:
         if max_running is not None and max_running < 1:
             raise ValueError(f"max_running must be at least 1, got {max_running}")
+        if prefill_slots < 0:
+            raise ValueError(f"prefill_slots must be 0 (no limit) or more, got {prefill_slots}")
+        self.prefill_slots = prefill_slots
+        self._prefilling = 0
+        self._prefill_queue: deque[asyncio.Future[None]] = deque()
         self.timing = timing
         self.max_running = max_running
         self._sleep = sleep
@@ -125,10 +137,44 @@ class Scheduler:
 
     async def prefill(self, uncached_tokens: int, *, extra_seconds: float = 0.0) -> None:
         compute = self.timing.prefill_seconds(uncached_tokens)
+        if self.prefill_slots and compute > 0:
+            await self.pause(extra_seconds)
+            await self._prefill_turn()
+            try:
+                self._prefill_begun += compute
+                await self._sleep(compute)
+            finally:
+                self._prefill_done()
+            return
         self._prefill_begun += compute
         delay = compute + extra_seconds
         if delay > 0:
             await self._sleep(delay)
+
+    async def _prefill_turn(self) -> None:
+        """Wait for a prefill slot (FIFO); the caller must `_prefill_done` after."""
+        if not self._prefill_queue and self._prefilling < self.prefill_slots:
+            self._prefilling += 1
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._prefill_queue.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self._prefill_done()  # granted just before the cancellation: pass it on
+            elif waiter in self._prefill_queue:
+                self._prefill_queue.remove(waiter)
+            raise
+
+    def _prefill_done(self) -> None:
+        self._prefilling -= 1
+        while self._prefill_queue and self._prefilling < self.prefill_slots:
+            waiter = self._prefill_queue.popleft()
+            if waiter.done():
+                continue
+            self._prefilling += 1
+            waiter.set_result(None)
 
     def decoding(self) -> DecodeCursor:
         """Start decoding a sequence: prefills begun before now do not delay it."""

@@ -47,6 +47,13 @@ class SimSettings(BaseModel):
         "token, as a fraction of the prefill time (1: the batch waits for the whole "
         "prefill, as on a GPU without chunked prefill; 0: prefill is free for others).",
     )
+    prefill_slots: int = Field(
+        default=0,
+        ge=0,
+        description="Prefills computed at once; the others wait their turn (1: one at a "
+        "time, as a compute-bound GPU prefill does). 0 by default: prefills overlap "
+        "freely, which keeps short tests independent of each other's prompts.",
+    )
     max_running: int = Field(
         default=64,
         ge=1,
