@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from typing import Any
 
 import orjson
 import pytest
@@ -48,7 +49,9 @@ def chat(system: str, *turns: str, **extra: object) -> bytes:
     return orjson.dumps({"model": "m", "messages": messages, **extra})
 
 
-def balancer(clock: FakeClock, routing: RoutingConfig | None = None, seed: int = 0) -> Balancer:
+def balancer(
+    clock: FakeClock, routing: RoutingConfig | None = None, seed: int = 0, **more: Any
+) -> Balancer:
     routing = routing or RoutingConfig()
     book = LoadBook(clock=clock, stale_after=5.0)
     return Balancer(
@@ -57,6 +60,7 @@ def balancer(clock: FakeClock, routing: RoutingConfig | None = None, seed: int =
         routing=routing,
         scorers=build_scorers(routing, book=book, clock=clock),
         book=book,
+        **more,
     )
 
 
@@ -244,6 +248,31 @@ def test_balance_guard_lets_load_win_over_a_hot_prefix() -> None:
         picks[ep.id] += 1
     assert max(ep.in_flight for ep in eps) - min(ep.in_flight for ep in eps) <= 3
     assert len(picks) == 3
+
+
+def test_a_replica_at_its_capacity_loses_a_hot_prefix_to_one_with_room() -> None:
+    clock = FakeClock()
+    eps = make(3, clock)
+    # target_in_flight 2 (soft), max_in_flight 4 (hard); the spread guard stays out of it.
+    bal = balancer(clock, capacity=lambda ep, model: (2, 4))
+    order: list[str] = []
+    for _ in range(12):
+        req = parse_request(CHAT, chat(system("hot"), "same question"))
+        ep = bal.pick(eps, (), bal.route(req))
+        assert ep is not None
+        ep.in_flight += 1  # nothing finishes
+        order.append(ep.id)
+    # Affinity fills a replica to the target, then the next; past every target, up to
+    # the hard limit, and past that, anywhere (the queue's business).
+    assert sorted(ep.in_flight for ep in eps) == [4, 4, 4]
+    assert len(set(order[:2])) == 1 and len(set(order[:6])) == 3
+    assert sorted(Counter(order[:6]).values()) == [2, 2, 2]
+    for ep in eps:
+        ep.in_flight = 0
+    # Below the target, a hot prefix stays where it is.
+    req = parse_request(CHAT, chat(system("hot"), "same question"))
+    firsts = {bal.pick(eps, (), bal.route(req)) for _ in range(5)}
+    assert len(firsts) == 1
 
 
 def test_session_header_user_field_and_key_name_the_session() -> None:

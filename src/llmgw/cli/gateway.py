@@ -277,6 +277,12 @@ def _max_in_flight(catalog: Catalog, name: str) -> int | None:
     return model.max_in_flight if model is not None else None
 
 
+def _target_in_flight(catalog: Catalog, name: str) -> int | None:
+    """The catalog model's target_in_flight (None: not a catalog model, or unset)."""
+    model = catalog.get(name)
+    return model.target_in_flight if model is not None else None
+
+
 async def _serve(
     cfg: ServerConfig, listeners: list[BoundListener], store: Store, config_file: str | None
 ) -> None:
@@ -470,6 +476,11 @@ async def _serve(
         book=load_book,
         metrics=routing_metrics,
         model_weights=lambda name: _routing_weights(catalog, name),
+        # Load wins over affinity on a replica at the load its model is scaled for.
+        capacity=lambda endpoint, name: (
+            _target_in_flight(catalog, name),
+            saturation.limit(endpoint, name),
+        ),
     )
     proxy = Proxy(
         queue=request_queue,

@@ -140,7 +140,9 @@ class RoutingConfig(_Strict):
             "prefix cannot melt one replica. 32: moving a warm conversation costs a "
             "whole prefill, which also stalls the other replica's decoding, so only a "
             "clear overload is worth it (measured with bench/routing.py; 4 lost a "
-            "tenth of the cache hits to ordinary bursts)."
+            "tenth of the cache hits to ordinary bursts). Capacity is checked before it: "
+            "a replica at its model's target_in_flight or its max_in_flight loses to one "
+            "below them."
         ),
     )
     balance_rel: float = Field(

@@ -10,7 +10,12 @@ bounded loads): every router replica agrees on it without talking, and each
 replica gets its share of conversations. Before scoring, the balance guard
 passes over every endpoint whose load exceeds the least loaded one's by more
 than `balance_abs` requests and `balance_rel` times, so affinity never piles a
-hot prefix onto one replica (the thresholds follow SGLang's router).
+hot prefix onto one replica (the thresholds follow SGLang's router). The guard
+also knows each replica's capacity (`capacity`: the model's `target_in_flight`
+as a soft limit and the replica's `max_in_flight` as a hard one): a replica
+whose load has reached a limit is passed over while another is below it, so
+one hot prompt spreads over the replicas the autoscaler added for it instead of
+waiting for a spread of `balance_abs`.
 
 Without scorers (or when every weight is 0), it is least-outstanding-requests
 by the power of two random choices: two random healthy candidates are drawn and
@@ -68,9 +73,13 @@ class Balancer:
         book: LoadBook | None = None,
         model_weights: Callable[[str], ScorerWeights | None] | None = None,
         metrics: RoutingMetrics | None = None,
+        capacity: Callable[[Endpoint, str], tuple[int | None, int | None]] | None = None,
     ) -> None:
         """`model_weights(model)` (asked at each pick; None: no override) replaces
-        `routing.scorers` for a model (a catalog model's own `routing`)."""
+        `routing.scorers` for a model (a catalog model's own `routing`).
+        `capacity(endpoint, model)` is (soft, hard): the requests in flight the
+        model is scaled for per replica, and the most the replica takes (None: no
+        such limit)."""
         self._clock = clock
         self._rng = rng
         self._routing = routing or RoutingConfig()
@@ -79,6 +88,7 @@ class Balancer:
         self._recent = RecentPicks(window=self._routing.cold_window, clock=clock)
         self._model_weights = model_weights
         self._metrics = metrics
+        self._capacity = capacity
         self._session_header = self._routing.session_header.lower().encode()
 
     @property
@@ -139,7 +149,7 @@ class Balancer:
         if route is None or not self._scorers:
             return candidates[0] if count == 1 else self._two_choices(candidates)
         if count > 1:
-            candidates = self._guard(candidates)
+            candidates = self._guard(candidates, route.model)
         weights = self.weights(route.model)
         active = [(s, w) for s in self._scorers if (w := getattr(weights, s.name, 0.0)) > 0]
         if not active:
@@ -199,9 +209,11 @@ class Balancer:
         self._recent.add(candidates[index].id)
         return index
 
-    def _guard(self, candidates: list[Endpoint]) -> list[Endpoint]:
+    def _guard(self, candidates: list[Endpoint], model: str) -> list[Endpoint]:
         """The candidates the balance guard lets affinity choose among."""
         loads = [self._book.load_of(ep) for ep in candidates]
+        if self._capacity is not None:
+            candidates, loads = self._roomy(candidates, loads, model)
         low = min(loads)
         spread = self._routing.balance_abs
         ratio = self._routing.balance_rel
@@ -211,6 +223,28 @@ class Balancer:
             if load - low <= spread or load <= ratio * low
         ]
         return kept
+
+    def _roomy(
+        self, candidates: list[Endpoint], loads: list[int], model: str
+    ) -> tuple[list[Endpoint], list[int]]:
+        """The candidates in the best capacity tier: below the soft limit, else below
+        the hard one, else all (the queue holds requests back before that, when
+        configured; without it a full fleet still serves)."""
+        assert self._capacity is not None
+        tiers = []
+        for ep, load in zip(candidates, loads, strict=True):
+            soft, hard = self._capacity(ep, model)
+            if hard is not None and load >= hard:
+                tiers.append(2)
+            elif soft is not None and load >= soft:
+                tiers.append(1)
+            else:
+                tiers.append(0)
+        best = min(tiers)
+        if best == max(tiers):
+            return candidates, loads
+        kept = [i for i, tier in enumerate(tiers) if tier == best]
+        return [candidates[i] for i in kept], [loads[i] for i in kept]
 
     def _two_choices(self, candidates: list[Endpoint]) -> Endpoint:
         count = len(candidates)
