@@ -16,13 +16,21 @@ Routers, side by side in one run:
 - `llmgw <scorers>`: one `llmgw server` with static endpoints and the given
   `router.routing.scorers` weights (`least outstanding` is every weight 0);
 - `llmgw x2`: two servers with the default scorers, the client alternating
-  between them (independent routers, no shared state);
+  between them: independent routers, and with `--redis URL` also routers sharing
+  their prefix index through Redis (`router.routing.redis_url`), one router
+  with the sharing on too (what publishing costs it);
 - a control: the same arrival process with no shared prefix (every request's
-  system prompt its own), least outstanding against the default scorers.
+  system prompt its own), least outstanding against the default scorers;
+- a busy fleet: the sims compute one prefill at a time each (`--prefill-slots 1`,
+  as a GPU does) and requests come at `--busy-rate`, chosen so that the default
+  scorers keep the replicas' prefill about 80% busy; least outstanding, the
+  default scorers and smg.
 
 Reported per router: TTFT p50/p90/p99 (first SSE event), end-to-end p50, output
-tokens/s, the fleet's prefix-cache hit rate (the sims' own token counters) and the
-busiest replica's share of requests against the mean. Results go to
+tokens/s, the fleet's prefix-cache hit rate (the sims' own token counters), the
+busiest replica's share of requests against the mean, and how busy the replicas'
+prefill was (uncached prompt tokens x prefill time per token, over replicas x
+makespan). Results go to
 bench/RESULTS.md between the `routing` markers with the command that made them
 (`--no-write` prints only).
 
@@ -178,7 +186,7 @@ class Fleet:
             proc.stop()
 
 
-def start_sims(args: argparse.Namespace, workdir: Path) -> Fleet:
+def start_sims(args: argparse.Namespace, workdir: Path, slots: int = 0) -> Fleet:
     fleet = Fleet()
     for index in range(args.replicas):
         port = free_port()
@@ -187,6 +195,7 @@ def start_sims(args: argparse.Namespace, workdir: Path) -> Fleet:
             "--model", MODEL, "--cache-blocks", str(args.cache_blocks),
             "--block-size", "16", "--prefill-per-token", str(args.prefill_per_token),
             "--max-running", "256", "--output-tokens", str(args.output_tokens),
+            "--prefill-slots", str(slots),
         ]  # fmt: skip
         fleet.sims.append(Proc(argv, workdir / f"sim-{index}.log"))
         fleet.urls.append(f"http://{HOST}:{port}")
@@ -254,6 +263,7 @@ class Result:
     hit_rate: float
     busiest: float
     failed: int
+    busy: float
 
 
 def pct(values: list[float], q: float) -> float:
@@ -318,13 +328,14 @@ def run_one(
     scorers: dict[str, float] | None,
     routers: int,
     settings: tuple[str, ...] = (),
+    slots: int = 0,
 ) -> Result | None:
     wanted = [word for word in args.only.split(",") if word]
     if wanted and not any(word in name for word in wanted):
         return None
     with tempfile.TemporaryDirectory(prefix="llmgw-routing-") as tmp:
         workdir = Path(tmp)
-        fleet = start_sims(args, workdir)
+        fleet = start_sims(args, workdir, slots)
         try:
             if mode == "smg":
                 start_smg(args, fleet, workdir)
@@ -354,6 +365,7 @@ def run_one(
         hit_rate=hits / queries if queries else 0.0,
         busiest=max(served) / mean if mean else math.nan,
         failed=len(outcomes) - len(good),
+        busy=(queries - hits) * args.prefill_per_token / (makespan * len(served)),
     )
     print(row(result), flush=True)
     return result
@@ -361,7 +373,7 @@ def run_one(
 
 HEADER = (
     "| router | TTFT p50 | TTFT p90 | TTFT p99 | e2e p50 | output tok/s | fleet hit rate "
-    "| busiest / mean | failed |\n|---|---|---|---|---|---|---|---|---|"
+    "| busiest / mean | prefill busy | failed |\n|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -370,7 +382,7 @@ def row(r: Result) -> str:
     return (
         f"| {r.name} | {ms(pct(r.ttft, 0.5))} | {ms(pct(r.ttft, 0.9))} | {ms(pct(r.ttft, 0.99))} "
         f"| {ms(pct(r.e2e, 0.5))} | {r.tokens / r.makespan:,.0f} | {r.hit_rate:.0%} "
-        f"| {r.busiest:.2f}x | {r.failed} |"
+        f"| {r.busiest:.2f}x | {r.busy:.0%} | {r.failed} |"
     )
 
 
@@ -410,6 +422,20 @@ def main(argv: list[str] | None = None) -> int:
         help="a router.routing setting for every llmgw row (e.g. balance_abs=8); repeatable",
     )
     parser.add_argument(
+        "--redis",
+        default="",
+        metavar="URL",
+        help="a Redis for rows whose routers share their prefix index "
+        "(router.routing.redis_url); skipped when not given",
+    )
+    parser.add_argument(
+        "--busy-rate",
+        type=float,
+        default=0.0,
+        help="requests per second of the busy-fleet table (sims with --prefill-slots 1); "
+        "0: skipped",
+    )
+    parser.add_argument(
         "--only", default="", help="comma-separated words; run only rows whose name has one"
     )
     args = parser.parse_args(argv)
@@ -426,14 +452,25 @@ def main(argv: list[str] | None = None) -> int:
     for name, scorers in DEFAULT_SCORERS.items():
         runs.append(run_one(args, f"llmgw {name}", "llmgw", shared, scorers, 1))
     runs.append(run_one(args, "llmgw default, 2 routers", "llmgw", shared, {}, 2))
-    looser = ("cold_balance=1.25",)
-    runs.append(run_one(args, "llmgw default, cold_balance 1.25", "llmgw", shared, {}, 1, looser))
-    runs.append(
-        run_one(args, "llmgw default, cold_balance 1.25, 2 routers", "llmgw", shared, {}, 2, looser)
-    )
+    if args.redis:
+        # A channel of this run's own, so that other runs on the same Redis do not mix in.
+        share = (f"redis_url={args.redis}", f"share_channel=llmgw:bench:{os.getpid()}")
+        runs.append(run_one(args, "llmgw default, shared index", "llmgw", shared, {}, 1, share))
+        runs.append(
+            run_one(args, "llmgw default, 2 routers, shared index", "llmgw", shared, {}, 2, share)
+        )
     if args.smg:
         runs.append(run_one(args, "smg --policy cache_aware", "smg", shared, None, 0))
     results = [r for r in runs if r is not None]
+    busy: list[Result] = []
+    if args.busy_rate:
+        fast = workload(argparse.Namespace(**{**vars(args), "rate": args.busy_rate}), shared=True)
+        print(f"busy fleet: {args.busy_rate:g}/s, one prefill at a time\n{HEADER}", flush=True)
+        for name in ("least outstanding", DEFAULT):
+            scorers = DEFAULT_SCORERS[name]
+            busy.append(run_one(args, f"llmgw {name}", "llmgw", fast, scorers, 1, slots=1))
+        if args.smg:
+            busy.append(run_one(args, "smg --policy cache_aware", "smg", fast, None, 0, slots=1))
     control: list[Result] = []
     if not args.no_control:
         alone = workload(args, shared=False)
@@ -442,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
             result = run_one(args, f"llmgw {name}", "llmgw", alone, DEFAULT_SCORERS[name], 1)
             if result is not None:
                 control.append(result)
+    busy_done = [r for r in busy if r is not None]
     command = "python bench/routing.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     body = "\n".join(
         [
@@ -467,13 +505,25 @@ def main(argv: list[str] | None = None) -> int:
                 if control
                 else []
             ),
+            *(
+                [
+                    "",
+                    f"Busy fleet: the same conversations at {args.busy_rate:g}/s, each sim "
+                    "computing one prefill at a time (`--prefill-slots 1`):",
+                    "",
+                    HEADER,
+                ]
+                + [row(r) for r in busy_done]
+                if busy_done
+                else []
+            ),
         ]
     )
     print()
     print(body)
     if not args.no_write:
         write_section("routing", body)
-    return 0 if all(r.failed == 0 for r in results + control) else 1
+    return 0 if all(r.failed == 0 for r in results + control + busy_done) else 1
 
 
 if __name__ == "__main__":

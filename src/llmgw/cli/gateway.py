@@ -90,6 +90,8 @@ from llmgw.router.proxy import Proxy
 from llmgw.router.queue import RequestQueue
 from llmgw.router.saturation import Saturation
 from llmgw.router.scoring.load import LoadBook
+from llmgw.router.scoring.prefix import PrefixIndex
+from llmgw.router.scoring.share import PrefixShare
 from llmgw.router.shares import ShareLedger
 from llmgw.router.upstream import Upstream
 from llmgw.store import ControlServer, Store, StoreError, open_store, store_url, utc_now
@@ -468,11 +470,25 @@ async def _serve(
     load_report = LoadReport(
         pool=pool, book=load_book, queue=request_queue, clock=clock, wall_clock=utc_now
     )
+    prefix_index = PrefixIndex(capacity=routing.index_blocks, ttl=routing.index_ttl, clock=clock)
+    # Routers sharing a Redis learn each other's placements; alone, each learns its own.
+    prefix_share = (
+        PrefixShare(
+            redis_url=routing.redis_url,
+            channel=routing.share_channel,
+            interval=routing.share_interval,
+            metrics=routing_metrics,
+        )
+        if routing.redis_url is not None
+        else None
+    )
     balancer = Balancer(
         clock=clock,
         rng=random.Random(),
         routing=routing,
-        scorers=build_scorers(routing, book=load_book, clock=clock),
+        scorers=build_scorers(routing, book=load_book, clock=clock, index=prefix_index),
+        index=prefix_index,
+        publish=prefix_share.note if prefix_share is not None else None,
         book=load_book,
         metrics=routing_metrics,
         model_weights=lambda name: _routing_weights(catalog, name),
@@ -686,6 +702,15 @@ async def _serve(
             background = [
                 group.create_task(guard("health prober", prober.run())),
                 group.create_task(guard("engine load reader", engine_loads.run())),
+                *(
+                    [
+                        group.create_task(
+                            guard("prefix index sharing", prefix_share.run(balancer.learn))
+                        )
+                    ]
+                    if prefix_share is not None
+                    else []
+                ),
                 *([group.create_task(guard("cluster PKI", pki.run()))] if pki is not None else []),
                 group.create_task(guard("reachability checker", gate.run())),
                 group.create_task(guard("usage pruner", pruner.run())),

@@ -11,7 +11,7 @@ them on the sim.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class _Strict(BaseModel):
@@ -168,6 +168,35 @@ class RoutingConfig(_Strict):
             "enough to smooth bursts, short enough to follow a shift in traffic."
         ),
     )
+    redis_url: str | None = Field(
+        default=None,
+        description=(
+            "redis://HOST:PORT/DB through which router replicas share their prefix "
+            "indexes: each publishes where it sent which prompt blocks, in batches off "
+            "the request path, and applies the others', so routers agree on where a "
+            "conversation lives (may be the same Redis as limits.redis_url). Unset by "
+            "default: each router learns alone, and rendezvous hashing makes them "
+            "agree on most new prefixes; a Redis outage falls back to that."
+        ),
+    )
+    share_channel: str = Field(
+        default="llmgw:routing:prefix",
+        min_length=1,
+        description=(
+            "Redis pub/sub channel of the shared index; routers that should share one "
+            "fleet's index use the same channel, another fleet on the same Redis another."
+        ),
+    )
+    share_interval: float = Field(
+        default=0.05,
+        gt=0,
+        le=10,
+        description=(
+            "Seconds between batches sent to Redis: 50 ms is well below the gap "
+            "between a conversation's turns, and one message per interval costs "
+            "Redis little however busy the router is."
+        ),
+    )
     metrics_interval: float = Field(
         default=1.0,
         gt=0,
@@ -176,6 +205,13 @@ class RoutingConfig(_Strict):
             "router's own in-flight counts fill the gaps between reads."
         ),
     )
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"{value!r} is not a redis://, rediss:// or unix:// URL")
+        return value
 
 
 class ModelRouting(_Strict):

@@ -8,6 +8,11 @@ counters are mirrored as `llmgw_engine_prefix_cache_queries_tokens{endpoint}` an
 `llmgw_engine_prefix_cache_hits_tokens{endpoint}` (cumulative, as the engine
 counts them; a rate() of the ratio is the engines' hit ratio).
 
+With a shared index (`router.routing.redis_url`),
+`llmgw_route_index_shared_total{outcome="sent|applied|dropped"}` counts the
+placements this router published, those it applied from other routers, and those
+it could not send (Redis down, or a backlog).
+
 Not guaranteed: the two ratios are in different units (router blocks of prompt
 bytes, engine tokens); they track each other, they are not equal. Engines that
 export no prefix-cache counters are absent from the engine series.
@@ -47,6 +52,14 @@ class RoutingMetrics:
             "llmgw_engine_prefix_cache_hits_tokens",
             "Prompt tokens the engine found in its prefix cache (its own counter).",
             ["endpoint"],
+            registry=registry,
+        )
+
+        self.index_shared = Counter(
+            "llmgw_route_index_shared",
+            "Prefix-index placements shared through Redis: sent by this router, applied "
+            "from other routers, or dropped (not sent).",
+            ["outcome"],
             registry=registry,
         )
 

@@ -48,13 +48,18 @@ _EMBEDDINGS = "/v1/embeddings"
 
 
 def build_scorers(
-    routing: RoutingConfig, *, book: LoadBook, clock: Callable[[], float]
+    routing: RoutingConfig,
+    *,
+    book: LoadBook,
+    clock: Callable[[], float],
+    index: PrefixIndex | None = None,
 ) -> list[Scorer]:
-    """Every scorer, configured from `routing` (weights are applied per model by the balancer)."""
+    """Every scorer, configured from `routing` (weights are applied per model by the
+    balancer); `index` is the prefix index to score with (a new one by default)."""
+    if index is None:
+        index = PrefixIndex(capacity=routing.index_blocks, ttl=routing.index_ttl, clock=clock)
     return [
-        PrefixScorer(
-            index=PrefixIndex(capacity=routing.index_blocks, ttl=routing.index_ttl, clock=clock)
-        ),
+        PrefixScorer(index=index),
         LoadScorer(book=book),
         KVScorer(book=book),
         SessionScorer(capacity=routing.sessions, ttl=routing.index_ttl, clock=clock),
@@ -74,12 +79,16 @@ class Balancer:
         model_weights: Callable[[str], ScorerWeights | None] | None = None,
         metrics: RoutingMetrics | None = None,
         capacity: Callable[[Endpoint, str], tuple[int | None, int | None]] | None = None,
+        index: PrefixIndex | None = None,
+        publish: Callable[[str, Sequence[int], bool], None] | None = None,
     ) -> None:
         """`model_weights(model)` (asked at each pick; None: no override) replaces
         `routing.scorers` for a model (a catalog model's own `routing`).
         `capacity(endpoint, model)` is (soft, hard): the requests in flight the
         model is scaled for per replica, and the most the replica takes (None: no
-        such limit)."""
+        such limit). `publish(endpoint id, chain, new prefix)` is told every
+        placement the prefix scorer learns (other routers apply it through `learn`
+        to `index`, the prefix scorer's)."""
         self._clock = clock
         self._rng = rng
         self._routing = routing or RoutingConfig()
@@ -89,6 +98,8 @@ class Balancer:
         self._model_weights = model_weights
         self._metrics = metrics
         self._capacity = capacity
+        self._index = index
+        self._publish = publish
         self._session_header = self._routing.session_header.lower().encode()
 
     @property
@@ -174,7 +185,8 @@ class Balancer:
         }
         prefix_scores = by_name.get("prefix")
         rendezvous = by_name.get("rendezvous")
-        if prefix_scores is not None and rendezvous is not None and max(prefix_scores) == 0:
+        new = prefix_scores is not None and max(prefix_scores) == 0
+        if new and rendezvous is not None:
             index = self._cold(candidates, rendezvous)
         else:
             top = max(totals)
@@ -194,7 +206,17 @@ class Balancer:
             route.explanation = f"{parts} -> {chosen.id}"
         for scorer, _ in active:
             scorer.chosen(route, chosen)
+        if self._publish is not None and prefix_scores is not None and route.blocks:
+            self._publish(chosen.id, route.blocks, new and rendezvous is not None)
         return chosen
+
+    def learn(self, endpoint_id: str, chain: Sequence[int], new: bool) -> None:
+        """Another router sent a prompt with block chain `chain` to `endpoint_id`
+        (`new`: a prefix it placed cold, which counts toward `cold_balance` here too)."""
+        if self._index is not None and chain:
+            self._index.add(endpoint_id, chain)
+        if new:
+            self._recent.add(endpoint_id)
 
     def _cold(self, candidates: list[Endpoint], rendezvous: list[float]) -> int:
         """A prefix no candidate holds: the first endpoint in rendezvous order whose
