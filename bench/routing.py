@@ -23,14 +23,15 @@ Routers, side by side in one run:
   system prompt its own), least outstanding against the default scorers;
 - a busy fleet: the sims compute one prefill at a time each (`--prefill-slots 1`,
   as a GPU does) and requests come at `--busy-rate`, chosen so that the default
-  scorers keep the replicas' prefill about 80% busy; least outstanding, the
+  scorers put a prefill load of about 80% on the replicas; least outstanding, the
   default scorers and smg.
 
 Reported per router: TTFT p50/p90/p99 (first SSE event), end-to-end p50, output
 tokens/s, the fleet's prefix-cache hit rate (the sims' own token counters), the
-busiest replica's share of requests against the mean, and how busy the replicas'
-prefill was (uncached prompt tokens x prefill time per token, over replicas x
-makespan). Results go to
+busiest replica's share of requests against the mean, and the prefill load the
+placement put on the replicas: uncached prompt tokens x prefill time per token,
+over replicas x the span of the arrivals (above 100%, prefills cannot keep up
+once they run one at a time). Results go to
 bench/RESULTS.md between the `routing` markers with the command that made them
 (`--no-write` prints only).
 
@@ -365,7 +366,7 @@ def run_one(
         hit_rate=hits / queries if queries else 0.0,
         busiest=max(served) / mean if mean else math.nan,
         failed=len(outcomes) - len(good),
-        busy=(queries - hits) * args.prefill_per_token / (makespan * len(served)),
+        busy=(queries - hits) * args.prefill_per_token / (schedule[-1].at * len(served)),
     )
     print(row(result), flush=True)
     return result
@@ -373,7 +374,7 @@ def run_one(
 
 HEADER = (
     "| router | TTFT p50 | TTFT p90 | TTFT p99 | e2e p50 | output tok/s | fleet hit rate "
-    "| busiest / mean | prefill busy | failed |\n|---|---|---|---|---|---|---|---|---|---|"
+    "| busiest / mean | prefill load | failed |\n|---|---|---|---|---|---|---|---|---|---|"
 )
 
 

@@ -17,6 +17,11 @@ whose load has reached a limit is passed over while another is below it, so
 one hot prompt spreads over the replicas the autoscaler added for it instead of
 waiting for a spread of `balance_abs`.
 
+Each placement the prefix scorer learns is also handed to `publish` (the shared
+index, when configured), and `learn` applies another router's placement here:
+to the prefix index, and a new prefix to the counts `cold_balance` bounds, so
+routers sharing an index also count the same new prefixes.
+
 Without scorers (or when every weight is 0), it is least-outstanding-requests
 by the power of two random choices: two random healthy candidates are drawn and
 the one with fewer requests in flight wins, close to the best choice at O(1)

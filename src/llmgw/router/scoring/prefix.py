@@ -13,8 +13,10 @@ found by binary search: O(log n) look-ups per endpoint, not O(n).
 
 Not guaranteed: that the engine still holds what the index says; the engine
 evicts by its own memory pressure, which the TTL and size only approximate.
-An index lives in this router only: another router replica learns on its own
-(rendezvous hashing makes them agree on cold prefixes).
+An index lives in this router, learning from its own placements; with
+`router.routing.redis_url` it also applies the other routers' (`share`), and
+without it rendezvous hashing makes independent routers agree on most cold
+prefixes.
 """
 
 from __future__ import annotations
