@@ -338,6 +338,10 @@ def test_routing_config_rejects_bad_values_naming_the_field() -> None:
         RouterConfig.model_validate({"routing": {"scorers": {"bogus": 1}}})
     with pytest.raises(ValidationError, match=r"routing\.session_header"):
         RouterConfig.model_validate({"routing": {"session_header": "bad header"}})
+    with pytest.raises(ValidationError, match=r"routing\.redis_url[\s\S]*not a redis://"):
+        RouterConfig.model_validate({"routing": {"redis_url": "localhost:6379"}})
+    with pytest.raises(ValidationError, match=r"routing\.share_interval"):
+        RouterConfig.model_validate({"routing": {"share_interval": 0}})
 
 
 def test_load_book_is_the_queues_load_source_and_expected_hits_are_counted() -> None:
