@@ -152,8 +152,16 @@ class RouterMetrics:
             ["model"],
             registry=registry,
         )
+        self.route_requests = Counter(
+            "llmgw_route_requests",
+            "Requests answered, by client route (/v1/chat/completions, /v1/rerank, ...), "
+            "model and status.",
+            ["route", "model", "status"],
+            registry=registry,
+        )
         self._series: dict[tuple[str, str], RequestSeries] = {}
         self.request_counter = RequestCounter(self.requests)
+        self.route_counter = RequestCounter(self.route_requests)
         # What the series of removed endpoints had counted, so totals() stays monotonic.
         self._retired = RouterTotals(0.0, 0.0, 0.0, 0.0)
 
@@ -261,7 +269,8 @@ def _remove_series(metric: MetricWrapperBase, endpoints: set[str]) -> None:
 
 
 class RequestCounter:
-    """`llmgw_requests` with its labelled children cached (statuses are few)."""
+    """`llmgw_requests` (or `llmgw_route_requests`) with its labelled children cached
+    (statuses are few): labels (model, endpoint, status) or (route, model, status)."""
 
     __slots__ = ("_children", "_counter")
 

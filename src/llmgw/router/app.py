@@ -22,7 +22,7 @@ import orjson
 from llmgw.auth import Authenticator, AuthError, Principal, token_from_headers
 from llmgw.limits import Admission, Limiter, LimitExceeded
 from llmgw.metrics import RouterMetrics
-from llmgw.router.apis import ClientApi
+from llmgw.router.apis import ClientApi, engine_routes
 from llmgw.router.apis import count_tokens as counting
 from llmgw.router.apis.messages import MessagesApi
 from llmgw.router.apis.responses import ResponsesApi
@@ -58,7 +58,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 log = logging.getLogger("llmgw.router")
 
-_POST_ROUTES = frozenset({CHAT, COMPLETIONS, EMBEDDINGS})
+_POST_ROUTES = frozenset({CHAT, COMPLETIONS, EMBEDDINGS, *engine_routes.ROUTES})
 _COUNT_TOKENS = "/v1/messages/count_tokens"
 _MAX_REQUEST_ID = 128
 
@@ -184,7 +184,9 @@ class RouterApp:
             ):
                 await self._admin_portal(scope, receive, send)
             else:
-                raise RouteNotFound(f"no route {method} {path}; this server serves /v1/*")
+                raise RouteNotFound(
+                    f"no route {method} {path}; this server serves /v1/*, /tokenize and /detokenize"
+                )
         except RouterError as exc:
             await _send_error(send, exc, request_id)
 
@@ -291,7 +293,7 @@ class RouterApp:
                 raise BodyTooLarge(self._too_large(content_length))
             raw = await self._read_body(receive)
             try:
-                req = api.parse(raw) if api is not None else parse_request(path, raw)
+                req = _parse(path, raw, api, headers)
             except RouterError:
                 asked = named_model(raw)
                 raise
@@ -305,10 +307,10 @@ class RouterApp:
                 raise _refused(exc) from None
             ticket = self._ticket(principal, headers)
         except RouterError as exc:
-            self._metrics.request_counter.inc(model, "none", exc.status)
+            self._count(path, model, "none", exc.status)
             # Every request of a key is recorded, refused ones too (bad body: 400,
             # model not allowed: 403), so a key's usage shows what it was refused.
-            self._record_refused(asked, streamed, principal, request_id, start, exc.status)
+            self._record_refused(asked, streamed, principal, request_id, start, exc.status, path)
             raise
         limits = principal.limits
         admission: Admission | None = None
@@ -316,8 +318,8 @@ class RouterApp:
             try:
                 admission = await self._limiter.admit(limits, req.prompt_tokens_estimate())
             except LimitExceeded as exc:
-                self._record(req, principal, request_id, start, exc.status, "none", None)
-                self._metrics.request_counter.inc(model, "none", exc.status)
+                self._record(req, principal, request_id, start, exc.status, "none", None, path)
+                self._count(path, model, "none", exc.status)
                 raise Refused(
                     exc.message,
                     status=exc.status,
@@ -337,15 +339,21 @@ class RouterApp:
                 req, request_id, send, start, receive, admission, ticket
             )
         except RouterError as exc:
-            self._metrics.request_counter.inc(model, exc.endpoint_id or "none", exc.status)
-            self._record(req, principal, request_id, start, exc.status, exc.endpoint_id, None)
+            self._count(path, model, exc.endpoint_id or "none", exc.status)
+            self._record(req, principal, request_id, start, exc.status, exc.endpoint_id, None, path)
             raise
         finally:
             if limits is not None and admission is not None:
                 used = outcome.prompt_tokens + outcome.completion_tokens if outcome else 0
                 await self._limiter.settle(limits, admission, used)
-        self._metrics.request_counter.inc(model, outcome.endpoint, outcome.status)
-        self._record(req, principal, request_id, start, outcome.status, outcome.endpoint, outcome)
+        self._count(path, model, outcome.endpoint, outcome.status)
+        self._record(
+            req, principal, request_id, start, outcome.status, outcome.endpoint, outcome, path
+        )
+
+    def _count(self, route: str, model: str, endpoint: str, status: int) -> None:
+        self._metrics.request_counter.inc(model, endpoint, status)
+        self._metrics.route_counter.inc(route, model, status)
 
     async def _proxy_watching_disconnect(
         self,
@@ -411,6 +419,7 @@ class RouterApp:
         status: int,
         endpoint: str | None,
         outcome: Outcome | None,
+        route: str,
     ) -> None:
         now = self._clock()
         self._usage.record(
@@ -427,6 +436,7 @@ class RouterApp:
                 ttft_ms=outcome.ttft * 1000.0 if outcome and outcome.ttft is not None else None,
                 streamed=req.stream,
                 queue_ms=outcome.queued * 1000.0 if outcome else 0.0,
+                route=route,
             )
         )
 
@@ -438,6 +448,7 @@ class RouterApp:
         request_id: bytes,
         start: float,
         status: int,
+        route: str,
     ) -> None:
         """Record a request refused before routing; "none" as its model when its
         body did not name one."""
@@ -454,6 +465,7 @@ class RouterApp:
                 latency_ms=(self._clock() - start) * 1000.0,
                 ttft_ms=None,
                 streamed=streamed,
+                route=route,
             )
         )
 
@@ -496,6 +508,18 @@ class RouterApp:
 
     def _model_object(self, name: str) -> dict[str, object]:
         return {"id": name, "object": "model", "created": self._created, "owned_by": "llmgw"}
+
+
+def _parse(
+    path: str, raw: bytes, api: ClientApi | None, headers: list[tuple[bytes, bytes]] | None
+) -> ParsedRequest:
+    """The request to proxy, parsed by the client API or route it came in on."""
+    if api is not None:
+        return api.parse(raw)
+    if path in engine_routes.ROUTES:
+        content_type = next((v for n, v in headers or () if n == b"content-type"), None)
+        return engine_routes.parse(path, raw, content_type)
+    return parse_request(path, raw)
 
 
 def _only_itself(name: str) -> tuple[str, ...]:

@@ -717,8 +717,12 @@ class Proxy:
         # Chat completions say prompt/completion; Messages and Responses input/output.
         prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
         completion = usage.get("completion_tokens", usage.get("output_tokens"))
-        prompt = prompt if isinstance(prompt, int) and prompt > 0 else 0
         completion = completion if isinstance(completion, int) and completion > 0 else 0
+        if prompt is None:
+            # vLLM's rerank answers count only `total_tokens`, all of them input.
+            total = usage.get("total_tokens")
+            prompt = total - completion if isinstance(total, int) else 0
+        prompt = prompt if isinstance(prompt, int) and prompt > 0 else 0
         if prompt:
             series.prompt_tokens.inc(prompt)
         if completion:

@@ -25,10 +25,10 @@ from llmgw.engines.apis import MESSAGES, RESPONSES
 from llmgw.sim.asgi import Receive, Scope, Send, read_body, send_bytes, send_error, send_json
 from llmgw.sim.engine import Engine
 from llmgw.sim.errors import SimError, bad_request
+from llmgw.sim.extras import Extras
 from llmgw.sim.faults import Faults, FaultsError
 from llmgw.sim.inference import Inference
 from llmgw.sim.native import NativeApis
-from llmgw.sim.protocol import parse_chat, parse_completion
 from llmgw.sim.scheduler import Clock
 from llmgw.sim.stats import SimStats
 from llmgw.sim.tokens import TextGenerator
@@ -46,6 +46,7 @@ class SimApp:
         *,
         models: Sequence[str],
         inference: Inference,
+        extras: Extras,
         engine: Engine,
         stats: SimStats,
         faults: Faults,
@@ -79,7 +80,12 @@ class SimApp:
             "/v1/chat/completions": (True, {"POST": inference.chat}),
             "/v1/completions": (True, {"POST": inference.completions}),
             "/v1/embeddings": (True, {"POST": inference.embeddings}),
-            "/tokenize": (True, {"POST": self._tokenize}),
+            "/tokenize": (True, {"POST": extras.tokenize}),
+            "/detokenize": (True, {"POST": extras.detokenize}),
+            "/v1/rerank": (True, {"POST": extras.rerank}),
+            "/v1/score": (True, {"POST": extras.score}),
+            "/v1/audio/transcriptions": (True, {"POST": extras.transcriptions}),
+            "/v1/audio/translations": (True, {"POST": extras.translations}),
             "/metrics": (False, {"GET": self._metrics}),
             "/sim/stats": (False, {"GET": self._sim_stats}),
             "/sim/faults": (False, {"GET": self._get_faults, "POST": self._post_faults}),
@@ -146,24 +152,6 @@ class SimApp:
         snapshot = self._stats.snapshot(running=scheduler.running, waiting=scheduler.waiting)
         await send_json(send, 200, snapshot)
 
-    async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """vLLM's `/tokenize`: the prompt tokens of a chat (`messages`) or a `prompt`,
-        counted exactly as a completion's `prompt_tokens` would be."""
-        body = await read_body(receive)
-        if body is None:
-            return
-        try:
-            try:
-                data = orjson.loads(body)
-            except orjson.JSONDecodeError as exc:
-                raise bad_request(f"the request body is not valid JSON: {exc}") from exc
-            chat = isinstance(data, dict) and "messages" in data
-            request = parse_chat(data) if chat else parse_completion(data)
-        except SimError as exc:
-            await send_error(send, exc)
-            return
-        await send_json(send, 200, {"count": len(request.prompt)})
-
     async def _get_faults(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send_json(send, 200, self._faults.settings.model_dump())
 
@@ -226,9 +214,11 @@ def create_app(
         embedding_dim=embedding_dim,
         wall_clock=wall_clock,
     )
+    extras = Extras(models=models, engine=engine, stats=stats, faults=faults, wall_clock=wall_clock)
     return SimApp(
         models=models,
         inference=inference,
+        extras=extras,
         engine=engine,
         stats=stats,
         faults=faults,

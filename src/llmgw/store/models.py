@@ -175,6 +175,8 @@ class UsageRecord:
     streamed: bool
     # Time spent in the router's queue waiting for a replica with room.
     queue_ms: float = 0.0
+    # The client route (/v1/chat/completions, /v1/rerank, ...); "" in rows from before it was kept.
+    route: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -129,6 +129,7 @@ usage_records = Table(
     Column("ttft_ms", Float, nullable=True),
     Column("streamed", Boolean, nullable=False),
     Column("queue_ms", Float, nullable=True),
+    Column("route", String(64), nullable=True),
 )
 
 

@@ -254,6 +254,7 @@ def _raw_row(r: UsageRecord) -> dict[str, Any]:
         "ttft_ms": r.ttft_ms,
         "streamed": r.streamed,
         "queue_ms": r.queue_ms,
+        "route": r.route or None,
     }
 
 
