@@ -18,13 +18,20 @@ MESSAGES: list[anthropic.types.MessageParam] = [
 
 
 @pytest.fixture(scope="module")
-def servers() -> Iterator[tuple[Server, Server]]:
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Server]]:
     sim = Sim("--zero-delay", model="m1")
     direct = Server("--endpoint", f"s={sim.url}=m1")
-    # A gateway in front of a gateway: the inner one has no tokenizer route.
-    outer = Server("--endpoint", f"g={direct.url}=m1")
+    # A gateway in front of a gateway whose engine serves chat only: no tokenizer route.
+    config = tmp_path_factory.mktemp("inner") / "llmgw.yaml"
+    config.write_text(
+        f"endpoints:\n  - {{id: s, url: '{sim.url}', models: [m1], "
+        "routes: [/v1/chat/completions]}\n"
+    )
+    inner = Server("--config", str(config))
+    outer = Server("--endpoint", f"g={inner.url}=m1")
     yield direct, outer
     outer.proc.stop()
+    inner.proc.stop()
     direct.proc.stop()
     sim.proc.stop()
 

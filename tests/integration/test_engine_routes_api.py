@@ -288,3 +288,23 @@ def test_metrics_count_requests_by_route(gateway: Gateway) -> None:
     metrics = gateway.server.metrics()
     assert 'llmgw_route_requests_total{model="m1",route="/v1/score",status="200"}' in metrics
     assert 'route="/v1/rerank",status="404"' in metrics
+
+
+def test_count_tokens_does_not_ask_an_engine_without_a_tokenizer(gateway: Gateway) -> None:
+    messages = [{"role": "user", "content": "How wide is the sea?"}]
+    resp = httpx.post(
+        gateway.server.url + "/v1/messages/count_tokens",
+        json={"model": "chat-only", "messages": messages},
+        headers={"x-api-key": gateway.key},
+        timeout=30,
+    )
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-llmgw-estimated"] == "true"
+    counted = httpx.post(
+        gateway.server.url + "/v1/messages/count_tokens",
+        json={"model": "m1", "messages": messages},
+        headers={"x-api-key": gateway.key},
+        timeout=30,
+    )
+    assert counted.status_code == 200, counted.text
+    assert "x-llmgw-estimated" not in counted.headers

@@ -7,7 +7,9 @@
   or pair by pair), with vLLM's `data`/`usage`.
 - `/tokenize` counts a chat (`messages`) or a `prompt` as a completion's
   `prompt_tokens` would, and returns the token ids; `/detokenize` turns ids back
-  into text. A sim token's id is its UTF-8 bytes read as one big-endian number.
+  into text. A sim token of up to 7 UTF-8 bytes has those bytes, read as one
+  big-endian number, as its id; a longer one a hash with bit 62 set, which
+  detokenizes as `<unk>` (ids stay within 63 bits, as JSON clients expect).
 - `/v1/audio/transcriptions` and `/translations` take multipart/form-data (a
   `file` and a `model`); the text is words of the sim's vocabulary picked by a
   hash of the file, about 2.5 per second of audio, where a second is 32,000
@@ -23,6 +25,7 @@ answers (`stream` is refused), or that the audio is audio at all.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import secrets
 import zlib
@@ -48,22 +51,31 @@ AUDIO_BYTES_PER_SECOND: Final = 32_000
 _WORDS_PER_SECOND: Final = 2.5
 # Whisper encodes 30 s of audio as 1,500 frames: 50 per second.
 _AUDIO_TOKENS_PER_SECOND: Final = 50
-# Token ids are at most this many bytes of text (longer words are refused on detokenize).
-_MAX_TOKEN_BYTES: Final = 64
+# Tokens up to this many bytes are their own id; longer ones are hashed.
+_MAX_TOKEN_BYTES: Final = 7
+_HASHED: Final = 1 << 62
+UNKNOWN_TOKEN: Final = "<unk>"
 _TEXT_HEADERS: Final = ((b"content-type", b"text/plain; charset=utf-8"),)
 
 
 def token_id(token: object) -> int:
-    """The id of a sim token: an id stays itself, text is its UTF-8 bytes as a number."""
+    """The id of a sim token: an id stays itself, short text is its UTF-8 bytes as a
+    number, longer text a hash with bit 62 set."""
     if isinstance(token, int):
         return token
-    return int.from_bytes(str(token).encode(), "big")
+    raw = str(token).encode()
+    if len(raw) <= _MAX_TOKEN_BYTES:
+        return int.from_bytes(raw, "big")
+    return _HASHED | int.from_bytes(hashlib.blake2b(raw, digest_size=7).digest(), "big")
 
 
 def token_text(token: int) -> str:
-    """The text of a sim token id; ValueError when no sim token has that id."""
-    if token < 0 or token.bit_length() > 8 * _MAX_TOKEN_BYTES:
+    """The text of a sim token id (`<unk>` for a hashed one); ValueError for an id no
+    sim token has."""
+    if token < 0 or token >= 2 * _HASHED:
         raise ValueError(f"{token} is not a token id of llmgw sim")
+    if token & _HASHED:
+        return UNKNOWN_TOKEN
     return token.to_bytes((token.bit_length() + 7) // 8, "big").decode("utf-8", "replace")
 
 

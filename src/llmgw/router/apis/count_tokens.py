@@ -7,7 +7,8 @@ the count is what a completion's `prompt_tokens` will be; the sim counts the
 same way), `/tokenize` with the text (SGLang, which takes a prompt), or
 `/extras/tokenize/count` with the text (llama-cpp-python's server). Which of
 them a replica has is learned on its first count and remembered per replica:
-a 404 moves on to the next, a 400/422 to the next body shape. With none (or
+a 404 moves on to the next, a 400/422 to the next body shape. A replica whose
+engine serves no `/tokenize` (its endpoint's routes) is not asked. With none (or
 when the replica cannot be reached) the count is the router's own estimate,
 and the answer says so with `x-llmgw-estimated: true`.
 
@@ -23,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from llmgw.engines.routes import TOKENIZE
 from llmgw.router.apis.messages_request import translate_request
 from llmgw.router.endpoints import Endpoint, EndpointPool
 from llmgw.router.errors import ModelNotFound
@@ -110,7 +112,8 @@ class TokenCounter:
                 param="model",
             )
         now = self._clock()
-        ready = [e for e in endpoints if e.available(now)]
+        # An endpoint whose engine has no tokenizer (by its routes) is not asked.
+        ready = [e for e in endpoints if e.available(now) and e.path_for(TOKENIZE) is not None]
         if ready:
             endpoint = min(ready, key=lambda e: e.in_flight)
             model = self._pool.aliases.get(req.model, req.model)
