@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import random
+
 import httpx
+import orjson
 import pytest
 
+from llmgw.config.routing import RoutingConfig
 from llmgw.router.apis.engine_routes import MultipartRequest, parse
+from llmgw.router.balancer import Balancer, build_scorers
 from llmgw.router.errors import InvalidJSON, InvalidRequest
+from llmgw.router.requests import parse_request
+from llmgw.router.scoring.load import LoadBook
 from llmgw.sim.extras import detokenize, overlap, token_id, token_text, transcript
 
 AUDIO = "/v1/audio/transcriptions"
@@ -131,3 +138,21 @@ def test_sim_scores_and_transcripts_are_deterministic() -> None:
     assert len(text.split()) == 5
     assert transcript(b"\x00" * 64_000) == (text, seconds)
     assert transcript(b"\x00" * 64_000, salt=1)[0] != text
+
+
+def test_engine_route_prompts_are_not_hashed_for_prefix_routing() -> None:
+    routing = RoutingConfig()
+    book = LoadBook(clock=lambda: 0.0, stale_after=5.0)
+    balancer = Balancer(
+        clock=lambda: 0.0,
+        rng=random.Random(0),
+        routing=routing,
+        scorers=build_scorers(routing, book=book, clock=lambda: 0.0),
+        book=book,
+    )
+    prompt = "You are a careful assistant. " * 200
+    completion = parse_request("/v1/completions", orjson.dumps({"model": "m", "prompt": prompt}))
+    assert balancer.route(completion).blocks
+    tokenize = parse("/tokenize", orjson.dumps({"model": "m", "prompt": prompt}), None)
+    # A tokenizer call fills no cache: it must not make a replica look warm for the prompt.
+    assert balancer.route(tokenize).blocks == []

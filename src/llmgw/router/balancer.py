@@ -39,6 +39,7 @@ import random
 from collections.abc import Callable, Collection, Sequence
 
 from llmgw.config.routing import RoutingConfig, ScorerWeights
+from llmgw.engines.routes import EMBEDDINGS, ENGINE_ROUTES
 from llmgw.metrics.routing import RoutingMetrics
 from llmgw.router.endpoints import Endpoint
 from llmgw.router.requests import ParsedRequest
@@ -49,7 +50,9 @@ from llmgw.router.scoring.prefix import PrefixIndex, PrefixScorer
 from llmgw.router.scoring.rendezvous import RendezvousScorer
 from llmgw.router.scoring.session import SessionScorer
 
-_EMBEDDINGS = "/v1/embeddings"
+# Requests that leave nothing in an engine's prefix cache: their prompts are not
+# hashed, so a tokenizer call never makes a replica look warm for that prompt.
+_UNCACHED = frozenset({EMBEDDINGS, *ENGINE_ROUTES})
 
 
 def build_scorers(
@@ -141,7 +144,7 @@ class Balancer:
                 session = "key:" + key_id
         blocks: list[int] = []
         head = 0
-        if req.path != _EMBEDDINGS and self._scorers:
+        if req.path not in _UNCACHED and self._scorers:
             blocks, head = prompt_blocks(
                 req.body,
                 block_bytes=self._routing.block_bytes,
