@@ -156,3 +156,15 @@ def test_engine_route_prompts_are_not_hashed_for_prefix_routing() -> None:
     tokenize = parse("/tokenize", orjson.dumps({"model": "m", "prompt": prompt}), None)
     # A tokenizer call fills no cache: it must not make a replica look warm for the prompt.
     assert balancer.route(tokenize).blocks == []
+
+
+def test_vllms_prompt_is_renamed_only_for_llamacpps_tokenizer() -> None:
+    req = parse("/tokenize", b'{"model": "m", "prompt": "hi", "add_special": true}', None)
+    assert req.body_for("/tokenize") is req.upstream_body
+    assert orjson.loads(req.body_for("/extras/tokenize")) == {
+        "model": "m",
+        "input": "hi",
+        "add_special": True,
+    }
+    both = parse("/tokenize", b'{"model": "m", "prompt": "a", "input": "b"}', None)
+    assert both.body_for("/extras/tokenize") is both.upstream_body

@@ -78,6 +78,14 @@ LLAMACPP_ROUTES: Mapping[str, str] = MappingProxyType(
 `/extras/detokenize` (`{"tokens": [...]}` → `{"text": ...}`); the bodies are its own,
 passed through unchanged. No rerank, score or audio."""
 
+RENAMED_FIELDS: Mapping[str, Mapping[str, str]] = MappingProxyType(
+    {"/extras/tokenize": MappingProxyType({"prompt": "input"})}
+)
+"""By engine path, the request fields an engine names otherwise: llama-cpp-python's
+server calls vLLM's `prompt` `input`, and answers a body without it with a 500
+(which would count against the endpoint's health), so `prompt` is renamed on the way.
+Only the request is changed; the answer is the engine's own."""
+
 SIM_ROUTES = same_paths(*ENGINE_ROUTES)
 """`llmgw sim` serves every route, in vLLM's shapes, so all of them are tested without GPUs."""
 

@@ -546,7 +546,8 @@ class Proxy:
             assert native is not None
             path, body = native.path, native.body
         else:
-            path, body = endpoint.path_for(req.path) or req.path, req.upstream_body
+            path = endpoint.path_for(req.path) or req.path
+            body = req.upstream_body if path == req.path else req.body_for(path)
         try:
             return await self._upstream.request(
                 b"POST",

@@ -77,6 +77,11 @@ class ParsedRequest:
     native: NativeRequest | None = None
     served_natively: bool = False
 
+    def body_for(self, engine_path: str) -> bytes:
+        """The body to send to an engine at `engine_path` (the same, unless an engine
+        route's engine names a field otherwise)."""
+        return self.upstream_body
+
     def send_as(self, engine_model: str) -> None:
         """Send the request upstream under `engine_model` (the name an alias stands for)."""
         self.body["model"] = engine_model

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from llmgw.engines.routes import ENGINE_ROUTES, MULTIPART_ROUTES
+from llmgw.engines.routes import ENGINE_ROUTES, MULTIPART_ROUTES, RENAMED_FIELDS
 from llmgw.router.errors import InvalidJSON, InvalidRequest
 from llmgw.router.requests import ParsedRequest
 
@@ -43,6 +43,22 @@ class MultipartRequest(ParsedRequest):
         self.body["model"] = engine_model
 
 
+@dataclass(slots=True)
+class JsonEngineRequest(ParsedRequest):
+    """A JSON request of an engine route; fields are renamed for engines that name
+    them otherwise (`llmgw.engines.routes.RENAMED_FIELDS`)."""
+
+    def body_for(self, engine_path: str) -> bytes:
+        renames = RENAMED_FIELDS.get(engine_path, {})
+        # A field the client already names the engine's way is left alone.
+        wanted = {
+            old: new for old, new in renames.items() if old in self.body and new not in self.body
+        }
+        if not wanted:
+            return self.upstream_body
+        return orjson.dumps({wanted.get(k, k): v for k, v in self.body.items()})
+
+
 def parse(path: str, raw: bytes, content_type: bytes | None) -> ParsedRequest:
     """A request for engine route `path`; InvalidRequest naming the field when the
     body is not what the route takes or names no model."""
@@ -61,7 +77,7 @@ def parse(path: str, raw: bytes, content_type: bytes | None) -> ParsedRequest:
         )
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' must be a non-empty string", param="model")
-    return ParsedRequest(path, model, False, False, raw, body)
+    return JsonEngineRequest(path, model, False, False, raw, body)
 
 
 def _boundary(content_type: bytes) -> bytes:
