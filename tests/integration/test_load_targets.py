@@ -9,6 +9,7 @@ first wait in the engine, as they do in a full vLLM batch; a model with
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -16,8 +17,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-from procs import llmgw
+from procs import Proc, free_port, llmgw
 from test_control_plane import Fleet, fleet, sim_model, wait_for
+from test_standby_fleet import role, start_agent, start_server
 
 
 @contextmanager
@@ -29,7 +31,11 @@ def load(f: Fleet, model: str, workers: int, **body: object) -> Iterator[list[in
 
     def worker() -> None:
         while not stop.is_set():
-            codes.append(f.chat(model, max_tokens=40, **body).status_code)
+            try:
+                codes.append(f.chat(model, max_tokens=40, **body).status_code)
+            except httpx.TransportError:  # the server was killed
+                codes.append(0)
+                stop.wait(0.1)
 
     threads = [threading.Thread(target=worker) for _ in range(workers)]
     for thread in threads:
@@ -153,3 +159,59 @@ def test_kv_cache_use_scales_up_and_shows_in_models_show(tmp_path: Path) -> None
         assert "one replica per 60% KV-cache use" in shown
         assert re.search(r"KV cache \d+% used", shown), shown
         assert "not reported" not in shown.split("load:", 1)[1].split("\n", 1)[0]
+
+
+STANDBY_CONFIG = """
+control:
+  heartbeat_interval: 0.3
+  unreachable_after: 1.5
+  lost_after: 30
+  reconcile_interval: 0.5
+  lease_ttl: 3
+models:
+""" + sim_model(
+    "held", args="--itl 0.02", min_replicas=1, max_replicas=2, max_in_flight=1,
+    target_queue_depth=1, scale_down_delay=2,
+)  # fmt: skip
+
+
+def test_a_standbys_queue_reaches_the_leader_and_stops_counting_when_it_dies(
+    tmp_path: Path, database: str
+) -> None:
+    (tmp_path / "llmgw.yaml").write_text(STANDBY_CONFIG)
+    ports = [free_port(), free_port()]
+    leader = start_server(tmp_path, database, ports[0])
+    procs: list[Proc] = [leader.proc]
+    try:
+        wait_for(lambda: role(leader) == "leader", "the first server to lead")
+        standby = start_server(tmp_path, database, ports[1])
+        procs.append(standby.proc)
+        wait_for(lambda: role(standby) == "standby", "the second server to stand by")
+        procs.append(start_agent("node-1", ports, tmp_path))
+        f = Fleet(leader, {}, ports[0], tmp_path)
+        wait_for(lambda: len(f.ready_replicas("held")) == 1, "held's first replica", within=60)
+        via_standby = Fleet(standby, {}, ports[1], tmp_path)
+        wait_for(lambda: via_standby.chat("held").status_code == 200, "the standby to serve")
+        # Every request goes through the standby: only its router's queue holds them,
+        # and only the store carries that to the leader.
+        with load(via_standby, "held", 6) as codes:
+            wait_for(lambda: len(f.ready_replicas("held")) == 2, "two replicas", within=60)
+            scale = scale_events(f, "held")
+            assert re.fullmatch(
+                r"\d+ requests waiting \(0 in engines, [2-9] in routers\) at 1 per replica: "
+                r"2 replicas for the load",
+                scale[0],
+            ), scale
+            # The standby dies with requests queued: its rows stay in the store, but
+            # count no more once it has been silent for a lease TTL.
+            standby.proc.signal(signal.SIGKILL)
+            wait_for(lambda: len(f.ready_replicas("held")) == 1, "back to one", within=60)
+        assert 200 in codes
+        assert scale_events(f, "held")[-1].startswith("load lower for 2 s: 0 requests waiting")
+    except BaseException:
+        for proc in procs:
+            print(proc.output())
+        raise
+    finally:
+        for proc in procs:
+            proc.stop()
