@@ -10,6 +10,7 @@ usage records of the two modes are compared for the same requests.
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,8 @@ import anthropic
 import httpx
 import openai
 import pytest
-from procs import Server, Sim, llmgw
+from procs import Proc, Server, Sim, free_port, free_port_block, llmgw
+from test_agent_restart import ready_shards, wait_for
 from test_messages_api import new_key, recorded
 
 USER = [{"role": "user", "content": "Write about the sea"}]
@@ -316,3 +318,86 @@ def test_bad_apis_value_is_a_config_error(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode != 0 and "endpoints[0].apis.chat" in result.stderr
+
+
+def test_a_native_stream_that_stalls_ends_with_an_error_event_in_the_apis_shape(
+    tmp_path: Path,
+) -> None:
+    sim = Sim("--zero-delay", "--native-apis", "messages,responses", model="nat")
+    config = tmp_path / "llmgw.yaml"
+    config.write_text(
+        "router: {timeouts: {idle: 1}, attempts: 1}\n"
+        "endpoints:\n"
+        f"  - {{id: native, url: '{sim.url}', models: [nat],"
+        " apis: {messages: native, responses: native}}\n"
+    )
+    server = Server("--config", str(config))
+    try:
+        sim.faults(stall_after_tokens=2)
+        with httpx.stream(
+            "POST",
+            server.url + "/v1/messages",
+            json={"model": "nat", "max_tokens": 8, "stream": True, "messages": USER},
+            timeout=30,
+        ) as answer:
+            body = answer.read()
+        assert answer.status_code == 200
+        events = [e for e in body.split(b"\n\n") if e.strip()]
+        assert events[0].startswith(b"event: message_start")
+        assert sum(1 for e in events if b"text_delta" in e) == 2
+        name, data = events[-1].split(b"\n", 1)
+        assert name == b"event: error"
+        error = json.loads(data.removeprefix(b"data: "))
+        assert error["type"] == "error" and error["error"]["type"] == "timeout_error"
+        assert "idle deadline" in error["error"]["message"]
+    finally:
+        server.proc.stop()
+        sim.proc.stop()
+
+
+def test_a_placed_replica_serves_the_apis_its_engine_arguments_name(tmp_path: Path) -> None:
+    (tmp_path / "llmgw.yaml").write_text(
+        "control: {heartbeat_interval: 0.3, reconcile_interval: 0.5}\n"
+        "models:\n"
+        "  - name: agentic\n    weights: none\n    min_replicas: 1\n    keep_alive: -1\n"
+        "    profiles: [{name: sim, engine: sim, gpus: 1,\n"
+        "                engine_args: [--zero-delay, --native-apis, messages]}]\n"
+    )
+    agent_port = free_port()
+    low = free_port_block(5)
+    server = Server(
+        "--agent-listen", f"127.0.0.1:{agent_port}", "--config", str(tmp_path / "llmgw.yaml"),
+        data_dir=tmp_path / "data",
+    )  # fmt: skip
+    agent = Proc(
+        llmgw(
+            "agent", "--server", f"127.0.0.1:{agent_port}", "--node-id", "node-r",
+            "--gpus", "1x24GiB", "--weights-dir", str(tmp_path / "weights"),
+            "--port-range", f"{low}-{low + 4}",
+        )
+    )  # fmt: skip
+    try:
+        wait_for(lambda: len(ready_shards(server)) == 1, "the replica to be ready")
+        wait_for(server.endpoints, "the replica to reach the router")
+        [endpoint] = server.endpoints()
+        assert endpoint["native_apis"] == ["messages"]
+        url = str(endpoint["url"])
+
+        def last_path() -> object:
+            last = httpx.get(url + "/sim/stats", timeout=10).json()["last_request"]
+            return last["path"]
+
+        with anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0) as client:
+            reply = client.messages.create(model="agentic", max_tokens=3, messages=USER)
+        assert reply.usage.output_tokens == 3 and last_path() == "/v1/messages"
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0) as oai:
+            response = oai.responses.create(model="agentic", input="Hello", max_output_tokens=3)
+        assert response.status == "incomplete"
+        assert last_path() == "/v1/chat/completions"
+    except BaseException:
+        print(server.proc.output())
+        print(agent.output())
+        raise
+    finally:
+        agent.stop()
+        server.proc.stop()
