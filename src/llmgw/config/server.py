@@ -134,7 +134,8 @@ class EndpointConfig(_Strict):
     )
     apis: ApisConfig = Field(
         default_factory=ApisConfig,
-        description="Per client API (messages, responses): native or translate.",
+        description="Per client API (messages, responses): native or translate. Both "
+        "translate by default, since every OpenAI-compatible engine serves chat completions.",
     )
 
     @field_validator("id")

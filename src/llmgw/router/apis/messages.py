@@ -1,6 +1,8 @@
-"""The Anthropic Messages API (`/v1/messages`) served by translating to chat completions.
+"""The Anthropic Messages API (`/v1/messages`) served natively or by translation.
 
-`MessagesApi.parse` is `messages_request.translate_request`; its responder turns
+`MessagesApi.parse` is `messages_request.translate_request`, keeping the
+client's body for engines that serve the API natively (`native.with_native`:
+their answers pass through untouched); for the others its responder turns
 the engine's chat completion into a Message, and a chat completion stream into
 Anthropic's events, one for one as the chunks arrive: `message_start` (with the
 router's estimate of `input_tokens`, since engines report the prompt's tokens

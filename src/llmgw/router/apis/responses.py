@@ -1,6 +1,8 @@
-"""The OpenAI Responses API (`/v1/responses`) served by translating to chat completions.
+"""The OpenAI Responses API (`/v1/responses`) served natively or by translation.
 
-`ResponsesApi.parse` is `responses_request.translate_request`; its responder
+`ResponsesApi.parse` is `responses_request.translate_request`, keeping the
+client's body for engines that serve the API natively (`native.with_native`:
+their answers pass through untouched); for the others its responder
 turns the engine's chat completion into a Response object (output items:
 `reasoning` from `reasoning_content`, a `message` with `output_text`, one
 `function_call` per tool call), and a chat completion stream into the Responses
