@@ -8,6 +8,9 @@ import orjson
 import pytest
 
 from llmgw.cli.control_wiring import replica_spec
+from llmgw.control.catalog.model import CatalogModel
+from llmgw.control.catalog.validate import parse_model
+from llmgw.control.reconciler.controller import _with_engine
 from llmgw.control.reconciler.state import ReadyEndpoint
 from llmgw.engines import EngineSpec, ProfileError, SimAdapter, UnknownEngine, native_apis_of
 from llmgw.engines.spec import EngineSettings
@@ -134,3 +137,19 @@ def test_a_body_only_a_native_engine_can_carry_keeps_the_translations_error() ->
     with pytest.raises(InvalidRequest) as refused:
         ResponsesApi().parse(b'{"input":"hi","store":true}')
     assert refused.value.param == "model"
+
+
+def _sim_model(*engine_args: list[str]) -> CatalogModel:
+    profiles = [
+        {"name": f"p{i}", "engine": "sim", "gpus": 1, "engine_args": args}
+        for i, args in enumerate(engine_args)
+    ]
+    return parse_model({"name": "m", "weights": "none", "profiles": profiles})
+
+
+def test_a_standby_takes_the_native_apis_from_the_profiles_when_they_agree() -> None:
+    bare = [ReadyEndpoint("r1", "http://a:1")]
+    [same] = _with_engine(_sim_model(["--native-apis", "messages"]), bare)
+    assert replica_spec(same, ("m",)).native_apis == {"messages"}
+    [differ] = _with_engine(_sim_model(["--native-apis", "messages"], []), bare)
+    assert replica_spec(differ, ("m",)).native_apis == frozenset()
