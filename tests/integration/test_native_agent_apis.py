@@ -344,7 +344,9 @@ def test_a_native_stream_that_stalls_ends_with_an_error_event_in_the_apis_shape(
         assert answer.status_code == 200
         events = [e for e in body.split(b"\n\n") if e.strip()]
         assert events[0].startswith(b"event: message_start")
-        assert sum(1 for e in events if b"text_delta" in e) == 2
+        # The sim stalls after two tokens (a starved router may time out before reading
+        # both, but never sees more).
+        assert sum(1 for e in events if b"text_delta" in e) <= 2
         name, data = events[-1].split(b"\n", 1)
         assert name == b"event: error"
         error = json.loads(data.removeprefix(b"data: "))
