@@ -1334,6 +1334,7 @@ def run_debug_profile(ports: Ports, s: Settings, pids: dict[str, int], rounds: i
     `/debug/profile` running for the whole window; the markdown section."""
     windows: dict[tuple[int, bool], list[PhaseResult]] = {}
     samples: list[int] = []
+    sampler_cpu: list[float] = []  # share of a core the sampling thread used
     router_named = True
     for concurrency in (1, 64):
         for _ in range(rounds):
@@ -1347,7 +1348,12 @@ def run_debug_profile(ports: Ports, s: Settings, pids: dict[str, int], rounds: i
                 if isinstance(hooks, DebugProfileHooks):
                     if hooks.answer is None or hooks.answer[0] != 200:
                         raise BenchError(f"GET /debug/profile failed: {hooks.answer!r:.300}")
-                    samples.append(int(hooks.answer[1]["x-llmgw-profile-samples"]))
+                    headers = hooks.answer[1]
+                    samples.append(int(headers["x-llmgw-profile-samples"]))
+                    sampler_cpu.append(
+                        float(headers["x-llmgw-profile-sampler-cpu-seconds"])
+                        / float(headers["x-llmgw-profile-seconds"])
+                    )
                     router_named &= b"(llmgw/router/" in hooks.answer[2]
                 windows.setdefault((concurrency, profiled), []).append(result)
                 label = "with profile" if profiled else "without"
@@ -1376,6 +1382,9 @@ def run_debug_profile(ports: Ports, s: Settings, pids: dict[str, int], rounds: i
             "whole window; the ratio and the added p50 compare windows of the same run. "
             f"Profiles answered {min(samples)}-{max(samples)} samples each; every one named "
             "llmgw/router functions: " + ("yes" if router_named else "**no**") + ". "
+            "The sampling thread itself used "
+            f"{min(sampler_cpu):.1%}-{max(sampler_cpu):.1%} of a core (its own CPU time, "
+            "from the profile's answer). "
             f"Errors: {errors}.",
             "",
             *rows,

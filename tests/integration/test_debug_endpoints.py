@@ -360,6 +360,7 @@ def test_the_cli_saves_a_profile(gw: Gateway, tmp_path: Path) -> None:
     done = cli(gw, "profile", "--seconds", "1", "-o", str(out), "--idle")
     assert done.returncode == 0, done.stderr
     assert f"wrote {out}" in done.stdout and "speedscope" in done.stdout
+    assert "of a core" in done.stdout
     lines = out.read_text().splitlines()
     # With --idle every thread is counted, waiting or not: the event loop's among them.
     assert lines and all(COLLAPSED_LINE.match(line) for line in lines)

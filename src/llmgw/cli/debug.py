@@ -203,7 +203,8 @@ def profile(
     collapsed: str = result["collapsed"]
     summary = (
         f"{result['samples']} samples over {result['seconds']:g} s, every "
-        f"{result['interval_ms']:g} ms; {result['stacks']} distinct stacks"
+        f"{result['interval_ms']:g} ms; {result['stacks']} distinct stacks; the sampler "
+        f"used {result['sampler_cpu_seconds'] / max(result['seconds'], 1e-9):.1%} of a core"
     )
     if output is None:
         typer.echo(collapsed, nl=False)

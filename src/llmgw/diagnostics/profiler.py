@@ -77,6 +77,8 @@ class Profile:
     samples: int
     stacks: int
     collapsed: str
+    # CPU time the sampling thread itself used: what the profile cost.
+    sampler_cpu_seconds: float
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -84,6 +86,7 @@ class Profile:
             "interval_ms": round(self.interval * 1000, 3),
             "samples": self.samples,
             "stacks": self.stacks,
+            "sampler_cpu_seconds": round(self.sampler_cpu_seconds, 4),
             "collapsed": self.collapsed,
         }
 
@@ -171,6 +174,7 @@ class _Sampler:
             sys.setswitchinterval(switch)
 
     def _run(self, own: int, seconds: float) -> Profile:
+        cpu_started = time.thread_time()
         started = self._clock()
         deadline = started + seconds
         next_at = started
@@ -202,6 +206,7 @@ class _Sampler:
             samples=self._samples,
             stacks=len(lines),
             collapsed="\n".join(lines) + ("\n" if lines else ""),
+            sampler_cpu_seconds=time.thread_time() - cpu_started,
         )
 
 

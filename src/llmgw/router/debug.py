@@ -226,6 +226,7 @@ def debug_routes(*, profiler: Profiler, tracer: AllocationTracer) -> list[BaseRo
                 "x-llmgw-profile-samples": str(result.samples),
                 "x-llmgw-profile-seconds": f"{result.seconds:.3f}",
                 "x-llmgw-profile-interval-ms": f"{result.interval * 1000:g}",
+                "x-llmgw-profile-sampler-cpu-seconds": f"{result.sampler_cpu_seconds:.4f}",
             },
         )
 
