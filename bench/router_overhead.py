@@ -1301,17 +1301,21 @@ def _pyspy_version(pyspy: str) -> str:
 class DebugProfileHooks(CpuSampler):
     """Also runs `GET /debug/profile` on the gateway for exactly the window."""
 
-    def __init__(self, pids: dict[str, int], *, admin: int, seconds: float) -> None:
+    def __init__(
+        self, pids: dict[str, int], *, admin: int, seconds: float, interval_ms: float
+    ) -> None:
         super().__init__(pids)
         self._admin = admin
         self._seconds = seconds
+        self._interval_ms = interval_ms
         self._thread: threading.Thread | None = None
         self.answer: tuple[int, dict[str, str], bytes] | None = None
 
     def _profile(self) -> None:
         conn = http.client.HTTPConnection(HOST, self._admin, timeout=self._seconds + 60)
         try:
-            conn.request("GET", f"/debug/profile?seconds={self._seconds:g}")
+            query = f"seconds={self._seconds:g}&interval_ms={self._interval_ms:g}"
+            conn.request("GET", f"/debug/profile?{query}")
             resp = conn.getresponse()
             self.answer = (resp.status, dict(resp.getheaders()), resp.read())
         finally:
@@ -1329,7 +1333,22 @@ class DebugProfileHooks(CpuSampler):
         return out
 
 
-def run_debug_profile(ports: Ports, s: Settings, pids: dict[str, int], rounds: int) -> str:
+def _cpu_per_request(result: PhaseResult, base: PhaseResult | None = None) -> str:
+    """The gateway's CPU time per answered request (µs), or its ratio to `base`'s:
+    steadier than req/s on a machine others share, since it counts only the
+    gateway's own work."""
+
+    def per(r: PhaseResult) -> float:
+        return r.cpu.get("gateway", 0) / 100 * r.seconds / max(r.completed, 1) * 1e6
+
+    if base is None:
+        return f"{per(result):,.0f} µs"
+    return f"{per(result) / per(base):.2f}x" if per(base) else "n/a"
+
+
+def run_debug_profile(
+    ports: Ports, s: Settings, pids: dict[str, int], rounds: int, interval_ms: float
+) -> str:
     """Non-streaming load through the gateway, windows alternating without and with
     `/debug/profile` running for the whole window; the markdown section."""
     windows: dict[tuple[int, bool], list[PhaseResult]] = {}
@@ -1340,7 +1359,9 @@ def run_debug_profile(ports: Ports, s: Settings, pids: dict[str, int], rounds: i
         for _ in range(rounds):
             for profiled in (False, True):
                 hooks: CpuSampler = (
-                    DebugProfileHooks(pids, admin=ports.admin, seconds=s.duration)
+                    DebugProfileHooks(
+                        pids, admin=ports.admin, seconds=s.duration, interval_ms=interval_ms
+                    )
                     if profiled
                     else CpuSampler(pids)
                 )
@@ -1360,8 +1381,9 @@ def run_debug_profile(ports: Ports, s: Settings, pids: dict[str, int], rounds: i
                 print(f"  c={concurrency:<3} {label:12} done", file=sys.stderr, flush=True)
     rows = [
         "| c | req/s without | req/s while profiled | profiled / without | p50 without (ms) "
-        "| p50 profiled (ms) | added p50 | gateway CPU without / profiled |",
-        "|---|---|---|---|---|---|---|---|",
+        "| p50 profiled (ms) | added p50 | gateway CPU without / profiled "
+        "| gateway CPU per request without / profiled | CPU per request, profiled / without |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for concurrency in (1, 64):
         off = _merge(windows[(concurrency, False)])
@@ -1370,7 +1392,9 @@ def run_debug_profile(ports: Ports, s: Settings, pids: dict[str, int], rounds: i
             f"| {concurrency} | {_num(off.rps)} | {_num(on.rps)} | {on.rps / off.rps:.2f}x "
             f"| {_ms(off.latency(50))} | {_ms(on.latency(50))} "
             f"| {(on.latency(50) - off.latency(50)) * 1000:+.3f} ms "
-            f"| {_cpu(off, 'gateway')} / {_cpu(on, 'gateway')} |"
+            f"| {_cpu(off, 'gateway')} / {_cpu(on, 'gateway')} "
+            f"| {_cpu_per_request(off)} / {_cpu_per_request(on)} "
+            f"| {_cpu_per_request(on, off)} |"
         )
     errors = sum(r.error_count for rs in windows.values() for r in rs)
     return "\n".join(
@@ -1378,7 +1402,7 @@ def run_debug_profile(ports: Ports, s: Settings, pids: dict[str, int], rounds: i
             f"Each row: {rounds} pairs of {s.duration:g} s windows ({s.warmup:g} s warm-up "
             "each) of non-streaming chat completions (max_tokens 16) through the gateway, "
             "alternating without and with `GET /debug/profile?seconds="
-            f"{s.duration:g}` (default 5 ms interval) running on the admin listener for the "
+            f"{s.duration:g}&interval_ms={interval_ms:g}` running on the admin listener for the "
             "whole window; the ratio and the added p50 compare windows of the same run. "
             f"Profiles answered {min(samples)}-{max(samples)} samples each; every one named "
             "llmgw/router functions: " + ("yes" if router_named else "**no**") + ". "
@@ -1453,6 +1477,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--debug-profile-rounds", type=int, default=3, help="window pairs per concurrency"
+    )
+    parser.add_argument(
+        "--debug-profile-interval-ms",
+        type=float,
+        default=5.0,
+        help="the profile's sampling interval (the server's default: 5)",
     )
     parser.add_argument(
         "--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone"
@@ -1577,7 +1607,9 @@ def _run(
     pids = {name: procs.pid(name) for name in ("gateway", "sim-fast", "sim-paced")}
     if args.debug_profile:
         procs.stop("canned")
-        section = run_debug_profile(ports, s, pids, args.debug_profile_rounds)
+        section = run_debug_profile(
+            ports, s, pids, args.debug_profile_rounds, args.debug_profile_interval_ms
+        )
         body = "\n".join(
             [
                 "## Router overhead while `/debug/profile` runs",
