@@ -16,7 +16,9 @@ than where threads sleep.
 
 One profile runs at a time (`ProfilerBusy` otherwise), which bounds what
 profiling can cost a loaded router: one extra thread taking the GIL for the
-few tens of microseconds a sample needs, every few milliseconds.
+tens to hundreds of microseconds a sample needs, every few milliseconds (1-4%
+of a core at 5 ms, bench/RESULTS.md). While it runs the interpreter's switch
+interval is 0.1 ms instead of 5 ms (see `_Sampler.run`); it is put back after.
 
 Not guaranteed: exact CPU accounting. Samples are wall-clock ticks of the
 sampler; "waiting" is judged from the source line, so a thread blocked in C
