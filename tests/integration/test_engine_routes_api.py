@@ -308,3 +308,28 @@ def test_count_tokens_does_not_ask_an_engine_without_a_tokenizer(gateway: Gatewa
     )
     assert counted.status_code == 200, counted.text
     assert "x-llmgw-estimated" not in counted.headers
+
+
+def test_rates_and_token_budgets_hold_on_engine_routes(gateway: Gateway) -> None:
+    one_a_minute = create_key(gateway.data_dir, "--name", "one-rpm", "--rpm", "1")
+    body = {"model": "m1", "query": "blue river", "documents": ["blue river"]}
+    assert gateway.post("/v1/rerank", body, key=one_a_minute).status_code == 200
+    limited = error_of(gateway.post("/tokenize", {"model": "m1", "prompt": "x"}, one_a_minute), 429)
+    assert limited["code"] == "rate_limit_exceeded"
+
+    # Rerank's total_tokens count against the budget: 40 documents of 2 + 2 tokens each.
+    budget = create_key(
+        gateway.data_dir, "--name", "tiny-budget", "--budget-tokens", "100", "--period", "day"
+    )
+    many = {**body, "documents": ["blue river"] * 40}
+    statuses = []
+    for _ in range(6):
+        resp = gateway.post("/v1/rerank", many, key=budget)
+        statuses.append(resp.status_code)
+        if resp.status_code == 429:
+            assert resp.json()["error"]["code"] == "insufficient_quota"
+            break
+    # The first answer alone spends the budget; how soon the next request sees it is the
+    # limiter's business (as for chat), so only the outcome is asserted.
+    assert statuses[0] == 200
+    assert statuses[-1] == 429
