@@ -17,9 +17,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-from procs import Proc, free_port, llmgw
-from test_control_plane import Fleet, fleet, sim_model, wait_for
+import pytest
+from procs import Proc, free_port, free_port_block, llmgw
+from test_control_plane import CONTROL, Fleet, fleet, sim_model, wait_for
+from test_control_plane import start_server as control_plane_server
 from test_standby_fleet import role, start_agent, start_server
+from test_up import required_path
 
 
 @contextmanager
@@ -109,7 +112,8 @@ def test_requests_waiting_in_the_routers_queue_count_too(tmp_path: Path) -> None
         assert set(codes) == {200}, codes
         scale = scale_events(f, "held")
         assert re.fullmatch(
-            r"\d+ requests waiting \(0 in engines, [2-9] in routers\) at 1 per replica: "
+            r"\d+ requests waiting \((0 in engines|engines report none), [2-9] in routers\) at 1 "
+            r"per replica: "
             r"2 replicas for the load",
             scale[0],
         ), scale
@@ -198,7 +202,8 @@ def test_a_standbys_queue_reaches_the_leader_and_stops_counting_when_it_dies(
             wait_for(lambda: len(f.ready_replicas("held")) == 2, "two replicas", within=60)
             scale = scale_events(f, "held")
             assert re.fullmatch(
-                r"\d+ requests waiting \(0 in engines, [2-9] in routers\) at 1 per replica: "
+                r"\d+ requests waiting \((0 in engines|engines report none), [2-9] in routers\) at 1 "
+                r"per replica: "
                 r"2 replicas for the load",
                 scale[0],
             ), scale
@@ -215,3 +220,57 @@ def test_a_standbys_queue_reaches_the_leader_and_stops_counting_when_it_dies(
     finally:
         for proc in procs:
             proc.stop()
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(240)
+def test_an_engine_without_metrics_shows_the_signal_missing(tmp_path: Path) -> None:
+    # llama.cpp's server exports no /metrics: nothing reports waiting or KV use, so
+    # target_kv_use asks for nothing and models show says what is missing.
+    python = required_path("LLMGW_ENGINE_PYTHON")
+    model_file = required_path("LLMGW_MODEL_FILE")
+    (tmp_path / "llmgw.yaml").write_text(
+        CONTROL % "pack"
+        + "models:\n"
+        + f"  - name: gemma\n    weights: {model_file}\n    min_replicas: 1\n"
+        "    max_replicas: 2\n    target_kv_use: 0.5\n    target_queue_depth: 4\n"
+        "    profiles: [{name: cpu, engine: llamacpp, gpus: 0, "
+        'engine_args: ["--n_ctx", "512"]}]\n'
+    )
+    agent_port = free_port()
+    server = control_plane_server(tmp_path, agent_port)
+    low = free_port_block(10)
+    agent = Proc(
+        llmgw(
+            "agent", "--server", f"127.0.0.1:{agent_port}", "--node-id", "cpu-1",
+            "--gpus", "1x24GiB", "--weights-dir", str(tmp_path / "w"),
+            "--port-range", f"{low}-{low + 9}", "--engine-python", python,
+        )
+    )  # fmt: skip
+    f = Fleet(server, {"cpu-1": agent}, agent_port, tmp_path)
+    try:
+        wait_for(lambda: len(f.ready_replicas("gemma")) == 1, "gemma on llama.cpp", within=180)
+        answer = httpx.post(
+            f"{server.url}/v1/completions",
+            json={"model": "gemma", "prompt": "The capital of France is", "max_tokens": 4},
+            timeout=60,
+        )
+        assert answer.status_code == 200, answer.text
+        # The router asked for /metrics at least once by now (it reads every second).
+        wait_for(
+            lambda: len(f.status("gemma")["load"]["missing"]) == 2, "the signals to show missing"
+        )
+        load = f.status("gemma")["load"]
+        assert (load["engine_waiting"], load["kv_use"]) == (None, None)
+        shown = show(f, "gemma")
+        assert "0 waiting (not reported in engines, 0 in routers" in shown, shown
+        assert "KV cache not reported" in shown
+        assert "target_kv_use asks for no replicas" in shown
+        assert "target_queue_depth counts the routers' queues only" in shown
+        assert f.status("gemma")["desired_replicas"] == 1
+    except BaseException:
+        print(server.proc.output())
+        raise
+    finally:
+        agent.stop()
+        server.proc.stop()
