@@ -453,6 +453,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, scorers in DEFAULT_SCORERS.items():
         runs.append(run_one(args, f"llmgw {name}", "llmgw", shared, scorers, 1))
     runs.append(run_one(args, "llmgw default, 2 routers", "llmgw", shared, {}, 2))
+    # New prefixes by rendezvous alone (no bounded share): routers agree without talking.
+    pure = ("cold_balance=100",)
+    runs.append(run_one(args, "llmgw default, cold_balance 100", "llmgw", shared, {}, 1, pure))
+    runs.append(
+        run_one(args, "llmgw default, cold_balance 100, 2 routers", "llmgw", shared, {}, 2, pure)
+    )
     if args.redis:
         # A channel of this run's own, so that other runs on the same Redis do not mix in.
         share = (f"redis_url={args.redis}", f"share_channel=llmgw:bench:{os.getpid()}")
