@@ -52,6 +52,7 @@ import shlex
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -334,6 +335,37 @@ def run_one(
     wanted = [word for word in args.only.split(",") if word]
     if wanted and not any(word in name for word in wanted):
         return None
+    runs = [
+        _run_once(args, name, mode, schedule, scorers, routers, settings, slots)
+        for _ in range(args.repeat)
+    ]
+    # Repeats pool their samples: percentiles over every request, rates over every run.
+    result = Result(
+        name=name,
+        ttft=[t for r in runs for t in r.ttft],
+        e2e=[t for r in runs for t in r.e2e],
+        tokens=sum(r.tokens for r in runs),
+        makespan=sum(r.makespan for r in runs),
+        hit_rate=statistics.mean(r.hit_rate for r in runs),
+        busiest=statistics.mean(r.busiest for r in runs),
+        failed=sum(r.failed for r in runs),
+        busy=statistics.mean(r.busy for r in runs),
+    )
+    if args.repeat > 1:
+        print(row(result), flush=True)
+    return result
+
+
+def _run_once(
+    args: argparse.Namespace,
+    name: str,
+    mode: str,
+    schedule: list[Request],
+    scorers: dict[str, float] | None,
+    routers: int,
+    settings: tuple[str, ...],
+    slots: int,
+) -> Result:
     with tempfile.TemporaryDirectory(prefix="llmgw-routing-") as tmp:
         workdir = Path(tmp)
         fleet = start_sims(args, workdir, slots)
@@ -368,7 +400,7 @@ def run_one(
         failed=len(outcomes) - len(good),
         busy=(queries - hits) * args.prefill_per_token / (schedule[-1].at * len(served)),
     )
-    print(row(result), flush=True)
+    print(row(result) + (" (one run)" if args.repeat > 1 else ""), flush=True)
     return result
 
 
@@ -437,6 +469,13 @@ def main(argv: list[str] | None = None) -> int:
         "0: skipped",
     )
     parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs per row, each against a fresh fleet; a row pools their samples "
+        "(the p90 sits near the share of requests that must miss, so noise moves it)",
+    )
+    parser.add_argument(
         "--only", default="", help="comma-separated words; run only rows whose name has one"
     )
     args = parser.parse_args(argv)
@@ -497,7 +536,8 @@ def main(argv: list[str] | None = None) -> int:
             f"users x {args.rounds} rounds, {args.system_words}-token shared system prompt), "
             f"Poisson at {args.rate:g}/s, {args.replicas} sim replicas with "
             f"{args.cache_blocks} x 16-token cache blocks each, prefill "
-            f"{args.prefill_per_token * 1000:g} ms per uncached token.",
+            f"{args.prefill_per_token * 1000:g} ms per uncached token"
+            + (f"; each row pools {args.repeat} runs." if args.repeat > 1 else "."),
             "",
             HEADER,
             *(row(r) for r in results),
