@@ -223,7 +223,7 @@ def report(rounds: list[Round], command: str, load: str, clients: int, load_time
         "target_in_flight's (medians, same run). target_in_flight decides when a "
         "request starts; target_queue_depth waits for the engines' next /metrics read "
         "(every 1 s) and the next demand pass (every 1 s), and decides only once "
-        "requests wait, which at four sequences per replica takes a fifth client.",
+        "more than two requests wait (a seventh client on one replica of four sequences).",
     ]
     return "\n".join(lines)
 
