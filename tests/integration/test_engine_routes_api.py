@@ -74,6 +74,10 @@ endpoints:
   - {{id: s2, url: "{second.url}", models: [m1], engine: sim}}
   - {{id: lc1, url: "{first.url}", models: [lc], engine: llamacpp}}
   - {{id: co1, url: "{first.url}", models: [chat-only], routes: [/v1/chat/completions]}}
+models:
+  - name: lc-catalog
+    weights: /models/tiny.gguf
+    profiles: [{{engine: llamacpp}}]
 """
     )
     server = Server("--config", str(config), auth=True, data_dir=data_dir)
@@ -214,6 +218,17 @@ def test_a_model_whose_engine_lacks_the_route_gets_404_naming_both(gateway: Gate
     assert gateway.post("/v1/chat/completions", {**chat, "max_tokens": 2}).status_code == 200
 
 
+def test_a_catalog_model_is_not_started_for_a_route_its_engines_lack(gateway: Gateway) -> None:
+    body = {"model": "lc-catalog", "query": "a", "documents": ["a"]}
+    error = error_of(gateway.post("/v1/rerank", body), 404)
+    assert error["message"] == "model 'lc-catalog' (engine llama.cpp) does not serve /v1/rerank"
+    models = httpx.get(gateway.server.admin + "/admin/api/models", timeout=10).json()
+    (model,) = [m for m in models["models"] if m["name"] == "lc-catalog"]
+    assert (model["status"]["state"], model["status"]["desired_replicas"]) == ("stopped", 0)
+    assert model["status"]["activating"] is False
+    assert model["status"]["replicas"] == []
+
+
 def test_llamacpp_tokenize_goes_to_its_extras_path(gateway: Gateway) -> None:
     # The sim has no /extras/tokenize: its 404 shows where the router sent the request.
     resp = gateway.post("/tokenize", {"model": "lc", "input": "hello"})
@@ -284,10 +299,19 @@ def test_keys_are_checked_as_on_every_route(gateway: Gateway) -> None:
 
 
 def test_metrics_count_requests_by_route(gateway: Gateway) -> None:
-    gateway.post("/v1/score", {"model": "m1", "text_1": "a", "text_2": "a"})
-    metrics = gateway.server.metrics()
-    assert 'llmgw_route_requests_total{model="m1",route="/v1/score",status="200"}' in metrics
-    assert 'route="/v1/rerank",status="404"' in metrics
+    assert (
+        gateway.post("/v1/score", {"model": "m1", "text_1": "a", "text_2": "a"}).status_code == 200
+    )
+    gateway.post("/v1/rerank", {"model": "lc", "query": "a", "documents": ["a"]})
+    wanted = (
+        'llmgw_route_requests_total{model="m1",route="/v1/score",status="200"}',
+        'llmgw_route_requests_total{model="lc",route="/v1/rerank",status="404"}',
+    )
+    # The router counts a request as its answer goes out: wait for the count to show.
+    deadline = time.monotonic() + 20
+    while not all(line in gateway.server.metrics() for line in wanted):
+        assert time.monotonic() < deadline, gateway.server.metrics()
+        time.sleep(0.05)
 
 
 def test_count_tokens_does_not_ask_an_engine_without_a_tokenizer(gateway: Gateway) -> None:

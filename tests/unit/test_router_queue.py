@@ -391,6 +391,9 @@ class Demand:
     def knows(self, model: str) -> bool:
         return True
 
+    def engines(self, model: str) -> tuple[str, ...]:
+        return ()
+
     async def activate(self, model: str) -> None:
         return None
 

@@ -114,6 +114,9 @@ class ControlPlane:
     def knows(self, model: str) -> bool:
         return model == "m"
 
+    def engines(self, model: str) -> tuple[str, ...]:
+        return ()
+
     async def activate(self, model: str) -> None:
         self.activations += 1
         await self.allowed.wait()

@@ -115,6 +115,9 @@ class ControllerActivator:
     def knows(self, model: str) -> bool:
         return self._controller.knows(model)
 
+    def engines(self, model: str) -> tuple[str, ...]:
+        return self._controller.engines(model)
+
     async def activate(self, model: str) -> None:
         try:
             await self._controller.activate(model)

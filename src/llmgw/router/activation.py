@@ -18,6 +18,11 @@ class Activator(Protocol):
         """Whether `model` may be started on request (it is in the catalog)."""
         ...
 
+    def engines(self, model: str) -> tuple[str, ...]:
+        """The engines `model`'s profiles run (empty when it is not in the catalog), so
+        a request for a route none of them serves is refused without starting one."""
+        ...
+
     async def activate(self, model: str) -> None:
         """Return once `model` has a ready replica in the pool; raise
         `llmgw.router.errors.ModelUnavailable` (with the reason) otherwise."""

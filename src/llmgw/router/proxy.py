@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmgw.config import RouterConfig
+from llmgw.engines import UnknownEngine, routes_of
 from llmgw.engines.routes import display_name
 from llmgw.metrics import RouterMetrics
 from llmgw.metrics.router import RequestSeries
@@ -246,6 +247,7 @@ class Proxy:
         activator.request_started(req.model)
         try:
             if not self._pool.by_model.get(req.model) and activator.knows(req.model):
+                _check_engines(req, activator.engines(req.model))
                 return await self._wait_then_dispatch(
                     activator, req, request_id, send, start, extra_headers, failed=frozenset()
                 )
@@ -770,6 +772,23 @@ class _HeadersSent:
             if name == b"x-llmgw-replica":
                 comment = b": llmgw replica " + value + b"\n\n"
                 await self._send({"type": "http.response.body", "body": comment, "more_body": True})
+
+
+def _check_engines(req: ParsedRequest, engines: tuple[str, ...]) -> None:
+    """RouteNotServed when none of `engines` (a catalog model's) serves `req`'s route:
+    starting a replica for it would be in vain."""
+    if not engines:
+        return
+    for engine in engines:
+        try:
+            if req.path in routes_of(engine):
+                return
+        except UnknownEngine:
+            return
+    names = ", ".join(display_name(e) for e in engines)
+    raise RouteNotServed(
+        f"model '{req.model}' (engine {names}) does not serve {req.path}", param="model"
+    )
 
 
 def _serving(req: ParsedRequest, endpoints: list[Endpoint]) -> list[Endpoint]:

@@ -353,6 +353,13 @@ class Controller:
         """Whether `name` is a catalog model (or alias) that activation applies to."""
         return self._catalog.get(name) is not None
 
+    def engines(self, name: str) -> tuple[str, ...]:
+        """The engines the profiles of catalog model `name` run, in profile order."""
+        model = self._catalog.get(name)
+        if model is None:
+            return ()
+        return tuple(dict.fromkeys(profile.engine for profile in model.profiles))
+
     def _desired(self, model: CatalogModel, now: float) -> Desired:
         wanted = model.min_replicas
         if self.demand.wants(model, now, activating=model.name in self._activations):
