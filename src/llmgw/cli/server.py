@@ -31,7 +31,9 @@ def server(
             "--endpoint",
             "-e",
             help="A static engine: ID=URL=MODEL[,MODEL...]; repeat for more. "
-            "Added to the config file's endpoints.",
+            "Added to the config file's endpoints. Every route (rerank, tokenize, audio, "
+            "...) is passed to it as it comes; name its engine (engine: llamacpp) or "
+            "narrow its routes (routes: [...]) in the config file.",
         ),
     ] = None,
     listen: Annotated[
