@@ -108,7 +108,7 @@ async def test_a_profile_counts_a_busy_thread_and_leaves_waiting_ones_out() -> N
     sleeper.start()
     try:
         profiler = Profiler()
-        result = await profiler.run(seconds=0.3, interval=0.005)
+        result = await profiler.run(seconds=1.0, interval=0.005)
         lines = result.collapsed.splitlines()
         assert result.samples > 0 and result.stacks == len(lines)
         assert result.sampler_cpu_seconds > 0
@@ -116,7 +116,7 @@ async def test_a_profile_counts_a_busy_thread_and_leaves_waiting_ones_out() -> N
             result.collapsed
         )
         assert not any(line.startswith("diag-waiting;") for line in lines)
-        everything = await profiler.run(seconds=0.3, interval=0.005, idle=True)
+        everything = await profiler.run(seconds=1.0, interval=0.005, idle=True)
         assert any(line.startswith("diag-waiting;") for line in everything.collapsed.splitlines())
     finally:
         stop.set()
@@ -141,7 +141,7 @@ async def test_profiles_run_back_to_back() -> None:
     profiler = Profiler()
     for _ in range(3):
         # Each is free the moment the one before has answered.
-        assert (await profiler.run(seconds=0.02, interval=0.005)).samples > 0
+        assert (await profiler.run(seconds=0.2, interval=0.005)).samples > 0
 
 
 async def test_a_cancelled_profile_stops_sampling_and_frees_the_profiler() -> None:
