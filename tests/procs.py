@@ -10,8 +10,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -222,3 +223,22 @@ class Server:
 
     def metrics(self) -> str:
         return httpx.get(self.admin + "/metrics").text
+
+
+def wait_for(
+    check: Callable[[], object], what: str, within: float = 60.0, every: float = 0.1
+) -> Any:
+    """Poll `check` until it returns something truthy and return that; fail naming
+    `what` after `within` seconds. Tests wait on conditions this way, never on sleeps."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def role(server: Server) -> str:
+    """The control-plane role (`leader` or `standby`) a server reports."""
+    return str(httpx.get(server.admin + "/admin/api/leader", timeout=5).json()["role"])

@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import json
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -37,7 +36,7 @@ from typing import Any
 import httpx
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
-from procs import Proc, Server, free_port, free_port_block, llmgw
+from procs import Proc, Server, free_port, free_port_block, llmgw, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
 
@@ -186,15 +185,6 @@ class Target:
         models = {m["name"] for m in self.get("/admin/api/models")["models"]}
         assert "evil-model" not in models
         assert self.get("/admin/api/nodes/node-1")["draining"] is False
-
-
-def wait_for(check: Callable[[], bool], what: str, within: float = 60.0) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture(scope="module", name="target")

@@ -17,20 +17,25 @@ missing these tests fail and say so, they are never skipped.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+import procs
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_playwright
 from procs import Proc, Server, free_port, free_port_block, llmgw
+
+# This module's waits: within=30.0.
+wait_for = functools.partial(procs.wait_for, within=30.0)
+
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
 
@@ -75,15 +80,6 @@ class Fleet:
         answer = httpx.get(self.server.admin + path, timeout=10)
         answer.raise_for_status()
         return answer.json()
-
-
-def wait_for(check: Callable[[], bool], what: str, within: float = 30.0) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def add_admin_user(data_dir: Path) -> None:

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from procs import Proc, Server, free_port, free_port_block, llmgw
+from procs import Proc, Server, free_port, free_port_block, llmgw, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -56,15 +55,6 @@ class Gateway:
         assert "evil-key" not in self.key_names()
         assert "evil-model" not in self.model_names()
         assert self.draining() is False
-
-
-def wait_for(check: Callable[[], bool], what: str, within: float = 60.0) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture(scope="module", name="gw")

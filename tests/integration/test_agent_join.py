@@ -17,13 +17,13 @@ import sqlite3
 import stat
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
-from procs import Proc, Server, free_port, free_port_block, llmgw
+from procs import Proc, Server, free_port, free_port_block, llmgw, wait_for
 
 CONTROL = (
     "control: {heartbeat_interval: 0.3, unreachable_after: 1.5, lost_after: 3, "
@@ -34,15 +34,6 @@ CONTROL = (
     "  - name: sim-join\n    weights: none\n"
     "    profiles: [{name: sim, engine: sim, gpus: 1}]\n"
 )
-
-
-def wait_for(check: Callable[[], bool], what: str, within: float = 60.0) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @dataclass

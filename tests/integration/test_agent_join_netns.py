@@ -15,15 +15,13 @@ import contextlib
 import re
 import signal
 import socket
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 from netns import Host, Network
-from procs import Proc, Server, free_port_block, llmgw
+from procs import Proc, Server, free_port_block, llmgw, wait_for
 
 CONFIG = """
 control:
@@ -39,16 +37,6 @@ models:
     min_replicas: 1
     profiles: [{name: one-gpu, engine: sim, gpus: 1}]
 """
-
-
-def wait_for(check: Callable[[], object], what: str, within: float = 60.0) -> Any:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def free_port_on(host: str) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from procs import Proc, Server, free_port, free_port_block, llmgw
+from procs import Proc, Server, free_port, free_port_block, llmgw, wait_for
 
 CONFIG = (
     "control: {heartbeat_interval: 0.3, unreachable_after: 15, lost_after: 30, "
@@ -28,15 +28,6 @@ CONFIG = (
     "  - name: steady\n    weights: none\n    min_replicas: 1\n    keep_alive: -1\n"
     "    profiles: [{name: sim, engine: sim, gpus: 1, engine_args: [--zero-delay]}]\n"
 )
-
-
-def wait_for(check: Any, what: str, within: float = 60.0) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def node(server: Server) -> dict[str, Any]:

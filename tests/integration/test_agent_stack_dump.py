@@ -4,28 +4,16 @@ carries on (still connected to a real `llmgw server`, still heartbeating)."""
 from __future__ import annotations
 
 import signal
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from procs import Proc, Server, free_port, free_port_block, llmgw
+from procs import Proc, Server, free_port, free_port_block, llmgw, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
 DUMP_LINE = "SIGUSR1: every thread's stack is written above (faulthandler); the asyncio tasks:"
-
-
-def wait_for(check: Callable[[], Any], what: str, within: float = 60.0) -> Any:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_sigusr1_dumps_stacks_to_the_log_and_the_agent_keeps_heartbeating(

@@ -11,15 +11,19 @@ deadlines; nothing asserts on durations.
 
 from __future__ import annotations
 
+import functools
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import procs
 import pytest
 from procs import Proc, Server, free_port, free_port_block, llmgw
+
+# This module's waits: within=20.0.
+wait_for = functools.partial(procs.wait_for, within=20.0)
 
 
 def certs(*args: str) -> str:
@@ -61,15 +65,6 @@ class Fleet:
     def nodes(self) -> dict[str, dict[str, object]]:
         listed = httpx.get(self.server.admin + "/admin/api/nodes", timeout=5).json()["nodes"]
         return {n["id"]: n for n in listed}
-
-
-def wait_for(check: Callable[[], bool], what: str, within: float = 20.0) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def config(tmp: Path, ca: Path, *, key: Path | None = None) -> Path:

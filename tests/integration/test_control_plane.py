@@ -6,6 +6,7 @@ Timings are shortened through the config file (heartbeats, lost window, retries)
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import signal
@@ -13,14 +14,19 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
+import procs
 import pytest
 from procs import Proc, Server, free_port, free_port_block, llmgw
+
+# This module's waits: within=30.0.
+wait_for = functools.partial(procs.wait_for, within=30.0)
+
 
 CONTROL = (
     "control: {heartbeat_interval: 0.3, unreachable_after: 1.5, lost_after: 3, "
@@ -129,15 +135,6 @@ def fleet(
 def registered(server: Server) -> list[str]:
     nodes = httpx.get(server.admin + "/admin/api/nodes", timeout=10).json()["nodes"]
     return [n["id"] for n in nodes if n["state"] == "ready"]
-
-
-def wait_for(check: Callable[[], bool], what: str, within: float = 30.0) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_models_are_placed_within_resources_and_refused_with_reasons_beyond_them(

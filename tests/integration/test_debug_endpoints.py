@@ -12,15 +12,14 @@ import contextlib
 import re
 import subprocess
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from procs import Server, Sim, llmgw
+from procs import Server, Sim, llmgw, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -66,16 +65,6 @@ def login(server: Server, name: str) -> httpx.Client:
     answer = client.post("/admin/login", data={"username": name, "password": PASSWORD})
     assert answer.status_code == 303, answer.text
     return client
-
-
-def wait_for(check: Callable[[], Any], what: str, within: float = 60.0) -> Any:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture(scope="module", name="gw")

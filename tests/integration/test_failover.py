@@ -6,19 +6,25 @@ Each test gets a database of its own on the real PostgreSQL of this machine.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import secrets
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import httpx
+import procs
 import pytest
 from procs import Proc, Server, free_port, free_port_block, llmgw
+
+# This module's waits: within=30.0, every=0.05.
+wait_for = functools.partial(procs.wait_for, within=30.0, every=0.05)
+
 
 PG = os.environ.get("LLMGW_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 TTL = 3.0
@@ -70,15 +76,6 @@ def database() -> Iterator[str]:
     base = PG.rsplit("/", 1)[0]
     yield f"{base}/{name}"
     _run(_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-
-
-def wait_for(check: Callable[[], bool], what: str, within: float = 30.0) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def leader(server: Server) -> dict[str, Any]:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import procs
 from procs import Proc, Server, free_port, free_port_block, llmgw
+
+# This module's waits: within=20.0.
+wait_for = functools.partial(procs.wait_for, within=20.0)
 
 
 def agent(node: str, agent_port: int, tmp: Path) -> Proc:
@@ -22,15 +25,6 @@ def agent(node: str, agent_port: int, tmp: Path) -> Proc:
             "--weights-dir", str(tmp / node), "--port-range", f"{low}-{low + 10}",
         )
     )  # fmt: skip
-
-
-def wait_for(check: Callable[[], bool], what: str, within: float = 20.0) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def nodes(server: Server) -> dict[str, dict[str, object]]:

@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 import sqlite3
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from procs import Proc, Server, free_port, free_port_block, llmgw
+from procs import Proc, Server, free_port, free_port_block, llmgw, wait_for
 
 CONFIG = """\
 control: {heartbeat_interval: 0.3, unreachable_after: 1.5, lost_after: 3, reconcile_interval: 0.5}
@@ -35,15 +34,6 @@ models:
     profiles: [{name: one-gpu, engine: sim, gpus: 1}]
 """
 MESSAGES = [{"role": "user", "content": "hello"}]
-
-
-def wait_for(check: Callable[[], bool], what: str, within: float = 60.0) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def create_key(data_dir: Path, name: str, *models: str) -> tuple[str, str]:

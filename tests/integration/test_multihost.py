@@ -13,14 +13,13 @@ import os
 import signal
 import socket
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 from netns import Host, Network
-from procs import Proc, Server, free_port_block, llmgw
+from procs import Proc, Server, free_port_block, llmgw, role, wait_for
 
 CONFIG = """
 control:
@@ -35,16 +34,6 @@ models:
     min_replicas: 0
     profiles: [{name: one-gpu, engine: sim, gpus: 1}]
 """
-
-
-def wait_for(check: Callable[[], object], what: str, within: float = 60.0) -> Any:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @contextlib.contextmanager
@@ -308,10 +297,6 @@ def test_draining_a_node_moves_its_replica_to_another_host(netns: Network, tmp_p
             assert answer.status_code == 200, answer.text
     finally:
         server.proc.stop()
-
-
-def role(server: Server) -> str:
-    return str(httpx.get(server.admin + "/admin/api/leader", timeout=5).json()["role"])
 
 
 def test_the_standby_reaches_the_engines_itself_and_keeps_serving_after_a_failover(

@@ -21,12 +21,11 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-from procs import Proc, Server, free_port, free_port_block, llmgw
+from procs import Proc, Server, free_port, free_port_block, llmgw, wait_for
 
 CONFIG = (
     "control: {heartbeat_interval: 0.3, unreachable_after: 1.5, lost_after: 3, "
@@ -37,15 +36,6 @@ CONFIG = (
     "    profiles: [{name: sim, engine: sim, gpus: 1}]\n"
 )
 WINDOW_SECONDS = 5.0
-
-
-def wait_for(check: Callable[[], bool], what: str, within: float = 60.0) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def certs(*args: str) -> None:

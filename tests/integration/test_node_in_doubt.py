@@ -17,6 +17,7 @@ assert outcomes, never durations.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -25,14 +26,19 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+import procs
 from netns import Host, Network
-from procs import Proc, Server, free_port, free_port_block, llmgw
+from procs import Proc, Server, free_port, free_port_block, llmgw, role
+
+# This module's waits: within=120.0.
+wait_for = functools.partial(procs.wait_for, within=120.0)
+
 
 CONFIG = """
 control:
@@ -53,16 +59,6 @@ models:
     max_replicas: 1
     profiles: [{name: one-gpu, engine: sim, gpus: 1}]
 """
-
-
-def wait_for(check: Callable[[], Any], what: str, within: float = 120.0) -> Any:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def status(server: Server) -> dict[str, Any]:
@@ -297,10 +293,6 @@ def test_an_engine_that_dies_in_service_costs_no_request(tmp_path: Path) -> None
         assert load.failures() == []
         failed = [e["message"] for e in events(server) if e["kind"] == "failed"]
         assert any(first["id"] in m for m in failed), failed
-
-
-def role(server: Server) -> str:
-    return str(httpx.get(server.admin + "/admin/api/leader", timeout=5).json()["role"])
 
 
 def test_a_standby_s_router_waits_too_when_a_node_is_killed(tmp_path: Path, database: str) -> None:

@@ -9,13 +9,11 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-from procs import Proc, Server, free_port, free_port_block, llmgw
+from procs import Proc, Server, free_port, free_port_block, llmgw, role, wait_for
 
 TTL = 3.0
 CONFIG = f"""
@@ -31,19 +29,6 @@ models:
     min_replicas: 1
     profiles: [{{name: one-gpu, engine: sim, gpus: 1}}]
 """
-
-
-def wait_for(check: Callable[[], bool], what: str, within: float = 60.0) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def role(server: Server) -> str:
-    return str(httpx.get(server.admin + "/admin/api/leader", timeout=5).json()["role"])
 
 
 def nodes(server: Server) -> dict[str, dict[str, Any]]:
