@@ -19,13 +19,15 @@ same sims, one after the other:
 - `priorities`: an `interactive` key at the light rate and a `batch` key flooding,
   through the fair queue.
 
-Reported per run: the light (or interactive) key's TTFT p50/p90 and how many of
-its requests were answered, its share of the requests completed in the window
-against its max-min fair share (its demand, when that is under half the fleet's
-throughput), the fleet's throughput in the window (requests the sims completed
-per second), fleet utilisation (mean running sequences over the slots, sampled
-from `/sim/stats`) and the flooding key's 429s. Results go to bench/RESULTS.md
-between the `fairness` markers with the command (`--no-write` prints only).
+Reported per run: the light (or interactive) key's TTFT p50/p90, how long its
+requests waited in the router's queue (p50/p90, from their usage records: the rest
+of the TTFT is the engine and the machine) and how many of them were answered, its
+share of the requests completed in the window against its max-min fair share (its
+demand, when that is under half the fleet's throughput), the fleet's throughput in
+the window (requests the sims completed per second), fleet utilisation (mean
+running sequences over the slots, sampled from `/sim/stats`) and the flooding key's
+429s. Results go to bench/RESULTS.md between the `fairness` markers with the command
+(`--no-write` prints only).
 
 Not guaranteed: absolute numbers hold only for the sim's timing model and this
 machine; the client, the router and the sims share its cores, so a busy machine
@@ -44,6 +46,7 @@ import random
 import shlex
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -161,6 +164,26 @@ class Run:
     throughput: float
     utilisation: float
     window_completed: dict[str, int]
+    # Seconds each of the watched key's answered requests waited in the router's
+    # queue, from the usage records (what of its TTFT was queueing).
+    queued: list[float] = field(default_factory=list)
+
+
+def _last_usage_id(data: Path) -> int:
+    with sqlite3.connect(data / "llmgw.db") as db:
+        (last,) = db.execute("SELECT COALESCE(MAX(id), 0) FROM usage_records").fetchone()
+    return int(last)
+
+
+def _queue_waits(data: Path, key: str, after: int) -> list[float]:
+    """The queue wait of every answered request of the key named `key` since usage id `after`."""
+    with sqlite3.connect(data / "llmgw.db") as db:
+        rows = db.execute(
+            "SELECT u.queue_ms FROM usage_records u JOIN api_keys k ON u.key_id = k.id "
+            "WHERE k.name = ? AND u.id > ? AND u.status = 200",
+            (key, after),
+        ).fetchall()
+    return [float(ms or 0.0) / 1000.0 for (ms,) in rows]
 
 
 def pct(values: list[float], q: float) -> float:
@@ -218,10 +241,16 @@ async def _sample_running(urls: list[str], stop: asyncio.Event, samples: list[in
     async with httpx.AsyncClient(timeout=10) as client:
         while not stop.is_set():
             total = 0
-            for url in urls:
-                stats = (await client.get(url + "/sim/stats")).json()
-                total += int(stats["running"])
-            samples.append(total)
+            try:
+                for url in urls:
+                    stats = (await client.get(url + "/sim/stats")).json()
+                    total += int(stats["running"])
+            except httpx.TransportError:
+                # A sim closed a kept-alive connection as it was reused (a busy
+                # machine): this sample is lost, the next one is taken as usual.
+                pass
+            else:
+                samples.append(total)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.25)
 
@@ -307,6 +336,7 @@ def run_mode(
         ),
         workdir / f"{name.replace(' ', '-')}.log",
     )  # fmt: skip
+    after = _last_usage_id(data)
     try:
         wait_http(f"http://{HOST}:{admin}/readyz", proc)
         wait_idle(sims)
@@ -315,16 +345,18 @@ def run_mode(
             drive(args, f"http://{HOST}:{port}", sims, secrets, sends)
         )
     finally:
-        proc.stop()
+        proc.stop()  # the usage recorder writes what it holds on the way out
     run = Run(name, watched, results, throughput, utilisation, window)
+    run.queued = _queue_waits(data, watched, after)
     print(row(run, None), flush=True)
     return run
 
 
 HEADER = (
-    "| run | watched key TTFT p50 | TTFT p90 | p90 vs idle | answered | share of completed "
-    "(fair share) | fleet throughput | utilisation | flood 429s |\n"
-    "|---|---|---|---|---|---|---|---|---|"
+    "| run | watched key TTFT p50 | TTFT p90 | p90 vs idle | its queue wait p50 / p90 "
+    "| answered | share of completed (fair share) | fleet throughput | utilisation "
+    "| flood 429s |\n"
+    "|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -340,6 +372,7 @@ def row(run: Run, idle_p90: float | None) -> str:
     ratio = f"{p90 / idle_p90:.2f}x" if idle_p90 else "-"
     return (
         f"| {run.name} | {p50 * 1000:,.0f} ms | {p90 * 1000:,.0f} ms | {ratio} "
+        f"| {pct(run.queued, 0.5) * 1000:,.0f} / {pct(run.queued, 0.9) * 1000:,.0f} ms "
         f"| {watched.ok}/{watched.sent} | {share:.1%} ({fair:.1%}) "
         f"| {run.throughput:.2f} req/s | {run.utilisation:.0%} | {refused if others else '-'} |"
     )
