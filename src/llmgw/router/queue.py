@@ -242,7 +242,7 @@ class RequestQueue:
         active_for: float = 60.0,
     ) -> None:
         """`reserve`: the fraction of a model's places kept for keys under their
-        fair share (see `_keeps`); a key counts as active on a model while it has
+        fair share (see `_kept`); a key counts as active on a model while it has
         requests there, and for `active_for` seconds after its last one."""
         self._reserve = reserve
         self._active_for = active_for
