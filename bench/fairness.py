@@ -25,8 +25,9 @@ of the TTFT is the engine and the machine) and how many of them were answered, i
 share of the requests completed in the window against its max-min fair share (its
 demand, when that is under half the fleet's throughput), the fleet's throughput in
 the window (requests the sims completed per second), fleet utilisation (mean
-running sequences over the slots, sampled from `/sim/stats`) and the flooding key's
-429s. Results go to bench/RESULTS.md between the `fairness` markers with the command
+running sequences over the slots, sampled from `/sim/stats`), the most requests seen
+waiting in one engine's own queue (0: the router's queue held them all) and the
+flooding key's 429s. Results go to bench/RESULTS.md between the `fairness` markers with the command
 (`--no-write` prints only).
 
 Not guaranteed: absolute numbers hold only for the sim's timing model and this
@@ -164,6 +165,8 @@ class Run:
     throughput: float
     utilisation: float
     window_completed: dict[str, int]
+    # The most requests waiting in one engine's own queue at a sample.
+    engine_waiting: int = 0
     # Seconds each of the watched key's answered requests waited in the router's
     # queue, from the usage records (what of its TTFT was queueing).
     queued: list[float] = field(default_factory=list)
@@ -237,7 +240,9 @@ async def _one(
     finished.append((send.key, time.perf_counter() - start))
 
 
-async def _sample_running(urls: list[str], stop: asyncio.Event, samples: list[int]) -> None:
+async def _sample_running(
+    urls: list[str], stop: asyncio.Event, samples: list[int], waiting: list[int]
+) -> None:
     async with httpx.AsyncClient(timeout=10) as client:
         while not stop.is_set():
             total = 0
@@ -245,6 +250,7 @@ async def _sample_running(urls: list[str], stop: asyncio.Event, samples: list[in
                 for url in urls:
                     stats = (await client.get(url + "/sim/stats")).json()
                     total += int(stats["running"])
+                    waiting.append(int(stats["waiting"]))
             except httpx.TransportError:
                 # A sim closed a kept-alive connection as it was reused (a busy
                 # machine): this sample is lost, the next one is taken as usual.
@@ -267,16 +273,17 @@ async def drive(
     sims: list[str],
     secrets: dict[str, str],
     sends: list[Send],
-) -> tuple[dict[str, KeyResult], float, float, dict[str, int]]:
+) -> tuple[dict[str, KeyResult], float, float, dict[str, int], int]:
     results = {key: KeyResult() for key in secrets}
     finished: list[tuple[str, float]] = []
     limits = httpx.Limits(max_connections=2000, max_keepalive_connections=2000)
     samples: list[int] = []
+    waiting: list[int] = []
     stop = asyncio.Event()
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
         before = _completed(sims)
         start = time.perf_counter() + 0.2
-        sampler = asyncio.ensure_future(_sample_running(sims, stop, samples))
+        sampler = asyncio.ensure_future(_sample_running(sims, stop, samples, waiting))
         tasks = [
             asyncio.ensure_future(
                 _one(client, server, secrets[s.key], s, start, results[s.key], finished)
@@ -293,7 +300,7 @@ async def drive(
     }
     slots = len(sims) * args.max_running
     utilisation = (sum(samples) / len(samples) / slots) if samples else math.nan
-    return results, in_window / args.duration, utilisation, window
+    return results, in_window / args.duration, utilisation, window, max(waiting, default=0)
 
 
 def wait_idle(sims: list[str]) -> None:
@@ -341,12 +348,12 @@ def run_mode(
         wait_http(f"http://{HOST}:{admin}/readyz", proc)
         wait_idle(sims)
         sends = schedule(args, rates, args.seed)
-        results, throughput, utilisation, window = asyncio.run(
+        results, throughput, utilisation, window, engine_waiting = asyncio.run(
             drive(args, f"http://{HOST}:{port}", sims, secrets, sends)
         )
     finally:
         proc.stop()  # the usage recorder writes what it holds on the way out
-    run = Run(name, watched, results, throughput, utilisation, window)
+    run = Run(name, watched, results, throughput, utilisation, window, engine_waiting)
     run.queued = _queue_waits(data, watched, after)
     print(row(run, None), flush=True)
     return run
@@ -355,8 +362,8 @@ def run_mode(
 HEADER = (
     "| run | watched key TTFT p50 | TTFT p90 | p90 vs idle | its queue wait p50 / p90 "
     "| answered | share of completed (fair share) | fleet throughput | utilisation "
-    "| flood 429s |\n"
-    "|---|---|---|---|---|---|---|---|---|---|"
+    "| most waiting in an engine | flood 429s |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -374,7 +381,8 @@ def row(run: Run, idle_p90: float | None) -> str:
         f"| {run.name} | {p50 * 1000:,.0f} ms | {p90 * 1000:,.0f} ms | {ratio} "
         f"| {pct(run.queued, 0.5) * 1000:,.0f} / {pct(run.queued, 0.9) * 1000:,.0f} ms "
         f"| {watched.ok}/{watched.sent} | {share:.1%} ({fair:.1%}) "
-        f"| {run.throughput:.2f} req/s | {run.utilisation:.0%} | {refused if others else '-'} |"
+        f"| {run.throughput:.2f} req/s | {run.utilisation:.0%} | {run.engine_waiting} "
+        f"| {refused if others else '-'} |"
     )
 
 
