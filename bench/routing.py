@@ -23,8 +23,8 @@ Routers, side by side in one run:
   system prompt its own), least outstanding against the default scorers;
 - a busy fleet: the sims compute one prefill at a time each (`--prefill-slots 1`,
   as a GPU does) and requests come at `--busy-rate`, chosen so that the default
-  scorers put a prefill load of about 80% on the replicas; least outstanding, the
-  default scorers and smg.
+  scorers put a prefill load of about 80% on the replicas; the ideal placement,
+  least outstanding, the default scorers and smg (`--busy-only` runs just this table).
 
 Reported per router: TTFT p50/p90/p99 (first SSE event), end-to-end p50, output
 tokens/s, the fleet's prefix-cache hit rate (the sims' own token counters), the
@@ -469,6 +469,11 @@ def main(argv: list[str] | None = None) -> int:
         "0: skipped",
     )
     parser.add_argument(
+        "--busy-only",
+        action="store_true",
+        help="run only the busy-fleet table (needs --busy-rate); implies --no-write",
+    )
+    parser.add_argument(
         "--repeat",
         type=int,
         default=1,
@@ -480,38 +485,50 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
+    if args.busy_only:
+        if not args.busy_rate:
+            parser.error("--busy-only needs --busy-rate")
+        args.no_write = args.no_control = True
     shared = workload(args, shared=True)
     print(
         f"{len(shared)} requests over {shared[-1].at:.1f} s; {args.replicas} replicas\n{HEADER}",
         flush=True,
     )
-    runs = [
-        run_one(args, "round robin (client, direct)", "round robin", shared, None, 0),
-        run_one(args, "ideal: group pinned (client, direct)", "ideal", shared, None, 0),
-    ]
-    for name, scorers in DEFAULT_SCORERS.items():
-        runs.append(run_one(args, f"llmgw {name}", "llmgw", shared, scorers, 1))
-    runs.append(run_one(args, "llmgw default, 2 routers", "llmgw", shared, {}, 2))
-    # New prefixes by rendezvous alone (no bounded share): routers agree without talking.
-    pure = ("cold_balance=100",)
-    runs.append(run_one(args, "llmgw default, cold_balance 100", "llmgw", shared, {}, 1, pure))
-    runs.append(
-        run_one(args, "llmgw default, cold_balance 100, 2 routers", "llmgw", shared, {}, 2, pure)
-    )
-    if args.redis:
-        # A channel of this run's own, so that other runs on the same Redis do not mix in.
-        share = (f"redis_url={args.redis}", f"share_channel=llmgw:bench:{os.getpid()}")
-        runs.append(run_one(args, "llmgw default, shared index", "llmgw", shared, {}, 1, share))
+    runs: list[Result | None] = []
+    if not args.busy_only:
+        runs += [
+            run_one(args, "round robin (client, direct)", "round robin", shared, None, 0),
+            run_one(args, "ideal: group pinned (client, direct)", "ideal", shared, None, 0),
+        ]
+        for name, scorers in DEFAULT_SCORERS.items():
+            runs.append(run_one(args, f"llmgw {name}", "llmgw", shared, scorers, 1))
+        runs.append(run_one(args, "llmgw default, 2 routers", "llmgw", shared, {}, 2))
+        # New prefixes by rendezvous alone (no bounded share): routers agree without talking.
+        pure = ("cold_balance=100",)
+        runs.append(run_one(args, "llmgw default, cold_balance 100", "llmgw", shared, {}, 1, pure))
         runs.append(
-            run_one(args, "llmgw default, 2 routers, shared index", "llmgw", shared, {}, 2, share)
+            run_one(
+                args, "llmgw default, cold_balance 100, 2 routers", "llmgw", shared, {}, 2, pure
+            )
         )
-    if args.smg:
-        runs.append(run_one(args, "smg --policy cache_aware", "smg", shared, None, 0))
+        if args.redis:
+            # A channel of this run's own, so that other runs on the same Redis do not mix in.
+            share = (f"redis_url={args.redis}", f"share_channel=llmgw:bench:{os.getpid()}")
+            runs.append(run_one(args, "llmgw default, shared index", "llmgw", shared, {}, 1, share))
+            runs.append(
+                run_one(
+                    args, "llmgw default, 2 routers, shared index", "llmgw", shared, {}, 2, share
+                )
+            )
+        if args.smg:
+            runs.append(run_one(args, "smg --policy cache_aware", "smg", shared, None, 0))
     results = [r for r in runs if r is not None]
     busy: list[Result] = []
     if args.busy_rate:
         fast = workload(argparse.Namespace(**{**vars(args), "rate": args.busy_rate}), shared=True)
         print(f"busy fleet: {args.busy_rate:g}/s, one prefill at a time\n{HEADER}", flush=True)
+        ideal = "ideal: group pinned (client, direct)"
+        busy.append(run_one(args, ideal, "ideal", fast, None, 0, slots=1))
         for name in ("least outstanding", DEFAULT):
             scorers = DEFAULT_SCORERS[name]
             busy.append(run_one(args, f"llmgw {name}", "llmgw", fast, scorers, 1, slots=1))
