@@ -17,12 +17,11 @@ missing these tests fail and say so, they are never skipped.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,8 +32,10 @@ import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_playwright
 from procs import Proc, Server, free_port, free_port_block, llmgw
 
-# This module's waits: within=30.0.
-wait_for = functools.partial(procs.wait_for, within=30.0)
+
+def wait_for(check: Callable[[], object], what: str, within: float = 30.0) -> Any:
+    """`procs.wait_for` with this module's deadline."""
+    return procs.wait_for(check, what, within)
 
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]

@@ -11,19 +11,21 @@ deadlines; nothing asserts on durations.
 
 from __future__ import annotations
 
-import functools
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import procs
 import pytest
 from procs import Proc, Server, free_port, free_port_block, llmgw
 
-# This module's waits: within=20.0.
-wait_for = functools.partial(procs.wait_for, within=20.0)
+
+def wait_for(check: Callable[[], object], what: str, within: float = 20.0) -> Any:
+    """`procs.wait_for` with this module's deadline."""
+    return procs.wait_for(check, what, within)
 
 
 def certs(*args: str) -> str:

@@ -6,7 +6,6 @@ Timings are shortened through the config file (heartbeats, lost window, retries)
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 import signal
@@ -14,7 +13,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -24,8 +23,10 @@ import procs
 import pytest
 from procs import Proc, Server, free_port, free_port_block, llmgw
 
-# This module's waits: within=30.0.
-wait_for = functools.partial(procs.wait_for, within=30.0)
+
+def wait_for(check: Callable[[], object], what: str, within: float = 30.0) -> Any:
+    """`procs.wait_for` with this module's deadline."""
+    return procs.wait_for(check, what, within)
 
 
 CONTROL = (

@@ -6,13 +6,12 @@ Each test gets a database of its own on the real PostgreSQL of this machine.
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import secrets
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,10 @@ import procs
 import pytest
 from procs import Proc, Server, free_port, free_port_block, llmgw
 
-# This module's waits: within=30.0, every=0.05.
-wait_for = functools.partial(procs.wait_for, within=30.0, every=0.05)
+
+def wait_for(check: Callable[[], object], what: str, within: float = 30.0) -> Any:
+    """`procs.wait_for` with this module's deadline and polling interval."""
+    return procs.wait_for(check, what, within, every=0.05)
 
 
 PG = os.environ.get("LLMGW_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import procs
 from procs import Proc, Server, free_port, free_port_block, llmgw
 
-# This module's waits: within=20.0.
-wait_for = functools.partial(procs.wait_for, within=20.0)
+
+def wait_for(check: Callable[[], object], what: str, within: float = 20.0) -> Any:
+    """`procs.wait_for` with this module's deadline."""
+    return procs.wait_for(check, what, within)
 
 
 def agent(node: str, agent_port: int, tmp: Path) -> Proc:

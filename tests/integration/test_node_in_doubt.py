@@ -17,7 +17,6 @@ assert outcomes, never durations.
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import json
 import os
@@ -26,7 +25,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,8 +35,10 @@ import procs
 from netns import Host, Network
 from procs import Proc, Server, free_port, free_port_block, llmgw, role
 
-# This module's waits: within=120.0.
-wait_for = functools.partial(procs.wait_for, within=120.0)
+
+def wait_for(check: Callable[[], object], what: str, within: float = 120.0) -> Any:
+    """`procs.wait_for` with this module's deadline."""
+    return procs.wait_for(check, what, within)
 
 
 CONFIG = """

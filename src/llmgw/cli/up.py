@@ -423,7 +423,12 @@ def _announce_ready(*, admin_url: str, node_id: str, agent: LocalAgent) -> None:
                 nodes = json.loads(resp.read())["nodes"]
         except (OSError, urllib.error.URLError, ValueError, KeyError, TypeError):
             nodes = []  # not serving yet: the listener is bound, the app not started
-        if any(n.get("id") == node_id and n.get("state") == "ready" for n in nodes):
+        # Until this server leads, it shows the nodes as the last leader wrote them
+        # (marked `leader_view_at`): on a restart that is the previous run's agent.
+        if any(
+            n.get("id") == node_id and n.get("state") == "ready" and "leader_view_at" not in n
+            for n in nodes
+        ):
             typer.echo(
                 f"ready: the local agent registered as node {node_id!r}; try the curls above"
             )
