@@ -66,6 +66,17 @@ def _get(admin: Admin, path: str, *, method: str = "GET", timeout: float = 30.0)
         fail(message, exc.code)
 
 
+def _show_stacks(path: str, json_out: bool, target: Admin) -> None:
+    """Print the grouped stacks at `path` (tasks or threads), as JSON or readably."""
+    from llmgw.diagnostics import render
+
+    data = _get(target, f"{path}?format=json")
+    if json_out:
+        print_json(data)
+    else:
+        typer.echo(render(data), nl=False)
+
+
 @debug_app.command("tasks")
 def tasks(
     json_out: JsonOption = False,
@@ -74,13 +85,7 @@ def tasks(
     admin_config: AdminConfigOption = None,
 ) -> None:
     """Every asyncio task of the server, identical stacks grouped with a count."""
-    from llmgw.diagnostics import render
-
-    data = _get(resolve_admin(admin, admin_key, admin_config), "/debug/tasks?format=json")
-    if json_out:
-        print_json(data)
-    else:
-        typer.echo(render(data), nl=False)
+    _show_stacks("/debug/tasks", json_out, resolve_admin(admin, admin_key, admin_config))
 
 
 @debug_app.command("threads")
@@ -91,13 +96,7 @@ def threads(
     admin_config: AdminConfigOption = None,
 ) -> None:
     """Every thread's stack (the event loop's, the SQLite and gRPC workers', ...)."""
-    from llmgw.diagnostics import render
-
-    data = _get(resolve_admin(admin, admin_key, admin_config), "/debug/threads?format=json")
-    if json_out:
-        print_json(data)
-    else:
-        typer.echo(render(data), nl=False)
+    _show_stacks("/debug/threads", json_out, resolve_admin(admin, admin_key, admin_config))
 
 
 @debug_app.command("memory")

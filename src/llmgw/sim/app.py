@@ -214,7 +214,9 @@ def create_app(
         embedding_dim=embedding_dim,
         wall_clock=wall_clock,
     )
-    extras = Extras(models=models, engine=engine, stats=stats, faults=faults, wall_clock=wall_clock)
+    extras = Extras(
+        inference=inference, engine=engine, stats=stats, faults=faults, wall_clock=wall_clock
+    )
     return SimApp(
         models=models,
         inference=inference,

@@ -26,8 +26,6 @@ answers (`stream` is refused), or that the audio is audio at all.
 from __future__ import annotations
 
 import hashlib
-import itertools
-import secrets
 import zlib
 from collections.abc import Callable, Sequence
 from email.message import Message
@@ -41,6 +39,7 @@ from llmgw.sim.asgi import Receive, Scope, Send, read_body, send_bytes, send_err
 from llmgw.sim.engine import Engine
 from llmgw.sim.errors import SimError, bad_request
 from llmgw.sim.faults import Faults
+from llmgw.sim.inference import Inference
 from llmgw.sim.protocol import parse_chat, parse_completion
 from llmgw.sim.stats import ModelCounters, SimStats
 from llmgw.sim.tokens import VOCABULARY, tokenize
@@ -129,36 +128,25 @@ class Extras:
     def __init__(
         self,
         *,
-        models: Sequence[str],
+        inference: Inference,
         engine: Engine,
         stats: SimStats,
         faults: Faults,
         wall_clock: Callable[[], float],
     ) -> None:
-        self._default_model = models[0]
-        self._served = ", ".join(models)
+        # The chat path's ids and model lookup, so every route names models alike.
+        self._inference = inference
         self._engine = engine
         self._stats = stats
         self._faults = faults
         self._wall_clock = wall_clock
-        self._id_base = secrets.token_hex(4)
-        self._ids = itertools.count(1)
 
     def _new_id(self, prefix: str) -> str:
-        return f"{prefix}{self._id_base}{next(self._ids):08x}"
+        return self._inference.new_id(prefix)
 
     def _resolve(self, name: str | None) -> tuple[str, ModelCounters]:
-        name = name or self._default_model
-        counters = self._stats.models.get(name)
-        if counters is None:
-            raise SimError(
-                404,
-                f"The model '{name}' does not exist on this engine; it serves: {self._served}.",
-                code="model_not_found",
-                error_type="invalid_request_error",
-                param="model",
-            )
-        return name, counters
+        # An empty `model` names the default model here, as a missing one does.
+        return self._inference.resolve(name or None)
 
     async def _json(self, receive: Receive) -> dict[str, object] | None:
         body = await read_body(receive)
