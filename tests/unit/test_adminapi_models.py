@@ -246,6 +246,35 @@ async def test_replace_refusals(client: httpx.AsyncClient) -> None:
     assert bad_json["code"] == "invalid_json"
 
 
+async def test_the_queue_wait_target_is_stored_shown_replaced_and_checked(
+    client: httpx.AsyncClient, store: Store
+) -> None:
+    added = await client.post(
+        "/admin/api/models", json=body("llama", max_replicas=3, target_queue_wait=2)
+    )
+    assert added.status_code == 201, added.text
+    assert added.json()["target_queue_wait"] == 2
+    stored = await store.catalog.get("llama")
+    assert stored is not None and stored.spec["target_queue_wait"] == 2
+    replaced = await client.put(
+        "/admin/api/models/llama", json=body("llama", max_replicas=3, target_queue_wait=0.5)
+    )
+    assert replaced.status_code == 200, replaced.text
+    assert (await client.get("/admin/api/models/llama")).json()["target_queue_wait"] == 0.5
+    for bad, says in ((0, "greater than 0"), (-1, "greater than 0"), ("2s", "valid number")):
+        for sent in (
+            client.post("/admin/api/models", json=body("other", target_queue_wait=bad)),
+            client.put("/admin/api/models/llama", json=body("llama", target_queue_wait=bad)),
+        ):
+            error = error_of(await sent, 400)
+            assert (error["code"], error["param"]) == ("invalid_model", "target_queue_wait")
+            assert error["message"].startswith("model ")
+            assert "field 'target_queue_wait'" in error["message"] and says in error["message"]
+    # Nothing refused was stored.
+    assert (await client.get("/admin/api/models/llama")).json()["target_queue_wait"] == 0.5
+    assert await store.catalog.get("other") is None
+
+
 async def test_a_skipped_model_can_be_replaced(client: httpx.AsyncClient) -> None:
     response = await client.put("/admin/api/models/broken", json=body("broken"))
     assert response.status_code == 200

@@ -3,6 +3,7 @@ and how demand rows carry them between servers."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -12,7 +13,9 @@ from store_fixtures import START, clock_fixture, store_fixture, target_fixture  
 from llmgw.config import ConfigError, load_server_config
 from llmgw.control.catalog.model import CatalogModel, Profile
 from llmgw.control.reconciler.autoscale import (
+    LoadNeed,
     LoadSignals,
+    load_needs,
     merge_signals,
     missing_signals,
     replicas_for_load,
@@ -76,6 +79,51 @@ def test_kv_use_asks_for_enough_replicas_to_bring_the_mean_to_the_target(
 ) -> None:
     signals = LoadSignals(in_flight=0, ready=ready, kv_use=kv, kv_reported=ready)
     assert replicas_for_load(model(target_kv_use=0.7), signals)[0] == need
+
+
+@pytest.mark.parametrize(
+    ("wait", "ready", "asked", "reason"),
+    [
+        # Over the target: one replica more than are Ready.
+        (2.5, 1, 2, "longest queue wait 2.50 s over the 2 s target with 1 replica Ready"),
+        (2.01, 2, 3, "longest queue wait 2.01 s over the 2 s target with 2 replicas Ready"),
+        # Nothing Ready yet and requests waiting too long: at least one.
+        (9.0, 0, 1, "longest queue wait 9.00 s over the 2 s target with 0 replicas Ready"),
+        # From half the target to the target: the Ready ones are kept.
+        (2.0, 2, 2, "longest queue wait 2.00 s within the 2 s target with 2 replicas Ready"),
+        (1.0, 3, 3, "longest queue wait 1.00 s within the 2 s target with 3 replicas Ready"),
+        # Below half: nothing asked, the other targets (or min_replicas) decide.
+        (0.99, 3, 0, "longest queue wait 0.99 s, under half the 2 s target"),
+        (0.0, 1, 0, "longest queue wait 0.00 s, under half the 2 s target"),
+        # Asks for five, capped at max_replicas (4), however long requests wait.
+        (30.0, 4, 5, "longest queue wait 30.00 s over the 2 s target with 4 replicas Ready"),
+    ],
+)
+def test_queue_wait_asks_one_more_over_the_target_holds_to_half_and_nothing_below(
+    wait: float, ready: int, asked: int, reason: str
+) -> None:
+    waits = model(target_queue_wait=2.0)
+    signals = LoadSignals(in_flight=ready, ready=ready, router_queued=3, queue_wait=wait)
+    assert load_needs(waits, signals) == [LoadNeed("queue_wait", asked, reason)]
+    assert replicas_for_load(waits, signals) == (min(asked, waits.max_replicas), reason)
+
+
+def test_queue_wait_steps_up_one_replica_at_a_time_while_requests_wait_too_long() -> None:
+    # The added replica is not Ready yet: the count asked for stays, nothing more.
+    waits = model(target_queue_wait=1.0, max_replicas=8)
+    loading = LoadSignals(in_flight=9, ready=1, router_queued=8, queue_wait=6.0)
+    assert replicas_for_load(waits, loading)[0] == 2
+    assert replicas_for_load(waits, dataclasses.replace(loading, ready=2))[0] == 3
+    # With target_in_flight too, the higher ask wins and the in-flight count (queued
+    # requests included) keeps the replicas once the wait has fallen back.
+    both = model(target_queue_wait=1.0, target_in_flight=3)
+    need, reason = replicas_for_load(both, loading)
+    assert need == 3
+    assert reason.startswith("9 requests in flight at 3 per replica; longest queue wait 6.00 s")
+    drained = LoadSignals(in_flight=9, ready=3, queue_wait=0.0)
+    assert replicas_for_load(both, drained)[0] == 3
+    # The model scales on load at all only with a target set.
+    assert waits.scales_on_load and not model().scales_on_load
 
 
 def test_the_highest_target_wins_and_leads_the_reason() -> None:
@@ -180,6 +228,11 @@ def test_bad_targets_in_a_config_file_name_the_file_and_the_field(tmp_path: Path
         "    weights: none\n"
         "    target_queue_depth: 0\n"
         "    target_kv_use: 80\n"
+        "    target_queue_wait: -1\n"
+        "    profiles: [{engine: sim}]\n"
+        "  - name: n\n"
+        "    weights: none\n"
+        "    target_queue_wait: 2s\n"
         "    profiles: [{engine: sim}]\n"
     )
     with pytest.raises(ConfigError) as info:
@@ -192,6 +245,14 @@ def test_bad_targets_in_a_config_file_name_the_file_and_the_field(tmp_path: Path
     ), lines
     assert any(
         line.startswith(f"{path}: models[0].target_kv_use: ") and "less than or equal to 1" in line
+        for line in lines
+    ), lines
+    assert any(
+        line.startswith(f"{path}: models[0].target_queue_wait: ") and "greater than 0" in line
+        for line in lines
+    ), lines
+    assert any(
+        line.startswith(f"{path}: models[1].target_queue_wait: ") and "valid number" in line
         for line in lines
     ), lines
 

@@ -74,6 +74,7 @@ def test_a_full_model_is_read_with_every_field() -> None:
             "target_in_flight": 8,
             "target_queue_depth": 4,
             "target_kv_use": 0.75,
+            "target_queue_wait": 1.5,
             "scale_down_delay": "2m",
         },
         source="store",
@@ -105,6 +106,7 @@ def test_a_full_model_is_read_with_every_field() -> None:
         target_in_flight=8,
         target_queue_depth=4,
         target_kv_use=0.75,
+        target_queue_wait=1.5,
         scale_down_delay=120.0,
     )
     assert parse_model(model_to_dict(parsed)) == parsed
@@ -153,12 +155,16 @@ def test_model_to_dict_is_plain_json_that_reads_back() -> None:
         "target_in_flight": None,
         "target_queue_depth": None,
         "target_kv_use": None,
+        "target_queue_wait": None,
         "scale_down_delay": 60,
     }
     assert isinstance(data["keep_alive"], int) and parsed.keep_alive == PINNED
     assert parse_model(data) == parsed
     fractional = parse_model(model(keep_alive="1.5s"))
     assert model_to_dict(fractional)["keep_alive"] == 1.5
+    # A whole number of seconds reads back as it was written.
+    assert model_to_dict(parse_model(model(target_queue_wait=2)))["target_queue_wait"] == 2
+    assert model_to_dict(parse_model(model(target_queue_wait=0.5)))["target_queue_wait"] == 0.5
 
 
 @pytest.mark.parametrize(
@@ -173,6 +179,11 @@ def test_model_to_dict_is_plain_json_that_reads_back() -> None:
         ("target_kv_use", 1.5, "less than or equal to 1"),
         ("target_kv_use", "0.8", "valid number"),
         ("target_kv_use", float("nan"), "finite number"),
+        ("target_queue_wait", 0, "greater than 0"),
+        ("target_queue_wait", -2.5, "greater than 0"),
+        ("target_queue_wait", "2s", "valid number"),
+        ("target_queue_wait", True, "valid number"),
+        ("target_queue_wait", float("inf"), "finite number"),
         ("scale_down_delay", "-5s", "'-5s' is not a delay; give zero or more seconds"),
         ("scale_down_delay", -1, "-1 is not a delay"),
         ("scale_down_delay", "soon", "'soon' is not a delay"),

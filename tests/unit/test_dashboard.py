@@ -203,6 +203,18 @@ async def test_a_model_page_shows_its_load_targets_and_signals(dash: Dash) -> No
     assert "one replica per 4 requests waiting or per 80% KV-cache use, down after" in page.text
     assert "0 waiting (not reported in engines, 0 in routers)" in page.text
     assert "KV cache not reported" in page.text
+    await dash.fleet.catalog.add(
+        dataclasses.replace(
+            base, name="waits", aliases=(), target_in_flight=8, target_queue_wait=1.5
+        )
+    )
+    page = await dash.client.get("/admin/models/waits")
+    assert page.status_code == 200
+    assert (
+        "one replica per 8 requests in flight, or one more than are Ready while requests "
+        "wait over 1.5 s in the routers&#39; queues, down after"
+    ) in page.text
+    assert "0 in routers) · longest wait 0.0 s ·" in page.text
 
 
 async def test_a_model_that_fits_nowhere_explains_why_node_by_node(dash: Dash) -> None:

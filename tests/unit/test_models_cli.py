@@ -239,6 +239,39 @@ def test_add_from_flags_replace_and_conflicts(admin_url: str) -> None:
     assert code == 2 and "declared in the config file llmgw.yaml" in err
 
 
+def test_the_queue_wait_target_from_flags_is_shown_and_bad_values_name_the_flag(
+    admin_url: str,
+) -> None:
+    flags = ["--name", "qwen", "--weights", "Qwen/Qwen2.5-7B", "--engine", "sim"]
+    code, _, err = run("add", *flags, "--target-queue-wait", "1.5", "--admin", admin_url)
+    assert (code, err) == (0, ""), err
+    code, out, _ = run("show", "qwen", "--admin", admin_url)
+    assert (
+        "scaling:     one more than are Ready while requests wait over 1.5 s in the routers' "
+        "queues, down after 1m of lower load"
+    ) in out
+    both = ["--target-in-flight", "8", "--target-queue-wait", "3", "--max-replicas", "4"]
+    code, out, _ = run("add", *flags, *both, "--replace", "--admin", admin_url)
+    assert code == 0 and out.startswith("model qwen replaced")
+    code, out, _ = run("show", "qwen", "--json", "--admin", admin_url)
+    assert json.loads(out)["target_queue_wait"] == 3
+    code, out, _ = run("show", "qwen", "--admin", admin_url)
+    assert (
+        "scaling:     one replica per 8 requests in flight, or one more than are Ready while "
+        "requests wait over 3 s in the routers' queues, down after 1m of lower load"
+    ) in out
+    for bad in ("0", "-1", "nan", "inf"):
+        code, out, err = run("add", *flags, "--target-queue-wait", bad, "--admin", admin_url)
+        assert (code, out) == (2, ""), (bad, out, err)
+        assert err.startswith("error: --target-queue-wait "), (bad, err)
+        assert "a number above 0, e.g. --target-queue-wait 2" in err
+    code, _, err = run("add", *flags, "--target-queue-wait", "soon", "--admin", admin_url)
+    assert code == 2 and "Invalid value for '--target-queue-wait'" in err, err
+    # Refused before any request: the stored model is unchanged.
+    code, out, _ = run("show", "qwen", "--json", "--admin", admin_url)
+    assert json.loads(out)["target_queue_wait"] == 3
+
+
 def test_explain_and_dry_run(admin_url: str) -> None:
     code, out, _ = run("explain", "gemma", "--admin", admin_url)
     assert code == 0

@@ -19,6 +19,7 @@ Not guaranteed: a stable text layout; scripts should use `--json`.
 from __future__ import annotations
 
 import contextlib
+import math
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -119,6 +120,7 @@ def model_from_flags(
     scale_down_delay: str | None = None,
     target_queue_depth: int | None = None,
     target_kv_use: float | None = None,
+    target_queue_wait: float | None = None,
 ) -> dict[str, Any]:
     """A one-profile model from `add`'s flags; unset flags keep the server's defaults."""
     missing = [
@@ -157,6 +159,8 @@ def model_from_flags(
         model["target_queue_depth"] = target_queue_depth
     if target_kv_use is not None:
         model["target_kv_use"] = target_kv_use
+    if target_queue_wait is not None:
+        model["target_queue_wait"] = target_queue_wait
     if scale_down_delay is not None:
         model["scale_down_delay"] = _number_or_text(scale_down_delay)
     return model
@@ -190,12 +194,16 @@ def _scaling(model: dict[str, Any]) -> str:
         targets.append(f"{waiting} request{'' if waiting == 1 else 's'} waiting")
     if model.get("target_kv_use"):
         targets.append(f"{float(model['target_kv_use']):.0%} KV-cache use")
-    if not targets:
+    rules = [f"one replica per {' or per '.join(targets)}"] if targets else []
+    if model.get("target_queue_wait"):
+        rules.append(
+            f"one more than are Ready while requests wait over "
+            f"{float(model['target_queue_wait']):g} s in the routers' queues"
+        )
+    if not rules:
         return "min replicas, or one while in use"
     delay = float(model.get("scale_down_delay", 60))
-    return (
-        f"one replica per {' or per '.join(targets)}, down after {_keep_alive(delay)} of lower load"
-    )
+    return f"{', or '.join(rules)}, down after {_keep_alive(delay)} of lower load"
 
 
 def _load_lines(model: dict[str, Any]) -> list[str]:
@@ -204,6 +212,7 @@ def _load_lines(model: dict[str, Any]) -> list[str]:
     if not isinstance(load, dict) or not (
         model.get("target_in_flight")
         or model.get("target_queue_depth")
+        or model.get("target_queue_wait")
         or model.get("target_kv_use")
     ):
         return []
@@ -513,6 +522,15 @@ def add(
             show_default=False,
         ),
     ] = None,
+    target_queue_wait: Annotated[
+        float | None,
+        typer.Option(
+            help="Scale on queue wait (seconds, above 0): one replica more than are Ready "
+            "while a request has waited longer in a router's queue, one at a time, up to "
+            "--max-replicas [default: off].",
+            show_default=False,
+        ),
+    ] = None,
     scale_down_delay: Annotated[
         str | None,
         typer.Option(
@@ -543,9 +561,19 @@ def add(
     admin_config: AdminConfigOption = None,
 ) -> None:
     """Add a model to the catalog (kept in the server's store), or replace one."""
+    if target_queue_wait is not None and not (
+        math.isfinite(target_queue_wait) and target_queue_wait > 0
+    ):
+        fail(
+            f"--target-queue-wait {target_queue_wait:g}: give the longest wait in seconds a "
+            "request may have in a router's queue before a replica is added, a number above "
+            "0, e.g. --target-queue-wait 2",
+            EXIT_BAD_INPUT,
+        )
     flags = (
         name, weights, engine, gpus, gpu_memory, min_replicas, max_replicas, keep_alive,
         target_in_flight, scale_down_delay, target_queue_depth, target_kv_use,
+        target_queue_wait,
     )  # fmt: skip
     flags_given = any(v is not None for v in flags) or bool(engine_arg or alias or no_activation)
     if file is not None:
@@ -572,6 +600,7 @@ def add(
             scale_down_delay=scale_down_delay,
             target_queue_depth=target_queue_depth,
             target_kv_use=target_kv_use,
+            target_queue_wait=target_queue_wait,
         )
     if dry_run and replace:
         fail("--dry-run stores nothing, so --replace means nothing with it", EXIT_BAD_INPUT)

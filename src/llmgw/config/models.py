@@ -69,6 +69,8 @@ _SIZE_UNITS = {
 StrictCount = Annotated[int, Strict()]
 # Strict: `true` is not 1 and "0.9" is not a number, in a config file or an API body.
 StrictFraction = Annotated[float, Strict()]
+# Strict: `true` is not 1 s and "2s" is not a number of seconds.
+StrictSeconds = Annotated[float, Strict()]
 
 
 def scope(model: str | None = None, profile: str | None = None) -> str:
@@ -513,7 +515,7 @@ class ModelConfig(_Strict):
         ge=1,
         description=(
             "Most replicas placed under load (see target_in_flight, target_queue_depth, "
-            "target_kv_use). 1 by default, so "
+            "target_queue_wait, target_kv_use). 1 by default, so "
             "that one busy model does not take the whole fleet unless asked to."
         ),
     )
@@ -551,6 +553,20 @@ class ModelConfig(_Strict):
             "routers' queues, over the Ready replicas. With 12 waiting and a target of "
             "4, three replicas are wanted (up to max_replicas). Unset by default: "
             "waiting requests only count through target_in_flight."
+        ),
+    )
+    target_queue_wait: StrictSeconds | None = Field(
+        default=None,
+        gt=0.0,
+        allow_inf_nan=False,
+        description=(
+            "Longest wait in seconds, in any router's queue, that the model is scaled "
+            "for: while a request has waited longer, one replica more than are Ready is "
+            "wanted (one at a time, up to max_replicas); between half the target and "
+            "the target the Ready ones are kept; below half it asks for nothing. Unset "
+            "by default: only a model with max_in_flight (its own or the router's) "
+            "queues requests at all. Keep it under the queue's wait budget "
+            "(router.queue.max_wait), which no request outwaits."
         ),
     )
     target_kv_use: StrictFraction | None = Field(

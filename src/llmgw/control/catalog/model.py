@@ -91,9 +91,11 @@ class CatalogModel:
     (None: off) is the number of requests in flight per replica the model is
     scaled for, up to `max_replicas`; `target_queue_depth` (waiting requests
     per replica: engines' queues plus the routers') and `target_kv_use` (mean
-    KV-cache use, 0..1) are the same kind of target on other signals. Any
-    target above its mark adds replicas; replicas started for load are stopped
-    once every target has stayed lower for `scale_down_delay` seconds.
+    KV-cache use, 0..1) are the same kind of target on other signals;
+    `target_queue_wait` (seconds) is the longest wait in any router's queue,
+    over which one replica more than are Ready is wanted. Any target above its
+    mark adds replicas; replicas started for load are stopped once every target
+    has stayed lower for `scale_down_delay` seconds.
     """
 
     name: str
@@ -108,6 +110,7 @@ class CatalogModel:
     target_in_flight: int | None = None
     target_queue_depth: int | None = None
     target_kv_use: float | None = None
+    target_queue_wait: float | None = None
     scale_down_delay: float = 60.0
     # Requests in flight per replica before the router queues (None: router default).
     max_in_flight: int | None = None
@@ -122,7 +125,12 @@ class CatalogModel:
     @property
     def scales_on_load(self) -> bool:
         """Whether any load target is set (the replica count follows the load)."""
-        return bool(self.target_in_flight or self.target_queue_depth or self.target_kv_use)
+        return bool(
+            self.target_in_flight
+            or self.target_queue_depth
+            or self.target_queue_wait
+            or self.target_kv_use
+        )
 
     @property
     def pinned(self) -> bool:

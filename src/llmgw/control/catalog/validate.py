@@ -79,6 +79,7 @@ def model_from_config(cfg: ModelConfig, *, source: ModelSource) -> CatalogModel:
         target_in_flight=cfg.target_in_flight,
         target_queue_depth=cfg.target_queue_depth,
         target_kv_use=cfg.target_kv_use,
+        target_queue_wait=cfg.target_queue_wait,
         scale_down_delay=cfg.scale_down_delay,
         max_in_flight=cfg.max_in_flight,
         routing=cfg.routing.scorers if cfg.routing is not None else None,
@@ -104,9 +105,9 @@ def parse_model(data: object, *, source: ModelSource = "store") -> CatalogModel:
 def model_to_dict(model: CatalogModel) -> dict[str, Any]:
     """The model as JSON-able data that `parse_model` reads back to an equal model.
 
-    Sizes are bytes (ints), `keep_alive` and `scale_down_delay` are seconds (an
-    int when whole; `keep_alive` -1 when pinned); `source` is left out (it is
-    where the model lives, not what it is).
+    Sizes are bytes (ints), `keep_alive`, `scale_down_delay` and
+    `target_queue_wait` are seconds (an int when whole; `keep_alive` -1 when
+    pinned); `source` is left out (it is where the model lives, not what it is).
     """
     return {
         "name": model.name,
@@ -152,6 +153,9 @@ def model_to_dict(model: CatalogModel) -> dict[str, Any]:
         "target_in_flight": model.target_in_flight,
         "target_queue_depth": model.target_queue_depth,
         "target_kv_use": model.target_kv_use,
+        "target_queue_wait": (
+            None if model.target_queue_wait is None else _number(model.target_queue_wait)
+        ),
         "scale_down_delay": _number(model.scale_down_delay),
         **({"max_in_flight": model.max_in_flight} if model.max_in_flight is not None else {}),
         **(

@@ -1,6 +1,6 @@
 """How many replicas a model's load asks for: the load targets and their signals.
 
-A model may set up to three targets, each "this much per replica":
+A model may set three targets of the kind "this much per replica":
 
 - `target_in_flight`: requests in flight (every server's router, queued ones too);
 - `target_queue_depth`: requests waiting, as the engines report them (vLLM's and
@@ -12,6 +12,13 @@ Each set target asks for enough replicas to bring its signal to the target or
 below; the model gets the most any target asks for, up to `max_replicas`. So one
 target above its mark scales up, and only all of them below scales down (the
 controller holds the higher count for `scale_down_delay` first).
+
+A fourth, `target_queue_wait` (seconds), is a band around the longest wait in any
+router's queue rather than a rate: a wait over the target asks for one replica
+more than are Ready, a wait between half the target and the target asks for the
+Ready ones (hold), and below half it asks for nothing. How much one more replica
+shortens a wait is not known in advance, so the model steps up one replica at a
+time, each once the last added one is Ready and requests still wait too long.
 
 `merge_signals` builds the signals from what every server's router reported:
 the freshest engine read per Ready replica, reads older than `max_age` ignored,
@@ -146,6 +153,8 @@ def load_needs(model: CatalogModel, signals: LoadSignals) -> list[LoadNeed]:
                 f"routers) at {target} per replica",
             )
         )
+    if model.target_queue_wait:
+        needs.append(_queue_wait_need(model.target_queue_wait, signals))
     if model.target_kv_use and signals.kv_use is not None and signals.ready:
         target_kv = model.target_kv_use
         needs.append(
@@ -157,6 +166,25 @@ def load_needs(model: CatalogModel, signals: LoadSignals) -> list[LoadNeed]:
             )
         )
     return needs
+
+
+def _queue_wait_need(target: float, signals: LoadSignals) -> LoadNeed:
+    """One replica more than are Ready while a request has waited longer than
+    `target`, the Ready ones down to half of it, none below."""
+    wait, ready = signals.queue_wait, signals.ready
+    said = f"longest queue wait {wait:.2f} s"
+    if wait > target:
+        replicas, band = ready + 1, "over"
+    elif wait >= target / 2:
+        replicas, band = ready, "within"
+    else:
+        return LoadNeed("queue_wait", 0, f"{said}, under half the {target:g} s target")
+    return LoadNeed(
+        "queue_wait",
+        replicas,
+        f"{said} {band} the {target:g} s target with {ready} "
+        f"replica{'' if ready == 1 else 's'} Ready",
+    )
 
 
 def replicas_for_load(model: CatalogModel, signals: LoadSignals) -> tuple[int, str]:

@@ -23,8 +23,9 @@ Not guaranteed:
 - Persistence. Replicas are what the agents report; demand and failure history
   live in this process and restart empty (running replicas are adopted, and
   their idle clock restarts).
-- Scaling on latency; with no load target set a model runs `min_replicas`, or
-  one while in use.
+- Scaling on the engines' latency (time to first token, time per token); the
+  only wait a target reads is the routers' queues'. With no load target set a
+  model runs `min_replicas`, or one while in use.
 """
 
 from __future__ import annotations
@@ -409,7 +410,7 @@ class Controller:
         than it has (lower counts wait for the next reconcile anyway)."""
         self.demand.read_local_load()
         for model in self._catalog.models():
-            if not (model.target_queue_depth or model.target_kv_use):
+            if not (model.target_queue_depth or model.target_queue_wait or model.target_kv_use):
                 continue
             need, _ = replicas_for_load(model, self.load_signals(model))
             held = self._load.get(model.name)
