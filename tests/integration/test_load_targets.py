@@ -120,6 +120,119 @@ def test_requests_waiting_in_the_routers_queue_count_too(tmp_path: Path) -> None
         wait_for(lambda: len(f.ready_replicas("held")) == 1, "back to one replica", within=60)
 
 
+def test_requests_waiting_too_long_in_the_routers_queue_add_one_replica_at_a_time(
+    tmp_path: Path,
+) -> None:
+    # One request per replica leaves the router, each about a second long: with six
+    # clients on one replica the oldest waits some four seconds, four times the target,
+    # yet one replica is asked for at a time, each once the last is Ready.
+    models = sim_model(
+        "slow", args="--itl 0.02", min_replicas=1, max_replicas=3, max_in_flight=1,
+        target_queue_wait=1, scale_down_delay=2,
+    )  # fmt: skip
+    with fleet(tmp_path, models) as f:
+        wait_for(lambda: len(f.ready_replicas("slow")) == 1, "slow's first replica")
+        assert (
+            "one more than are Ready while requests wait over 1 s in the routers' queues, "
+            "down after 2s of lower load"
+        ) in show(f, "slow")
+        with load(f, "slow", 6) as codes:
+            wait_for(lambda: len(f.ready_replicas("slow")) >= 2, "a second replica", within=60)
+            # Queued requests are in flight too (target_in_flight reads this count): more
+            # than the Ready replicas let through to the engines, one each.
+            wait_for(
+                lambda: f.status("slow")["in_flight"] > len(f.ready_replicas("slow")),
+                "queued requests counted in flight",
+            )
+            wait_for(
+                lambda: f.status("slow")["load"]["queue_wait_seconds"] > 0,
+                "the queue's longest wait in the model's load",
+            )
+            assert re.search(r"in routers, longest \d+(\.\d+)? s\)", show(f, "slow"))
+        assert set(codes) == {200}, codes
+        scale = scale_events(f, "slow")
+        assert re.fullmatch(
+            r"longest queue wait \d+\.\d\d s over the 1 s target with 1 replica Ready: "
+            r"2 replicas for the load",
+            scale[0],
+        ), scale
+        # Every step up is one replica more than were Ready when it was asked for.
+        for message in scale:
+            step = re.search(r"with (\d+) replicas? Ready: (\d+) replicas", message)
+            if step is not None and "over the" in message:
+                assert int(step[2]) == int(step[1]) + 1, scale
+        wait_for(lambda: len(f.ready_replicas("slow")) == 1, "back to one replica", within=60)
+        assert re.fullmatch(
+            r"load lower for 2 s: longest queue wait 0\.\d\d s, under half the 1 s target: "
+            r"0 replicas for the load",
+            scale_events(f, "slow")[-1],
+        ), scale_events(f, "slow")
+
+        # Bad targets are refused naming the field (API) or the flag (CLI).
+        for bad in (0, -1, "1s"):
+            refused = httpx.post(
+                f"{f.server.admin}/admin/api/models",
+                json={"name": "bad", "weights": "none", "profiles": [{"engine": "sim"}],
+                      "target_queue_wait": bad},
+                timeout=10,
+            )  # fmt: skip
+            assert refused.status_code == 400, refused.text
+            error = refused.json()["error"]
+            assert (error["code"], error["param"]) == ("invalid_model", "target_queue_wait")
+            assert "model 'bad', field 'target_queue_wait': " in error["message"], error
+        for flag in ("0", "-1", "soon"):
+            cli = subprocess.run(
+                llmgw(
+                    "models", "add", "--name", "bad", "--weights", "none", "--engine", "sim",
+                    "--target-queue-wait", flag, "--admin", f.server.admin,
+                ),
+                check=False, capture_output=True, text=True, timeout=30,
+            )  # fmt: skip
+            assert cli.returncode == 2, (flag, cli.stderr)
+            assert "--target-queue-wait" in cli.stderr and "Traceback" not in cli.stderr
+        assert "bad" not in {m["name"] for m in httpx.get(
+            f"{f.server.admin}/admin/api/models", timeout=10
+        ).json()["models"]}  # fmt: skip
+
+
+def test_requests_queued_in_the_router_count_for_target_in_flight(tmp_path: Path) -> None:
+    # One request at a time reaches the one replica's engine; the other three wait in
+    # the router's queue, and still the model is at four in flight: two replicas.
+    models = sim_model(
+        "counted", args="--itl 0.02", min_replicas=1, max_replicas=2, max_in_flight=1,
+        target_in_flight=3, scale_down_delay=2,
+    )  # fmt: skip
+    with fleet(tmp_path, models) as f:
+        wait_for(lambda: len(f.ready_replicas("counted")) == 1, "counted's first replica")
+        with load(f, "counted", 4) as codes:
+            wait_for(lambda: len(f.ready_replicas("counted")) == 2, "two replicas", within=60)
+        assert set(codes) == {200}, codes
+        assert scale_events(f, "counted")[0] == (
+            "4 requests in flight at 3 per replica: 2 replicas for the load"
+        )
+        wait_for(lambda: len(f.ready_replicas("counted")) == 1, "back to one", within=60)
+
+
+def test_a_bad_queue_wait_target_in_the_config_file_names_the_file_and_field(
+    tmp_path: Path,
+) -> None:
+    for bad, says in (("0", "greater than 0"), ("-1.5", "greater than 0"), ("2s", "number")):
+        config = tmp_path / "llmgw.yaml"
+        config.write_text(
+            "models:\n  - name: bad\n    weights: none\n    max_replicas: 2\n"
+            f"    target_queue_wait: {bad}\n    profiles: [{{engine: sim}}]\n"
+        )
+        result = subprocess.run(
+            llmgw("server", "--config", str(config), "--data-dir", str(tmp_path / "data"),
+                  "--listen", f"127.0.0.1:{free_port()}", "--admin-listen",
+                  f"127.0.0.1:{free_port()}"),
+            check=False, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 2, result.stderr
+        assert f"{config}: models[0].target_queue_wait: " in result.stderr, result.stderr
+        assert says in result.stderr and "Traceback" not in result.stderr
+
+
 def test_kv_cache_use_scales_up_and_shows_in_models_show(tmp_path: Path) -> None:
     # The sim's KV use is its prefix cache's: 16 blocks of 16 tokens fill with a few
     # long distinct prompts and stay full.
