@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import random
+import secrets
 import signal
 import socket
 import time
@@ -84,6 +85,7 @@ from llmgw.router.browser_guard import browser_guard
 from llmgw.router.debug import debug_paths, debug_routes
 from llmgw.router.endpoints import EjectionPolicy, EndpointPool
 from llmgw.router.engine_load import EngineLoadScraper
+from llmgw.router.flow_share import FlowShare
 from llmgw.router.health import HealthProber
 from llmgw.router.load_report import LoadReport
 from llmgw.router.proxy import Proxy
@@ -454,8 +456,22 @@ async def _serve(
         if cfg.limits.redis_url is not None
         else None
     )
+    # ... and the reserve counts every router's requests. The id is new per process
+    # (a restarted router's counts are its own); what a stopped one published
+    # expires after a few syncs.
+    flow_share = (
+        FlowShare(
+            redis_url=cfg.limits.redis_url,
+            router_id=f"{server_id}:{secrets.token_hex(4)}",
+            interval=cfg.router.queue.recheck,
+            expire_after=3 * cfg.router.queue.recheck + 1.0,
+        )
+        if cfg.limits.redis_url is not None and cfg.router.queue.reserve > 0
+        else None
+    )
     request_queue = RequestQueue(
         ledger=ledger,
+        flow_share=flow_share,
         saturation=saturation,
         clock=clock,
         max_size=cfg.router.queue.max_size,
@@ -786,6 +802,8 @@ async def _serve(
                 )
             if ledger is not None:
                 background.append(group.create_task(guard("fair-share sync", ledger.run())))
+            if flow_share is not None:
+                background.append(group.create_task(guard("reserve counts sync", flow_share.run())))
             usage_task = group.create_task(guard("usage writer", usage.run()))
             servers: list[QuietServer] = []
             server_tasks = []
@@ -840,5 +858,7 @@ async def _serve(
         await limiter.close()
         if ledger is not None:
             await ledger.close()
+        if flow_share is not None:
+            await flow_share.close()
         await upstream.close()
     log.info("stopped")

@@ -43,14 +43,26 @@ free place; every request the proxy served calls `done`, which lets the next
 ones out. Waiters also look again every `recheck` seconds, for room that
 appears without a request ending (a new replica, an engine's load report).
 
+With a `FlowShare` (see `llmgw.router.flow_share`: routers sharing a Redis),
+the reserve counts every router's requests: a key holds its requests in
+flight on all routers, and the keys active on any of them split the places, so
+a key cannot take the reserve on each router by spreading its requests over
+them. The places are still this router's (the limits of its replicas here).
+
 Not guaranteed: without a ledger, fairness across router processes (each keeps
 its own queue and its own virtual times, and a key's virtual time is forgotten
 whenever its model's queue empties); with one, other routers' latest work is
 seen only after the next sync. A token share is counted from estimates (the
 prompt's text and max_tokens), not from what the engine later reports. The
-reserve counts this router's requests only, and takes its out-of-turn
-request by scanning the model's queue (only while the model is down to its
-reserve and the next request's key is over its share).
+reserve sees other routers' requests as of their last sync and ours (without
+a flow share, or while Redis fails, this router's requests only). It splits
+this router's places but counts a key's requests on every router: with several
+routers each filling the same replicas up to their own limits, a key is over
+its share once its requests on all of them together reach its share of one
+router's places, so kept places idle more often than behind one router (never
+more of them than the reserve). It takes its out-of-turn request by scanning
+the model's queue (only while the model is down to its reserve and the next
+request's key is over its share).
 """
 
 from __future__ import annotations
@@ -65,6 +77,7 @@ from typing import Literal
 
 from llmgw.metrics.queue import DepthRow, QueueMetrics
 from llmgw.router.errors import InvalidRequest, RouterError
+from llmgw.router.flow_share import FlowCount, FlowShare, nowhere
 from llmgw.router.saturation import Saturation
 from llmgw.router.shares import ShareLedger
 
@@ -218,6 +231,15 @@ class _Flows:
         self.weight[ticket.key] = ticket.weight
         self.last[ticket.key] = now
 
+    def active(self, now: float, active_for: float) -> dict[str, FlowCount]:
+        """The counts of the keys active here: with requests in flight or waiting,
+        or one within the last `active_for` seconds."""
+        return {
+            key: FlowCount(self.in_flight.get(key, 0), self.queued.get(key, 0), weight)
+            for key, weight in self.weight.items()
+            if self.in_flight.get(key) or self.queued.get(key) or now - self.last[key] < active_for
+        }
+
 
 # A callback the proxy gives for streams: sends an SSE keep-alive comment.
 KeepAlive = Callable[[int], Awaitable[None]]
@@ -240,13 +262,19 @@ class RequestQueue:
         ledger: ShareLedger | None = None,
         reserve: float = 0.0,
         active_for: float = 60.0,
+        flow_share: FlowShare | None = None,
     ) -> None:
         """`reserve`: the fraction of a model's places kept for keys under their
         fair share (see `_kept`); a key counts as active on a model while it has
-        requests there, and for `active_for` seconds after its last one."""
+        requests there, and for `active_for` seconds after its last one.
+        `flow_share`: where the reserve's counts are shared with other routers."""
         self._reserve = reserve
         self._active_for = active_for
         self._flows: dict[str, _Flows] = {}
+        self._flow_share = flow_share
+        self._elsewhere = nowhere if flow_share is None else flow_share.elsewhere
+        if flow_share is not None:
+            flow_share.watch(self.flow_counts)
         self._by_tokens = share == "tokens"
         self._ledger = ledger
         self._saturation = saturation
@@ -280,11 +308,25 @@ class RequestQueue:
                 ),
             }
         places = self._saturation.room_and_places(model)[1] if self._reserve > 0 else math.inf
-        return {
+        described: dict[str, object] = {
             "waiting": state.size if state else 0,
             "classes": classes,
             "reserve": self._kept(places),
         }
+        if self._flow_share is not None:
+            counts = self._elsewhere(model).values()
+            described["elsewhere"] = {
+                "in_flight": sum(c.in_flight for c in counts),
+                "waiting": sum(c.waiting for c in counts),
+            }
+        return described
+
+    def flow_counts(self) -> dict[str, dict[str, FlowCount]]:
+        """Per model, the counts of the keys active on it here (what the reserve
+        decides from), for other routers."""
+        now = self._clock()
+        counts = {m: f.active(now, self._active_for) for m, f in list(self._flows.items())}
+        return {model: keys for model, keys in counts.items() if keys}
 
     def model_state(self, model: str) -> dict[str, object]:
         """One model's queue and saturation, as in `snapshot`."""
@@ -394,24 +436,34 @@ class RequestQueue:
 
     def _under_share(self, model: str, ticket: Ticket, places: float) -> bool:
         """Whether `ticket`'s key holds less than its fair share of `places`: the
-        places split by weight between the keys active on the model (a key with
-        nothing in flight always is)."""
+        places split by weight between the keys active on the model, here or on
+        other routers (a key with nothing in flight on any router always is)."""
         flows = self._flows.get(model)
+        elsewhere = self._elsewhere(model)
         key = ticket.key
+        there = elsewhere.get(key)
         held = flows.in_flight.get(key, 0) if flows is not None else 0
-        if held == 0 or flows is None:
+        if there is not None:
+            held += there.in_flight
+        if held == 0:
             return True
         now = self._clock()
-        total = 0.0 if key in flows.weight else ticket.weight
-        for other, weight in list(flows.weight.items()):
-            if (
-                flows.in_flight.get(other, 0)
-                or flows.queued.get(other, 0)
-                or now - flows.last[other] < self._active_for
-            ):
-                total += weight
-            else:
-                self._forget(flows, other)
+        total = 0.0
+        if flows is not None:
+            for other, weight in list(flows.weight.items()):
+                if (
+                    flows.in_flight.get(other, 0)
+                    or flows.queued.get(other, 0)
+                    or now - flows.last[other] < self._active_for
+                ):
+                    total += weight
+                else:
+                    self._forget(flows, other)
+        for other, count in elsewhere.items():
+            if flows is None or other not in flows.weight:
+                total += count.weight
+        if there is None and (flows is None or key not in flows.weight):
+            total += ticket.weight
         return held + 1 <= places * ticket.weight / total
 
     @staticmethod
