@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 
 def free_port() -> int:
@@ -242,3 +244,52 @@ def wait_for(
 def role(server: Server) -> str:
     """The control-plane role (`leader` or `standby`) a server reports."""
     return str(httpx.get(server.admin + "/admin/api/leader", timeout=5).json()["role"])
+
+
+def redis_answers(port: int) -> bool:
+    """Whether a Redis on 127.0.0.1:`port` answers PING."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class RedisServer:
+    """A throwaway redis-server on its own port, started and stopped by the test."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            pytest.fail("redis-server is not on PATH; install Redis (apt-get install redis-server)")
+        self.popen = subprocess.Popen(
+            [
+                exe,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 5.0
+        while not redis_answers(self.port):
+            if self.popen.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server on port {self.port} did not start")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.popen is not None:
+            self.popen.terminate()
+            self.popen.wait(5)
+            self.popen = None

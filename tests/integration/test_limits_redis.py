@@ -9,17 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
-import socket
-import subprocess
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 
 import pytest
 import redis.asyncio as aioredis
-from procs import free_port
+from procs import RedisServer, free_port, redis_answers
 from prometheus_client import CollectorRegistry
 
 from llmgw.limits import (
@@ -47,15 +43,6 @@ class Usage:
 
     async def tokens_used(self, key_id: str, since: datetime) -> int:
         return self.used
-
-
-def redis_answers(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -236,45 +223,6 @@ async def test_unreachable_redis_falls_back_to_local_limits(
         assert "each router process now enforces" in warnings[0].getMessage()
     finally:
         await proc.limiter.close()
-
-
-class RedisServer:
-    """A throwaway redis-server on its own port, started and stopped by the test."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.popen: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        exe = shutil.which("redis-server")
-        if exe is None:
-            pytest.fail("redis-server is not on PATH; install Redis (apt-get install redis-server)")
-        self.popen = subprocess.Popen(
-            [
-                exe,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 5.0
-        while not redis_answers(self.port):
-            if self.popen.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server on port {self.port} did not start")
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        if self.popen is not None:
-            self.popen.terminate()
-            self.popen.wait(5)
-            self.popen = None
 
 
 @pytest.fixture
