@@ -115,6 +115,9 @@ class FlowShare:
         if not own and not gone and not self._stale:
             self._elsewhere = {}
             return
+        # A pipeline that fails may still have written: such models are deleted
+        # once they are gone, like those written for sure.
+        self._published |= own.keys()
         try:
             elsewhere = await self._exchange(own, gone)
         except (RedisError, OSError) as exc:
