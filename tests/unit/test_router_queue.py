@@ -443,3 +443,36 @@ async def test_a_queued_request_counts_as_demand_and_a_stream_gets_its_refusal_a
     assert any(b": llmgw queued for model m (1 waiting)" in m.get("body", b"") for m in sent)
     last = sent[-1]["body"]
     assert last.startswith(b"event: error\ndata: ") and b"queue_wait_expired" in last
+
+
+async def test_room_that_appears_without_a_request_ending_lets_waiters_out() -> None:
+    """An engine's load report clears (no request ended): the model's one recheck
+    timer lets every waiter out, and it stops once nobody waits."""
+    loop = asyncio.get_running_loop()
+    pool = _pool(Clock(), count=1)
+    loads = Loads()
+    loads.reports["e0"] = EngineLoad(waiting=5)  # over max_waiting: saturated
+    saturation = Saturation(
+        pool=pool, clock=loop.time, default_limit=None, load=loads, max_waiting=2
+    )
+    queue = RequestQueue(
+        saturation=saturation, clock=loop.time, max_size=50, aging=0, recheck=0.05, retry_after=3
+    )
+    before = len(asyncio.all_tasks())
+    waiters = [
+        asyncio.ensure_future(
+            queue.wait_turn(MODEL, Ticket(f"k{i}"), keepalive=None, interval=60.0)
+        )
+        for i in range(20)
+    ]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert queue.describe(MODEL)["waiting"] == 20
+    # The 20 waiters and one timer for the model, not one per waiter.
+    assert len(asyncio.all_tasks()) == before + 20 + 1
+    loads.reports["e0"] = EngineLoad(waiting=0)
+    waited = await asyncio.wait_for(asyncio.gather(*waiters), 30)
+    assert all(w > 0 for w in waited)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert len(asyncio.all_tasks()) == before

@@ -40,8 +40,9 @@ cancelled by the app and leaves the queue at once (its place is not kept).
 A request let out holds a reservation until the proxy sends it (the proxy does
 so without yielding to the event loop), so two requests never take the same
 free place; every request the proxy served calls `done`, which lets the next
-ones out. Waiters also look again every `recheck` seconds, for room that
-appears without a request ending (a new replica, an engine's load report).
+ones out. While anyone waits, the model's queue also looks again every `recheck`
+seconds (one timer per model, not per waiter), for room that appears without
+a request ending (a new replica, an engine's load report).
 
 With a `FlowShare` (see `llmgw.router.flow_share`: routers sharing a Redis),
 the reserve counts every router's requests: a key holds its requests in
@@ -209,6 +210,8 @@ class _ModelQueue:
     size: int = 0
     reserved: int = 0
     seq: int = 0
+    # The task that looks for room every `recheck` seconds while anyone waits.
+    rechecker: asyncio.Task[None] | None = None
 
     def reset_tags(self) -> None:
         for i in range(len(PRIORITIES)):
@@ -382,6 +385,10 @@ class RequestQueue:
         if self._reserve > 0:
             self._queued(model, ticket, 1)
         self._drain(model, state)
+        if state.rechecker is None and not waiter.future.done():
+            state.rechecker = asyncio.get_running_loop().create_task(
+                self._recheck_while_waiting(model, state)
+            )
         start = waiter.enqueued
         deadline = start + ticket.max_wait
         next_keepalive = start + interval
@@ -397,16 +404,13 @@ class RequestQueue:
                         code="queue_wait_expired",
                         retry_after=self._retry_after,
                     )
-                wake = min(deadline, now + self._recheck)
-                if keepalive is not None:
-                    wake = min(wake, next_keepalive)
+                wake = deadline if keepalive is None else min(deadline, next_keepalive)
                 await asyncio.wait({waiter.future}, timeout=max(0.0, wake - now))
                 if waiter.future.done():
                     break
                 if keepalive is not None and self._clock() >= next_keepalive:
                     await keepalive(state.size)
                     next_keepalive = self._clock() + interval
-                self._drain(model, state)
         finally:
             self._leave(model, state, waiter)
         waited = self._clock() - start
@@ -422,6 +426,17 @@ class RequestQueue:
         state = self._models.get(model)
         if state is not None and state.size:
             self._drain(model, state)
+
+    async def _recheck_while_waiting(self, model: str, state: _ModelQueue) -> None:
+        """Look for room every `recheck` seconds while the model's queue holds
+        anyone: one timer per model, not one per waiter."""
+        try:
+            while state.size and self._models.get(model) is state:
+                await asyncio.sleep(self._recheck)
+                self._drain(model, state)
+        finally:
+            if state.rechecker is asyncio.current_task():
+                state.rechecker = None
 
     def _cost(self, tokens: Callable[[], int] | None) -> float:
         if self._by_tokens and tokens is not None:
@@ -551,6 +566,9 @@ class RequestQueue:
                 self._queued(model, waiter.ticket, -1)
             if _returning() is False and self._metrics is not None:
                 self._metrics.left.labels(model, waiter.ticket.priority).inc()
+        if state.size == 0 and state.rechecker is not None:
+            state.rechecker.cancel()  # nobody waits: nothing to look for
+            state.rechecker = None
         if state.size == 0 and state.reserved == 0:
             self._models.pop(model, None)
 
