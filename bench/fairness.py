@@ -130,9 +130,16 @@ class Send:
     body: dict[str, object]
 
 
+def output_range(args: argparse.Namespace) -> tuple[int, int]:
+    """The fewest and most output tokens a request asks for."""
+    n, spread = args.output_tokens, args.output_spread
+    return max(1, round(n * (1 - spread))), max(1, round(n * (1 + spread)))
+
+
 def schedule(args: argparse.Namespace, rates: dict[str, float], seed: int) -> list[Send]:
     rng = random.Random(seed)
     sends = []
+    low, high = output_range(args)
     for key, rate in rates.items():
         at = rng.expovariate(rate)
         while at < args.duration:
@@ -140,7 +147,7 @@ def schedule(args: argparse.Namespace, rates: dict[str, float], seed: int) -> li
             body = {
                 "model": MODEL,
                 "messages": [{"role": "user", "content": prompt}],
-                "max_tokens": args.output_tokens,
+                "max_tokens": rng.randint(low, high),
                 "stream": True,
             }
             sends.append(Send(at, key, body))
@@ -170,6 +177,35 @@ class Run:
     # Seconds each of the watched key's answered requests waited in the router's
     # queue, from the usage records (what of its TTFT was queueing).
     queued: list[float] = field(default_factory=list)
+    # Each round's fleet throughput (one entry for a single run).
+    throughputs: list[float] = field(default_factory=list)
+
+
+def pooled(runs: list[Run]) -> Run:
+    """The rounds of one mode as one run: every request's TTFT and queue wait,
+    the completed counts summed, throughput and utilisation averaged."""
+    first = runs[0]
+    keys: dict[str, KeyResult] = {}
+    for key in first.keys:
+        merged = keys[key] = KeyResult()
+        for run in runs:
+            one = run.keys[key]
+            merged.sent += one.sent
+            merged.ok += one.ok
+            merged.refused += one.refused
+            merged.failed += one.failed
+            merged.ttft += one.ttft
+    return Run(
+        name=first.name,
+        watched=first.watched,
+        keys=keys,
+        throughput=sum(r.throughput for r in runs) / len(runs),
+        utilisation=sum(r.utilisation for r in runs) / len(runs),
+        window_completed={k: sum(r.window_completed[k] for r in runs) for k in first.keys},
+        engine_waiting=max(r.engine_waiting for r in runs),
+        queued=[q for r in runs for q in r.queued],
+        throughputs=[r.throughput for r in runs],
+    )
 
 
 def _last_usage_id(data: Path) -> int:
@@ -324,6 +360,7 @@ def run_mode(
     rates: dict[str, float],
     watched: str,
     reserve: float | None = None,
+    seed: int = 1,
 ) -> Run:
     port, admin = free_port(), free_port()
     config = workdir / f"{name.replace(' ', '-')}.yaml"
@@ -347,7 +384,7 @@ def run_mode(
     try:
         wait_http(f"http://{HOST}:{admin}/readyz", proc)
         wait_idle(sims)
-        sends = schedule(args, rates, args.seed)
+        sends = schedule(args, rates, seed)
         results, throughput, utilisation, window, engine_waiting = asyncio.run(
             drive(args, f"http://{HOST}:{port}", sims, secrets, sends)
         )
@@ -437,7 +474,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flood-factor", type=float, default=10.0)
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of sending")
     parser.add_argument("--prompt-words", type=int, default=200)
-    parser.add_argument("--output-tokens", type=int, default=32)
+    parser.add_argument("--output-tokens", type=int, default=32, help="mean max_tokens")
+    parser.add_argument(
+        "--output-spread", type=float, default=0.5,
+        help="max_tokens is drawn uniformly within this fraction of --output-tokens "
+        "either side (0: every request the same length)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rounds", type=int, default=1,
+        help="run every mode this many times, one round after the other (each round "
+        "its own workload seed); the table pools the rounds",
+    )  # fmt: skip
     parser.add_argument("--itl", type=float, default=0.02)
     parser.add_argument("--prefill-per-token", type=float, default=0.0005)
     parser.add_argument("--seed", type=int, default=1)
@@ -492,30 +539,45 @@ def main(argv: list[str] | None = None) -> int:
                 wait_http(url + "/sim/stats", proc)
             pair = {"light": secrets["light"], "flood": secrets["flood"]}
             print(HEADER, flush=True)
-            runs = [
-                run_mode(args, workdir, data, sims, "idle (light alone)", True,
-                         {"light": secrets["light"]}, {"light": light}, "light"),
-                run_mode(args, workdir, data, sims, "FCFS (no queue)", False, pair,
-                         {"light": light, "flood": flood}, "light"),
-                run_mode(args, workdir, data, sims, "fair queue", True, pair,
-                         {"light": light, "flood": flood}, "light"),
-                *([run_mode(args, workdir, data, sims, f"fair queue, reserve {args.reserve:g}",
-                            True, pair, {"light": light, "flood": flood}, "light",
-                            reserve=args.reserve)]
-                  if args.reserve is not None else []),
-                run_mode(args, workdir, data, sims, "priorities: interactive vs batch flood",
-                         True, {"interactive": secrets["interactive"], "batch": secrets["batch"]},
-                         {"interactive": light, "batch": flood}, "interactive"),
-            ]  # fmt: skip
+            rounds: list[list[Run]] = []
+            for number in range(args.rounds):
+                seed = args.seed + number
+                rounds.append([
+                    run_mode(args, workdir, data, sims, "idle (light alone)", True,
+                             {"light": secrets["light"]}, {"light": light}, "light", seed=seed),
+                    run_mode(args, workdir, data, sims, "FCFS (no queue)", False, pair,
+                             {"light": light, "flood": flood}, "light", seed=seed),
+                    run_mode(args, workdir, data, sims, "fair queue", True, pair,
+                             {"light": light, "flood": flood}, "light", seed=seed),
+                    *([run_mode(args, workdir, data, sims,
+                                f"fair queue, reserve {args.reserve:g}", True, pair,
+                                {"light": light, "flood": flood}, "light",
+                                reserve=args.reserve, seed=seed)]
+                      if args.reserve is not None else []),
+                    run_mode(args, workdir, data, sims, "priorities: interactive vs batch flood",
+                             True, {"interactive": secrets["interactive"],
+                                    "batch": secrets["batch"]},
+                             {"interactive": light, "batch": flood}, "interactive", seed=seed),
+                ])  # fmt: skip
         finally:
             for proc in sim_procs:
                 proc.stop()
+    runs = [pooled([one[mode] for one in rounds]) for mode in range(len(rounds[0]))]
     cost = unqueued_cost(args.replicas)
     idle_p90 = pct(runs[0].keys["light"].ttft, 0.9)
     fcfs, fair = runs[1], runs[2]
     places = args.replicas * args.max_running
     default_kept = _kept(QueueConfig().reserve, places)
     compared = [fair, *([runs[3]] if args.reserve is not None else [])]
+    low, high = output_range(args)
+
+    def ratios(run: Run) -> str:
+        each = [t / f for t, f in zip(run.throughputs, fcfs.throughputs, strict=True)]
+        mean = f"{run.throughput / fcfs.throughput:.2f}x"
+        if len(each) == 1:
+            return mean
+        return f"{mean} (rounds: {', '.join(f'{r:.2f}' for r in each)})"
+
     command = "python bench/fairness.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     body = "\n".join(
         [
@@ -525,9 +587,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{os.cpu_count()} cores shared with other work): {args.replicas} sim replicas, "
             f"{args.max_running} sequences each (the rest wait FIFO in the engine), "
             f"{args.prompt_words}-word prompts (prefill {args.prefill_per_token * 1000:g} ms "
-            f"per token), {args.output_tokens} output tokens at {args.itl * 1000:g} ms; light "
-            f"key {light:g} req/s, flooding key {flood:g} req/s (same weight), Poisson, "
-            f"{args.duration:g} s of sending; fair queue: router.max_in_flight "
+            f"per token), {low}-{high} output tokens (uniform) at {args.itl * 1000:g} ms; "
+            f"light key {light:g} req/s, flooding key {flood:g} req/s (same weight), "
+            f"Poisson, {args.duration:g} s of sending"
+            + (f", {args.rounds} rounds pooled" if args.rounds > 1 else "")
+            + "; fair queue: router.max_in_flight "
             f"{args.max_running} ({places} places), the other queue settings at their "
             f"defaults (wait budget 30 s, reserve {QueueConfig().reserve:g}: "
             f"{default_kept} of the {places} places kept)"
@@ -541,7 +605,7 @@ def main(argv: list[str] | None = None) -> int:
             *(row(r, idle_p90) for r in runs),
             "",
             "Throughput vs FCFS (target >= 0.95x): "
-            + ", ".join(f"{r.name} {r.throughput / fcfs.throughput:.2f}x" for r in compared)
+            + ", ".join(f"{r.name} {ratios(r)}" for r in compared)
             + ". Light key TTFT p90 vs idle (target <= 1.5x): "
             f"FCFS {pct(fcfs.keys['light'].ttft, 0.9) / idle_p90:.2f}x, "
             + ", ".join(
