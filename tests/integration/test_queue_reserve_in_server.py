@@ -141,29 +141,46 @@ def test_a_flooding_key_leaves_the_reserve_to_a_light_key(fleet: Fleet) -> None:
     light, flood = fleet.keys["light"][1], fleet.keys["flood"][1]
     holders: list[Stream] = []
     try:
-        assert _chat(server, light).status_code == 200  # the light key is active
         holders = [Stream(server, flood, 400) for _ in range(7)]
-        # Five places, one kept: the flood holds four and the rest of it waits.
+        # Five places: with nobody else asking, the flood fills them all.
         _wait_for(
-            lambda: sum(h.answering for h in holders) == 4 and _queue(server)["waiting"] == 3,
-            "the flood to fill all but the reserve",
+            lambda: sum(h.answering for h in holders) == 5 and _queue(server)["waiting"] == 2,
+            "the flood to fill every place",
+        )
+        assert _queue(server)["reserve"] == 0
+        # A light request comes: it waits for a place, and from now on the
+        # reserve keeps one (at most 0.2 of five places) for keys under their share.
+        first = Stream(server, light, 3)
+        _wait_for(lambda: _queue(server)["waiting"] == 3, "the light request to wait")
+        state = _queue(server)
+        assert state["reserve"] == 1 and state["reserve_max"] == 1
+        # A flood request ends: its place goes to the light key, under its share,
+        # not to the flood's requests that waited longer.
+        ending = next(h for h in holders if h.answering)
+        holders.remove(ending)
+        ending.hang_up()
+        first.join()
+        assert first.status == [200] and "data: [DONE]" in first.text
+        # The place the light request left is kept: the flood holds four.
+        _wait_for(
+            lambda: _in_flight(server) == 4 and _queue(server)["waiting"] == 2,
+            "the flood to hold all but the kept place",
         )
         state = _queue(server)
-        assert state["reserve"] == 1
         assert state["saturated"] is False
         assert queue_lines([state]) == [
-            "queue m1: has room; waiting: default 3 (oldest "
+            "queue m1: has room; waiting: default 2 (oldest "
             f"{state['classes']['default']['oldest_wait_seconds']:g}s); "  # type: ignore[index]
             "1 kept for keys under their share"
         ]
-        # The light key's request finds the kept place and is answered at once,
-        # while the flood's requests still wait.
+        # The light key's next request finds the kept place and is answered at
+        # once, while the flood's requests still wait.
         answer = Stream(server, light, 3)
         answer.join()
         assert answer.status == [200]
         assert "data: [DONE]" in answer.text
         assert ": llmgw queued" not in answer.text
-        assert _queue(server)["waiting"] == 3
+        assert _queue(server)["waiting"] == 2
         assert sum(h.answering for h in holders) == 4
     finally:
         for holder in holders:

@@ -153,9 +153,16 @@ class Router:
 
 
 async def _fill_all_but_the_reserve(router: Router) -> None:
-    """Seven places to `filler`, two to `flood`: one free place left, the kept one."""
-    await router.send("filler", 7)
+    """Seven places to `filler`, two to `flood`: one free place left, the kept one.
+
+    The flood's second request comes when one place is left (the reserve's most),
+    under its share while another key is about: the reserve counts it as a taker
+    and keeps a place from then on. It takes the last place; one of the filler's
+    requests then ends, and its place is kept."""
+    await router.send("filler", 8)
     await router.send("flood", 2)
+    assert len(router.running) == 10
+    await router.finish("filler0")
     assert len(router.running) == 9
     assert router.queue.describe(MODEL)["reserve"] == 1
 
@@ -284,7 +291,7 @@ async def test_while_redis_is_down_the_reserve_counts_this_routers_requests(
         # Its own counts only: the flood holds 2 of its share of 5, and takes the place.
         await two.send("flood")
         assert two.holding("flood") == 3 and len(two.running) == 10
-        await two.finish("flood9")
+        await two.finish("flood10")
 
         await asyncio.to_thread(redis_server.start)
         # (Router one's first sync may fail on its connection from before the restart.)

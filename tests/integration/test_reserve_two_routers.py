@@ -10,7 +10,8 @@ hangs up, and a request for two tokens completes: nothing ends by itself, and
 every place is where the test put it.
 
 On router A: key `filler` holds 7 places and `flood` 2, so one place is free,
-the kept one; on router B: `flood` holds 4. Alone, router A sees the flood
+the kept one (kept since the flood's second request came under its share with
+one place left, see `_spread_the_flood`); on router B: `flood` holds 4. Alone, router A sees the flood
 holding 2 of its share of 5 (two keys) and gives it the kept place. Sharing, it
 sees the flood holding 6 and keeps the place for the light key.
 """
@@ -183,9 +184,19 @@ class Flood:
 
 def _spread_the_flood(flood: Flood, a: Server, b: Server) -> None:
     """Seven places to `filler` and two to `flood` on A (one free: the kept one),
-    four to `flood` on B."""
-    flood.hold(a, "filler", 7)
-    flood.hold(a, "flood", 2)
+    four to `flood` on B.
+
+    On A the flood's second request comes when one place is left (the reserve's
+    most), under its share while `filler` is about: the reserve counts it as a
+    taker and keeps a place from then on. It takes the last place; one of the
+    filler's streams then ends, and its place is kept."""
+    (ending, *_) = flood.hold(a, "filler", 8)
+    flood.hold(a, "flood", 1)
+    flood.hold(a, "flood", 1)
+    assert _in_flight(a) == 10
+    flood.streams.remove(ending)
+    ending.hang_up()
+    _wait_for(lambda: _in_flight(a) == 9, "the filler's stream to end")
     flood.hold(b, "flood", 4)
     assert _in_flight(a) == 9 and _in_flight(b) == 4
     assert _queue(a)["reserve"] == 1

@@ -72,20 +72,23 @@ class QueueConfig(BaseModel):
         ),
     )
     reserve: float = Field(
-        default=0.05,
+        default=0.1,
         ge=0,
         lt=1,
         description=(
-            "Fraction of a model's places (the sum of its replicas' max_in_flight, rounded "
+            "The most of a model's places (the sum of its replicas' max_in_flight, rounded "
             "to the nearest place, never all of them) kept for keys holding less than their "
             "fair share of the model (its places split by weight between the keys active "
             "on it; with limits.redis_url, a key's requests and the active keys on every "
             "router count): a key over its share waits rather than take them, so a light "
             "user's request finds a free place instead of waiting for one to end while another "
-            "key floods. A key alone is never over its share and still fills every place. "
-            "A kept place is idle until such a request comes, so while several keys "
-            "compete it costs up to this fraction of the model's throughput; 0.05 keeps "
-            "one place from 10 places up (none below) for at most about 5%; 0 turns it off."
+            "key floods. How many are kept follows how often such requests came lately per "
+            "request that ended: the fewest with which fewer than 1 in 20 of them find every "
+            "kept place taken, none once none came for share_window seconds. A key "
+            "alone is never over its share and still fills every place. A kept place is "
+            "idle until such a request comes, so while several keys compete it costs up to "
+            "this fraction of the model's places; 0.1 keeps up to one place from 5 places "
+            "up, two from 15; 0 turns it off."
         ),
     )
     max_waiting: int | None = Field(

@@ -21,16 +21,23 @@ order:
    was given the least work lately (over its weight), as counted by every
    router through Redis; requests of one key leave in arrival order.
 
-The reserve (router.queue.reserve, a fraction of the model's places: the sum
-of its replicas' limits): the model's last free places go only to requests
-whose key holds less than its fair share of the places (split by weight
-between the keys active on the model: with requests in flight or waiting, or
-one within the last `active_for` seconds). A flooding key then leaves them
-free, and a light key's request takes one at once instead of waiting for a
-request to end; the next place that frees is kept again. A key alone is never
-over its share, so with nobody else about every place is used. While several
-keys compete, a kept place is idle until such a request comes: that is the
-reserve's cost in throughput.
+The reserve (router.queue.reserve, the most it keeps as a fraction of the
+model's places: the sum of its replicas' limits): the model's last free places
+go only to requests whose key holds less than its fair share of the places
+(split by weight between the keys active on the model: with requests in flight
+or waiting, or one within the last `active_for` seconds). A flooding key then
+leaves them free, and a light key's request takes one at once instead of
+waiting for a request to end; the next place that frees is kept again. A key
+alone is never over its share, so with nobody else about every place is used.
+While several keys compete, a kept place is idle until such a request comes:
+that is the reserve's cost in throughput, so it keeps no more places than its
+takers need. Those takers' requests come at some rate per request that ends
+(each ending frees a place that is kept again), which makes the kept places an
+M/M/1/k queue: it keeps the fewest places with which under `RESERVE_MISS` of
+the takers find them all taken (`reserve_miss`), from rates averaged over the
+last `RATE_WINDOW` seconds, and none once no taker came for `active_for`
+seconds. A taker is counted when it arrives while the model is
+down to the reserve's most places and another key is about.
 
 A waiting request leaves with a 429 (`QueueRefused`, with Retry-After and the
 queue's length in the message) when its wait budget runs out, and is refused
@@ -219,16 +226,55 @@ class _ModelQueue:
             self.finish[i].clear()
 
 
+# The reserve keeps as few places as keep the share of its takers' requests that
+# find every kept place taken (and so wait for a request to end) under this.
+RESERVE_MISS = 0.05
+# Seconds over which the reserve's arrival and completion rates are averaged.
+RATE_WINDOW = 10.0
+
+
+@dataclass(slots=True)
+class _Rate:
+    """Events per second, averaged with an exponential decay over `RATE_WINDOW`."""
+
+    count: float = 0.0
+    at: float = 0.0
+
+    def hit(self, now: float) -> None:
+        self.count = self.count * math.exp((self.at - now) / RATE_WINDOW) + 1.0
+        self.at = now
+
+    def per_second(self, now: float) -> float:
+        return self.count * math.exp((self.at - now) / RATE_WINDOW) / RATE_WINDOW
+
+
+def reserve_miss(load: float, kept: int) -> float:
+    """The share of the reserve's takers that find all `kept` places taken, when
+    they come `load` times per request that ends (each ending frees a place that is
+    kept again): the blocking probability of an M/M/1/kept queue."""
+    if load <= 0:
+        return 0.0
+    if math.isinf(load):
+        return 1.0
+    if abs(load - 1.0) < 1e-9:
+        return 1.0 / (kept + 1)
+    return (1.0 - load) * load**kept / (1.0 - load ** (kept + 1))
+
+
 @dataclass(slots=True)
 class _Flows:
     """What the reserve needs of one model: each key's requests in flight and
-    waiting, its weight, and when it last began or ended a request."""
+    waiting, its weight, and when it last began or ended a request; how often
+    requests of keys under their share arrive while the model is down to its
+    reserve's most places, and how often requests end."""
 
     in_flight: dict[str, int] = field(default_factory=dict)
     queued: dict[str, int] = field(default_factory=dict)
     weight: dict[str, float] = field(default_factory=dict)
     last: dict[str, float] = field(default_factory=dict)
     pruned: float = 0.0
+    takers: _Rate = field(default_factory=_Rate)
+    endings: _Rate = field(default_factory=_Rate)
 
     def seen(self, ticket: Ticket, now: float) -> None:
         self.weight[ticket.key] = ticket.weight
@@ -314,7 +360,8 @@ class RequestQueue:
         described: dict[str, object] = {
             "waiting": state.size if state else 0,
             "classes": classes,
-            "reserve": self._kept(places),
+            "reserve": self._kept(model, places),
+            "reserve_max": self._most_kept(places),
         }
         if self._flow_share is not None:
             counts = self._elsewhere(model).values()
@@ -361,9 +408,15 @@ class RequestQueue:
                 free = self._saturation.room(model, reserved) > 0
             else:
                 room, places = self._saturation.room_and_places(model, reserved)
-                free = room > 0 and (
-                    room > self._kept(places) or self._under_share(model, ticket, places)
-                )
+                if room > self._most_kept(places):
+                    free = True
+                elif room <= 0:
+                    free = False
+                    self._count_taker(model, ticket, places)
+                else:
+                    free = self._count_taker(model, ticket, places) or room > self._kept(
+                        model, places
+                    )
             if free:
                 if self._ledger is not None:
                     self._ledger.charge(model, ticket.key, self._cost(tokens))
@@ -383,6 +436,8 @@ class RequestQueue:
             )
         waiter = self._push(state, ticket, rank, self._cost(tokens))
         if self._reserve > 0:
+            if state.size > 1:  # (the first was counted above)
+                self._count_taker(model, ticket, self._saturation.room_and_places(model)[1])
             self._queued(model, ticket, 1)
         self._drain(model, state)
         if state.rechecker is None and not waiter.future.done():
@@ -443,11 +498,48 @@ class RequestQueue:
             return max(1.0, float(tokens()))
         return 1.0
 
-    def _kept(self, places: float) -> int:
-        """How many of a model's `places` are its reserve (never all of them)."""
+    def _most_kept(self, places: float) -> int:
+        """The most of a model's `places` its reserve may keep (never all of them)."""
         if places == math.inf or places < 2:
             return 0
         return min(int(places) - 1, int(self._reserve * places + 0.5))
+
+    def _kept(self, model: str, places: float) -> int:
+        """How many of a model's `places` its reserve keeps now: the fewest with
+        which under `RESERVE_MISS` of the requests that may take them find them all
+        taken (see `reserve_miss`), from how often such requests came lately per
+        request that ended; none once none came for `active_for` seconds; at
+        most `_most_kept`."""
+        most = self._most_kept(places)
+        flows = self._flows.get(model)
+        if most == 0 or flows is None:
+            return 0
+        now = self._clock()
+        if not flows.takers.count or now - flows.takers.at >= self._active_for:
+            return 0
+        takers = flows.takers.per_second(now)
+        endings = flows.endings.per_second(now)
+        load = takers / endings if endings > 0 else math.inf
+        for kept in range(1, most):
+            if reserve_miss(load, kept) <= RESERVE_MISS:
+                return kept
+        return most
+
+    def _count_taker(self, model: str, ticket: Ticket, places: float) -> bool:
+        """Whether `ticket`'s key is under its share (see `_under_share`); if so,
+        and another key was about lately (a key alone needs nothing kept from
+        anyone), count the request as one the reserve is kept for."""
+        if not self._under_share(model, ticket, places):
+            return False
+        flows = self._flows.get(model)
+        if flows is None:
+            flows = self._flows[model] = _Flows()
+        key = ticket.key
+        if any(other != key for other in flows.weight) or any(
+            other != key for other in self._elsewhere(model)
+        ):
+            flows.takers.hit(self._clock())
+        return True
 
     def _under_share(self, model: str, ticket: Ticket, places: float) -> bool:
         """Whether `ticket`'s key holds less than its fair share of `places`: the
@@ -498,6 +590,7 @@ class RequestQueue:
         if flows is None or key not in flows.in_flight:
             return
         now = flows.last[key] = self._clock()
+        flows.endings.hit(now)
         left = flows.in_flight[key] - 1
         if left > 0:
             flows.in_flight[key] = left
@@ -643,7 +736,9 @@ class RequestQueue:
             if waiter is None:
                 return
             in_order = True
-            if room <= self._kept(places) and not self._under_share(model, waiter.ticket, places):
+            if room <= self._kept(model, places) and not self._under_share(
+                model, waiter.ticket, places
+            ):
                 waiter = self._next_under_share(model, state, places)
                 if waiter is None:
                     return
