@@ -5,8 +5,11 @@ at once, queuing the rest FIFO as an engine does) behind one `llmgw server` with
 API keys. Two keys of the same weight send open-loop Poisson streams of chat
 requests: `light` at `--light-rate` and `flood` at `--flood-factor` times that,
 together well over what the fleet completes, for `--duration` seconds. Each
-request's prompt is its own (no prefix-cache effects). Four or five runs against the
-same sims, one after the other:
+request's prompt is its own (no prefix-cache effects) and its max_tokens is drawn
+from a range around `--output-tokens` (`--output-spread`; answers differ in length,
+and with all the same length a full batch finishes in step). Four or five runs
+against the same sims, one after the other, `--rounds` times (each round with a
+workload of its own; the table pools the rounds):
 
 - `idle`: the light key alone (its TTFT on an idle fleet: the reference);
 - `FCFS`: both keys, the server without `max_in_flight` (what llmgw did before the
@@ -15,7 +18,7 @@ same sims, one after the other:
   requests wait in the router's queue and leave by weighted fair share (every
   other queue setting at its default);
 - `fair queue, reserve R`: the same with `router.queue.reserve` = `--reserve`
-  (places kept for keys under their fair share), when given;
+  (the most places kept for keys under their fair share), when given;
 - `priorities`: an `interactive` key at the light rate and a `batch` key flooding,
   through the fair queue.
 
@@ -179,6 +182,8 @@ class Run:
     queued: list[float] = field(default_factory=list)
     # Each round's fleet throughput (one entry for a single run).
     throughputs: list[float] = field(default_factory=list)
+    # The places the reserve kept, the mean of the samples over the window.
+    kept: float = math.nan
 
 
 def pooled(runs: list[Run]) -> Run:
@@ -205,6 +210,7 @@ def pooled(runs: list[Run]) -> Run:
         engine_waiting=max(r.engine_waiting for r in runs),
         queued=[q for r in runs for q in r.queued],
         throughputs=[r.throughput for r in runs],
+        kept=sum(r.kept for r in runs) / len(runs),
     )
 
 
@@ -277,7 +283,12 @@ async def _one(
 
 
 async def _sample_running(
-    urls: list[str], stop: asyncio.Event, samples: list[int], waiting: list[int]
+    urls: list[str],
+    admin: str,
+    stop: asyncio.Event,
+    samples: list[int],
+    waiting: list[int],
+    kept: list[int],
 ) -> None:
     async with httpx.AsyncClient(timeout=10) as client:
         while not stop.is_set():
@@ -287,6 +298,8 @@ async def _sample_running(
                     stats = (await client.get(url + "/sim/stats")).json()
                     total += int(stats["running"])
                     waiting.append(int(stats["waiting"]))
+                for model in (await client.get(admin + "/admin/api/queue")).json()["models"]:
+                    kept.append(int(model.get("reserve", 0)))
             except httpx.TransportError:
                 # A sim closed a kept-alive connection as it was reused (a busy
                 # machine): this sample is lost, the next one is taken as usual.
@@ -306,20 +319,22 @@ def _completed(urls: list[str]) -> int:
 async def drive(
     args: argparse.Namespace,
     server: str,
+    admin: str,
     sims: list[str],
     secrets: dict[str, str],
     sends: list[Send],
-) -> tuple[dict[str, KeyResult], float, float, dict[str, int], int]:
+) -> tuple[dict[str, KeyResult], float, float, dict[str, int], int, float]:
     results = {key: KeyResult() for key in secrets}
     finished: list[tuple[str, float]] = []
     limits = httpx.Limits(max_connections=2000, max_keepalive_connections=2000)
     samples: list[int] = []
     waiting: list[int] = []
+    kept: list[int] = []
     stop = asyncio.Event()
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
         before = _completed(sims)
         start = time.perf_counter() + 0.2
-        sampler = asyncio.ensure_future(_sample_running(sims, stop, samples, waiting))
+        sampler = asyncio.ensure_future(_sample_running(sims, admin, stop, samples, waiting, kept))
         tasks = [
             asyncio.ensure_future(
                 _one(client, server, secrets[s.key], s, start, results[s.key], finished)
@@ -336,7 +351,10 @@ async def drive(
     }
     slots = len(sims) * args.max_running
     utilisation = (sum(samples) / len(samples) / slots) if samples else math.nan
-    return results, in_window / args.duration, utilisation, window, max(waiting, default=0)
+    mean_kept = sum(kept) / len(kept) if kept else math.nan
+    return (
+        results, in_window / args.duration, utilisation, window, max(waiting, default=0), mean_kept
+    )  # fmt: skip
 
 
 def wait_idle(sims: list[str]) -> None:
@@ -385,12 +403,12 @@ def run_mode(
         wait_http(f"http://{HOST}:{admin}/readyz", proc)
         wait_idle(sims)
         sends = schedule(args, rates, seed)
-        results, throughput, utilisation, window, engine_waiting = asyncio.run(
-            drive(args, f"http://{HOST}:{port}", sims, secrets, sends)
+        results, throughput, utilisation, window, engine_waiting, kept = asyncio.run(
+            drive(args, f"http://{HOST}:{port}", f"http://{HOST}:{admin}", sims, secrets, sends)
         )
     finally:
         proc.stop()  # the usage recorder writes what it holds on the way out
-    run = Run(name, watched, results, throughput, utilisation, window, engine_waiting)
+    run = Run(name, watched, results, throughput, utilisation, window, engine_waiting, kept=kept)
     run.queued = _queue_waits(data, watched, after)
     print(row(run, None), flush=True)
     return run
@@ -399,8 +417,8 @@ def run_mode(
 HEADER = (
     "| run | watched key TTFT p50 | TTFT p90 | p90 vs idle | its queue wait p50 / p90 "
     "| answered | share of completed (fair share) | fleet throughput | utilisation "
-    "| most waiting in an engine | flood 429s |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|"
+    "| most waiting in an engine | places kept (mean) | flood 429s |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -419,12 +437,13 @@ def row(run: Run, idle_p90: float | None) -> str:
         f"| {pct(run.queued, 0.5) * 1000:,.0f} / {pct(run.queued, 0.9) * 1000:,.0f} ms "
         f"| {watched.ok}/{watched.sent} | {share:.1%} ({fair:.1%}) "
         f"| {run.throughput:.2f} req/s | {run.utilisation:.0%} | {run.engine_waiting} "
+        f"| {'-' if math.isnan(run.kept) else f'{run.kept:.1f}'} "
         f"| {refused if others else '-'} |"
     )
 
 
 def _kept(reserve: float, places: int) -> int:
-    """Places a reserve keeps, as the queue counts them."""
+    """The most places a reserve keeps, as the queue counts them."""
     if places < 2:
         return 0
     return min(places - 1, int(reserve * places + 0.5))
@@ -468,12 +487,12 @@ def unqueued_cost(replicas: int, rounds: int = 100_000) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--max-running", type=int, default=4, help="sequences per sim")
-    parser.add_argument("--light-rate", type=float, default=0.5, help="requests/s")
+    parser.add_argument("--light-rate", type=float, default=2.5, help="requests/s")
     parser.add_argument("--flood-factor", type=float, default=10.0)
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of sending")
-    parser.add_argument("--prompt-words", type=int, default=200)
+    parser.add_argument("--prompt-words", type=int, default=600)
     parser.add_argument("--output-tokens", type=int, default=32, help="mean max_tokens")
     parser.add_argument(
         "--output-spread", type=float, default=0.5,
@@ -481,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         "either side (0: every request the same length)",
     )  # fmt: skip
     parser.add_argument(
-        "--rounds", type=int, default=1,
+        "--rounds", type=int, default=3,
         help="run every mode this many times, one round after the other (each round "
         "its own workload seed); the table pools the rounds",
     )  # fmt: skip
@@ -593,10 +612,11 @@ def main(argv: list[str] | None = None) -> int:
             + (f", {args.rounds} rounds pooled" if args.rounds > 1 else "")
             + "; fair queue: router.max_in_flight "
             f"{args.max_running} ({places} places), the other queue settings at their "
-            f"defaults (wait budget 30 s, reserve {QueueConfig().reserve:g}: "
-            f"{default_kept} of the {places} places kept)"
+            f"defaults (wait budget 30 s, reserve {QueueConfig().reserve:g}: up to "
+            f"{default_kept} of the {places} places kept, as many as the light key's "
+            "requests need)"
             + (
-                f"; reserve {args.reserve:g}: {_kept(args.reserve, places)} kept."
+                f"; reserve {args.reserve:g}: up to {_kept(args.reserve, places)} kept."
                 if args.reserve is not None
                 else "."
             ),
