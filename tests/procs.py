@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 
 
 def free_port() -> int:
@@ -226,6 +227,17 @@ class Server:
     def metrics(self) -> str:
         return httpx.get(self.admin + "/metrics").text
 
+    def in_flight(self) -> int:
+        """Requests in flight over every endpoint, as the admin API counts them."""
+        return sum(int(str(e["in_flight"])) for e in self.endpoints())
+
+    def queue_state(self) -> dict[str, Any]:
+        """The queue and saturation of the one model this server queues for
+        (`GET /admin/api/queue`)."""
+        (state,) = httpx.get(self.admin + "/admin/api/queue", timeout=10).json()["models"]
+        data: dict[str, Any] = state
+        return data
+
 
 def wait_for(
     check: Callable[[], object], what: str, within: float = 60.0, every: float = 0.1
@@ -254,6 +266,28 @@ def redis_answers(port: int) -> bool:
             return sock.recv(16).startswith(b"+PONG")
     except OSError:
         return False
+
+
+def require_redis() -> None:
+    """Fail (not skip) the test, saying how to start it, when the machine's Redis
+    on 127.0.0.1:6379 does not answer."""
+    if not redis_answers(6379):
+        pytest.fail(
+            "Redis is not running on 127.0.0.1:6379; start it with: "
+            "redis-server --daemonize yes --save '' --appendonly no",
+            pytrace=False,
+        )
+
+
+async def delete_redis_keys(url: str, prefix: str) -> None:
+    """Delete every key under `prefix` in the Redis at `url` (a test's own keys)."""
+    client = aioredis.Redis.from_url(url)
+    try:
+        keys = [key async for key in client.scan_iter(match=prefix + "*", count=1000)]
+        if keys:
+            await client.delete(*keys)
+    finally:
+        await client.aclose()
 
 
 class RedisServer:

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 
 import pytest
 import redis.asyncio as aioredis
-from procs import RedisServer, free_port, redis_answers
+from procs import RedisServer, delete_redis_keys, free_port, require_redis
 from prometheus_client import CollectorRegistry
 
 from llmgw.limits import (
@@ -47,25 +47,14 @@ class Usage:
 
 @pytest.fixture(scope="module", autouse=True)
 def _require_redis() -> None:
-    if not redis_answers(6379):
-        pytest.fail(
-            "Redis is not running on 127.0.0.1:6379; start it with: "
-            "redis-server --daemonize yes --save '' --appendonly no",
-            pytrace=False,
-        )
+    require_redis()
 
 
 @pytest.fixture
 async def prefix() -> AsyncIterator[str]:
     prefix = f"llmgw:rl:test-{uuid.uuid4().hex}:"
     yield prefix
-    client = aioredis.Redis.from_url(REDIS_URL)
-    try:
-        keys = [key async for key in client.scan_iter(match=prefix + "*", count=1000)]
-        if keys:
-            await client.delete(*keys)
-    finally:
-        await client.aclose()
+    await delete_redis_keys(REDIS_URL, prefix)
 
 
 class Process:

@@ -15,25 +15,16 @@ import sqlite3
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from procs import Server, Sim, llmgw
+from procs import Server, Sim, llmgw, wait_for
 
 from llmgw.cli.status import queue_lines
 
 CHAT = {"model": "m1", "messages": [{"role": "user", "content": "Tell me about the sea"}]}
-
-
-def _wait_for(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _create_key(data_dir: Path, name: str) -> tuple[str, str]:
@@ -117,16 +108,6 @@ class Stream:
         self._thread.join(timeout=60)
 
 
-def _queue(server: Server) -> dict[str, object]:
-    (state,) = httpx.get(server.admin + "/admin/api/queue", timeout=10).json()["models"]
-    data: dict[str, object] = state
-    return data
-
-
-def _in_flight(server: Server) -> int:
-    return sum(int(str(e["in_flight"])) for e in server.endpoints())
-
-
 def _chat(server: Server, secret: str) -> httpx.Response:
     return httpx.post(
         server.url + "/v1/chat/completions",
@@ -143,16 +124,16 @@ def test_a_flooding_key_leaves_the_reserve_to_a_light_key(fleet: Fleet) -> None:
     try:
         holders = [Stream(server, flood, 400) for _ in range(7)]
         # Five places: with nobody else asking, the flood fills them all.
-        _wait_for(
-            lambda: sum(h.answering for h in holders) == 5 and _queue(server)["waiting"] == 2,
+        wait_for(
+            lambda: sum(h.answering for h in holders) == 5 and server.queue_state()["waiting"] == 2,
             "the flood to fill every place",
         )
-        assert _queue(server)["reserve"] == 0
+        assert server.queue_state()["reserve"] == 0
         # A light request comes: it waits for a place, and from now on the
         # reserve keeps one (at most 0.2 of five places) for keys under their share.
         first = Stream(server, light, 3)
-        _wait_for(lambda: _queue(server)["waiting"] == 3, "the light request to wait")
-        state = _queue(server)
+        wait_for(lambda: server.queue_state()["waiting"] == 3, "the light request to wait")
+        state = server.queue_state()
         assert state["reserve"] == 1 and state["reserve_max"] == 1
         # A flood request ends: its place goes to the light key, under its share,
         # not to the flood's requests that waited longer.
@@ -162,11 +143,11 @@ def test_a_flooding_key_leaves_the_reserve_to_a_light_key(fleet: Fleet) -> None:
         first.join()
         assert first.status == [200] and "data: [DONE]" in first.text
         # The place the light request left is kept: the flood holds four.
-        _wait_for(
-            lambda: _in_flight(server) == 4 and _queue(server)["waiting"] == 2,
+        wait_for(
+            lambda: server.in_flight() == 4 and server.queue_state()["waiting"] == 2,
             "the flood to hold all but the kept place",
         )
-        state = _queue(server)
+        state = server.queue_state()
         assert state["saturated"] is False
         assert queue_lines([state]) == [
             "queue m1: has room; waiting: default 2 (oldest "
@@ -180,12 +161,12 @@ def test_a_flooding_key_leaves_the_reserve_to_a_light_key(fleet: Fleet) -> None:
         assert answer.status == [200]
         assert "data: [DONE]" in answer.text
         assert ": llmgw queued" not in answer.text
-        assert _queue(server)["waiting"] == 2
+        assert server.queue_state()["waiting"] == 2
         assert sum(h.answering for h in holders) == 4
     finally:
         for holder in holders:
             holder.hang_up()
-        _wait_for(lambda: _in_flight(server) == 0, "every request to end")
+        wait_for(lambda: server.in_flight() == 0, "every request to end")
         server.proc.stop()
 
 
@@ -196,7 +177,7 @@ def test_a_client_that_hangs_up_leaves_the_queue_and_usage_says_how_long_one_wai
     flood_id, flood = fleet.keys["flood"]
     holders = [Stream(server, flood, 400) for _ in range(5)]
     try:
-        _wait_for(lambda: sum(h.answering for h in holders) == 5, "the flood to fill the model")
+        wait_for(lambda: sum(h.answering for h in holders) == 5, "the flood to fill the model")
         # The OpenAI SDK's own timeout header lowers the request's wait budget.
         refused = httpx.post(
             server.url + "/v1/chat/completions",
@@ -209,14 +190,14 @@ def test_a_client_that_hangs_up_leaves_the_queue_and_usage_says_how_long_one_wai
         message = refused.json()["error"]["message"]
         assert "whole wait budget of 0.3 s (1 requests waiting in the queue)" in message
         leaving = Stream(server, flood, 3)
-        _wait_for(lambda: ": llmgw queued for model m1" in leaving.text, "the stream to wait")
+        wait_for(lambda: ": llmgw queued for model m1" in leaving.text, "the stream to wait")
         staying = Stream(server, flood, 3)
-        _wait_for(lambda: _queue(server)["waiting"] == 2, "two requests waiting")
+        wait_for(lambda: server.queue_state()["waiting"] == 2, "two requests waiting")
         leaving.hang_up()
-        _wait_for(lambda: _queue(server)["waiting"] == 1, "the request to leave the queue")
+        wait_for(lambda: server.queue_state()["waiting"] == 1, "the request to leave the queue")
         assert 'llmgw_queue_abandoned_total{class="default",model="m1"} 1.0' in server.metrics()
         assert not leaving.answering
-        _wait_for(lambda: ": llmgw queued" in staying.text, "a keep-alive while it waits")
+        wait_for(lambda: ": llmgw queued" in staying.text, "a keep-alive while it waits")
         holders[0].hang_up()
         staying.join()
         assert staying.status == [200]
@@ -224,7 +205,7 @@ def test_a_client_that_hangs_up_leaves_the_queue_and_usage_says_how_long_one_wai
     finally:
         for holder in holders:
             holder.hang_up()
-        _wait_for(lambda: _in_flight(server) == 0, "every request to end")
+        wait_for(lambda: server.in_flight() == 0, "every request to end")
         server.proc.stop()  # the usage recorder writes what it holds on the way out
 
     with sqlite3.connect(fleet.data_dir / "llmgw.db") as db:

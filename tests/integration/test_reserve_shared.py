@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import redis.asyncio as aioredis
-from procs import RedisServer, free_port, redis_answers
+from procs import RedisServer, delete_redis_keys, free_port, require_redis
 
 from llmgw.router.endpoints import EjectionPolicy, EndpointPool, EndpointSpec
 from llmgw.router.flow_share import FlowCount, FlowShare
@@ -29,25 +29,14 @@ MODEL = "m"
 
 @pytest.fixture(scope="module", autouse=True)
 def _require_redis() -> None:
-    if not redis_answers(6379):
-        pytest.fail(
-            "Redis is not running on 127.0.0.1:6379; start it with: "
-            "redis-server --daemonize yes --save '' --appendonly no",
-            pytrace=False,
-        )
+    require_redis()
 
 
 @pytest.fixture
 async def prefix() -> AsyncIterator[str]:
     prefix = f"llmgw:flows:test-{uuid.uuid4().hex}:"
     yield prefix
-    client = aioredis.Redis.from_url(REDIS_URL)
-    try:
-        keys = [key async for key in client.scan_iter(match=prefix + "*", count=1000)]
-        if keys:
-            await client.delete(*keys)
-    finally:
-        await client.aclose()
+    await delete_redis_keys(REDIS_URL, prefix)
 
 
 @pytest.fixture

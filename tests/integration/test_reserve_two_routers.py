@@ -26,24 +26,15 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-from procs import Server, Sim, llmgw
+from procs import Server, Sim, llmgw, wait_for
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-def _wait_for(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _create_key(store: str, name: str) -> str:
@@ -135,16 +126,6 @@ class Stream:
         self._thread.join(60)
 
 
-def _queue(server: Server) -> dict[str, object]:
-    (state,) = httpx.get(server.admin + "/admin/api/queue", timeout=10).json()["models"]
-    data: dict[str, object] = state
-    return data
-
-
-def _in_flight(server: Server) -> int:
-    return sum(int(str(e["in_flight"])) for e in server.endpoints())
-
-
 def _light(fleet: Fleet, server: Server) -> httpx.Response:
     """One short request of the light key, which waits at most a second."""
     return httpx.post(
@@ -172,14 +153,14 @@ class Flood:
     def hold(self, server: Server, key: str, count: int) -> list[Stream]:
         streams = [Stream(server, self.fleet.model, self.fleet.secrets[key]) for _ in range(count)]
         self.streams += streams
-        _wait_for(lambda: all(s.answering for s in streams), f"{count} streams of {key}")
+        wait_for(lambda: all(s.answering for s in streams), f"{count} streams of {key}")
         return streams
 
     def hang_up(self, *servers: Server) -> None:
         for stream in self.streams:
             stream.hang_up()
         for server in servers:
-            _wait_for(lambda: _in_flight(server) == 0, "every request to end")  # noqa: B023
+            wait_for(lambda: server.in_flight() == 0, "every request to end")  # noqa: B023
 
 
 def _spread_the_flood(flood: Flood, a: Server, b: Server) -> None:
@@ -193,13 +174,13 @@ def _spread_the_flood(flood: Flood, a: Server, b: Server) -> None:
     (ending, *_) = flood.hold(a, "filler", 8)
     flood.hold(a, "flood", 1)
     flood.hold(a, "flood", 1)
-    assert _in_flight(a) == 10
+    assert a.in_flight() == 10
     flood.streams.remove(ending)
     ending.hang_up()
-    _wait_for(lambda: _in_flight(a) == 9, "the filler's stream to end")
+    wait_for(lambda: a.in_flight() == 9, "the filler's stream to end")
     flood.hold(b, "flood", 4)
-    assert _in_flight(a) == 9 and _in_flight(b) == 4
-    assert _queue(a)["reserve"] == 1
+    assert a.in_flight() == 9 and b.in_flight() == 4
+    assert a.queue_state()["reserve"] == 1
 
 
 def test_a_flood_spread_over_two_routers_sharing_redis_leaves_the_reserve(
@@ -211,26 +192,26 @@ def test_a_flood_spread_over_two_routers_sharing_redis_leaves_the_reserve(
     try:
         _spread_the_flood(flood, a, b)
         # Router A has read B's counts (its next syncs do): the flood's 4 there.
-        _wait_for(
-            lambda: _queue(a)["elsewhere"] == {"in_flight": 4, "waiting": 0},
+        wait_for(
+            lambda: a.queue_state()["elsewhere"] == {"in_flight": 4, "waiting": 0},
             "router A to see router B's requests",
         )
         # The flood holds 6 of its share of 5: its next request on A waits.
         (waiting,) = [Stream(a, fleet.model, fleet.secrets["flood"])]
         flood.streams.append(waiting)
-        _wait_for(lambda: _queue(a)["waiting"] == 1, "the flood's request to wait on A")
+        wait_for(lambda: a.queue_state()["waiting"] == 1, "the flood's request to wait on A")
 
         # The light key's request takes the kept place at once: nothing has ended
         # (every stream is held), so it had no other place to wait for.
         answer = _light(fleet, a)
         assert answer.status_code == 200, answer.text
         assert answer.json()["usage"]["completion_tokens"] == 2
-        assert _queue(a)["waiting"] == 1
+        assert a.queue_state()["waiting"] == 1
         assert not waiting.answering
         assert all(s.answering for s in flood.streams if s is not waiting)
         # Router B sees A's: filler 7, flood 2 and its waiting request.
-        _wait_for(
-            lambda: _queue(b)["elsewhere"] == {"in_flight": 9, "waiting": 1},
+        wait_for(
+            lambda: b.queue_state()["elsewhere"] == {"in_flight": 9, "waiting": 1},
             "router B to see router A's requests",
         )
     finally:
@@ -248,11 +229,11 @@ def test_without_sharing_the_same_flood_takes_the_reserve(fleet: Fleet) -> None:
     flood = Flood(fleet)
     try:
         _spread_the_flood(flood, a, b)
-        assert "elsewhere" not in _queue(a)
+        assert "elsewhere" not in a.queue_state()
         # Alone, router A sees the flood holding 2 of its share of 5: it takes the
         # kept place, and the light key's request waits its whole budget.
         flood.hold(a, "flood", 1)
-        assert _in_flight(a) == 10
+        assert a.in_flight() == 10
         answer = _light(fleet, a)
         assert answer.status_code == 429, answer.text
         assert answer.json()["error"]["code"] == "queue_wait_expired"
