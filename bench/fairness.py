@@ -513,6 +513,10 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
+    if not 0 <= args.output_spread < 1:
+        parser.error(f"--output-spread must be at least 0 and below 1, got {args.output_spread:g}")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be 1 or more, got {args.rounds}")
 
     light, flood = args.light_rate, args.light_rate * args.flood_factor
     with tempfile.TemporaryDirectory(prefix="llmgw-fairness-") as tmp:

@@ -156,6 +156,16 @@ async def _fill_all_but_the_reserve(router: Router) -> None:
     assert router.queue.describe(MODEL)["reserve"] == 1
 
 
+async def _flood_on_both(one: Router, two: Router) -> None:
+    """Three flood requests on router one; router two filled but for its kept place;
+    both synced, so router two sees router one's three."""
+    await one.send("flood", 3)
+    await _fill_all_but_the_reserve(two)
+    await one.sync()
+    await two.sync()
+    assert two.elsewhere() == {"in_flight": 3, "waiting": 0}
+
+
 async def test_requests_on_other_routers_put_a_key_over_its_share(prefix: str) -> None:
     one = Router("one", prefix=prefix)
     two = Router("two", prefix=prefix)
@@ -205,11 +215,7 @@ async def test_counts_of_a_router_that_stopped_syncing_expire(prefix: str) -> No
     one = Router("one", prefix=prefix, expire_after=0.3)
     two = Router("two", prefix=prefix, recheck=0.05)
     try:
-        await one.send("flood", 3)
-        await _fill_all_but_the_reserve(two)
-        await one.sync()
-        await two.sync()
-        assert two.elsewhere() == {"in_flight": 3, "waiting": 0}
+        await _flood_on_both(one, two)
         await two.send("flood")
         assert two.holding("flood") == 2  # over its share of 5 with 5 in flight
 
@@ -264,11 +270,7 @@ async def test_while_redis_is_down_the_reserve_counts_this_routers_requests(
     one = Router("one", prefix="llmgw:flows:", url=url)
     two = Router("two", prefix="llmgw:flows:", url=url)
     try:
-        await one.send("flood", 3)
-        await _fill_all_but_the_reserve(two)
-        await one.sync()
-        await two.sync()
-        assert two.elsewhere() == {"in_flight": 3, "waiting": 0}
+        await _flood_on_both(one, two)
 
         await asyncio.to_thread(redis_server.stop)
         await two.sync()

@@ -44,6 +44,19 @@ from llmgw.limits.tasks import TaskSet
 
 log = logging.getLogger("llmgw.limits")
 
+
+def fail_fast_client(url: str, timeout: float) -> aioredis.Redis:
+    """A Redis client whose commands give up after `timeout` seconds and are never
+    retried: whoever uses it falls back (or tries again later) instead of waiting
+    on Redis twice."""
+    return aioredis.Redis.from_url(
+        url,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 0),
+    )
+
+
 _PRELUDE = """
 local now = tonumber(ARGV[1])
 if not now then
@@ -174,13 +187,7 @@ class RedisCounters:
         """Create the client and probe Redis; False (and one warning) when unreachable."""
         if self._client is not None:
             return await self.probe()
-        client = aioredis.Redis.from_url(
-            self._url,
-            socket_timeout=self._timeout_s,
-            socket_connect_timeout=self._timeout_s,
-            # No retries: a request must not wait for Redis twice; we fall back instead.
-            retry=Retry(NoBackoff(), 0),
-        )
+        client = fail_fast_client(self._url, self._timeout_s)
         self._client = client
         kwargs = client.connection_pool.connection_kwargs
         if "host" in kwargs:  # not the URL: it may hold a password

@@ -37,10 +37,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
+
+from llmgw.limits.redis_counters import fail_fast_client
 
 log = logging.getLogger("llmgw.router.flow_share")
 
@@ -82,12 +81,7 @@ class FlowShare:
         self._interval = interval
         self._ttl_ms = max(1, int(expire_after * 1000))
         self._prefix = prefix
-        self._client = aioredis.Redis.from_url(
-            redis_url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 0),
-        )
+        self._client = fail_fast_client(redis_url, timeout)
         self._counts: Callable[[], FlowCounts] = lambda: {}
         # Other routers' counts as last read: model -> key -> summed counts.
         self._elsewhere: dict[str, dict[str, FlowCount]] = {}

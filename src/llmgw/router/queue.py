@@ -280,13 +280,19 @@ class _Flows:
         self.weight[ticket.key] = ticket.weight
         self.last[ticket.key] = now
 
+    def is_active(self, key: str, now: float, active_for: float) -> bool:
+        """Whether `key` has requests in flight or waiting, or had one within the
+        last `active_for` seconds."""
+        return bool(
+            self.in_flight.get(key) or self.queued.get(key) or now - self.last[key] < active_for
+        )
+
     def active(self, now: float, active_for: float) -> dict[str, FlowCount]:
-        """The counts of the keys active here: with requests in flight or waiting,
-        or one within the last `active_for` seconds."""
+        """The counts of the keys active here (see `is_active`)."""
         return {
             key: FlowCount(self.in_flight.get(key, 0), self.queued.get(key, 0), weight)
             for key, weight in self.weight.items()
-            if self.in_flight.get(key) or self.queued.get(key) or now - self.last[key] < active_for
+            if self.is_active(key, now, active_for)
         }
 
 
@@ -402,6 +408,7 @@ class RequestQueue:
         `tokens()` (asked only when it queues) is its cost when shares are in tokens.
         Raises QueueRefused when the queue is full or the wait budget runs out."""
         state = self._models.get(model)
+        counted = False  # whether the reserve has weighed this request as a taker
         if state is None or state.size == 0:
             reserved = state.reserved if state else 0
             if self._reserve <= 0:
@@ -410,13 +417,10 @@ class RequestQueue:
                 room, places = self._saturation.room_and_places(model, reserved)
                 if room > self._most_kept(places):
                     free = True
-                elif room <= 0:
-                    free = False
-                    self._count_taker(model, ticket, places)
                 else:
-                    free = self._count_taker(model, ticket, places) or room > self._kept(
-                        model, places
-                    )
+                    counted = True
+                    under = self._count_taker(model, ticket, places)
+                    free = room > 0 and (under or room > self._kept(model, places))
             if free:
                 if self._ledger is not None:
                     self._ledger.charge(model, ticket.key, self._cost(tokens))
@@ -436,7 +440,7 @@ class RequestQueue:
             )
         waiter = self._push(state, ticket, rank, self._cost(tokens))
         if self._reserve > 0:
-            if state.size > 1:  # (the first was counted above)
+            if not counted:
                 self._count_taker(model, ticket, self._saturation.room_and_places(model)[1])
             self._queued(model, ticket, 1)
         self._drain(model, state)
@@ -558,11 +562,7 @@ class RequestQueue:
         total = 0.0
         if flows is not None:
             for other, weight in list(flows.weight.items()):
-                if (
-                    flows.in_flight.get(other, 0)
-                    or flows.queued.get(other, 0)
-                    or now - flows.last[other] < self._active_for
-                ):
+                if flows.is_active(other, now, self._active_for):
                     total += weight
                 else:
                     self._forget(flows, other)
@@ -600,9 +600,8 @@ class RequestQueue:
             # Keys gone quiet are forgotten here too, in case the model never
             # gets down to its reserve (where they are otherwise forgotten).
             flows.pruned = now
-            for other in [k for k, t in flows.last.items() if now - t >= self._active_for]:
-                if not flows.in_flight.get(other) and not flows.queued.get(other):
-                    self._forget(flows, other)
+            for other in [k for k in flows.last if not flows.is_active(k, now, self._active_for)]:
+                self._forget(flows, other)
 
     def _queued(self, model: str, ticket: Ticket, change: int) -> None:
         flows = self._flows.get(model)
@@ -736,8 +735,10 @@ class RequestQueue:
             if waiter is None:
                 return
             in_order = True
-            if room <= self._kept(model, places) and not self._under_share(
-                model, waiter.ticket, places
+            if (
+                room <= self._most_kept(places)
+                and room <= self._kept(model, places)
+                and not self._under_share(model, waiter.ticket, places)
             ):
                 waiter = self._next_under_share(model, state, places)
                 if waiter is None:

@@ -28,9 +28,9 @@ import logging
 from collections.abc import Callable
 
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
+
+from llmgw.limits.redis_counters import fail_fast_client
 
 log = logging.getLogger("llmgw.router.shares")
 
@@ -57,12 +57,7 @@ class ShareLedger:
         self._prefix = prefix
         self._client: aioredis.Redis | None = None
         if redis_url is not None:
-            self._client = aioredis.Redis.from_url(
-                redis_url,
-                socket_timeout=timeout,
-                socket_connect_timeout=timeout,
-                retry=Retry(NoBackoff(), 0),
-            )
+            self._client = fail_fast_client(redis_url, timeout)
         # This process's own counts per window index, and what it has not sent yet.
         self._own: dict[int, _Counts] = {}
         self._pending: dict[int, _Counts] = {}

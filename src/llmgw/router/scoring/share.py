@@ -36,6 +36,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from llmgw.limits.redis_counters import fail_fast_client
 from llmgw.metrics.routing import RoutingMetrics
 
 log = logging.getLogger("llmgw.router.scoring.share")
@@ -112,12 +113,7 @@ class PrefixShare:
         self._id = secrets.token_bytes(_ID_BYTES)
         self._pending: list[tuple[str, Sequence[int], bool]] = []
         # Commands time out fast; the subscriber's connection waits for messages.
-        self._client = aioredis.Redis.from_url(
-            redis_url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 0),
-        )
+        self._client = fail_fast_client(redis_url, timeout)
         self._listener = aioredis.Redis.from_url(
             redis_url,
             socket_connect_timeout=timeout,
