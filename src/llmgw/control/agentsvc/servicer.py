@@ -69,6 +69,8 @@ from llmgw.control.inventory.model import (
 from llmgw.proto import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger("llmgw.control.agentsvc")
+# How long a stream that ends waits for a write still in flight (see `_write`).
+_WRITE_SETTLE_S = 2.0
 
 Context = grpc.aio.ServicerContext[agent_pb2.AgentMessage, agent_pb2.ServerMessage]
 
@@ -417,7 +419,14 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     @staticmethod
     async def _write(session: NodeSession, context: Context) -> None:
         while (message := await session.next_outgoing()) is not None:
-            await context.write(message)
+            write = asyncio.ensure_future(context.write(message))
+            try:
+                await asyncio.shield(write)
+            except asyncio.CancelledError:
+                # gRPC refuses to end the stream (an abort) while a write is still
+                # in flight, and the agent would never learn why: let it finish first.
+                await asyncio.wait({write}, timeout=_WRITE_SETTLE_S)
+                raise
 
     # ---- Dispatcher ----
 
