@@ -320,12 +320,8 @@ def test_half_a_fabric_is_refused_and_a_killed_rank_engine_restarts_the_replica(
             # Rank 0 ends either way: stopped by the control plane because its other
             # shard is gone, or on its own first, having seen rank 1 leave (a race).
             rank0 = f"replica {gang['rank0']['id']} on node"
-            assert (
-                "another shard of its multi-node replica is gone" in text
-                or any(
-                    rank0 in line and "rank 1 left the replica" in line
-                    for line in text.splitlines()
-                )
+            assert "another shard of its multi-node replica is gone" in text or any(
+                rank0 in line and "rank 1 left the replica" in line for line in text.splitlines()
             ), text
     finally:
         server.proc.stop()

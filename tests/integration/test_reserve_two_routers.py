@@ -126,6 +126,17 @@ class Stream:
         self._thread.join(60)
 
 
+def _status(server: Server) -> str:
+    """What `llmgw status` prints for a router."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
+    out = subprocess.run(
+        llmgw("status", "--admin", server.admin),
+        capture_output=True, text=True, timeout=60, env=env, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 def _light(fleet: Fleet, server: Server) -> httpx.Response:
     """One short request of the light key, which waits at most a second."""
     return httpx.post(
@@ -200,6 +211,14 @@ def test_a_flood_spread_over_two_routers_sharing_redis_leaves_the_reserve(
         (waiting,) = [Stream(a, fleet.model, fleet.secrets["flood"])]
         flood.streams.append(waiting)
         wait_for(lambda: a.queue_state()["waiting"] == 1, "the flood's request to wait on A")
+        # `llmgw status` on A names the other router's requests next to its queue
+        # (the one free place is the kept one: the flood's request waits).
+        shown = _status(a).splitlines()
+        (line,) = [x for x in shown if x.startswith(f"queue {fleet.model}: ")]
+        assert line.startswith(f"queue {fleet.model}: has room; waiting: default 1 (oldest ")
+        assert line.endswith(
+            "; 1 kept for keys under their share; other routers: 4 in flight, 0 waiting"
+        ), line
 
         # The light key's request takes the kept place at once: nothing has ended
         # (every stream is held), so it had no other place to wait for.

@@ -22,6 +22,7 @@ SATURATED = {
     },
     "saturated": True,
     "reserve": 2,
+    "elsewhere": {"in_flight": 4, "waiting": 1},
     "replicas": [],
 }
 
@@ -45,5 +46,7 @@ async def test_the_model_page_shows_its_queue(tmp_path: Path) -> None:
     assert queue.startswith("saturated · 3 waiting · interactive 1 (oldest ")
     assert "batch 2 (oldest " in queue
     assert "default" not in queue
-    assert queue.endswith(" · 2 kept for keys under their share")
+    assert queue.endswith(
+        " · 2 kept for keys under their share · other routers: 4 in flight, 1 waiting"
+    )
     assert other.split('<dd id="queue">')[1].split("</dd>")[0] == "empty"

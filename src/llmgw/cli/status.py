@@ -295,8 +295,18 @@ def queue_lines(queue: list[dict[str, Any]]) -> list[str]:
         waiting = ", ".join(parts) if parts else "none"
         reserve = entry.get("reserve") or 0
         kept = f"; {reserve} kept for keys under their share" if reserve else ""
-        lines.append(f"queue {entry['model']}: {state}; waiting: {waiting}{kept}")
+        lines.append(
+            f"queue {entry['model']}: {state}; waiting: {waiting}{kept}{_elsewhere(entry)}"
+        )
     return lines
+
+
+def _elsewhere(entry: dict[str, Any]) -> str:
+    """The other routers' requests for the model (shared through Redis), if any."""
+    other = entry.get("elsewhere") or {}
+    if not other.get("in_flight") and not other.get("waiting"):
+        return ""
+    return f"; other routers: {other['in_flight']} in flight, {other['waiting']} waiting"
 
 
 # ---- the command ----
