@@ -215,6 +215,27 @@ def test_usage_report(tmp_path: Path) -> None:
     assert lines[1].split()[:4] == ["2025-03-01", created["id"], "(team-a)", "8"]
     assert "no usage recorded since" in ok("usage", "--since", "1h", data_dir=tmp_path)
 
+    # Single requests, newest first, from the raw records.
+    latest = ok("usage", "--requests", "3", "--key", "team-a", data_dir=tmp_path)
+    header, *lines = latest.splitlines()
+    assert header.split()[:5] == ["TIME", "KEY", "MODEL", "ROUTE", "STATUS"]
+    assert [line.split()[:2] for line in lines] == [
+        ["2025-03-01", "11:10:00"],
+        ["2025-03-01", "11:00:00"],
+        ["2025-03-01", "10:50:00"],
+    ]
+    assert all(line.split()[-1] in ("r7", "r6", "r5") for line in lines)
+    listed = json.loads(
+        ok("usage", "--requests", "100", "--model", "qwen-7b", "--json", data_dir=tmp_path)
+    )
+    assert [r["request_id"] for r in listed] == ["r8", "r6", "r4", "r2", "r0"]
+    assert listed[-1]["status"] == 500
+    assert listed[0]["key_id"] is None and listed[1]["key_name"] == "team-a"
+    assert listed[1]["queue_ms"] == 0.0
+    assert "no requests recorded since" in ok(
+        "usage", "--requests", "5", "--since", "1h", data_dir=tmp_path
+    )
+
 
 def test_db_upgrade_is_idempotent_and_env_selects_the_data_dir(tmp_path: Path) -> None:
     first = ok("db", "upgrade", data_dir=tmp_path)
@@ -241,6 +262,9 @@ def test_bad_input_gives_one_error_line_and_exit_2(tmp_path: Path) -> None:
         ("usage", "--by", "week"): "--by 'week': use hour, day, key or model",
         ("usage", "--by", "hour,day"): "--by takes hour or day, not both",
         ("usage", "--key", "nobody"): "'nobody'",
+        ("usage", "--requests", "0"): "--requests 0: give how many of the latest requests",
+        ("usage", "--requests", "5", "--by", "key"): "--by groups the report; --requests lists",
+        ("usage", "--requests", "5", "--key", "nobody"): "'nobody'",
     }
     # Independent commands: run them side by side, each starts a Python process.
     with ThreadPoolExecutor(max_workers=4) as pool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import subprocess
 import threading
 import time
@@ -35,6 +34,17 @@ def _create_key(data_dir: Path, name: str) -> tuple[str, str]:
     )  # fmt: skip
     created = json.loads(out.stdout)
     return str(created["id"]), str(created["secret"])
+
+
+def _usage(*args: str, fleet: Fleet) -> str:
+    """What `llmgw usage ARGS` prints for the fleet's store."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
+    out = subprocess.run(
+        [*llmgw("usage", *args), "--data-dir", str(fleet.data_dir)],
+        capture_output=True, text=True, timeout=60, check=False, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return out.stdout
 
 
 class Fleet:
@@ -202,19 +212,46 @@ def test_a_client_that_hangs_up_leaves_the_queue_and_usage_says_how_long_one_wai
         staying.join()
         assert staying.status == [200]
         assert "data: [DONE]" in staying.text
+        # The admin API lists the request's record with how long it waited.
+        waited = wait_for(
+            lambda: [
+                r
+                for r in httpx.get(
+                    server.admin + "/admin/api/usage/requests",
+                    params={"key": "flood", "limit": 50},
+                    timeout=10,
+                ).json()["requests"]
+                if r["status"] == 200 and r["completion_tokens"] == 3
+            ],
+            "the waiting request's usage record",
+        )
+        assert len(waited) == 1
+        assert waited[0]["key_name"] == "flood"
+        assert waited[0]["route"] == "/v1/chat/completions"
+        assert waited[0]["queue_ms"] >= 200.0
+        bad = httpx.get(
+            server.admin + "/admin/api/usage/requests", params={"limit": "all"}, timeout=10
+        )
+        assert bad.status_code == 400
+        assert bad.json()["error"]["param"] == "limit"
     finally:
         for holder in holders:
             holder.hang_up()
         wait_for(lambda: server.in_flight() == 0, "every request to end")
         server.proc.stop()  # the usage recorder writes what it holds on the way out
 
-    with sqlite3.connect(fleet.data_dir / "llmgw.db") as db:
-        rows = db.execute(
-            "SELECT queue_ms FROM usage_records WHERE key_id = ? AND status = 200 "
-            "AND completion_tokens = 3",
-            (flood_id,),
-        ).fetchall()
-    # The request that waited for a holder to hang up: at least the keep-alive
-    # interval (it got a comment, sent that long after it began waiting).
+    # `llmgw usage --requests` shows the same from the store: the request that waited
+    # for a holder to hang up waited at least the keep-alive interval (it got a
+    # comment, sent that long after it began waiting); the refused one is there too.
+    shown = json.loads(_usage("--requests", "50", "--key", flood_id, "--json", fleet=fleet))
+    rows = [r for r in shown if r["status"] == 200 and r["completion_tokens"] == 3]
     assert len(rows) == 1
-    assert rows[0][0] >= 200.0
+    assert rows[0]["queue_ms"] >= 200.0
+    assert [r["status"] for r in shown].count(429) >= 1
+    table = _usage("--requests", "3", "--key", "flood", fleet=fleet).splitlines()
+    assert table[0].split() == [
+        "TIME", "KEY", "MODEL", "ROUTE", "STATUS", "PROMPT", "COMPLETION",
+        "MS", "TTFT", "MS", "QUEUED", "MS", "REQUEST",
+    ]  # fmt: skip
+    assert len(table) == 4
+    assert all(f"{flood_id} (flood)" in line for line in table[1:])

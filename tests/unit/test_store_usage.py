@@ -143,6 +143,39 @@ async def test_bad_report_arguments_are_refused(store: Store) -> None:
     assert await store.usage.query() == []
 
 
+async def test_single_requests_come_back_newest_first_with_their_queue_wait(
+    store: Store,
+) -> None:
+    recs = [
+        dataclasses.replace(r, queue_ms=float(i), route="/v1/chat/completions")
+        for i, r in enumerate(records(60))
+    ]
+    await store.usage.record_batch(recs)
+    newest = sorted(recs, key=lambda r: r.ts, reverse=True)
+
+    got = await store.usage.requests(limit=10)
+    assert got == newest[:10]  # every field, queue_ms and route included
+    assert all(r.ts.tzinfo is not None for r in got)
+    assert await store.usage.requests(limit=1000) == newest
+
+    key_a = KEYS[0]
+    assert await store.usage.requests(key_id=key_a) == [r for r in newest if r.key_id == key_a]
+    assert await store.usage.requests(key_id="") == [r for r in newest if r.key_id is None]
+    qwen = [r for r in newest if r.model == "qwen-7b"]
+    assert await store.usage.requests(model="qwen-7b") == qwen
+    # since is exact here (raw records), not rounded to its hour.
+    cut = newest[20].ts
+    assert await store.usage.requests(since=cut) == newest[:21]
+    assert await store.usage.requests(until=cut) == newest[21:]
+
+    await store.usage.prune_raw(H1 + timedelta(days=1))
+    assert await store.usage.requests() == []
+    with pytest.raises(InvalidValue, match="limit must be at least 1"):
+        await store.usage.requests(limit=0)
+    with pytest.raises(InvalidValue, match=r"since=.* has no time zone"):
+        await store.usage.requests(since=datetime(2025, 1, 1))
+
+
 async def test_pruning_raw_records_keeps_the_roll_ups(store: Store) -> None:
     recs = records(200)
     await store.usage.record_batch(recs)

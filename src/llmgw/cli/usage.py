@@ -6,6 +6,9 @@ covers hours whose raw records have been pruned.
 
 Not guaranteed: sub-hour resolution. `--since` is rounded down to its hour (that
 hour is included) and an hour is included if it starts before `--until`.
+
+`--requests N` lists single requests instead (newest first, with their queue wait),
+from the raw records, which are kept `usage.retention_days`.
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ from llmgw.cli.storeopts import (
 )
 
 if TYPE_CHECKING:
-    from llmgw.store import Store, UsageDimension, UsageRow
+    from pathlib import Path
+
+    from llmgw.store import Store, UsageDimension, UsageRecord, UsageRow
 
 DIMENSIONS: tuple[UsageDimension, ...] = ("hour", "day", "key", "model")
 NO_KEY = "(no key)"
@@ -61,14 +66,30 @@ def usage(
             "[default: key,model].",
         ),
     ] = None,
+    requests: Annotated[
+        int | None,
+        typer.Option(
+            "--requests",
+            metavar="N",
+            help="Instead of the report, list the N latest requests (newest first): status, "
+            "tokens, latency, time to first token and time waited in the router's queue. "
+            "Kept for usage.retention_days.",
+            show_default=False,
+        ),
+    ] = None,
     json_out: JsonOption = False,
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     store: StoreOption = None,
 ) -> None:
-    """Show tokens, requests and errors per key and model (or hour, or day)."""
+    """Show tokens, requests and errors per key and model (or hour, or day), or single
+    requests with --requests."""
     from llmgw.usage.views import usage_row_view
 
     now = datetime.now(UTC)
+    if requests is not None and requests < 1:
+        fail(f"--requests {requests}: give how many of the latest requests to list (1 or more)")
+    if requests is not None and by:
+        fail("--by groups the report; --requests lists single requests: give one of them")
     try:
         group_by = _dimensions(by)
         start = parse_time("--since", since, now=now) if since is not None else None
@@ -77,6 +98,12 @@ def usage(
         fail(str(exc))
     if start is not None and end is not None and start >= end:
         fail(f"--since ({format_time(start)} UTC) must be before --until ({format_time(end)} UTC)")
+    if requests is not None:
+        _requests(
+            key, model, start, end, requests, now=now, json_out=json_out, data_dir=data_dir,
+            store=store,
+        )  # fmt: skip
+        return
 
     async def action(opened: Store) -> tuple[list[UsageRow], dict[str, str]]:
         from llmgw.auth import KeyService
@@ -101,6 +128,62 @@ def usage(
         typer.echo("no usage recorded" + _window(start, end))
         return
     typer.echo(_table(rows, group_by, names))
+
+
+def _requests(
+    key: str | None,
+    model: str | None,
+    start: datetime | None,
+    end: datetime | None,
+    limit: int,
+    *,
+    now: datetime,
+    json_out: bool,
+    data_dir: Path,
+    store: str | None,
+) -> None:
+    """`--requests N`: the latest requests' records."""
+    from llmgw.usage.views import usage_record_view
+
+    async def action(opened: Store) -> tuple[list[UsageRecord], dict[str, str]]:
+        from llmgw.auth import KeyService
+
+        key_id = None
+        if key is not None:
+            service = KeyService(keys=opened.keys, wall_clock=lambda: now)
+            key_id = (await service.resolve(key)).id
+        records = await opened.usage.requests(
+            key_id=key_id, model=model, since=start, until=end, limit=limit
+        )
+        names = {k.id: k.name for k in await opened.keys.list(include_revoked=True)}
+        return records, names
+
+    records, names = run_with_store(data_dir, store, action)
+    if json_out:
+        print_json([usage_record_view(r, names) for r in records])
+        return
+    if not records:
+        typer.echo("no requests recorded" + _window(start, end))
+        return
+    headers = ["TIME", "KEY", "MODEL", "ROUTE", "STATUS", "PROMPT", "COMPLETION"]
+    headers += ["MS", "TTFT MS", "QUEUED MS", "REQUEST"]
+    cells = [
+        [
+            r.ts.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"),
+            _key_label(r.key_id, names),
+            r.model,
+            r.route or "-",
+            str(r.status),
+            str(r.prompt_tokens),
+            str(r.completion_tokens),
+            f"{r.latency_ms:.0f}",
+            "-" if r.ttft_ms is None else f"{r.ttft_ms:.0f}",
+            f"{r.queue_ms:.0f}",
+            r.request_id,
+        ]
+        for r in records
+    ]
+    typer.echo(render_table(headers, cells, right=frozenset(range(4, 10))))
 
 
 def _dimensions(by: list[str] | None) -> tuple[UsageDimension, ...]:

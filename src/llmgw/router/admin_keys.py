@@ -1,4 +1,5 @@
-"""Admin API for API keys and usage: `/admin/api/keys` and `/admin/api/usage`.
+"""Admin API for API keys and usage: `/admin/api/keys`, `/admin/api/usage` and
+`/admin/api/usage/requests` (single requests' records, newest first).
 
 The same operations as `llmgw keys` and `llmgw usage`, for tools and the
 dashboard. Served on the admin listener only; `admin_guard` lets loopback
@@ -7,7 +8,8 @@ secret is in that one response and nowhere else. `PATCH /admin/api/keys/{ref}`
 takes any of the fields `POST /admin/api/keys` takes: a field left out stays
 as it is, a field sent as `null` is cleared (models: every model; rpm, tpm,
 budget_tokens: no limit; expires_at: never).
-Not guaranteed: pagination; the lists are whole.
+Not guaranteed: pagination; the lists are whole, except request records (the
+latest `limit`, 100 by default and 1000 at most; narrow them with since/until).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from llmgw.store import (
     UsageDimension,
     UsageRepository,
 )
-from llmgw.usage.views import usage_row_view
+from llmgw.usage.views import usage_record_view, usage_row_view
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -183,6 +185,25 @@ def _seconds(field: str, value: object) -> float | None:
     return float(value)
 
 
+# The most request records one /admin/api/usage/requests answer holds.
+MOST_REQUESTS = 1000
+
+
+def _limit(value: str | None) -> int:
+    if value is None or value == "":
+        return 100
+    try:
+        limit = int(value)
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= MOST_REQUESTS:
+        raise AdminInputError(
+            f"'limit' takes a whole number from 1 to {MOST_REQUESTS}; got {value!r}",
+            param="limit",
+        )
+    return limit
+
+
 def _time(field: str, value: object) -> datetime | None:
     if value is None or value == "":
         return None
@@ -312,8 +333,30 @@ def key_routes(
             return _store_error(exc)
         return _json({"usage": [usage_row_view(r, group_by, names) for r in rows]})
 
+    async def usage_requests(request: Request) -> Response:
+        params = request.query_params
+        try:
+            limit = _limit(params.get("limit"))
+            key_id: str | None = None
+            if params.get("key"):
+                key_id = (await service.resolve(params["key"])).id
+            records = await usage.requests(
+                key_id=key_id,
+                model=params.get("model") or None,
+                since=_time("since", params.get("since")),
+                until=_time("until", params.get("until")),
+                limit=limit,
+            )
+            names = {k.id: k.name for k in await service.list(include_revoked=True)}
+        except AdminInputError as exc:
+            return _error(400, exc.message, "invalid_request_error", "invalid_request", exc.param)
+        except StoreError as exc:
+            return _store_error(exc)
+        return _json({"requests": [usage_record_view(r, names) for r in records]})
+
     return [
         Route("/admin/api/keys", list_keys, methods=["GET"]),
+        Route("/admin/api/usage/requests", usage_requests, methods=["GET"]),
         Route("/admin/api/keys", create_key, methods=["POST"]),
         Route("/admin/api/keys/{ref}", update_key, methods=["PATCH"]),
         Route("/admin/api/keys/{ref}/revoke", revoke_key, methods=["POST"]),

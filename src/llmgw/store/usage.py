@@ -166,6 +166,58 @@ class UsageRepository:
             rows = [row._mapping for row in await conn.execute(stmt)]
         return [_usage_row(row, dims) for row in rows if row["requests"]]
 
+    async def requests(
+        self,
+        *,
+        key_id: str | None = None,
+        model: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 100,
+    ) -> list[UsageRecord]:
+        """Single requests' records in [since, until), newest first, at most `limit`.
+
+        Read from the raw records, so only as far back as they are kept (`prune_raw`).
+        `key_id=None` means every key, `key_id=""` the requests made without a key.
+        """
+        require_aware("since", since)
+        require_aware("until", until)
+        if limit < 1:
+            raise InvalidValue(f"limit must be at least 1, not {limit}")
+        table = usage_records
+        stmt = select(table).order_by(table.c.ts.desc(), table.c.id.desc()).limit(limit)
+        if key_id is not None:
+            stmt = stmt.where(
+                table.c.key_id.is_(None) if key_id == NO_KEY else table.c.key_id == key_id
+            )
+        if model is not None:
+            stmt = stmt.where(table.c.model == model)
+        if since is not None:
+            stmt = stmt.where(table.c.ts >= since)
+        if until is not None:
+            stmt = stmt.where(table.c.ts < until)
+        async with transaction(self._engine, "reading usage records") as conn:
+            rows = [row._mapping for row in await conn.execute(stmt)]
+        return [_record(row) for row in rows]
+
+
+def _record(row: Any) -> UsageRecord:
+    return UsageRecord(
+        ts=row["ts"],
+        request_id=row["request_id"],
+        key_id=row["key_id"] or None,
+        model=row["model"],
+        endpoint=row["endpoint"],
+        status=int(row["status"]),
+        prompt_tokens=int(row["prompt_tokens"]),
+        completion_tokens=int(row["completion_tokens"]),
+        latency_ms=float(row["latency_ms"]),
+        ttft_ms=None if row["ttft_ms"] is None else float(row["ttft_ms"]),
+        streamed=bool(row["streamed"]),
+        queue_ms=float(row["queue_ms"] or 0.0),
+        route=row["route"] or "",
+    )
+
 
 def _upsert(dialect: str, table: Table, time_column: str) -> Insert:
     stmt: sqlite.Insert | postgresql.Insert

@@ -1,11 +1,12 @@
-"""Usage roll-up rows as the CLI's `--json` and the admin API show them."""
+"""Usage roll-up rows and single requests' records as the CLI's `--json` and the
+admin API show them."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llmgw.store import UsageDimension, UsageRow
+from llmgw.store import UsageDimension, UsageRecord, UsageRow
 
 
 def usage_row_view(
@@ -31,3 +32,23 @@ def usage_row_view(
         mean_latency_ms=round(row.mean_latency_ms, 3),
     )
     return out
+
+
+def usage_record_view(record: UsageRecord, names: Mapping[str, str]) -> dict[str, Any]:
+    """One request's record as JSON-ready fields; `names` maps key ids to key names."""
+    return {
+        "ts": record.ts.isoformat(),
+        "request_id": record.request_id,
+        "key_id": record.key_id,
+        "key_name": names.get(record.key_id) if record.key_id is not None else None,
+        "model": record.model,
+        "route": record.route or None,
+        "endpoint": record.endpoint,
+        "status": record.status,
+        "streamed": record.streamed,
+        "prompt_tokens": record.prompt_tokens,
+        "completion_tokens": record.completion_tokens,
+        "latency_ms": round(record.latency_ms, 3),
+        "ttft_ms": None if record.ttft_ms is None else round(record.ttft_ms, 3),
+        "queue_ms": round(record.queue_ms, 3),
+    }
