@@ -356,12 +356,12 @@ def key_routes(
 
     return [
         Route("/admin/api/keys", list_keys, methods=["GET"]),
-        Route("/admin/api/usage/requests", usage_requests, methods=["GET"]),
         Route("/admin/api/keys", create_key, methods=["POST"]),
         Route("/admin/api/keys/{ref}", update_key, methods=["PATCH"]),
         Route("/admin/api/keys/{ref}/revoke", revoke_key, methods=["POST"]),
         Route("/admin/api/keys/{ref}/rotate", rotate_key, methods=["POST"]),
         Route("/admin/api/usage", usage_report, methods=["GET"]),
+        Route("/admin/api/usage/requests", usage_requests, methods=["GET"]),
     ]
 
 
