@@ -160,7 +160,7 @@ def test_a_flooding_key_leaves_the_reserve_to_a_light_key(fleet: Fleet) -> None:
         state = server.queue_state()
         assert state["saturated"] is False
         assert queue_lines([state]) == [
-            "queue m1: has room; waiting: default 2 (oldest "
+            "queue m1: full but for kept places; waiting: default 2 (oldest "
             f"{state['classes']['default']['oldest_wait_seconds']:g}s); "  # type: ignore[index]
             "1 kept for keys under their share"
         ]

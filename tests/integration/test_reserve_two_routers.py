@@ -215,7 +215,9 @@ def test_a_flood_spread_over_two_routers_sharing_redis_leaves_the_reserve(
         # (the one free place is the kept one: the flood's request waits).
         shown = _status(a).splitlines()
         (line,) = [x for x in shown if x.startswith(f"queue {fleet.model}: ")]
-        assert line.startswith(f"queue {fleet.model}: has room; waiting: default 1 (oldest ")
+        assert line.startswith(
+            f"queue {fleet.model}: full but for kept places; waiting: default 1 (oldest "
+        )
         assert line.endswith(
             "; 1 kept for keys under their share; other routers: 4 in flight, 0 waiting"
         ), line

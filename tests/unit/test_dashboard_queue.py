@@ -32,14 +32,15 @@ async def test_the_model_page_shows_its_queue(tmp_path: Path) -> None:
     await store.upgrade()
     try:
         sources, _ = await fleet_sources(store, nodes=2, models=3)
-        queued = dataclasses.replace(
-            sources, queue=lambda name: SATURATED if name == "model-001" else None
-        )
+        held = {**SATURATED, "saturated": False, "reserve": 1, "elsewhere": {}}
+        states = {"model-001": SATURATED, "model-000": held}
+        queued = dataclasses.replace(sources, queue=states.get)
         app = Starlette(routes=create_dashboard_routes(sources=queued))
         transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
         async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
             page = (await client.get("/admin/models/model-001")).text
             other = (await client.get("/admin/models/model-002")).text
+            kept = (await client.get("/admin/models/model-000")).text
     finally:
         await store.close()
     queue = page.split('<dd id="queue">')[1].split("</dd>")[0]
@@ -50,3 +51,7 @@ async def test_the_model_page_shows_its_queue(tmp_path: Path) -> None:
         " · 2 kept for keys under their share · other routers: 4 in flight, 1 waiting"
     )
     assert other.split('<dd id="queue">')[1].split("</dd>")[0] == "empty"
+    # Requests wait while the only free places are the reserve's: over their share.
+    held_back = kept.split('<dd id="queue">')[1].split("</dd>")[0]
+    assert held_back.startswith("full but for kept places · 3 waiting · ")
+    assert held_back.endswith(" · 1 kept for keys under their share")
