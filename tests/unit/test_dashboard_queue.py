@@ -20,6 +20,7 @@ SATURATED = {
         "default": {"waiting": 0, "oldest_wait_seconds": 0},
         "batch": {"waiting": 2, "oldest_wait_seconds": 12.0},
     },
+    "state": "saturated",
     "saturated": True,
     "reserve": 2,
     "elsewhere": {"in_flight": 4, "waiting": 1},
@@ -32,7 +33,13 @@ async def test_the_model_page_shows_its_queue(tmp_path: Path) -> None:
     await store.upgrade()
     try:
         sources, _ = await fleet_sources(store, nodes=2, models=3)
-        held = {**SATURATED, "saturated": False, "reserve": 1, "elsewhere": {}}
+        held = {
+            **SATURATED,
+            "state": "full but for kept places",
+            "saturated": False,
+            "reserve": 1,
+            "elsewhere": {},
+        }
         states = {"model-001": SATURATED, "model-000": held}
         queued = dataclasses.replace(sources, queue=states.get)
         app = Starlette(routes=create_dashboard_routes(sources=queued))

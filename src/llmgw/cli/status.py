@@ -293,22 +293,11 @@ def queue_lines(queue: list[dict[str, Any]]) -> list[str]:
         ]
         waiting = ", ".join(parts) if parts else "none"
         reserve = entry.get("reserve") or 0
-        state = _state(entry, reserve)
         kept = f"; {reserve} kept for keys under their share" if reserve else ""
         lines.append(
-            f"queue {entry['model']}: {state}; waiting: {waiting}{kept}{_elsewhere(entry)}"
+            f"queue {entry['model']}: {entry['state']}; waiting: {waiting}{kept}{_elsewhere(entry)}"
         )
     return lines
-
-
-def _state(entry: dict[str, Any], reserve: int) -> str:
-    """Saturated, or not; requests that wait while it is not are over their share
-    and held back from the places the reserve keeps."""
-    if entry.get("saturated"):
-        return "saturated"
-    if entry.get("waiting") and reserve:
-        return "full but for kept places"
-    return "has room"
 
 
 def _elsewhere(entry: dict[str, Any]) -> str:

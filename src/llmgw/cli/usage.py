@@ -106,12 +106,7 @@ def usage(
         return
 
     async def action(opened: Store) -> tuple[list[UsageRow], dict[str, str]]:
-        from llmgw.auth import KeyService
-
-        key_id = None
-        if key is not None:
-            service = KeyService(keys=opened.keys, wall_clock=lambda: now)
-            key_id = (await service.resolve(key)).id
+        key_id = await _key_id(opened, key, now)
         rows = await opened.usage.query(
             key_id=key_id, model=model, since=start, until=end, group_by=group_by
         )
@@ -130,6 +125,15 @@ def usage(
     typer.echo(_table(rows, group_by, names))
 
 
+async def _key_id(opened: Store, key: str | None, now: datetime) -> str | None:
+    """The id of the key given as an id, name or prefix (None: every key)."""
+    from llmgw.auth import KeyService
+
+    if key is None:
+        return None
+    return (await KeyService(keys=opened.keys, wall_clock=lambda: now).resolve(key)).id
+
+
 def _requests(
     key: str | None,
     model: str | None,
@@ -146,16 +150,13 @@ def _requests(
     from llmgw.usage.views import usage_record_view
 
     async def action(opened: Store) -> tuple[list[UsageRecord], dict[str, str]]:
-        from llmgw.auth import KeyService
-
-        key_id = None
-        if key is not None:
-            service = KeyService(keys=opened.keys, wall_clock=lambda: now)
-            key_id = (await service.resolve(key)).id
+        key_id = await _key_id(opened, key, now)
         records = await opened.usage.requests(
             key_id=key_id, model=model, since=start, until=end, limit=limit
         )
-        names = {k.id: k.name for k in await opened.keys.list(include_revoked=True)}
+        names = {}
+        if records:
+            names = {k.id: k.name for k in await opened.keys.list(include_revoked=True)}
         return records, names
 
     records, names = run_with_store(data_dir, store, action)

@@ -14,7 +14,7 @@ latest `limit`, 100 by default and 1000 at most; narrow them with since/until).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from datetime import datetime
 from functools import partial
 from ipaddress import ip_address
@@ -304,9 +304,21 @@ def key_routes(
 
         return await _answer(work)
 
+    async def usage_filter(params: Mapping[str, str]) -> dict[str, Any]:
+        """A usage query's key (resolved to its id), model and time window."""
+        return {
+            "key_id": (await service.resolve(params["key"])).id if params.get("key") else None,
+            "model": params.get("model") or None,
+            "since": _time("since", params.get("since")),
+            "until": _time("until", params.get("until")),
+        }
+
+    async def key_names() -> dict[str, str]:
+        return {k.id: k.name for k in await service.list(include_revoked=True)}
+
     async def usage_report(request: Request) -> Response:
-        params = request.query_params
-        try:
+        async def work() -> Response:
+            params = request.query_params
             by = tuple(p for p in params.get("by", "key,model").split(",") if p)
             for dimension in by:
                 if dimension not in _DIMENSIONS:
@@ -315,44 +327,22 @@ def key_routes(
                     )
             if "hour" in by and "day" in by:
                 raise AdminInputError("'by' takes hour or day, not both", param="by")
-            key_id: str | None = None
-            if params.get("key"):
-                key_id = (await service.resolve(params["key"])).id
             group_by: tuple[UsageDimension, ...] = by  # type: ignore[assignment]
-            rows = await usage.query(
-                key_id=key_id,
-                model=params.get("model") or None,
-                since=_time("since", params.get("since")),
-                until=_time("until", params.get("until")),
-                group_by=group_by,
-            )
-            names = {k.id: k.name for k in await service.list(include_revoked=True)}
-        except AdminInputError as exc:
-            return _error(400, exc.message, "invalid_request_error", "invalid_request", exc.param)
-        except StoreError as exc:
-            return _store_error(exc)
-        return _json({"usage": [usage_row_view(r, group_by, names) for r in rows]})
+            rows = await usage.query(**await usage_filter(params), group_by=group_by)
+            names = await key_names()
+            return _json({"usage": [usage_row_view(r, group_by, names) for r in rows]})
+
+        return await _answer(work)
 
     async def usage_requests(request: Request) -> Response:
-        params = request.query_params
-        try:
+        async def work() -> Response:
+            params = request.query_params
             limit = _limit(params.get("limit"))
-            key_id: str | None = None
-            if params.get("key"):
-                key_id = (await service.resolve(params["key"])).id
-            records = await usage.requests(
-                key_id=key_id,
-                model=params.get("model") or None,
-                since=_time("since", params.get("since")),
-                until=_time("until", params.get("until")),
-                limit=limit,
-            )
-            names = {k.id: k.name for k in await service.list(include_revoked=True)}
-        except AdminInputError as exc:
-            return _error(400, exc.message, "invalid_request_error", "invalid_request", exc.param)
-        except StoreError as exc:
-            return _store_error(exc)
-        return _json({"requests": [usage_record_view(r, names) for r in records]})
+            records = await usage.requests(**await usage_filter(params), limit=limit)
+            names = await key_names()
+            return _json({"requests": [usage_record_view(r, names) for r in records]})
+
+        return await _answer(work)
 
     return [
         Route("/admin/api/keys", list_keys, methods=["GET"]),

@@ -385,13 +385,22 @@ class RequestQueue:
         return {model: keys for model, keys in counts.items() if keys}
 
     def model_state(self, model: str) -> dict[str, object]:
-        """One model's queue and saturation, as in `snapshot`."""
-        return {"model": model, **self.describe(model), **self._saturation.describe(model)}
+        """One model's queue and saturation, as in `snapshot`, with `state` in words:
+        saturated; full but for kept places (what waits is over its share and held
+        back from the reserve's places); or has room."""
+        queue, saturation = self.describe(model), self._saturation.describe(model)
+        if saturation["saturated"]:
+            state = "saturated"
+        elif queue["waiting"] and queue["reserve"]:
+            state = "full but for kept places"
+        else:
+            state = "has room"
+        return {"model": model, "state": state, **queue, **saturation}
 
     def snapshot(self) -> list[dict[str, object]]:
         """Every model's queue and saturation (`GET /admin/api/queue`)."""
         models = sorted({*self._saturation.models(), *self._models})
-        return [{"model": m, **self.describe(m), **self._saturation.describe(m)} for m in models]
+        return [self.model_state(m) for m in models]
 
     async def wait_turn(
         self,
