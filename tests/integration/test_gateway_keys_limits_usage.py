@@ -403,6 +403,10 @@ def test_admin_api_manages_keys_and_reports_usage(gateway: tuple[Sim, Server, Pa
         == 404
     )
     assert httpx.get(api + "/usage", params={"by": "color"}).json()["error"]["param"] == "by"
+    for route in ("/usage", "/usage/requests"):
+        blank = httpx.get(api + route, params={"key": " "})
+        assert blank.status_code == 400, blank.text
+        assert "is empty; give a key id, name or prefix" in blank.json()["error"]["message"]
     both = httpx.get(api + "/usage", params={"by": "hour,day"})
     assert both.status_code == 400 and "hour or day, not both" in both.json()["error"]["message"]
     assert (
