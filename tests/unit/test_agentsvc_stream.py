@@ -103,7 +103,7 @@ ServiceFactory = Callable[..., Awaitable[Service]]
 async def make_service() -> AsyncIterator[ServiceFactory]:
     opened: list[Service] = []
 
-    async def make(command_timeout: float = 5.0) -> Service:
+    async def make(command_timeout: float = 5.0, **servicer_args: object) -> Service:
         loop = asyncio.get_running_loop()
         inventory = Inventory(
             clock=loop.time,
@@ -117,6 +117,7 @@ async def make_service() -> AsyncIterator[ServiceFactory]:
             leader_id="server-1",
             server_version="9.9.9",
             command_timeout=command_timeout,
+            **servicer_args,  # type: ignore[arg-type]
         )
         listener = await serve_agents(servicer=servicer, host="127.0.0.1", port=0)
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{listener.port}")
@@ -429,3 +430,41 @@ async def test_a_port_in_use_is_a_clear_startup_error(service: Service) -> None:
     with pytest.raises(AgentListenerError) as error:
         await serve_agents(servicer=service.servicer, host="127.0.0.1", port=service.listener.port)
     assert f"cannot listen for agents on 127.0.0.1:{service.listener.port}" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("node_id", "says"),
+    [
+        ("node-a\n", "without '/', whitespace or control characters"),
+        ("node/a", "without '/'"),
+        ("node a", "whitespace"),
+        ("node-\x1ba", "control characters"),
+    ],
+)
+async def test_a_register_under_a_bad_node_id_is_refused_naming_the_rule(
+    service: Service, node_id: str, says: str
+) -> None:
+    call = service.connect()
+    await call.write(agent_pb2.AgentMessage(register=register_message(node_id)))
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await asyncio.wait_for(call.read(), 5)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert says in (refused.value.details() or "")
+    assert "--node-id" in (refused.value.details() or "")
+    assert service.inventory.nodes() == []
+
+
+async def test_a_register_under_one_of_the_server_s_certificate_names_is_refused(
+    make_service: ServiceFactory,
+) -> None:
+    service = await make_service(reserved_names=lambda: ("ctl-1.example", "127.0.0.1"))
+    for node_id in ("CTL-1.example", "ctl-1.example.", "127.0.0.1"):
+        call = service.connect()
+        await call.write(agent_pb2.AgentMessage(register=register_message(node_id)))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await asyncio.wait_for(call.read(), 5)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "one of this server's own certificate names" in (refused.value.details() or "")
+    assert service.inventory.nodes() == []
+    await service.register("gpu-1")
+    assert [n.id for n in service.inventory.nodes()] == ["gpu-1"]

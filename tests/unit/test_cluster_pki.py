@@ -246,3 +246,32 @@ async def test_the_keeper_renews_at_two_thirds_and_stores_the_new_certificate(
     assert stored.key_pem == creds.key_pem
     assert sleeps[1] == pytest.approx(2 * 3600, abs=1)  # the next renewal, two hours on
     assert cert_pem(stored.cert)
+
+
+@pytest.mark.parametrize(
+    ("node_id", "says"),
+    [
+        ("gpu-2\n", "matched whole"),
+        ("gpu/2", "no '/'"),
+        ("gpu 2", "whitespace"),
+        ("gpu-2\x00", "control characters"),
+        ("CTL-1.example", "one of this server's own certificate names"),
+        ("127.0.0.1", "one of this server's own certificate names"),
+    ],
+)
+async def test_a_join_under_a_bad_or_the_server_s_own_name_is_refused_naming_the_rule(
+    store: Store, store_clock: FakeClock, tmp_path: Path, node_id: str, says: str
+) -> None:
+    pki = make_pki(store, tmp_path / "cluster.key", store_clock)
+    await pki.open()
+    text, stored = await pki.create_token(ttl=timedelta(hours=1), max_uses=1, labels={})
+    peer = pki.classify(
+        [token_client_certificate(parse_join_token(text), now=store_clock()).cert_pem]
+    )
+    with pytest.raises(Refusal, match=says) as refused:
+        await pki.join(peer, token_text=text, node_id=node_id, csr_pem=make_csr(new_key(), "x"))
+    assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "--node-id" in refused.value.message or "letters, digits" in refused.value.message
+    unused = await store.pki.token(stored.id)
+    assert unused is not None and unused.uses == 0
+    assert await store.nodeids.bindings() == []

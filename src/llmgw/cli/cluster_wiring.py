@@ -32,7 +32,7 @@ from llmgw.control.agentsvc.cluster_pki import (
     PkiSettings,
     server_names,
 )
-from llmgw.pki import PkiError, PkiExistsError
+from llmgw.pki import PkiError, PkiExistsError, certificate_names, read_certificate
 from llmgw.pki.cluster import ClusterKey, create_cluster_key, read_cluster_key
 from llmgw.store import Store, StoreError
 
@@ -138,6 +138,25 @@ async def open_cluster_pki(
     except StoreError as exc:
         raise ClusterSetupError(f"cannot read or store the cluster CA: {exc}") from exc
     return pki
+
+
+async def reserved_node_names(
+    cfg: ServerConfig, pki: ClusterPki | None
+) -> Callable[[], tuple[str, ...]]:
+    """The names no node may register under: those on the certificate this server
+    presents to agents (the cluster CA's, followed as it is renewed, or `agent_tls`'s);
+    none on a plaintext listener."""
+    if pki is not None:
+        return lambda: pki.server_names
+    if cfg.agent_tls is None:
+        return tuple
+    try:
+        cert = await asyncio.to_thread(read_certificate, Path(cfg.agent_tls.cert))
+    except PkiError:
+        # The listener refuses the same file at start, naming it; nothing to reserve.
+        return tuple
+    names = tuple(dict.fromkeys(n.rstrip(".").lower() for n in certificate_names(cert)))
+    return lambda: names
 
 
 def dialable(host: str, port: int) -> str:

@@ -33,6 +33,7 @@ from llmgw.cli.cluster_wiring import (
     announce_join,
     dialable,
     open_cluster_pki,
+    reserved_node_names,
     tokens_unavailable,
 )
 from llmgw.cli.control_wiring import ControllerActivator, PoolPublisher, static_spec
@@ -391,6 +392,7 @@ async def _serve(
         identities=store.nodeids,
         # Late-bound: the controller, which keeps the events, is built next.
         record_event=lambda node_id, message: controller.note("node", node_id, message),
+        reserved_names=await reserved_node_names(cfg, pki),
         wall_clock=utc_now,
     )
     control = cfg.control

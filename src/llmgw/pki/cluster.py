@@ -55,7 +55,8 @@ JOIN_CERT_LIFETIME = timedelta(hours=1)
 _JOIN_ROOT_PREFIX = "llmgw join token "
 _SEAL_AAD = b"llmgw cluster CA key v1"
 _TOKEN = re.compile(r"^llmgw1:([0-9a-f]{64}):([0-9a-z]{4,32})\.([0-9a-f]{32,128})$")
-_NODE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")
+# Matched whole (`fullmatch`): with `match` and `$`, "gpu-a\n" would pass.
+_NODE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?")
 
 
 class ClusterKeyMismatch(PkiError):
@@ -229,12 +230,16 @@ def issue_server_certificate(
     return CertifiedKey(cert=cert, key=key)
 
 
+NODE_ID_RULE = (
+    "1 to 253 letters, digits and . _ - (not at the ends), matched whole: no '/', "
+    "whitespace or control characters"
+)
+
+
 def check_node_id(node_id: str) -> str:
-    if not _NODE.match(node_id):
-        raise PkiInputError(
-            f"{node_id!r} cannot be a node id in a certificate: use letters, digits and . _ - "
-            "(not at the ends), at most 253 characters"
-        )
+    """`node_id` if it may name a node in a certificate; `PkiInputError` naming the rule."""
+    if not _NODE.fullmatch(node_id):
+        raise PkiInputError(f"{node_id!r} cannot be a node id in a certificate: {NODE_ID_RULE}")
     return node_id
 
 

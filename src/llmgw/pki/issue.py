@@ -53,7 +53,8 @@ DEFAULT_LEAF_DAYS = 825
 # host by a few minutes would otherwise refuse a certificate issued just now.
 BACKDATE = timedelta(minutes=5)
 
-_NODE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
+# Matched whole (`fullmatch`): with `match` and `$`, "gpu-a\n" would pass.
+_NODE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 _DNS = re.compile(
     r"^(\*\.)?[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
     r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$"
@@ -172,7 +173,7 @@ def issue_node(
     force: bool = False,
 ) -> Issued:
     """Sign a client certificate for the node agent `node` (CN and DNS SAN = the node id)."""
-    if not _NODE.match(node):
+    if not _NODE.fullmatch(node):
         raise PkiInputError(
             f"{node!r} cannot be a node name in a certificate: use letters, digits and . _ - "
             "(not at the ends), the same id the agent registers with (--node-id)"
@@ -294,7 +295,7 @@ def _server_host(text: str) -> str:
             f"--server {text!r}: give the host only, without a port (e.g. ctl-1.example or "
             "10.0.0.1)"
         )
-    if not _DNS.match(host):
+    if not _DNS.fullmatch(host):
         raise PkiInputError(
             f"--server {text!r} is not a DNS name or an IP address (e.g. ctl-1.example, "
             "10.0.0.1, ::1)"

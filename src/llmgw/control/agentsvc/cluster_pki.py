@@ -52,6 +52,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
+from llmgw.control.agentsvc.identity import reserved_name_refusal
 from llmgw.pki import PkiError, common_name
 from llmgw.pki.cluster import (
     CertifiedKey,
@@ -228,6 +229,11 @@ class ClusterPki:
         return self._ca_id
 
     @property
+    def server_names(self) -> tuple[str, ...]:
+        """The names on this server's certificate (lower case): no node may take one."""
+        return tuple(self._names)
+
+    @property
     def ca_bundle_pem(self) -> bytes:
         return b"".join(cert_pem(c) for c in self._trusted)
 
@@ -373,6 +379,8 @@ class ClusterPki:
             csr = load_csr(csr_pem)
         except PkiError as exc:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+        if (reserved := reserved_name_refusal(node_id, self._names)) is not None:
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, reserved)
         stored = await self._repo.token(token.token_id)
         if (
             token.token_id != peer.token_id

@@ -12,6 +12,7 @@ shards and dropped otherwise; pid 0 means "no process".
 from __future__ import annotations
 
 import ipaddress
+import re
 import urllib.parse
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -28,6 +29,12 @@ from llmgw.control.inventory.model import (
     ShardState,
 )
 from llmgw.proto import agent_pb2
+
+# Matched whole (`fullmatch`: "gpu-a\n" does not pass); control characters are
+# refused by `isprintable`. Looser than a certificate's name (`pki.cluster`), so
+# nodes of a PKI of the operator's own or of a plaintext listener keep their ids.
+_NODE_ID = re.compile(r"[^\s/]{1,253}")
+NODE_ID_RULE = "1 to 253 characters without '/', whitespace or control characters"
 
 _STATES: dict[int, ShardState] = {
     agent_pb2.SHARD_STATE_STARTING: "starting",
@@ -46,6 +53,7 @@ def registration(msg: agent_pb2.Register) -> NodeRegistration:
             "Register.node_id is empty: every agent needs a node id (set node_id in the "
             "agent's config, or let it default to the hostname)"
         )
+    check_node_id(msg.node_id)
     start, end = msg.port_range_start, msg.port_range_end
     if start > end:
         raise BadAgentMessage(
@@ -77,6 +85,15 @@ def registration(msg: agent_pb2.Register) -> NodeRegistration:
             if i.name
         ),
     )
+
+
+def check_node_id(node_id: str) -> None:
+    """Raise `BadAgentMessage` naming the rule unless `node_id` may name a node."""
+    if not _NODE_ID.fullmatch(node_id) or not node_id.isprintable():
+        raise BadAgentMessage(
+            f"Register.node_id {node_id[:80]!r} is not a node id: a node id is {NODE_ID_RULE}; "
+            "start the agent with --node-id NAME"
+        )
 
 
 def _is_cidr(text: str) -> bool:

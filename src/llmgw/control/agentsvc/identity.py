@@ -30,7 +30,7 @@ lives, and any client may take an id that is not connected.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -82,6 +82,18 @@ def peer_key_hash(auth_context: Mapping[str, Iterable[bytes]]) -> str | None:
         # as plaintext (the handler's error ends it with UNKNOWN).
         log.error("could not read the client certificate gRPC verified: %r", pems[0][:120])
         raise
+
+
+def reserved_name_refusal(node_id: str, server_names: Collection[str]) -> str | None:
+    """Why `node_id` may not name a node (it is one of the server's certificate names,
+    compared as DNS names are: case-insensitively, without a final dot), or None."""
+    if node_id.rstrip(".").lower() not in server_names:
+        return None
+    return (
+        f"node id {node_id!r} is one of this server's own certificate names (agents identify "
+        "the server by them, so no node may carry one): start the agent with --node-id NAME, "
+        "a name of its own"
+    )
 
 
 def _when(moment: datetime) -> str:

@@ -42,7 +42,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -56,7 +56,13 @@ from llmgw.control.agentsvc.errors import (
     CommandTimeout,
     NodeNotConnected,
 )
-from llmgw.control.agentsvc.identity import IdentityGate, NodeIdentities, Refused, peer_key_hash
+from llmgw.control.agentsvc.identity import (
+    IdentityGate,
+    NodeIdentities,
+    Refused,
+    peer_key_hash,
+    reserved_name_refusal,
+)
 from llmgw.control.agentsvc.metrics import AgentMetrics
 from llmgw.control.agentsvc.session import CommandOutcome, NodeSession
 from llmgw.control.inventory.model import (
@@ -142,6 +148,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         admission: Callable[[], str | None] | None = None,
         identities: NodeIdentities | None = None,
         record_event: Callable[[str, str], None] | None = None,
+        reserved_names: Callable[[], Collection[str]] = tuple,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
@@ -151,6 +158,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         (turn on with mTLS; without a certificate every stream is refused).
         `identities`: where node ids are claimed for certificate keys (the
         store); `record_event(node_id, message)` notes refused registrations.
+        `reserved_names()`: the names on this server's own certificate (lower
+        case); a Register under one of them is refused.
         """
         self._inventory = inventory
         self._clock = clock
@@ -164,6 +173,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             record_event=record_event,
         )
         self._require_identity = require_identity
+        self._reserved_names = reserved_names
         self._admission = admission
         self._heartbeat_interval = heartbeat_interval
         self._leader_id = leader_id
@@ -236,7 +246,14 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         try:
             registration = convert.registration(first.register)
         except BadAgentMessage as exc:
+            log.warning("refused a Register from %s: %s", context.peer(), exc)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        reserved = reserved_name_refusal(registration.node_id, self._reserved_names())
+        if reserved is not None:
+            log.warning("refused a Register from %s: %s", context.peer(), reserved)
+            await self._refuse(
+                Refused(grpc.StatusCode.INVALID_ARGUMENT, reserved, "invalid"), context
+            )
         if self._require_identity:
             await self._check_identity(registration.node_id, context)
         session = await self._admit(registration, context)
