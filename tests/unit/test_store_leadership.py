@@ -14,9 +14,16 @@ from store_fixtures import (  # noqa: F401
     target_fixture,
 )
 
-from llmgw.store import ControlServer, Demand, StaleEpoch, Store
+from llmgw.store import ControlServer, Demand, StaleEpoch, Store, StoredPlacement
 
 TTL = 10.0
+
+
+def placed(shard_id: str, port: int, *, model: str = "m", rank: int = 0) -> StoredPlacement:
+    return StoredPlacement(
+        shard_id=shard_id, replica_id=shard_id, node_id="gpu-1", model=model, profile="p",
+        port=port, node_rank=rank, nodes=1, spec={"shard_id": shard_id},
+    )  # fmt: skip
 
 
 async def test_the_first_server_takes_the_lease_and_another_cannot_while_it_lasts(
@@ -38,6 +45,7 @@ async def test_an_expired_lease_moves_with_a_new_epoch_and_the_old_owner_is_fenc
     store: Store, store_clock: FakeClock
 ) -> None:
     await store.leadership.acquire("control", "a", TTL, "a:9443")
+    await store.placements.record("control", 1, [placed("r1", 1)])
     await store.leadership.publish("control", 1, "m", ["m", "alias"], [("r1", "http://x:1")])
     store_clock.advance(seconds=TTL + 1)
     taken = await store.leadership.acquire("control", "b", TTL, "b:9443")
@@ -51,6 +59,8 @@ async def test_an_expired_lease_moves_with_a_new_epoch_and_the_old_owner_is_fenc
     # What the old leader published stays until the new one replaces it.
     [kept] = await store.leadership.endpoints()
     assert (kept.model, kept.replica_id, kept.names, kept.epoch) == ("m", "r1", ("m", "alias"), 1)
+    assert (kept.node_id, kept.port) == ("gpu-1", 1)
+    await store.placements.record("control", 2, [placed("r2", 2)])
     await store.leadership.publish("control", 2, "m", ["m"], [("r2", "http://y:2")])
     assert [e.replica_id for e in await store.leadership.endpoints()] == ["r2"]
     await store.leadership.withdraw("control", 2, ["m"])
@@ -110,3 +120,21 @@ async def test_servers_announce_themselves_and_are_forgotten_with_their_demand(
     assert [d.server for d in await store.leadership.demand()] == ["a"]
     await store.leadership.forget([])
     assert [s.server for s in await store.leadership.servers()] == ["a"]
+
+
+async def test_only_endpoints_of_recorded_replicas_are_read_back(store: Store) -> None:
+    # A standby serves what `endpoints` returns: a row without a placement record
+    # (of that model, rank 0) is not a replica the leader placed.
+    await store.leadership.acquire("control", "a", TTL, "a:9443")
+    await store.placements.record(
+        "control", 1,
+        [placed("r1", 20001), placed("other", 20002, model="n"), placed("g-r1", 20003, rank=1)],
+    )  # fmt: skip
+    await store.leadership.publish(
+        "control", 1, "m", ["m"],
+        [("r1", "http://x:20001"), ("never", "http://evil:80"), ("other", "http://x:20002"),
+         ("g-r1", "http://x:20003")],
+    )  # fmt: skip
+    assert [(e.replica_id, e.port) for e in await store.leadership.endpoints()] == [("r1", 20001)]
+    await store.placements.remove("control", 1, ["r1"])
+    assert await store.leadership.endpoints() == []

@@ -19,7 +19,13 @@ from store_fixtures import START, StoreTarget, clock_fixture, store_fixture, tar
 from llmgw.store import NewApiKey, Store, StoreError, UsageRecord, upgrade
 from llmgw.store.engine import make_engine
 from llmgw.store.migrate import alembic_config, head_revision
-from llmgw.store.tables import metadata, usage_hourly
+from llmgw.store.tables import (
+    issued_certificates,
+    join_tokens,
+    metadata,
+    node_identities,
+    usage_hourly,
+)
 from llmgw.store.urls import normalize_url
 
 TABLES = {
@@ -41,6 +47,7 @@ TABLES = {
     "node_identities",
     "node_revocations",
     "fleet_nodes",
+    "placements",
 }
 
 
@@ -62,7 +69,7 @@ async def test_migrations_create_the_schema_from_empty(store_target: StoreTarget
     try:
         assert await store.revision() is None
         await store.upgrade()
-        assert await store.revision() == head_revision() == "0012"
+        assert await store.revision() == head_revision() == "0013"
         assert await store.keys.list(include_revoked=True) == []
         assert await store.usage.query() == []
     finally:
@@ -119,6 +126,57 @@ async def test_the_daily_roll_ups_are_filled_from_the_hourly_ones_on_upgrade(
         day = datetime(START.year, START.month, START.day, tzinfo=UTC)
         first_day = await store.usage.query(since=day, until=day + timedelta(days=1), group_by=())
         assert [(r.requests, r.prompt_tokens) for r in first_day] == [(12, 2 * (10 + 20 + 30))]
+    finally:
+        await store.close()
+
+
+async def test_nodes_that_joined_before_keep_their_token_s_labels_on_upgrade(
+    store_target: StoreTarget,
+) -> None:
+    # A store at 0012 knows which token each node's certificate was issued for;
+    # 0013 binds that token's labels to the node (the latest join wins).
+    tokens = [
+        {
+            "id": tid, "secret_hash": "0" * 64, "root_pem": "-", "labels": labels,
+            "max_uses": None, "uses": 1, "created_at": START, "expires_at": START,
+            "last_used_at": None, "revoked_at": None,
+        }
+        for tid, labels in (("t-old", {"zone": "old"}), ("t-new", {"zone": "a"}))
+    ]  # fmt: skip
+    certs = [
+        {
+            "serial": serial, "kind": "node", "subject": subject, "ca_id": "ca",
+            "spki_sha256": "1" * 64, "token_id": token, "issued_at": START + timedelta(hours=h),
+            "not_after": START + timedelta(days=30),
+        }
+        for serial, subject, token, h in (
+            ("01", "gpu-1", "t-old", 0), ("02", "gpu-1", "t-new", 1), ("03", "gpu-1", None, 2),
+            ("04", "own-1", None, 0),
+        )
+    ]  # fmt: skip
+    nodes = [
+        {"node_id": n, "key_hash": "1" * 64, "bound_at": START, "last_seen_at": START}
+        for n in ("gpu-1", "own-1")
+    ]
+    store = await store_target.open()
+    async with raw_engine(store_target) as engine, engine.begin() as conn:
+
+        def to_0012(sync: Connection) -> None:
+            command.upgrade(alembic_config(sync), "0012")
+
+        await conn.run_sync(to_0012)
+        # Only the columns 0012 has: the tables module describes the newest schema.
+        await conn.execute(join_tokens.insert(), tokens)
+        await conn.execute(issued_certificates.insert(), certs)
+        await conn.execute(node_identities.insert(), nodes)
+    try:
+        await store.upgrade()
+        bound = await store.nodeids.claim("gpu-1", "1" * 64, now=START)
+        assert bound.binding is not None and bound.binding.labels == {"zone": "a"}
+        own = await store.nodeids.claim("own-1", "1" * 64, now=START)
+        assert own.binding is not None and own.binding.labels is None
+        [token] = [t for t in await store.pki.tokens() if t.id == "t-new"]
+        assert token.fabric == {}
     finally:
         await store.close()
 

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from store_fixtures import START, clock_fixture, store_fixture, target_fixture  # noqa: F401
 
-from llmgw.store import InvalidValue, Store
+from llmgw.store import BoundLabels, InvalidValue, Store
 from llmgw.store.tables import node_identities
 
 
@@ -158,3 +158,35 @@ async def test_a_reason_too_long_is_refused(store: Store) -> None:
     with pytest.raises(InvalidValue, match="at most 500"):
         await store.nodeids.revoke("gpu-1", now=START, reason="x" * 501)
     assert not await store.nodeids.is_revoked(key("a"))
+
+
+async def test_a_join_binds_its_token_s_labels_and_every_claim_returns_them(store: Store) -> None:
+    # A certificate of the operator's own PKI registers without a join: nothing bound.
+    own = await store.nodeids.claim("gpu-0", key("z"), now=START)
+    assert own.binding is not None and own.binding.labels is None and own.binding.fabric is None
+
+    bound = BoundLabels(labels={"zone": "a"}, fabric={"ib-domain": "pod3"})
+    joined = await store.nodeids.claim("gpu-1", key("a"), now=START, bind=bound)
+    assert joined.binding is not None
+    assert (joined.binding.labels, joined.binding.fabric) == ({"zone": "a"}, {"ib-domain": "pod3"})
+    # A Register claims without `bind`: the token's labels come back with the binding.
+    registered = await store.nodeids.claim("gpu-1", key("a"), now=LATER)
+    assert registered.outcome == "already" and registered.binding is not None
+    assert registered.binding.labels == {"zone": "a"}
+    assert registered.binding.fabric == {"ib-domain": "pod3"}
+    # Another key gets nothing of them.
+    taken = await store.nodeids.claim("gpu-1", key("b"), now=LATER, bind=BoundLabels({"zone": "b"}))
+    assert taken.outcome == "taken"
+    # A renewal with a new key keeps them; joining again with another token replaces them.
+    await store.nodeids.rebind("gpu-1", old_key_hash=key("a"), new_key_hash=key("c"), now=LATER)
+    renewed = await store.nodeids.claim("gpu-1", key("c"), now=LATER)
+    assert renewed.binding is not None and renewed.binding.labels == {"zone": "a"}
+    rejoined = await store.nodeids.claim(
+        "gpu-1", key("c"), now=LATER, bind=BoundLabels({"zone": "c"})
+    )
+    assert rejoined.binding is not None
+    assert (rejoined.binding.labels, rejoined.binding.fabric) == ({"zone": "c"}, {})
+    # A revocation frees the id and its labels: a new key that takes it has none bound.
+    await store.nodeids.revoke("gpu-1", now=LATER, reason="gone")
+    fresh = await store.nodeids.claim("gpu-1", key("d"), now=LATER)
+    assert fresh.binding is not None and fresh.binding.labels is None

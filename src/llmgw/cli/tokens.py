@@ -37,12 +37,12 @@ token_app = typer.Typer(
 )
 
 
-def _labels(text: str | None) -> dict[str, str]:
+def _labels(text: str | None, flag: str = "--labels") -> dict[str, str]:
     from llmgw.agent.errors import FlagError
     from llmgw.agent.flags import parse_key_values
 
     try:
-        return parse_key_values("--labels", text)
+        return parse_key_values(flag, text)
     except FlagError as exc:
         fail(str(exc), EXIT_BAD_INPUT)
 
@@ -77,7 +77,17 @@ def create(
     labels: Annotated[
         str | None,
         typer.Option(
-            help="Labels k=v,k=v given to every node that joins with it.", show_default=False
+            help="Labels k=v,k=v given to every node that joins with it; they bind (its agent "
+            "may add labels, never change these), e.g. zone=a.",
+            show_default=False,
+        ),
+    ] = None,
+    fabric: Annotated[
+        str | None,
+        typer.Option(
+            help="Fabric labels k=v,k=v fixed the same way for its nodes (multi-node replicas "
+            "are placed on nodes sharing one), e.g. ib-domain=pod3.",
+            show_default=False,
         ),
     ] = None,
     server: Annotated[
@@ -94,7 +104,12 @@ def create(
     admin_config: AdminConfigOption = None,
 ) -> None:
     """Make a join token; prints it (once) and the agent command that joins a node with it."""
-    body: dict[str, Any] = {"ttl_seconds": _ttl(ttl), "max_uses": uses, "labels": _labels(labels)}
+    body: dict[str, Any] = {
+        "ttl_seconds": _ttl(ttl),
+        "max_uses": uses,
+        "labels": _labels(labels),
+        "fabric": _labels(fabric, "--fabric"),
+    }
     made = request(
         "POST", resolve_admin(admin, admin_key, admin_config), "/admin/api/join-tokens",
         json_body=body,
@@ -120,7 +135,7 @@ def list_tokens(
     admin_key: AdminKeyOption = None,
     admin_config: AdminConfigOption = None,
 ) -> None:
-    """List join tokens (without their secrets): state, uses, expiry, labels."""
+    """List join tokens (without their secrets): state, uses, expiry, labels, fabric."""
     tokens: list[dict[str, Any]] = request(
         "GET", resolve_admin(admin, admin_key, admin_config), "/admin/api/join-tokens"
     )["tokens"]
@@ -138,10 +153,13 @@ def list_tokens(
             _time(t["created_at"]),
             _time(t["expires_at"]),
             ",".join(f"{k}={v}" for k, v in t["labels"].items()) or "-",
+            ",".join(f"{k}={v}" for k, v in t.get("fabric", {}).items()) or "-",
         ]
         for t in tokens
     ]
-    typer.echo(render_table(["ID", "STATE", "USES", "CREATED", "EXPIRES", "LABELS"], rows))
+    typer.echo(
+        render_table(["ID", "STATE", "USES", "CREATED", "EXPIRES", "LABELS", "FABRIC"], rows)
+    )
 
 
 @token_app.command("revoke")

@@ -46,7 +46,13 @@ from llmgw.store.models import (
     truncate_to_hour,
     utc_now,
 )
-from llmgw.store.nodeids import Claim, NodeBinding, NodeIdentityRepository, Revocation
+from llmgw.store.nodeids import (
+    BoundLabels,
+    Claim,
+    NodeBinding,
+    NodeIdentityRepository,
+    Revocation,
+)
 from llmgw.store.pki import (
     IssuedCertificate,
     PkiRepository,
@@ -54,6 +60,7 @@ from llmgw.store.pki import (
     StoredJoinToken,
     TokenUnusable,
 )
+from llmgw.store.placements import PlacementRepository, StoredPlacement
 from llmgw.store.store import Store, open_store, upgrade
 from llmgw.store.urls import store_url
 from llmgw.store.usage import UsageRepository
@@ -66,6 +73,7 @@ __all__ = [
     "Ambiguous",
     "ApiKey",
     "BadStoreUrl",
+    "BoundLabels",
     "BudgetPeriod",
     "CatalogRepository",
     "Claim",
@@ -87,6 +95,7 @@ __all__ = [
     "NodeIdentityRepository",
     "NotFound",
     "PkiRepository",
+    "PlacementRepository",
     "PublishedEndpoint",
     "ReplicaLoad",
     "Revocation",
@@ -98,6 +107,7 @@ __all__ = [
     "StoredCa",
     "StoredJoinToken",
     "StoredModel",
+    "StoredPlacement",
     "TokenUnusable",
     "UsageDimension",
     "UsageRecord",

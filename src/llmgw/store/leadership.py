@@ -19,6 +19,9 @@ server that died without withdrawing them (`servers` says when each was last
 seen); `forget` removes a server and its demand, on a clean stop or when the
 leader clears out servers silent for long.
 
+Published endpoints are read back only for replicas with a placement record
+(`store.placements`), so a standby serves only what the leader placed.
+
 The leader also writes each node as its inventory shows it (`publish_nodes`,
 fenced like the endpoints), so a standby, which has no agent streams, can show
 the fleet as the leader sees it (`fleet_nodes`).
@@ -44,6 +47,7 @@ from llmgw.store.tables import (
     fleet_nodes,
     leases,
     model_demand,
+    placements,
     replica_endpoints,
 )
 
@@ -60,13 +64,16 @@ class Lease:
 
 @dataclass(frozen=True, slots=True)
 class PublishedEndpoint:
-    """A Ready replica as the leader published it."""
+    """A Ready replica as the leader published it, with the node and port its
+    placement record gives it (`endpoints` returns only recorded replicas)."""
 
     model: str
     replica_id: str
     url: str
     names: tuple[str, ...]
     epoch: int
+    node_id: str = ""
+    port: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,20 +212,10 @@ class LeadershipRepository:
         return None if row is None else _lease(row._mapping)
 
     async def _locked(self, conn: AsyncConnection, name: str) -> Any:
-        stmt = select(leases).where(leases.c.name == name)
-        if self._postgres:
-            stmt = stmt.with_for_update()
-        row = (await conn.execute(stmt)).first()
-        return None if row is None else row._mapping
+        return await locked_lease(conn, name, postgres=self._postgres)
 
     async def _check_epoch(self, conn: AsyncConnection, name: str, epoch: int) -> None:
-        row = await self._locked(conn, name)
-        if row is None or int(row["epoch"]) != epoch:
-            held = "nobody" if row is None else f"{row['owner']} at epoch {row['epoch']}"
-            raise StaleEpoch(
-                f"write refused: it carries epoch {epoch} of the {name!r} lease, which is "
-                f"now held by {held}"
-            )
+        await check_epoch(conn, name, epoch, postgres=self._postgres)
 
     # ---- published endpoints ----
 
@@ -256,9 +253,17 @@ class LeadershipRepository:
             )
 
     async def endpoints(self) -> builtins.list[PublishedEndpoint]:
-        """Every published endpoint, by model then replica id."""
-        stmt = select(replica_endpoints).order_by(
-            replica_endpoints.c.model, replica_endpoints.c.replica_id
+        """Every published endpoint whose replica has a placement record (rank 0 of
+        that model), by model then replica id; a row without one is left out."""
+        stmt = (
+            select(replica_endpoints, placements.c.node_id, placements.c.port)
+            .join(
+                placements,
+                (placements.c.shard_id == replica_endpoints.c.replica_id)
+                & (placements.c.model == replica_endpoints.c.model)
+                & (placements.c.node_rank == 0),
+            )
+            .order_by(replica_endpoints.c.model, replica_endpoints.c.replica_id)
         )
         async with transaction(self._engine, "reading published endpoints") as conn:
             rows = (await conn.execute(stmt)).all()
@@ -269,6 +274,8 @@ class LeadershipRepository:
                 url=r.url,
                 names=tuple(cast(list[str], r.names)),
                 epoch=int(r.epoch),
+                node_id=r.node_id,
+                port=int(r.port),
             )
             for r in rows
         ]
@@ -409,6 +416,27 @@ class LeadershipRepository:
             )
             for r in rows
         ]
+
+
+async def locked_lease(conn: AsyncConnection, name: str, *, postgres: bool) -> Any:
+    """The lease row (locked until the transaction ends, on PostgreSQL), or None."""
+    stmt = select(leases).where(leases.c.name == name)
+    if postgres:
+        stmt = stmt.with_for_update()
+    row = (await conn.execute(stmt)).first()
+    return None if row is None else row._mapping
+
+
+async def check_epoch(conn: AsyncConnection, name: str, epoch: int, *, postgres: bool) -> None:
+    """Fencing: `StaleEpoch` unless the `name` lease is still at `epoch`, checked in
+    the transaction of the write it guards."""
+    row = await locked_lease(conn, name, postgres=postgres)
+    if row is None or int(row["epoch"]) != epoch:
+        held = "nobody" if row is None else f"{row['owner']} at epoch {row['epoch']}"
+        raise StaleEpoch(
+            f"write refused: it carries epoch {epoch} of the {name!r} lease, which is "
+            f"now held by {held}"
+        )
 
 
 def _replica_json(load: ReplicaLoad) -> dict[str, Any]:

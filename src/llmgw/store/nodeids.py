@@ -10,6 +10,12 @@ the id at every Register that comes with a client certificate:
   nothing changed;
 - `revoked`: this key is on the deny-list (`llmgw nodes remove`).
 
+A Join also binds the join token's labels and fabric labels to the id
+(`claim(..., bind=...)`); every later claim returns them with the binding, so
+the control plane can hold a node to them whatever its agent declares. A
+renewal with a new key (`rebind`) keeps them; a revocation frees them with the
+id.
+
 `revoke` puts the key bound to a node id on the deny-list and frees every id
 that key held, so the node can join again with a new key and take its id back.
 Revoked keys stay listed for good: a revocation is never undone.
@@ -29,9 +35,10 @@ from __future__ import annotations
 
 import builtins
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from sqlalchemy import RowMapping, delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -54,12 +61,23 @@ ClaimOutcome = Literal["bound", "already", "taken", "revoked"]
 
 @dataclass(frozen=True, slots=True)
 class NodeBinding:
-    """A node id and the key that owns it."""
+    """A node id and the key that owns it, with the labels its join token binds to it
+    (None: no token's labels are bound, e.g. a certificate of the operator's own PKI)."""
 
     node_id: str
     key_hash: str
     bound_at: datetime  # when the key first claimed the id
     last_seen_at: datetime  # the key's latest claim of it
+    labels: Mapping[str, str] | None = None
+    fabric: Mapping[str, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BoundLabels:
+    """The labels and fabric labels a join token fixes for the node that joins with it."""
+
+    labels: Mapping[str, str] = field(default_factory=dict)
+    fabric: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,14 +108,20 @@ class NodeIdentityRepository:
         self._engine = engine
         self._postgres = engine.dialect.name == "postgresql"
 
-    async def claim(self, node_id: str, key_hash: str, *, now: datetime) -> Claim:
-        """Bind `node_id` to `key_hash` unless another key owns it; see the module docstring."""
+    async def claim(
+        self, node_id: str, key_hash: str, *, now: datetime, bind: BoundLabels | None = None
+    ) -> Claim:
+        """Bind `node_id` to `key_hash` unless another key owns it; see the module docstring.
+
+        `bind` (a Join: the token's labels) replaces the labels bound to the id when
+        the claim succeeds; without it they are kept (and returned in the binding).
+        """
         _check_node_id(node_id)
         _check_key_hash(key_hash)
         for _ in range(_CLAIM_ATTEMPTS):
             try:
                 async with transaction(self._engine, f"claiming node id {node_id!r}") as conn:
-                    return await self._claim(conn, node_id, key_hash, now)
+                    return await self._claim(conn, node_id, key_hash, now, bind)
             except IntegrityError:
                 continue  # another claim inserted the id first: read what it wrote
         raise Conflict(
@@ -106,37 +130,53 @@ class NodeIdentityRepository:
         )
 
     async def _claim(
-        self, conn: AsyncConnection, node_id: str, key_hash: str, now: datetime
+        self,
+        conn: AsyncConnection,
+        node_id: str,
+        key_hash: str,
+        now: datetime,
+        bind: BoundLabels | None,
     ) -> Claim:
         revoked = await _revocation(conn, key_hash)
         if revoked is not None:
             return Claim("revoked", node_id, None, revoked)
+        labels = {} if bind is None else _bound_values(bind)
         row = await _binding(conn, node_id)
         if row is None:
             await conn.execute(
                 node_identities.insert().values(
-                    node_id=node_id, key_hash=key_hash, bound_at=now, last_seen_at=now
+                    node_id=node_id, key_hash=key_hash, bound_at=now, last_seen_at=now, **labels
                 )
             )
-            return Claim("bound", node_id, NodeBinding(node_id, key_hash, now, now))
+            bound = _to_binding({**_empty(node_id, key_hash, now), **labels})
+            return Claim("bound", node_id, bound)
         if row.key_hash == key_hash:
             await conn.execute(
                 update(node_identities)
                 .where(node_identities.c.node_id == node_id, node_identities.c.key_hash == key_hash)
-                .values(last_seen_at=now)
+                .values(last_seen_at=now, **labels)
             )
-            return Claim("already", node_id, NodeBinding(node_id, key_hash, row.bound_at, now))
+            kept = {"labels": row.labels, "fabric": row.fabric}
+            return Claim(
+                "already",
+                node_id,
+                _to_binding(
+                    {**_empty(node_id, key_hash, now), "bound_at": row.bound_at, **kept, **labels}
+                ),
+            )
         if await _revocation(conn, row.key_hash) is None:
             return Claim("taken", node_id, row)
-        # The owner was revoked after a racing claim re-bound it: the id is free.
+        # The owner was revoked after a racing claim re-bound it: the id is free, and
+        # so are the labels its token bound.
+        fresh = {"labels": None, "fabric": None, **labels}
         result = await conn.execute(
             update(node_identities)
             .where(node_identities.c.node_id == node_id, node_identities.c.key_hash == row.key_hash)
-            .values(key_hash=key_hash, bound_at=now, last_seen_at=now)
+            .values(key_hash=key_hash, bound_at=now, last_seen_at=now, **fresh)
         )
         if result.rowcount != 1:
             raise Conflict(f"node id {node_id!r} changed owner while it was being claimed")
-        return Claim("bound", node_id, NodeBinding(node_id, key_hash, now, now))
+        return Claim("bound", node_id, _to_binding({**_empty(node_id, key_hash, now), **fresh}))
 
     async def rebind(
         self, node_id: str, *, old_key_hash: str, new_key_hash: str, now: datetime
@@ -171,7 +211,10 @@ class NodeIdentityRepository:
                     .where(node_identities.c.node_id == node_id)
                     .values(key_hash=new_key_hash, last_seen_at=now)
                 )
-            return Claim("already", node_id, NodeBinding(node_id, new_key_hash, bound_at, now))
+            kept = (None, None) if row is None else (row.labels, row.fabric)
+            return Claim(
+                "already", node_id, NodeBinding(node_id, new_key_hash, bound_at, now, *kept)
+            )
 
     async def binding(self, node_id: str) -> NodeBinding | None:
         """The key that owns `node_id`, or None when no key does."""
@@ -251,13 +294,24 @@ async def _revocation(conn: AsyncConnection, key_hash: str) -> Revocation | None
     return None if row is None else _to_revocation(row._mapping)
 
 
-def _to_binding(row: RowMapping) -> NodeBinding:
+def _to_binding(row: RowMapping | Mapping[str, Any]) -> NodeBinding:
+    labels, fabric = row.get("labels"), row.get("fabric")
     return NodeBinding(
         node_id=row["node_id"],
         key_hash=row["key_hash"],
         bound_at=row["bound_at"],
         last_seen_at=row["last_seen_at"],
+        labels=None if labels is None else {str(k): str(v) for k, v in labels.items()},
+        fabric=None if fabric is None else {str(k): str(v) for k, v in fabric.items()},
     )
+
+
+def _empty(node_id: str, key_hash: str, now: datetime) -> dict[str, Any]:
+    return {"node_id": node_id, "key_hash": key_hash, "bound_at": now, "last_seen_at": now}
+
+
+def _bound_values(bind: BoundLabels) -> dict[str, Any]:
+    return {"labels": dict(bind.labels), "fabric": dict(bind.fabric)}
 
 
 def _to_revocation(row: RowMapping) -> Revocation:

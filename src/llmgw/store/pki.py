@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -68,6 +68,8 @@ class StoredJoinToken:
     expires_at: datetime
     last_used_at: datetime | None
     revoked_at: datetime | None
+    # Fabric labels the token fixes for its nodes, like `labels`.
+    fabric: dict[str, str] = field(default_factory=dict)
 
     def unusable_because(self, now: datetime) -> str | None:
         """Why the token cannot be used now (a sentence), or None when it can."""
@@ -327,6 +329,7 @@ def _token_row(token: StoredJoinToken) -> dict[str, Any]:
         "expires_at": token.expires_at,
         "last_used_at": token.last_used_at,
         "revoked_at": token.revoked_at,
+        "fabric": dict(token.fabric),
     }
 
 
@@ -342,4 +345,5 @@ def _token(row: RowMapping) -> StoredJoinToken:
         expires_at=row["expires_at"],
         last_used_at=row["last_used_at"],
         revoked_at=row["revoked_at"],
+        fabric=dict(row["fabric"] or {}),
     )

@@ -318,8 +318,12 @@ join_tokens = Table(
     # it for client certificates until the token is spent, so a joining agent
     # proves it holds the secret in the TLS handshake (public; no secret in it).
     Column("root_pem", Text, nullable=False),
-    # Labels given to every node that joins with the token.
+    # Labels given to every node that joins with the token; the node keeps them
+    # (`node_identities.labels`): what its agent declares cannot change them.
     Column("labels", JSON, nullable=False),
+    # Fabric labels fixed the same way (multi-node placement groups nodes by them);
+    # NULL on tokens made before they could be fixed.
+    Column("fabric", JSON, nullable=True),
     Column("max_uses", Integer, nullable=True),
     Column("uses", Integer, nullable=False),
     Column("created_at", UTCDateTime, nullable=False),
@@ -356,6 +360,11 @@ node_identities = Table(
     Column("key_hash", String(64), nullable=False, index=True),
     Column("bound_at", UTCDateTime, nullable=False),
     Column("last_seen_at", UTCDateTime, nullable=False),
+    # The labels and fabric labels of the join token the node joined with: they
+    # bind (the agent may add keys, never change these). NULL: none bound (a
+    # certificate of the operator's own PKI).
+    Column("labels", JSON, nullable=True),
+    Column("fabric", JSON, nullable=True),
 )
 
 node_revocations = Table(
@@ -366,4 +375,25 @@ node_revocations = Table(
     Column("node_id", String(253), nullable=False),
     Column("revoked_at", UTCDateTime, nullable=False),
     Column("reason", String(500), nullable=False),
+)
+
+placements = Table(
+    "placements",
+    metadata,
+    # What the leader placed where, written before it sends the start (`store.placements`):
+    # a node's report of a shard is adopted and published only if it matches one.
+    Column("shard_id", String(128), primary_key=True),
+    # The replica the shard belongs to (rank 0's shard id; its own for one node).
+    Column("replica_id", String(128), nullable=False),
+    Column("node_id", String(253), nullable=False, index=True),
+    Column("model", String(128), nullable=False),
+    Column("profile", String(128), nullable=False),
+    Column("port", Integer, nullable=False),
+    Column("node_rank", Integer, nullable=False),
+    Column("nodes", Integer, nullable=False),
+    # The whole start command's spec, as the control plane reads it back.
+    Column("spec", JSON, nullable=False),
+    # The epoch of the leader that wrote the row.
+    Column("epoch", BigInteger, nullable=False),
+    Column("placed_at", UTCDateTime, nullable=False),
 )

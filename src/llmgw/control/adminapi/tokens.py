@@ -1,14 +1,15 @@
 """Admin API for join tokens: `/admin/api/join-tokens` (list, create) and revoke.
 
 The same operations as `llmgw nodes token`. `POST /admin/api/join-tokens` with
-`{"ttl_seconds": 86400, "max_uses": null, "labels": {"k": "v"}}` (every field
-optional) answers 201 with the token's view plus `token`, the whole join token,
+`{"ttl_seconds": 86400, "max_uses": null, "labels": {"k": "v"}, "fabric": {"k": "v"}}`
+(every field optional) answers 201 with the token's view plus `token`, the whole join token,
 and `agent_command`, the agent line that joins a node with it: shown this once
 (the store keeps only a hash of its secret). `GET` lists every token, spent
 ones included, without secrets. `POST /admin/api/join-tokens/{id}/revoke`
-revokes one (404 when unknown). When this server does not issue from the
-cluster CA (plaintext agents, `agent_tls`, or no agent listener) every route
-answers 409 saying why.
+revokes one (404 when unknown). A token's `labels` and `fabric` bind: every node
+that joins with it keeps them, whatever its agent declares (it may add keys).
+When this server does not issue from the cluster CA (plaintext agents,
+`agent_tls`, or no agent listener) every route answers 409 saying why.
 
 Not guaranteed: that a token revoked here is refused by another server's TLS
 handshake before that server's next poll; its Join is refused at once.
@@ -31,14 +32,21 @@ from llmgw.store import NotFound, StoredJoinToken, StoreError
 
 DEFAULT_TTL_SECONDS = 86400.0
 MAX_TTL_SECONDS = 365 * 86400.0
-_LABEL_KEY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?$")
+# Matched whole (`fullmatch`): a key ending in a newline is not a key.
+_LABEL_KEY = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?")
+MAX_LABEL_VALUE = 253
 
 
 class TokenIssuer(Protocol):
     """What the routes need; `ClusterPki` satisfies it."""
 
     async def create_token(
-        self, *, ttl: timedelta, max_uses: int | None, labels: Mapping[str, str]
+        self,
+        *,
+        ttl: timedelta,
+        max_uses: int | None,
+        labels: Mapping[str, str],
+        fabric: Mapping[str, str] | None = None,
     ) -> tuple[str, StoredJoinToken]: ...
 
     async def revoke_token(self, token_id: str) -> StoredJoinToken: ...
@@ -64,6 +72,7 @@ def token_view(token: StoredJoinToken, now: datetime) -> dict[str, Any]:
         "id": token.id,
         "state": token_state(token, now),
         "labels": dict(token.labels),
+        "fabric": dict(token.fabric),
         "max_uses": token.max_uses,
         "uses": token.uses,
         "created_at": iso(token.created_at),
@@ -77,15 +86,36 @@ def _bad(message: str, param: str) -> Response:
     return error_response(400, message, code="invalid_join_token_request", param=param)
 
 
-def _parse_create(body: object) -> tuple[float, int | None, dict[str, str]] | Response:
+def _labels(body: Mapping[str, object], field: str) -> dict[str, str] | Response:
+    labels = body.get(field) or {}
+    if not isinstance(labels, dict) or not all(
+        isinstance(k, str)
+        and isinstance(v, str)
+        and _LABEL_KEY.fullmatch(k)
+        and len(v) <= MAX_LABEL_VALUE
+        and v.isprintable()
+        for k, v in labels.items()
+    ):
+        return _bad(
+            f"{field} must be an object of label keys (letters, digits and . _ / -) to "
+            f"printable strings of at most {MAX_LABEL_VALUE} characters",
+            field,
+        )
+    return dict(labels)
+
+
+def _parse_create(
+    body: object,
+) -> tuple[float, int | None, dict[str, str], dict[str, str]] | Response:
     if body is None:
         body = {}
     if not isinstance(body, dict):
         return _bad('send a JSON object such as {"ttl_seconds": 86400}', "body")
-    unknown = sorted(set(body) - {"ttl_seconds", "max_uses", "labels"})
+    unknown = sorted(set(body) - {"ttl_seconds", "max_uses", "labels", "fabric"})
     if unknown:
         return _bad(
-            f"unknown field(s) {', '.join(unknown)}; use ttl_seconds, max_uses, labels", unknown[0]
+            f"unknown field(s) {', '.join(unknown)}; use ttl_seconds, max_uses, labels, fabric",
+            unknown[0],
         )
     ttl = body.get("ttl_seconds", DEFAULT_TTL_SECONDS)
     if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= MAX_TTL_SECONDS:
@@ -97,15 +127,13 @@ def _parse_create(body: object) -> tuple[float, int | None, dict[str, str]] | Re
     uses = body.get("max_uses")
     if uses is not None and (isinstance(uses, bool) or not isinstance(uses, int) or uses < 1):
         return _bad("max_uses must be a whole number of at least 1, or null (no limit)", "max_uses")
-    labels = body.get("labels") or {}
-    if not isinstance(labels, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) and _LABEL_KEY.match(k) for k, v in labels.items()
-    ):
-        return _bad(
-            "labels must be an object of label keys (letters, digits and . _ / -) to strings",
-            "labels",
-        )
-    return float(ttl), uses, dict(labels)
+    labels = _labels(body, "labels")
+    if isinstance(labels, Response):
+        return labels
+    fabric = _labels(body, "fabric")
+    if isinstance(fabric, Response):
+        return fabric
+    return float(ttl), uses, labels, fabric
 
 
 def join_token_routes(
@@ -145,10 +173,10 @@ def join_token_routes(
         parsed = _parse_create(body)
         if isinstance(parsed, Response):
             return parsed
-        ttl, uses, labels = parsed
+        ttl, uses, labels, fabric = parsed
         try:
             text, token = await issuer.create_token(
-                ttl=timedelta(seconds=ttl), max_uses=uses, labels=labels
+                ttl=timedelta(seconds=ttl), max_uses=uses, labels=labels, fabric=fabric
             )
         except StoreError as exc:
             return error_response(503, f"cannot store the join token: {exc}", code="store_error")

@@ -75,6 +75,7 @@ from llmgw.pki.cluster import (
 )
 from llmgw.pki.keyhash import public_key_hash
 from llmgw.store import (
+    BoundLabels,
     Claim,
     IssuedCertificate,
     NodeBinding,
@@ -105,7 +106,9 @@ class NodeIdentities(Protocol):
 
     async def is_revoked(self, key_hash: str) -> bool: ...
 
-    async def claim(self, node_id: str, key_hash: str, *, now: datetime) -> Claim: ...
+    async def claim(
+        self, node_id: str, key_hash: str, *, now: datetime, bind: BoundLabels | None = None
+    ) -> Claim: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,9 +335,17 @@ class ClusterPki:
     # ---- tokens ----
 
     async def create_token(
-        self, *, ttl: timedelta, max_uses: int | None, labels: Mapping[str, str]
+        self,
+        *,
+        ttl: timedelta,
+        max_uses: int | None,
+        labels: Mapping[str, str],
+        fabric: Mapping[str, str] | None = None,
     ) -> tuple[str, StoredJoinToken]:
-        """A new join token: its full text (shown once) and what the store keeps."""
+        """A new join token: its full text (shown once) and what the store keeps.
+
+        `labels` and `fabric` bind: every node that joins with it keeps them,
+        whatever its agent declares (see `Join`)."""
         now = self._now()
         token = new_join_token(self.ca_hash)
         root = token_root(token, now=now, not_after=now + ttl + TOKEN_TRUST_GRACE)
@@ -350,6 +361,7 @@ class ClusterPki:
                 expires_at=now + ttl,
                 last_used_at=None,
                 revoked_at=None,
+                fabric=dict(fabric or {}),
             )
         )
         await self.refresh()
@@ -400,7 +412,12 @@ class ClusterPki:
         except (TokenUnusable, NotFound) as exc:
             raise Refusal(grpc.StatusCode.PERMISSION_DENIED, _token_hint(str(exc))) from exc
         if self._nodeids is not None:
-            claim = await self._nodeids.claim(node_id, key_hash, now=self._now())
+            claim = await self._nodeids.claim(
+                node_id,
+                key_hash,
+                now=self._now(),
+                bind=BoundLabels(labels=used.labels, fabric=used.fabric),
+            )
             if claim.outcome in ("taken", "revoked"):
                 raise Refusal(*_claim_refusal(node_id, claim.outcome))
         cert = await self._sign(csr, node_id, token_id=token.token_id)
