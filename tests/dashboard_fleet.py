@@ -13,7 +13,7 @@ kind no node has), and a few nodes are draining.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -32,6 +32,7 @@ from llmgw.control.inventory.model import (
     ShardState,
 )
 from llmgw.control.leadership.lease import LeaderInfo
+from llmgw.control.placements import Placement
 from llmgw.control.reconciler.controller import Controller
 from llmgw.control.reconciler.state import ReadyEndpoint
 from llmgw.control.reconciler.views import ModelControlService
@@ -78,6 +79,20 @@ class _NoDispatch:
 
     async def remove_weights(self, node_id: str, path: str) -> None:
         raise AssertionError("the dashboard fleet's controller never runs")
+
+
+class _NoPlacements:
+    async def record(self, placements: Sequence[Placement]) -> None:
+        raise AssertionError("the dashboard fleet's controller never runs")
+
+    def settled(self, shard_id: str, *, refused: bool) -> None:
+        raise AssertionError("the dashboard fleet's controller never runs")
+
+    def forget(self, shard_ids: Iterable[str]) -> None:
+        pass
+
+    def forget_node(self, node_id: str) -> None:
+        pass
 
 
 class _NoPublish:
@@ -179,6 +194,7 @@ def build_fleet(
         catalog=catalog,
         inventory=inventory,
         dispatcher=_NoDispatch(),
+        placements=_NoPlacements(),
         publisher=_NoPublish(),
         clock=clock.monotonic,
         wall_clock=clock.wall,

@@ -1,7 +1,8 @@
 """The fleet end to end: real `llmgw agent` processes against the control plane's agent service.
 
 The control plane runs in the test process (inventory + agent service on a real
-gRPC listener, the dispatcher driven directly, as the reconciler will); agents,
+gRPC listener, the dispatcher driven directly, as the reconciler does: each start
+recorded in the placement records of a real SQLite store first); agents,
 engines (`llmgw sim`, real llama.cpp) and sockets are real.
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from placement_fixtures import open_book, place
 from procs import Proc, free_port_block, llmgw
 
 from llmgw import __version__
@@ -28,7 +30,8 @@ from llmgw.control.agentsvc import (
     serve_agents,
 )
 from llmgw.control.inventory import Inventory, Node, ShardSpec, UnknownNode
-from llmgw.store import utc_now
+from llmgw.control.placements import PlacementBook
+from llmgw.store import Store, utc_now
 
 
 @dataclass
@@ -37,25 +40,35 @@ class ControlPlane:
     servicer: AgentServicer
     listener: AgentListener
     sweeper: asyncio.Task[None]
+    store: Store
+    placements: PlacementBook
+
+    async def start(self, node_id: str, spec: ShardSpec) -> None:
+        """Record the placement, then send the start (what the reconciler does)."""
+        await place(self.placements, node_id, spec)
+        await self.servicer.start_shard(node_id, spec)
 
     async def stop(self) -> None:
         self.sweeper.cancel()
         await self.listener.stop(1.0)
+        await self.store.close()
 
 
-async def start_control_plane(port: int = 0) -> ControlPlane:
+async def start_control_plane(data: Path, port: int = 0) -> ControlPlane:
+    """A control plane whose placement records live in `data` (a restart reads them)."""
+    store, placements = await open_book(data)
     inventory = Inventory(
         clock=time.monotonic, wall_clock=utc_now, unreachable_after=1.0, lost_after=2.5
     )
     servicer = AgentServicer(
-        inventory=inventory, heartbeat_interval=0.25, leader_id="test-server",
-        server_version=__version__, command_timeout=20.0,
+        inventory=inventory, placements=placements, heartbeat_interval=0.25,
+        leader_id="test-server", server_version=__version__, command_timeout=20.0,
     )  # fmt: skip
     listener = await serve_agents(servicer=servicer, host="127.0.0.1", port=port)
     sweeper = asyncio.create_task(
         run_sweeper(inventory=inventory, interval=0.1, sleep=asyncio.sleep)
     )
-    return ControlPlane(inventory, servicer, listener, sweeper)
+    return ControlPlane(inventory, servicer, listener, sweeper, store, placements)
 
 
 def start_agent(node: str, port: int, tmp: Path, *extra: str) -> Proc:
@@ -101,7 +114,7 @@ def port_of(inventory: Inventory, node: str) -> int:
 
 @pytest.fixture
 async def fleet(tmp_path: Path) -> AsyncIterator[tuple[ControlPlane, Proc, Proc]]:
-    plane = await start_control_plane()
+    plane = await start_control_plane(tmp_path / "data")
     one = start_agent("node-1", plane.listener.port, tmp_path)
     two = start_agent("node-2", plane.listener.port, tmp_path)
     try:
@@ -126,7 +139,7 @@ async def test_nodes_register_with_hardware_and_run_shards(
 
     port = port_of(plane.inventory, "node-1")
     spec = ShardSpec(shard_id="s1", model="m1", engine="sim", weights="", port=port)
-    await plane.servicer.start_shard("node-1", spec)
+    await plane.start("node-1", spec)
     await eventually(
         lambda: shard_state(plane.inventory, "node-1", "s1") == "ready", "the sim to be ready"
     )
@@ -148,7 +161,7 @@ async def test_nodes_register_with_hardware_and_run_shards(
         port=port + 1,
         engine_args=("--no-such-flag",),
     )
-    await plane.servicer.start_shard("node-1", bad)
+    await plane.start("node-1", bad)
     await eventually(
         lambda: shard_state(plane.inventory, "node-1", "s2") == "failed", "the bad engine to fail"
     )
@@ -158,7 +171,7 @@ async def test_nodes_register_with_hardware_and_run_shards(
 
     # A bad profile is refused before anything starts.
     with pytest.raises(CommandFailed, match="engine"):
-        await plane.servicer.start_shard(
+        await plane.start(
             "node-1", ShardSpec(shard_id="s3", model="m", engine="nope", weights="", port=port + 2)
         )
 
@@ -183,7 +196,7 @@ async def test_a_killed_agent_goes_unreachable_then_lost_and_its_engine_outlives
 ) -> None:
     plane, _, two = fleet
     port = port_of(plane.inventory, "node-2")
-    await plane.servicer.start_shard(
+    await plane.start(
         "node-2", ShardSpec(shard_id="k1", model="m1", engine="sim", weights="", port=port)
     )
     await eventually(
@@ -205,13 +218,13 @@ async def test_a_killed_agent_goes_unreachable_then_lost_and_its_engine_outlives
 async def test_agents_reconnect_to_a_restarted_server_and_shards_are_adopted(
     tmp_path: Path,
 ) -> None:
-    plane = await start_control_plane()
+    plane = await start_control_plane(tmp_path / "data")
     port = plane.listener.port
     agent = start_agent("node-1", port, tmp_path)
     try:
         await eventually(lambda: find_node(plane.inventory, "node-1") is not None, "registration")
         engine_port = port_of(plane.inventory, "node-1")
-        await plane.servicer.start_shard(
+        await plane.start(
             "node-1",
             ShardSpec(shard_id="a1", model="m1", engine="sim", weights="", port=engine_port),
         )
@@ -224,7 +237,7 @@ async def test_agents_reconnect_to_a_restarted_server_and_shards_are_adopted(
         # The engine keeps serving while the control plane is away.
         async with httpx.AsyncClient() as client:
             assert (await client.get(url + "/v1/models")).status_code == 200
-        plane = await start_control_plane(port)
+        plane = await start_control_plane(tmp_path / "data", port)
         await eventually(
             lambda: shard_state(plane.inventory, "node-1", "a1") == "ready", "adoption", within=40
         )
@@ -246,7 +259,7 @@ async def test_llamacpp_shard_serves_the_real_model(tmp_path: Path) -> None:
     assert engine_python and model_file, (
         "LLMGW_ENGINE_PYTHON and LLMGW_MODEL_FILE are unset: run `make test`"
     )
-    plane = await start_control_plane()
+    plane = await start_control_plane(tmp_path / "data")
     agent = start_agent("node-1", plane.listener.port, tmp_path, "--engine-python", engine_python)
     try:
         await eventually(lambda: find_node(plane.inventory, "node-1") is not None, "registration")
@@ -254,7 +267,7 @@ async def test_llamacpp_shard_serves_the_real_model(tmp_path: Path) -> None:
         spec = ShardSpec(
             shard_id="g1", model="gemma-3-270m", engine="llamacpp", weights=model_file, port=port
         )
-        await plane.servicer.start_shard("node-1", spec)
+        await plane.start("node-1", spec)
         await eventually(
             lambda: shard_state(plane.inventory, "node-1", "g1") in ("ready", "failed"),
             "llama.cpp ready",

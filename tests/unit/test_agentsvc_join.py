@@ -14,6 +14,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from placement_fixtures import placements_fixture  # noqa: F401
 from test_agentsvc_stream import register_message
 
 from llmgw.agent.enroll import NodeCredentials, fetch_server_chain, join
@@ -21,6 +22,7 @@ from llmgw.control.agentsvc import AgentListener, AgentServicer
 from llmgw.control.agentsvc.cluster_pki import ClusterPki, PkiSettings
 from llmgw.control.agentsvc.join import serve_cluster_agents
 from llmgw.control.inventory import Inventory
+from llmgw.control.placements import PlacementBook
 from llmgw.pki.cluster import (
     cert_pem,
     create_cluster_key,
@@ -38,7 +40,9 @@ def now() -> datetime:
 
 
 @pytest.fixture
-async def served(tmp_path: Path) -> AsyncIterator[tuple[ClusterPki, AgentListener, Inventory]]:
+async def served(
+    tmp_path: Path, placements: PlacementBook
+) -> AsyncIterator[tuple[ClusterPki, AgentListener, Inventory]]:
     store: Store = await open_store(store_url(tmp_path / "data", None))
     await store.upgrade()
     pki = ClusterPki(
@@ -53,8 +57,8 @@ async def served(tmp_path: Path) -> AsyncIterator[tuple[ClusterPki, AgentListene
     loop = asyncio.get_running_loop()
     inventory = Inventory(clock=loop.time, wall_clock=now, unreachable_after=15.0, lost_after=60.0)
     servicer = AgentServicer(
-        inventory=inventory, heartbeat_interval=5.0, leader_id="s:1", server_version="9.9.9",
-        command_timeout=5.0, require_identity=True,
+        inventory=inventory, placements=placements, heartbeat_interval=5.0, leader_id="s:1",
+        server_version="9.9.9", command_timeout=5.0, require_identity=True,
     )  # fmt: skip
     listener = await serve_cluster_agents(servicer=servicer, pki=pki, host="127.0.0.1", port=0)
     try:

@@ -9,10 +9,12 @@ from datetime import UTC, datetime
 
 import grpc
 import pytest
+from placement_fixtures import placements_fixture  # noqa: F401
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 
 from llmgw.control.agentsvc import AgentListener, AgentServicer, serve_agents
 from llmgw.control.inventory import Inventory
+from llmgw.control.placements import PlacementBook
 from llmgw.proto import agent_pb2, agent_pb2_grpc
 
 Call = grpc.aio.StreamStreamCall[agent_pb2.AgentMessage, agent_pb2.ServerMessage]
@@ -33,7 +35,7 @@ class Served:
 
 
 @pytest.fixture
-async def served() -> AsyncIterator[Served]:
+async def served(placements: PlacementBook) -> AsyncIterator[Served]:
     loop = asyncio.get_running_loop()
     inventory = Inventory(
         clock=loop.time,
@@ -44,6 +46,7 @@ async def served() -> AsyncIterator[Served]:
     registry = CollectorRegistry()
     servicer = AgentServicer(
         inventory=inventory,
+        placements=placements,
         heartbeat_interval=5.0,
         leader_id="server-1",
         server_version="9.9.9",
@@ -129,7 +132,7 @@ async def test_open_streams_are_read_at_scrape_time(served: Served) -> None:
     await eventually(lambda: served.streams() == 0, "no stream is counted")
 
 
-async def test_without_a_registry_nothing_is_registered() -> None:
+async def test_without_a_registry_nothing_is_registered(placements: PlacementBook) -> None:
     loop = asyncio.get_running_loop()
     inventory = Inventory(
         clock=loop.time,
@@ -141,6 +144,7 @@ async def test_without_a_registry_nothing_is_registered() -> None:
     for _ in range(2):
         AgentServicer(
             inventory=inventory,
+            placements=placements,
             heartbeat_interval=5.0,
             leader_id="server-1",
             server_version="9.9.9",

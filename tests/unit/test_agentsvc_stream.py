@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 import grpc
 import pytest
+from placement_fixtures import place, placements_fixture  # noqa: F401
 
 from llmgw.control.agentsvc import (
     AgentListener,
@@ -20,6 +21,7 @@ from llmgw.control.agentsvc import (
     serve_agents,
 )
 from llmgw.control.inventory import Inventory
+from llmgw.control.placements import PlacementBook
 from llmgw.proto import agent_pb2, agent_pb2_grpc
 
 Call = grpc.aio.StreamStreamCall[agent_pb2.AgentMessage, agent_pb2.ServerMessage]
@@ -27,8 +29,13 @@ Call = grpc.aio.StreamStreamCall[agent_pb2.AgentMessage, agent_pb2.ServerMessage
 
 class Service:
     def __init__(
-        self, listener: AgentListener, inventory: Inventory, channel: grpc.aio.Channel
+        self,
+        listener: AgentListener,
+        inventory: Inventory,
+        channel: grpc.aio.Channel,
+        placements: PlacementBook,
     ) -> None:
+        self.placements = placements
         self.listener = listener
         self.servicer = listener.servicer
         self.inventory = inventory
@@ -100,7 +107,7 @@ ServiceFactory = Callable[..., Awaitable[Service]]
 
 
 @pytest.fixture
-async def make_service() -> AsyncIterator[ServiceFactory]:
+async def make_service(placements: PlacementBook) -> AsyncIterator[ServiceFactory]:
     opened: list[Service] = []
 
     async def make(command_timeout: float = 5.0, **servicer_args: object) -> Service:
@@ -113,6 +120,7 @@ async def make_service() -> AsyncIterator[ServiceFactory]:
         )
         servicer = AgentServicer(
             inventory=inventory,
+            placements=placements,
             heartbeat_interval=5.0,
             leader_id="server-1",
             server_version="9.9.9",
@@ -121,7 +129,7 @@ async def make_service() -> AsyncIterator[ServiceFactory]:
         )
         listener = await serve_agents(servicer=servicer, host="127.0.0.1", port=0)
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{listener.port}")
-        service = Service(listener, inventory, channel)
+        service = Service(listener, inventory, channel, placements)
         opened.append(service)
         return service
 
@@ -174,6 +182,8 @@ async def test_register_answers_registered_and_fills_the_inventory(service: Serv
 
 async def test_reports_reach_the_inventory(service: Service) -> None:
     call = await service.register()
+    spec = ShardSpec(shard_id="s1", model="llama-8b", engine="vllm", weights="w", port=20001)
+    await place(service.placements, "node-a", spec)
     await call.write(
         agent_pb2.AgentMessage(
             heartbeat=agent_pb2.Heartbeat(
@@ -375,6 +385,7 @@ async def test_a_second_plaintext_stream_for_a_live_node_is_refused(service: Ser
 
 
 async def test_reported_running_shards_are_adopted(service: Service) -> None:
+    await place(service.placements, "node-a", SPEC)
     running = agent_pb2.ShardStatus(
         shard_id="llama-8b-0",
         model="llama-8b",
@@ -385,7 +396,7 @@ async def test_reported_running_shards_are_adopted(service: Service) -> None:
             shard_id="llama-8b-0", model="llama-8b", engine="vllm", gpu_indices=[0, 1], port=20001
         ),
     )
-    call = await service.register(running_shards=[running])
+    call = await service.register(running_shards=[running], advertise_host="10.0.0.5")
     node = service.inventory.node("node-a")
     assert list(node.shards) == ["llama-8b-0"]
     shard = node.shards["llama-8b-0"]
@@ -395,6 +406,8 @@ async def test_reported_running_shards_are_adopted(service: Service) -> None:
         (0, 1),
         "http://10.0.0.5:20001",
     )
+    # The spec is the one the leader recorded, not the one the node sent.
+    assert shard.spec == SPEC
     await call.done_writing()
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from placement_fixtures import placements_fixture  # noqa: F401
 from test_agentsvc_stream import register_message
 
 from llmgw import pki
@@ -23,6 +24,7 @@ from llmgw.config import AgentTLSConfig
 from llmgw.control.agentsvc import AgentListener, AgentListenerError, AgentServicer, serve_agents
 from llmgw.control.agentsvc.servicer import REFUSED_METADATA_KEY, REFUSED_STANDBY
 from llmgw.control.inventory import Inventory
+from llmgw.control.placements import PlacementBook
 from llmgw.proto import agent_pb2, agent_pb2_grpc
 
 Call = grpc.aio.StreamStreamCall[agent_pb2.AgentMessage, agent_pb2.ServerMessage]
@@ -64,7 +66,7 @@ Factory = Callable[..., Awaitable[Listener]]
 
 
 @pytest.fixture
-async def listen() -> AsyncIterator[Factory]:
+async def listen(placements: PlacementBook) -> AsyncIterator[Factory]:
     started: list[AgentListener] = []
 
     async def start(
@@ -82,9 +84,9 @@ async def listen() -> AsyncIterator[Factory]:
             return refusal
 
         servicer = AgentServicer(
-            inventory=inventory, heartbeat_interval=5.0, leader_id="server-1",
-            server_version="9.9.9", command_timeout=5.0, require_identity=require_identity,
-            admission=admission,
+            inventory=inventory, placements=placements, heartbeat_interval=5.0,
+            leader_id="server-1", server_version="9.9.9", command_timeout=5.0,
+            require_identity=require_identity, admission=admission,
         )  # fmt: skip
         listener = await serve_agents(servicer=servicer, host="127.0.0.1", port=0, tls=tls)
         started.append(listener)

@@ -19,6 +19,7 @@ import grpc
 import pytest
 import test_agent_connection
 from cryptography.hazmat.primitives import serialization
+from placement_fixtures import placements_fixture  # noqa: F401
 from prometheus_client import CollectorRegistry
 from test_agent_connection import Servers, connection, run_until_stopped
 from test_agentsvc_stream import register_message
@@ -34,6 +35,7 @@ from llmgw.control.agentsvc.identity import (
     REPLACE_WINDOW_SECONDS,
 )
 from llmgw.control.inventory import Inventory
+from llmgw.control.placements import PlacementBook
 from llmgw.pki.keyhash import certificate_key_hash, public_key_hash
 from llmgw.proto import agent_pb2, agent_pb2_grpc
 from llmgw.store import Store, open_store, store_url
@@ -102,7 +104,7 @@ Factory = Callable[..., Awaitable[Served]]
 
 
 @pytest.fixture
-async def serve(tmp_path: Path, certs: Certs) -> AsyncIterator[Factory]:
+async def serve(tmp_path: Path, certs: Certs, placements: PlacementBook) -> AsyncIterator[Factory]:
     started: list[Served] = []
 
     async def start(*, tls: bool = True, migrated: bool = True) -> Served:
@@ -118,7 +120,8 @@ async def serve(tmp_path: Path, certs: Certs) -> AsyncIterator[Factory]:
         clock = Clock()
         events: list[tuple[str, str]] = []
         servicer = AgentServicer(
-            inventory=inventory, heartbeat_interval=HEARTBEAT, leader_id="server-1",
+            inventory=inventory, placements=placements, heartbeat_interval=HEARTBEAT,
+            leader_id="server-1",
             server_version="9.9.9", command_timeout=5.0, registry=registry,
             require_identity=tls, identities=store.nodeids,
             record_event=lambda node, message: events.append((node, message)), clock=clock,

@@ -7,7 +7,7 @@ nothing is started (the only node is too small).
 
 from __future__ import annotations
 
-from dashboard_fleet import GIB, ManualClock, _NoDispatch, _NoPublish
+from dashboard_fleet import GIB, ManualClock, _NoDispatch, _NoPlacements, _NoPublish
 
 from llmgw.control.catalog import Catalog
 from llmgw.control.catalog.model import CatalogModel, Profile
@@ -54,6 +54,7 @@ def test_a_changed_reason_is_recorded_again() -> None:
         catalog=Catalog(repo=None, config_models=[model], config_file="llmgw.yaml"),
         inventory=inventory,
         dispatcher=_NoDispatch(),
+        placements=_NoPlacements(),
         publisher=_NoPublish(),
         clock=clock.monotonic,
         wall_clock=clock.wall,

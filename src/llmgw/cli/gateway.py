@@ -68,6 +68,7 @@ from llmgw.control.leadership import (
     published,
     sync_demand,
 )
+from llmgw.control.placements import PlacementBook
 from llmgw.control.reachability import ReachabilityGate, tcp_probe
 from llmgw.control.reconciler.controller import Controller
 from llmgw.control.reconciler.views import ModelControlService
@@ -134,23 +135,29 @@ async def _lead(
     publisher: StorePublisher,
     store: Store,
     agents: AgentServicer,
+    placements: PlacementBook,
     fleet: Callable[[int], Awaitable[None]],
 ) -> None:
     """The leader-only tasks of one term; cancelled when the lease is lost."""
     try:
-        expected = await published(store.leadership)
-    except StoreError as exc:
-        log.warning("cannot read what the previous leader published: %s", exc)
-        expected = {}
-    try:
+        # Before anything else: agents' reports are judged against these records,
+        # and Registers wait until they are read.
+        await placements.start_term(epoch)
+        try:
+            expected = await published(store.leadership)
+        except StoreError as exc:
+            log.warning("cannot read what the previous leader published: %s", exc)
+            expected = {}
         async with asyncio.TaskGroup() as group:
             group.create_task(guard("reconciler", controller.run(expected=expected)))
             group.create_task(guard("endpoint publisher", publisher.run(epoch)))
+            group.create_task(guard("placement records", placements.run()))
             group.create_task(guard("fleet publisher", fleet(epoch)))
     finally:
         # Agents must move to the new leader: a standby holding their streams
         # would keep nodes the leader cannot command.
         await agents.close_all("this server no longer leads the control plane")
+        placements.end_term()
 
 
 async def _follow(*loops: Coroutine[Any, Any, None]) -> None:
@@ -380,8 +387,13 @@ async def _serve(
     store_publisher = StorePublisher(
         local=gate, store=store.leadership, lease_name=LEASE_NAME, on_fenced=leadership.lost
     )
+    placements = PlacementBook(
+        store=store.placements, lease_name=LEASE_NAME, on_fenced=leadership.lost
+    )
     agents = AgentServicer(
         inventory=inventory,
+        placements=placements,
+        stop_grace=cfg.control.stop_grace,
         heartbeat_interval=cfg.control.heartbeat_interval,
         leader_id=server_id,
         server_version=__version__,
@@ -400,6 +412,7 @@ async def _serve(
         catalog=catalog,
         inventory=inventory,
         dispatcher=agents,
+        placements=placements,
         publisher=store_publisher,
         clock=clock,
         wall_clock=utc_now,
@@ -742,6 +755,7 @@ async def _serve(
                                 store_publisher,
                                 store,
                                 agents,
+                                placements,
                                 fleet=lambda epoch: publish_fleet(
                                     store=store.leadership,
                                     views=lambda: {

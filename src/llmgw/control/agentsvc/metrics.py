@@ -10,7 +10,10 @@ accepted, reconnected (the node's older stream was closed), in_use (another
 stream holds the node id), taken (the id belongs to another certificate),
 revoked, invalid, unavailable (the store could not be asked). Refusals before
 the Register is read (a standby's, a certificate naming another node) are not
-counted here.
+counted here. `llmgw_agent_shard_reports_refused_total{reason}` counts shard
+reports not believed: unplaced (no placement record of that shard on that
+node), model (recorded for another model), endpoint (an engine URL that is not
+where the node is).
 
 Not guaranteed: the whole cost of a message. Decoding the protobuf, the gRPC
 transport and the event loop's scheduling happen before the clock starts; the
@@ -36,6 +39,7 @@ REGISTER_OUTCOMES = (
     "invalid",
     "unavailable",
 )
+REFUSED_SHARD_REASONS = ("unplaced", "model", "endpoint")
 # Handling a heartbeat is tens of microseconds; the top bucket catches a
 # stalled event loop or a registration carrying many shards.
 _MESSAGE_BUCKETS = (
@@ -101,6 +105,18 @@ class AgentMetrics:
         )
         for outcome in REGISTER_OUTCOMES:
             self.registers.labels(outcome)
+        self.refused_shards = Counter(
+            "llmgw_agent_shard_reports_refused",
+            "Shard reports from agents that were not believed, by why: unplaced, model, endpoint.",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in REFUSED_SHARD_REASONS:
+            self.refused_shards.labels(reason)
+
+    def refused_shard(self, reason: str) -> None:
+        """Count one shard report that was not believed (one of REFUSED_SHARD_REASONS)."""
+        self.refused_shards.labels(reason).inc()
 
     def registered(self, outcome: str) -> None:
         """Count one Register by its outcome (one of REGISTER_OUTCOMES)."""

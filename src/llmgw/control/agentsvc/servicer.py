@@ -15,6 +15,13 @@ over).
 deliver a command to a node. Given a registry, it times every message it
 handles and reports its open streams (see `metrics.py`).
 
+Every shard a node reports, at Register and later, is judged against the
+placement records first (`ShardVetting`, the `PlacementBook`): a shard the
+leader never placed on that node, or recorded for another model, never reaches
+the inventory; a recorded shard whose engine URL is not where the node is
+reaches it as failed; either way the node is told to stop it (`refusals`).
+Registers wait (up to `LOAD_WAIT_SECONDS`) until this term's records are read.
+
 Two gates come before a stream is served. `admission` is asked first, before
 any message is read: a standby answers with why it refuses (naming the
 leader), and the stream ends UNAVAILABLE with that text and the trailing
@@ -64,6 +71,7 @@ from llmgw.control.agentsvc.identity import (
     reserved_name_refusal,
 )
 from llmgw.control.agentsvc.metrics import AgentMetrics
+from llmgw.control.agentsvc.refusals import ShardRefusals
 from llmgw.control.agentsvc.session import CommandOutcome, NodeSession
 from llmgw.control.inventory.model import (
     GpuUsage,
@@ -72,6 +80,7 @@ from llmgw.control.inventory.model import (
     ShardSpec,
     is_loopback,
 )
+from llmgw.control.placements import NodeAddress, Verdict
 from llmgw.proto import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger("llmgw.control.agentsvc")
@@ -84,6 +93,22 @@ Context = grpc.aio.ServicerContext[agent_pb2.AgentMessage, agent_pb2.ServerMessa
 # server" from a transport failure without parsing the message text.
 REFUSED_METADATA_KEY = "llmgw-refused"
 REFUSED_STANDBY = "standby"
+# How long a Register waits for a new leader to read its placement records; the
+# agent's own connect timeout is longer, and it simply retries after a refusal.
+LOAD_WAIT_SECONDS = 5.0
+
+
+class ShardVetting(Protocol):
+    """Judges shard reports against the placement records; the `PlacementBook` satisfies it."""
+
+    @property
+    def loaded(self) -> bool: ...
+
+    async def wait_loaded(self) -> None: ...
+
+    def vet(self, node_id: str, where: NodeAddress, report: ShardReport, /) -> Verdict: ...
+
+    def registered(self, node_id: str, reported: Collection[str], /) -> None: ...
 
 
 class NodeReports(Protocol):
@@ -139,6 +164,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         self,
         *,
         inventory: NodeReports,
+        placements: ShardVetting,
         heartbeat_interval: float,
         leader_id: str,
         server_version: str,
@@ -149,6 +175,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         identities: NodeIdentities | None = None,
         record_event: Callable[[str, str], None] | None = None,
         reserved_names: Callable[[], Collection[str]] = tuple,
+        stop_grace: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
@@ -159,9 +186,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         `identities`: where node ids are claimed for certificate keys (the
         store); `record_event(node_id, message)` notes refused registrations.
         `reserved_names()`: the names on this server's own certificate (lower
-        case); a Register under one of them is refused.
+        case); a Register under one of them is refused. `placements` judges every
+        shard report; a refused shard is stopped with `stop_grace` seconds' grace.
         """
         self._inventory = inventory
+        self._placements = placements
         self._clock = clock
         # Three heartbeats missed: the agent's stream is dead even if its TCP
         # connection was never closed (the same margin the inventory gives).
@@ -184,6 +213,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             None
             if registry is None
             else AgentMetrics(registry=registry, streams=lambda: len(self._sessions))
+        )
+        self._refusals = ShardRefusals(
+            record_event=record_event, clock=clock, stop_grace=stop_grace, metrics=self._metrics
         )
 
     def connected(self) -> list[str]:
@@ -256,6 +288,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             )
         if self._require_identity:
             await self._check_identity(registration.node_id, context)
+        await self._wait_for_placements(context)
         session = await self._admit(registration, context)
         if self._metrics is not None:
             self._metrics.handled("register", time.perf_counter() - started)
@@ -312,6 +345,20 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             f"{node_id!r} (`llmgw certs issue --node {node_id}`)",
         )
 
+    async def _wait_for_placements(self, context: Context) -> None:
+        """Abort UNAVAILABLE unless this term's placement records are read in time."""
+        if self._placements.loaded:
+            return
+        try:
+            async with asyncio.timeout(LOAD_WAIT_SECONDS):
+                await self._placements.wait_loaded()
+        except TimeoutError:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                "this server has not read its placement records yet (it has just taken over "
+                "the control plane, or cannot reach its store); the agent retries",
+            )
+
     async def _admit(self, registration: NodeRegistration, context: Context) -> NodeSession:
         """Open the node's session, or end the stream with why the Register is refused."""
         node_id, peer = registration.node_id, context.peer()
@@ -339,11 +386,27 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     ) -> NodeSession:
         node_id = registration.node_id
         registration = dataclasses.replace(registration, seen_from=convert.peer_host(peer))
+        where = NodeAddress(
+            advertise_host=registration.advertise_host,
+            seen_from=registration.seen_from,
+            port_range=registration.port_range,
+            interfaces=registration.interfaces,
+        )
+        verdicts = [
+            (r.shard_id, self._placements.vet(node_id, where, r))
+            for r in registration.running_shards
+        ]
+        self._placements.registered(node_id, {r.shard_id for r in registration.running_shards})
+        registration = dataclasses.replace(
+            registration,
+            running_shards=tuple(v.report for _, v in verdicts if v.report is not None),
+        )
         # Inventory first: if it refuses, no session state has changed. No await
         # from here to the end, so no other stream sees a half-open session.
         self._inventory.register(registration)
         _log_addresses(registration)
         session = NodeSession(node_id=node_id, peer=peer, key_hash=key_hash, opened=self._clock())
+        session.where = where
         old = self._sessions.get(node_id)
         self._sessions[node_id] = session
         if old is not None:
@@ -364,6 +427,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 )
             )
         )
+        # After Registered: the agent acts on commands only once it is registered.
+        for shard_id, verdict in verdicts:
+            if verdict.refused is not None:
+                self._refusals.refused(session, shard_id, verdict)
         return session
 
     def _close(self, session: NodeSession) -> None:
@@ -411,7 +478,13 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         if kind == "heartbeat":
             self._inventory.heartbeat(node_id, convert.gpu_usage(message.heartbeat.gpus))
         elif kind == "shard_status":
-            self._inventory.shard_status(node_id, convert.shard_report(message.shard_status))
+            report = convert.shard_report(message.shard_status)
+            assert session.where is not None  # set when the session was opened
+            verdict = self._placements.vet(node_id, session.where, report)
+            if verdict.report is not None:
+                self._inventory.shard_status(node_id, verdict.report)
+            if verdict.refused is not None:
+                self._refusals.refused(session, report.shard_id, verdict)
         elif kind == "command_result":
             result = message.command_result
             outcome = CommandOutcome(ok=result.ok, error=result.error)

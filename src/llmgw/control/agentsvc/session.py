@@ -15,6 +15,7 @@ import asyncio
 from dataclasses import dataclass
 
 from llmgw.control.agentsvc.errors import NodeNotConnected
+from llmgw.control.placements import NodeAddress
 from llmgw.proto import agent_pb2
 
 
@@ -40,6 +41,10 @@ class NodeSession:
         # When the agent last sent anything (servicer's monotonic clock): a stream
         # silent for several heartbeats is treated as dead by a new Register.
         self.last_heard = opened
+        # Where the node is (its Register and stream), for judging engine URLs.
+        self.where: NodeAddress | None = None
+        # Shards told to stop because their reports were refused, not yet answered.
+        self.refused_stops: set[str] = set()
         self._outgoing: asyncio.Queue[agent_pb2.ServerMessage | None] = asyncio.Queue()
         self._pending: dict[str, asyncio.Future[CommandOutcome]] = {}
         self._closed_because: str | None = None

@@ -6,7 +6,8 @@
   (fenced) makes this server step down.
 - `follow_endpoints` is a standby's loop: it reads what the leader published
   and hands it to the controller (which publishes it to the local router), so
-  clients may use any server.
+  clients may use any server. Only replicas with a placement record are read
+  back (the store joins them), and only at the port their record gives them.
 - `sync_demand` runs on every server: it reports this server's demand and, on
   the leader, reads everyone else's, counting only servers announced within one
   lease TTL (a server killed mid-request leaves rows nobody withdraws). The
@@ -25,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Protocol
@@ -170,6 +172,7 @@ async def follow_endpoints(
 ) -> None:
     """A standby's loop: apply the leader's published endpoints every `interval` s."""
     last: dict[str, list[ReadyEndpoint]] | None = None
+    refused: set[tuple[str, str]] = set()
     while True:
         try:
             rows = await store.endpoints()
@@ -177,12 +180,31 @@ async def follow_endpoints(
             log.warning("cannot read the published endpoints (keeping the last): %s", exc)
         else:
             ready: dict[str, list[ReadyEndpoint]] = {}
+            wrong: set[tuple[str, str]] = set()
             for row in rows:
+                if _port(row.url) != row.port:
+                    wrong.add((row.replica_id, row.url))
+                    continue
                 ready.setdefault(row.model, []).append(ReadyEndpoint(row.replica_id, row.url))
+            for replica_id, url in sorted(wrong - refused):
+                log.warning(
+                    "not serving replica %s at %s: the leader published it at another port "
+                    "than its placement record gives it",
+                    replica_id,
+                    url,
+                )
+            refused = wrong
             if ready != last:
                 apply(ready)
                 last = ready
         await asyncio.sleep(interval)
+
+
+def _port(url: str) -> int | None:
+    try:
+        return urllib.parse.urlsplit(url).port
+    except ValueError:
+        return None
 
 
 async def sync_demand(

@@ -19,6 +19,13 @@ failure refuses waiting requests at once (with the engine's output) only when
 it was a start that failed; when a replica that had served crashes, requests
 wait for its replacement, within the activation timeout.
 
+Every start is recorded first (`PlacementLedger`, the placement records in the
+store), all the starts of one reconcile in one write, and only sent once the
+record is written; a start whose record cannot be written is not sent (the
+next reconcile places it again). A shard that ended takes its record with it,
+and so does a node the operator removed. Only recorded shards reach the
+inventory (the agent service refuses the others), so only they are published.
+
 Not guaranteed:
 - Persistence. Replicas are what the agents report; demand and failure history
   live in this process and restart empty (running replicas are adopted, and
@@ -41,9 +48,10 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from llmgw.control.agentsvc.dispatcher import Dispatcher
-from llmgw.control.agentsvc.errors import AgentServiceError
+from llmgw.control.agentsvc.errors import AgentServiceError, CommandFailed
 from llmgw.control.catalog.model import CatalogModel
 from llmgw.control.inventory import Change, Node, Shard
+from llmgw.control.placements import Placement, PlacementError
 from llmgw.control.reconciler.autoscale import LoadSignals, replicas_for_load
 from llmgw.control.reconciler.demand import DemandBook
 from llmgw.control.reconciler.errors import (
@@ -94,6 +102,20 @@ class CatalogView(Protocol):
     def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]: ...
 
 
+class PlacementLedger(Protocol):
+    """Where starts are recorded before they are sent; the `PlacementBook` satisfies it."""
+
+    async def record(self, placements: Sequence[Placement], /) -> None:
+        """Write the records; raises `PlacementError` when they could not be."""
+        ...
+
+    def settled(self, shard_id: str, /, *, refused: bool) -> None: ...
+
+    def forget(self, shard_ids: Iterable[str], /) -> None: ...
+
+    def forget_node(self, node_id: str, /) -> None: ...
+
+
 class InventoryView(Protocol):
     def nodes(self) -> list[Node]: ...
 
@@ -137,6 +159,7 @@ class Controller:
         catalog: CatalogView,
         inventory: InventoryView,
         dispatcher: Dispatcher,
+        placements: PlacementLedger,
         publisher: EndpointPublisher,
         clock: Callable[[], float],
         wall_clock: Callable[[], datetime],
@@ -168,6 +191,7 @@ class Controller:
         self._catalog = catalog
         self._inventory = inventory
         self._dispatcher = dispatcher
+        self._placements = placements
         self._publisher = publisher
         self._clock = clock
         self._wall_clock = wall_clock
@@ -303,11 +327,16 @@ class Controller:
         self._abandoned = doubted
         if fresh and self._abandon is not None:
             self._abandon(sorted(fresh))
+        starts = []
         for action in result.actions:
             if isinstance(action, Start):
                 self._start(action)
+                starts.append(action)
             else:
                 self._stop(action)
+        if starts:
+            # One write records them all (a multi-node replica's shards together).
+            self._spawn(self._record_and_start(starts), f"start {len(starts)} shard(s)")
         # After the stops are marked: a stopping replica leaves the router before
         # its engine hears of it.
         self._publish(self._inventory.nodes())
@@ -507,17 +536,43 @@ class Controller:
             )
         log.info("model %s: %s", action.model, message)
         self._event("start", action.model, action.node_id, message)
-        self._spawn(self._run_start(action), f"start {spec.shard_id}")
+
+    async def _record_and_start(self, starts: Sequence[Start]) -> None:
+        """Record the placements, then send the starts (each on its own)."""
+        try:
+            await self._placements.record(
+                [Placement(node_id=a.node_id, profile=a.profile, spec=a.spec) for a in starts]
+            )
+        except PlacementError as exc:
+            for action in starts:
+                shard_id = action.spec.shard_id
+                self._pending.pop(shard_id, None)
+                self._seen_shards.discard(shard_id)
+                message = (
+                    f"replica {shard_id} was not started on node {action.node_id}: its placement "
+                    f"could not be recorded ({exc}); the next reconcile places it again"
+                )
+                log.warning("model %s: %s", action.model, message)
+                self._event("start", action.model, action.node_id, message)
+            self._wake.set()
+            return
+        for action in starts:
+            self._spawn(self._run_start(action), f"start {action.spec.shard_id}")
 
     async def _run_start(self, action: Start) -> None:
         spec = action.spec
+        refused = False
         try:
             await self._dispatcher.start_shard(action.node_id, spec)
         except AgentServiceError as exc:
+            # Only a refusal says the engine was not started; a timeout or a broken
+            # stream may hide a start, so its record stays until the node says.
+            refused = isinstance(exc, CommandFailed)
             self._failed(
                 action.model, action.node_id, spec.shard_id, exc.message, (), None, spec.port
             )
         finally:
+            self._placements.settled(spec.shard_id, refused=refused)
             self._pending.pop(spec.shard_id, None)
             self._wake.set()
 
@@ -528,6 +583,7 @@ class Controller:
             self._stop_requested.discard(action.shard_id)
             self._seen_shards.discard(action.shard_id)
             self._inventory.forget_shard(action.node_id, action.shard_id)
+            self._placements.forget([action.shard_id])
             return
         self._stopping.add(action.shard_id)
         self._stop_requested.add(action.shard_id)
@@ -569,6 +625,8 @@ class Controller:
             shard = self._find_shard(change.node_id, change.shard_id)
             if shard is not None:
                 self._on_shard(change.node_id, shard)
+        elif change.kind == "node_removed":
+            self._placements.forget_node(change.node_id)
         elif change.kind != "shard_removed":
             node = self._find_node(change.node_id)
             if node is not None:
