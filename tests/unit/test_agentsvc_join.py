@@ -59,6 +59,7 @@ async def served(
     servicer = AgentServicer(
         inventory=inventory, placements=placements, heartbeat_interval=5.0, leader_id="s:1",
         server_version="9.9.9", command_timeout=5.0, require_identity=True,
+        identities=store.nodeids,
     )  # fmt: skip
     listener = await serve_cluster_agents(servicer=servicer, pki=pki, host="127.0.0.1", port=0)
     try:
@@ -132,4 +133,38 @@ async def test_a_joined_node_registers_and_a_token_certificate_cannot_open_a_str
     for done in (second_call, call):
         done.cancel()
     await second.close()
+    await chan.close()
+
+
+async def test_a_node_keeps_its_join_token_s_labels_whatever_its_agent_declares(
+    served: tuple[ClusterPki, AgentListener, Inventory],
+) -> None:
+    pki, listener, inventory = served
+    text, _ = await pki.create_token(
+        ttl=timedelta(hours=1), max_uses=1, labels={"zone": "a"}, fabric={"ib-domain": "pod1"}
+    )
+    creds = await join(
+        f"127.0.0.1:{listener.port}", parse_join_token(text), node_id="gpu-1", now=now()
+    )
+    assert dict(creds.labels) == {"zone": "a"}
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=creds.ca_pem, private_key=creds.key_pem, certificate_chain=creds.cert_pem
+    )
+    chan = grpc.aio.secure_channel(
+        f"127.0.0.1:{listener.port}", credentials, options=[("grpc.use_local_subchannel_pool", 1)]
+    )
+    call: Call = agent_pb2_grpc.AgentServiceStub(chan).Connect()
+    # The node's own certificate, declaring another zone and fabric, and a label of its own.
+    declared = register_message("gpu-1")
+    declared.labels.clear()
+    declared.labels.update({"zone": "b", "gpu": "l40s"})
+    declared.fabric.clear()
+    declared.fabric.update({"ib-domain": "pod9", "rack": "7"})
+    await call.write(agent_pb2.AgentMessage(register=declared))
+    reply = await asyncio.wait_for(call.read(), 10)
+    assert reply.HasField("registered")
+    node = inventory.node("gpu-1")
+    assert dict(node.labels) == {"zone": "a", "gpu": "l40s"}
+    assert dict(node.fabric) == {"ib-domain": "pod1", "rack": "7"}
+    call.cancel()
     await chan.close()

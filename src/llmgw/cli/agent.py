@@ -27,6 +27,7 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -361,6 +362,21 @@ def _obtain_certificate(options: _Options) -> NodeCredentials:
         raise _fail(str(exc)) from None
 
 
+def _token_labels_win(flags: Mapping[str, str], token: Mapping[str, str]) -> dict[str, str]:
+    """The labels this node declares: its --labels, with its join token's over them."""
+    for key, value in sorted(flags.items()):
+        if key in token and token[key] != value:
+            log.warning(
+                "--labels %s=%s is ignored: this node's join token fixes %s=%s (the server "
+                "keeps the token's labels); join with another token to change it",
+                key,
+                value,
+                key,
+                token[key],
+            )
+    return {**flags, **token}
+
+
 def _node_id(
     value: str | None, tls: TlsMaterial | None, joined: NodeCredentials | None = None
 ) -> str:
@@ -560,8 +576,9 @@ async def _serve(
                 node_id=options.node_id,
                 hostname=socket.gethostname(),
                 agent_version=__version__,
-                # The join token's labels, then the flags' (which win).
-                labels={**(creds.labels if creds is not None else {}), **options.labels},
+                # The flags' labels, then the join token's: the server holds the node
+                # to its token's values whatever the agent declares.
+                labels=_token_labels_win(options.labels, creds.labels if creds is not None else {}),
                 fabric=options.fabric,
                 port_range=options.port_range,
                 weights_dir=options.weights_dir,

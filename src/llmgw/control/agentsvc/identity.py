@@ -1,8 +1,10 @@
 """Who may register as a node: one key per node id, one live stream per node.
 
 The servicer asks `IdentityGate.claim`, then `live_stream`, after the Register
-is read and before the node touches the inventory, and gets None (let it in)
-or a `Refused` (the stream ends with that status and message):
+is read and before the node touches the inventory, and gets a `Refused` (the
+stream ends with that status and message) or lets it in; `claim` also answers
+the id's `NodeBinding`, whose labels (its join token's) bind: `bind_labels`
+gives the node those whatever its agent declares, adding only new keys.
 
 - With a client certificate, the node id is claimed for the certificate's key
   (`NodeIdentities.claim`, the store): a revoked key is refused
@@ -29,6 +31,7 @@ lives, and any client may take an id that is not connected.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
@@ -38,9 +41,10 @@ from typing import Protocol
 import grpc
 
 from llmgw.control.agentsvc.session import NodeSession
+from llmgw.control.inventory.model import NodeRegistration
 from llmgw.pki import PkiError
 from llmgw.pki.keyhash import certificate_key_hash
-from llmgw.store import Claim, InvalidValue, StoreError
+from llmgw.store import Claim, InvalidValue, NodeBinding, StoreError
 
 log = logging.getLogger("llmgw.control.agentsvc")
 
@@ -124,8 +128,11 @@ class IdentityGate:
         self._noted: dict[tuple[str, str], float] = {}
         self._replaced: dict[str, list[float]] = {}  # when each node's stream was replaced
 
-    async def claim(self, node_id: str, key_hash: str | None, peer: str) -> Refused | None:
-        """Claim `node_id` for the certificate's key in the store (awaits the store)."""
+    async def claim(
+        self, node_id: str, key_hash: str | None, peer: str
+    ) -> Refused | NodeBinding | None:
+        """Claim `node_id` for the certificate's key in the store (awaits the store): a
+        refusal, or the binding (with the labels it holds), or None without a key."""
         if key_hash is None or self._identities is None:
             return None
         try:
@@ -178,7 +185,37 @@ class IdentityGate:
                 f"{_when(owner.bound_at)}); the node keeps its id",
             )
             return Refused(grpc.StatusCode.ALREADY_EXISTS, message, "taken")
-        return None
+        return claim.binding
+
+    def bind_labels(
+        self, registration: NodeRegistration, binding: NodeBinding | None, peer: str
+    ) -> NodeRegistration:
+        """`registration` with the labels and fabric labels its binding holds: the agent's
+        own may add keys, never change these (a change is logged, and noted as an event)."""
+        if binding is None or (binding.labels is None and binding.fabric is None):
+            return registration
+        bound_labels, bound_fabric = binding.labels or {}, binding.fabric or {}
+        changed = [
+            f"{kind} {key}={declared[key]} (its join token fixes {key}={value})"
+            for kind, declared, bound in (
+                ("label", registration.labels, bound_labels),
+                ("fabric label", registration.fabric, bound_fabric),
+            )
+            for key, value in sorted(bound.items())
+            if key in declared and declared[key] != value
+        ]
+        if changed:
+            message = (
+                f"node {registration.node_id} (from {peer}) declared {'; '.join(changed)}: "
+                "it keeps its token's values"
+            )
+            log.warning("%s", message)
+            self._note(registration.node_id, "labels", message)
+        return dataclasses.replace(
+            registration,
+            labels={**registration.labels, **bound_labels},
+            fabric={**registration.fabric, **bound_fabric},
+        )
 
     def live_stream(
         self, node_id: str, key_hash: str | None, peer: str, live: NodeSession | None

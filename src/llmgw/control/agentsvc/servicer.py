@@ -363,14 +363,17 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         """Open the node's session, or end the stream with why the Register is refused."""
         node_id, peer = registration.node_id, context.peer()
         key_hash = peer_key_hash(context.auth_context())
-        refused = await self._gate.claim(node_id, key_hash, peer)
+        claimed = await self._gate.claim(node_id, key_hash, peer)
+        if isinstance(claimed, Refused):
+            await self._refuse(claimed, context)
         # From the live-stream check to the open session: no await, so of two
         # Registers for one id only one can pass.
-        if refused is None:
-            refused = self._gate.live_stream(node_id, key_hash, peer, self._sessions.get(node_id))
+        refused = self._gate.live_stream(node_id, key_hash, peer, self._sessions.get(node_id))
         if refused is not None:
             await self._refuse(refused, context)
         replacing = node_id in self._sessions
+        binding = None if isinstance(claimed, Refused) else claimed  # a refusal aborted
+        registration = self._gate.bind_labels(registration, binding, peer)
         session = self._open(registration, peer=peer, key_hash=key_hash)
         if self._metrics is not None:
             self._metrics.registered("reconnected" if replacing else "accepted")
