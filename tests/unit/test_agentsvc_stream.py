@@ -481,3 +481,99 @@ async def test_a_register_under_one_of_the_server_s_certificate_names_is_refused
     assert service.inventory.nodes() == []
     await service.register("gpu-1")
     assert [n.id for n in service.inventory.nodes()] == ["gpu-1"]
+
+
+def ready_status(shard_id: str, model: str, url: str, **fields: object) -> agent_pb2.ShardStatus:
+    return agent_pb2.ShardStatus(
+        shard_id=shard_id, model=model, state=agent_pb2.SHARD_STATE_READY, endpoint_url=url,
+        **fields,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+async def test_shards_never_placed_on_the_node_are_refused_stopped_and_noted(
+    make_service: ServiceFactory,
+) -> None:
+    events: list[tuple[str, str]] = []
+    service = await make_service(record_event=lambda node, message: events.append((node, message)))
+    running = [
+        ready_status("x1", "llama-8b", "http://10.0.0.5:20001"),
+        agent_pb2.ShardStatus(shard_id="x2", model="llama-8b", state=agent_pb2.SHARD_STATE_FAILED),
+    ]
+    call = await service.register(running_shards=running, advertise_host="10.0.0.5")
+    assert service.inventory.node("node-a").shards == {}
+    # After Registered: a stop for the running one; nothing runs for the failed one.
+    stop = await asyncio.wait_for(call.read(), 5)
+    assert (stop.stop_shard.shard_id, stop.stop_shard.grace_seconds) == ("x1", 5.0)
+    assert stop.command_id
+    await call.write(
+        agent_pb2.AgentMessage(
+            command_result=agent_pb2.CommandResult(command_id=stop.command_id, ok=True)
+        )
+    )
+    # Later, in a ShardStatus: the same.
+    await call.write(
+        agent_pb2.AgentMessage(shard_status=ready_status("x3", "llama-8b", "http://10.0.0.5:1"))
+    )
+    again = await asyncio.wait_for(call.read(), 5)
+    assert again.stop_shard.shard_id == "x3"
+    assert service.inventory.node("node-a").shards == {}
+    messages = [m for node, m in events if node == "node-a"]
+    for shard in ("x1", "x2", "x3"):
+        assert (
+            f"node node-a reported shard {shard} of model llama-8b that was never placed there; "
+            "not served"
+        ) in messages
+    await call.done_writing()
+
+
+async def test_a_flood_of_invented_shards_notes_a_bounded_number_of_events(
+    make_service: ServiceFactory,
+) -> None:
+    events: list[tuple[str, str]] = []
+    service = await make_service(record_event=lambda node, message: events.append((node, message)))
+    call = await service.register()
+    registered_at = service.inventory.node("node-a").last_heartbeat
+    for i in range(100):
+        await call.write(
+            agent_pb2.AgentMessage(
+                shard_status=agent_pb2.ShardStatus(
+                    shard_id=f"x{i}", model="m", state=agent_pb2.SHARD_STATE_STOPPED
+                )
+            )
+        )
+    await call.write(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(sequence=1)))
+    # The heartbeat is read after the hundred reports.
+    await eventually(
+        lambda: service.inventory.node("node-a").last_heartbeat != registered_at,
+        "every report to be read",
+    )
+    assert len(events) == 20
+    assert "the last such event about node node-a" in events[-1][1]
+    await call.done_writing()
+
+
+async def test_a_register_waits_for_the_term_s_placement_records(
+    make_service: ServiceFactory,
+) -> None:
+    service = await make_service()
+    await place(service.placements, "node-a", SPEC)
+    epoch = 1
+    service.placements.end_term()  # a server that has just taken over
+    call = service.connect()
+    await call.write(
+        agent_pb2.AgentMessage(
+            register=register_message(
+                "node-a",
+                advertise_host="10.0.0.5",
+                running_shards=[ready_status("llama-8b-0", "llama-8b", "http://10.0.0.5:20001")],
+            )
+        )
+    )
+    reading = asyncio.create_task(call.read())
+    await asyncio.sleep(0.05)
+    assert not reading.done()  # no Registered before the records are read
+    await service.placements.start_term(epoch)
+    reply = await asyncio.wait_for(reading, 5)
+    assert reply.HasField("registered")
+    assert list(service.inventory.node("node-a").shards) == ["llama-8b-0"]
+    await call.done_writing()
