@@ -100,6 +100,52 @@ def reserved_name_refusal(node_id: str, server_names: Collection[str]) -> str | 
     )
 
 
+def certificate_refusal(
+    node_id: str, auth_context: Mapping[str, Iterable[bytes]], peer: str
+) -> Refused | None:
+    """Why a Register as `node_id` is refused when identity is required: the peer has no
+    verified client certificate, or `node_id` is not one of its names; None when it is."""
+    common = [v.decode(errors="replace") for v in auth_context.get("x509_common_name", ())]
+    alternative = [
+        v.decode(errors="replace") for v in auth_context.get("x509_subject_alternative_name", ())
+    ]
+    names = list(dict.fromkeys(common + alternative))
+    if not names:
+        # Only reachable when identity is required on a listener without
+        # client certificates: a wiring mistake, not an attacker.
+        log.warning(
+            "refused node %r from %s: it presented no client certificate, and node "
+            "identity is required",
+            node_id,
+            peer,
+        )
+        return Refused(
+            grpc.StatusCode.UNAUTHENTICATED,
+            "this server requires a client certificate naming the node; start the agent "
+            "with --tls-ca/--tls-cert/--tls-key (certificates from `llmgw certs issue --node`)",
+            "invalid",
+        )
+    if node_id in names:
+        return None
+    shown = names[0]
+    log.warning(
+        "refused an agent from %s: its certificate is for node %r (names: %s) but it "
+        "registered as %r",
+        peer,
+        shown,
+        ", ".join(names),
+        node_id,
+    )
+    return Refused(
+        grpc.StatusCode.PERMISSION_DENIED,
+        f"certificate is for node {shown!r} but the agent registered as {node_id!r}; "
+        f"a node registers under its certificate's name: start the agent with "
+        f"--node-id {shown} (or without --node-id), or give it a certificate for "
+        f"{node_id!r} (`llmgw certs issue --node {node_id}`)",
+        "invalid",
+    )
+
+
 def _when(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 

@@ -67,6 +67,7 @@ from llmgw.control.agentsvc.identity import (
     IdentityGate,
     NodeIdentities,
     Refused,
+    certificate_refusal,
     peer_key_hash,
     reserved_name_refusal,
 )
@@ -287,7 +288,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 Refused(grpc.StatusCode.INVALID_ARGUMENT, reserved, "invalid"), context
             )
         if self._require_identity:
-            await self._check_identity(registration.node_id, context)
+            wrong = certificate_refusal(
+                registration.node_id, context.auth_context(), context.peer()
+            )
+            if wrong is not None:
+                await context.abort(wrong.code, wrong.message)
         await self._wait_for_placements(context)
         session = await self._admit(registration, context)
         if self._metrics is not None:
@@ -302,48 +307,6 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         finally:
             self._close(session)
-
-    async def _check_identity(self, node_id: str, context: Context) -> None:
-        """Abort unless `node_id` is a name on the peer's verified client certificate."""
-        auth = context.auth_context()
-        common = [v.decode(errors="replace") for v in auth.get("x509_common_name", ())]
-        alternative = [
-            v.decode(errors="replace") for v in auth.get("x509_subject_alternative_name", ())
-        ]
-        names = list(dict.fromkeys(common + alternative))
-        peer = context.peer()
-        if not names:
-            # Only reachable when identity is required on a listener without
-            # client certificates: a wiring mistake, not an attacker.
-            log.warning(
-                "refused node %r from %s: it presented no client certificate, and node "
-                "identity is required",
-                node_id,
-                peer,
-            )
-            await context.abort(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "this server requires a client certificate naming the node; start the agent "
-                "with --tls-ca/--tls-cert/--tls-key (certificates from `llmgw certs issue --node`)",
-            )
-        if node_id in names:
-            return
-        shown = names[0]
-        log.warning(
-            "refused an agent from %s: its certificate is for node %r (names: %s) but it "
-            "registered as %r",
-            peer,
-            shown,
-            ", ".join(names),
-            node_id,
-        )
-        await context.abort(
-            grpc.StatusCode.PERMISSION_DENIED,
-            f"certificate is for node {shown!r} but the agent registered as {node_id!r}; "
-            f"a node registers under its certificate's name: start the agent with "
-            f"--node-id {shown} (or without --node-id), or give it a certificate for "
-            f"{node_id!r} (`llmgw certs issue --node {node_id}`)",
-        )
 
     async def _wait_for_placements(self, context: Context) -> None:
         """Abort UNAVAILABLE unless this term's placement records are read in time."""
