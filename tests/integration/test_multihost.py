@@ -185,7 +185,7 @@ def agent_output(host: Host) -> str:
     return "\n".join(proc.output() for proc in host.procs)
 
 
-def test_an_agent_advertising_loopback_is_shown_unreachable_not_published(
+def test_an_agent_advertising_loopback_from_another_host_is_refused_naming_why(
     netns: Network, tmp_path: Path
 ) -> None:
     server, agent_port = start_server(netns, tmp_path)
@@ -196,28 +196,23 @@ def test_an_agent_advertising_loopback_is_shown_unreachable_not_published(
         )
         wait_for(lambda: (n := node_view(server, "lo")) and n["state"] == "ready", "the node")
         answer = chat(server)
-        # A clear refusal naming the URL and why, not a 502 from dialling 127.0.0.1.
+        # A clear refusal naming the URL and why, not a 502 from dialling 127.0.0.1: the
+        # servers would dial themselves (and whatever listens on that port there).
         assert answer.status_code == 503, answer.text
         error = answer.json()["error"]
-        assert error["code"] == "replica_unreachable"
-        (replica,) = replicas(server, "chat")
-        url = replica["endpoint_url"]
-        assert url.startswith("http://127.0.0.1:")
-        assert f"at {url}: cannot connect to 127.0.0.1:" in error["message"]
-        assert "--advertise-host" in error["message"]
-        assert replica["state"] == "ready"
-        reach = replica["reach"]
-        assert reach["state"] == "unreachable" and reach["url"] == url
-        assert reach["error"].startswith("cannot connect to 127.0.0.1:")
-        # Not in this server's router.
-        assert all(e["url"] != url for e in server.endpoints())
-        assert "this server cannot reach it at " + url in server.proc.output()
-        shown = cli(server, "models", "show", "chat")
-        assert f"cannot reach it at {url}: cannot connect to 127.0.0.1:" in shown
-        page = httpx.get(f"{server.admin}/admin/models/chat", timeout=10).text
-        assert 'class="unreachable"' in page
-        assert "from this server: cannot connect to 127.0.0.1:" in page
-        assert f'this server cannot reach it at <span class="mono">{url}</span>' in page
+        assert error["code"] == "model_failed"
+        message = error["message"]
+        assert "at http://127.0.0.1:" in message and "which is not where the node is" in message
+        assert f"is a loopback address but the node connects from {host.address}" in message
+        assert "--advertise-host" in message
+        # Never in this server's router.
+        assert not any(str(e["url"]).startswith("http://127.0.0.1:") for e in server.endpoints())
+        events = httpx.get(
+            f"{server.admin}/admin/api/events", params={"node": "lo"}, timeout=10
+        ).json()["events"]
+        assert any(
+            "is a loopback address but the node connects from" in e["message"] for e in events
+        ), events
         # The node says why: a loopback address advertised from another host.
         node = node_view(server, "lo")
         assert node is not None

@@ -97,6 +97,17 @@ def test_the_port_must_be_inside_the_node_s_port_range_and_the_host_not_link_loc
     assert verdict.refused is not None and "link-local" in verdict.refused
 
 
+def test_loopback_is_refused_from_a_node_on_another_host_only() -> None:
+    remote = NodeAddress(advertise_host="127.0.0.1", seen_from="10.0.0.5", port_range=(1, 65535))
+    verdict = vet("gpu-1", report("http://127.0.0.1:20001"), PLACED, remote)
+    assert verdict.refused is not None and verdict.stop
+    assert "its host 127.0.0.1 is a loopback address but the node connects from 10.0.0.5" in (
+        verdict.refused
+    )
+    local = NodeAddress(advertise_host="127.0.0.1", seen_from="127.0.0.1", port_range=(1, 65535))
+    assert vet("gpu-1", report("http://127.0.0.1:20001"), PLACED, local).refused is None
+
+
 def test_an_agent_that_advertises_no_host_is_held_to_the_address_it_connects_from() -> None:
     old = NodeAddress(advertise_host="", seen_from="10.0.0.9", port_range=(20000, 20099))
     assert vet("gpu-1", report("http://10.0.0.9:20001"), PLACED, old).refused is None

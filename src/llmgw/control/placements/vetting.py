@@ -17,8 +17,9 @@ the placement record and where the node is.
   none) or, for a shard of a multi-node replica, one of the node's management
   addresses (the rendezvous address of rank 0, an address on one of its
   interfaces), that host is not an unspecified, multicast or link-local
-  address, and its port is the port the shard was placed on and inside the
-  node's port range.
+  address, nor a loopback address unless the node connects from loopback (the
+  servers would dial themselves), and its port is the port the shard was
+  placed on and inside the node's port range.
 - Otherwise believed, with the model and the spec taken from the record: what
   a node says about its engine's command line, GPUs, rank or port does not
   reach placement or routing.
@@ -26,7 +27,10 @@ the placement record and where the node is.
 Not guaranteed: that the advertised address is honest. An agent chooses it
 (`--advertise-host`); a node's certificate can still make the routers dial an
 address of its choosing, on a port the leader gave it in the port range the
-node declared. Link-local addresses (cloud metadata services) are refused.
+node declared. Link-local addresses (cloud metadata services) are refused, and
+so is loopback from a node on another host. An engine started before its
+agent's advertised address changed (the agent now reaches the servers over
+another network) keeps its old URL: it is refused and placed again.
 """
 
 from __future__ import annotations
@@ -37,7 +41,12 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from llmgw.control.inventory.model import TERMINAL_SHARD_STATES, NetInterface, ShardReport
+from llmgw.control.inventory.model import (
+    TERMINAL_SHARD_STATES,
+    NetInterface,
+    ShardReport,
+    is_loopback,
+)
 from llmgw.control.placements.model import Placement
 
 RefusalKind = Literal["unplaced", "model", "endpoint"]
@@ -125,6 +134,12 @@ def endpoint_problem(url: str, placement: Placement, where: NodeAddress) -> str 
         return f"its host {host or '(none)'} is not the node's address ({where.host or 'none'})"
     if _special(host):
         return f"its host {host} is an unspecified, multicast or link-local address"
+    if is_loopback(host) and where.seen_from and not is_loopback(where.seen_from):
+        return (
+            f"its host {host} is a loopback address but the node connects from "
+            f"{where.seen_from}, so the servers would dial themselves (start its agent "
+            "without --advertise-host, or with an address the servers can dial)"
+        )
     if port is None or port != placement.port:
         return f"its port {port} is not the port the shard was placed on ({placement.port})"
     low, high = where.port_range
