@@ -17,6 +17,7 @@ import grpc
 import httpx
 import pytest
 import test_node_identity
+from placement_fixtures import placements_fixture  # noqa: F401
 from starlette.applications import Starlette
 from test_node_identity import Certs, Factory, Served, channel, key_of, refused, register
 
