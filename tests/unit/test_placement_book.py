@@ -23,7 +23,9 @@ from llmgw.control.reconciler.controller import Controller
 from llmgw.store import Store
 
 TTL = 10.0
-WHERE = NodeAddress(advertise_host="127.0.0.1", seen_from="127.0.0.1", port_range=(20000, 20009))
+WHERE = NodeAddress(
+    advertise_host="127.0.0.1", seen_from="127.0.0.1", port_range=(20000, 20009), same_host=True
+)
 
 
 def placed(shard_id: str, node_id: str = "gpu-1", port: int = 20001) -> Placement:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from llmgw.control.agentsvc.convert import on_this_host
 from llmgw.control.inventory.model import NetInterface, ShardReport, ShardSpec
 from llmgw.control.placements import NodeAddress, Placement, spec_from_json, spec_json, vet
 
@@ -98,13 +99,19 @@ def test_the_port_must_be_inside_the_node_s_port_range_and_the_host_not_link_loc
 
 
 def test_loopback_is_refused_from_a_node_on_another_host_only() -> None:
+    assert on_this_host("127.0.0.1") and on_this_host("::1")
+    assert not on_this_host("192.0.2.77")  # TEST-NET-1: never an address of this host
     remote = NodeAddress(advertise_host="127.0.0.1", seen_from="10.0.0.5", port_range=(1, 65535))
     verdict = vet("gpu-1", report("http://127.0.0.1:20001"), PLACED, remote)
     assert verdict.refused is not None and verdict.stop
     assert "its host 127.0.0.1 is a loopback address but the node connects from 10.0.0.5" in (
         verdict.refused
     )
-    local = NodeAddress(advertise_host="127.0.0.1", seen_from="127.0.0.1", port_range=(1, 65535))
+    # A node on the server's own host (its stream from loopback or one of the host's
+    # addresses) may have its engines on loopback.
+    local = NodeAddress(
+        advertise_host="127.0.0.1", seen_from="10.0.0.5", port_range=(1, 65535), same_host=True
+    )
     assert vet("gpu-1", report("http://127.0.0.1:20001"), PLACED, local).refused is None
 
 

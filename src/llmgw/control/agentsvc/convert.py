@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 import urllib.parse
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -27,6 +28,7 @@ from llmgw.control.inventory.model import (
     ShardReport,
     ShardSpec,
     ShardState,
+    is_loopback,
 )
 from llmgw.proto import agent_pb2
 
@@ -118,6 +120,24 @@ def peer_host(peer: str) -> str:
     except ValueError:
         return host
     return host if mapped is None else str(mapped)
+
+
+def on_this_host(address: str) -> bool:
+    """Whether `address` (a peer's) is loopback or one of this host's own addresses: a
+    socket binds to an address only where the host has it (no packet is sent)."""
+    if is_loopback(address):
+        return True
+    try:
+        parsed = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    family = socket.AF_INET6 if parsed.version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.bind((address, 0))
+        except OSError:
+            return False
+    return True
 
 
 def gpu_usage(gpus: Iterable[agent_pb2.GpuUsage]) -> list[GpuUsage]:

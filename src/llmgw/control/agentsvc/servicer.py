@@ -357,6 +357,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             seen_from=registration.seen_from,
             port_range=registration.port_range,
             interfaces=registration.interfaces,
+            same_host=convert.on_this_host(registration.seen_from),
         )
         verdicts = [
             (r.shard_id, self._placements.vet(node_id, where, r))

@@ -17,9 +17,9 @@ the placement record and where the node is.
   none) or, for a shard of a multi-node replica, one of the node's management
   addresses (the rendezvous address of rank 0, an address on one of its
   interfaces), that host is not an unspecified, multicast or link-local
-  address, nor a loopback address unless the node connects from loopback (the
-  servers would dial themselves), and its port is the port the shard was
-  placed on and inside the node's port range.
+  address, nor a loopback address unless the node runs on the server's own
+  host (else the servers would dial themselves), and its port is the port the
+  shard was placed on and inside the node's port range.
 - Otherwise believed, with the model and the spec taken from the record: what
   a node says about its engine's command line, GPUs, rank or port does not
   reach placement or routing.
@@ -60,6 +60,9 @@ class NodeAddress:
     seen_from: str
     port_range: tuple[int, int]
     interfaces: tuple[NetInterface, ...] = ()
+    # The node runs on this server's host (its stream comes from loopback or from
+    # one of this host's addresses): its engines may be on loopback.
+    same_host: bool = False
 
     @property
     def host(self) -> str:
@@ -134,11 +137,12 @@ def endpoint_problem(url: str, placement: Placement, where: NodeAddress) -> str 
         return f"its host {host or '(none)'} is not the node's address ({where.host or 'none'})"
     if _special(host):
         return f"its host {host} is an unspecified, multicast or link-local address"
-    if is_loopback(host) and where.seen_from and not is_loopback(where.seen_from):
+    if is_loopback(host) and not where.same_host:
         return (
             f"its host {host} is a loopback address but the node connects from "
-            f"{where.seen_from}, so the servers would dial themselves (start its agent "
-            "without --advertise-host, or with an address the servers can dial)"
+            f"{where.seen_from or 'another host'}, so the servers would dial themselves "
+            "(start its agent without --advertise-host, or with an address the servers can "
+            "dial)"
         )
     if port is None or port != placement.port:
         return f"its port {port} is not the port the shard was placed on ({placement.port})"
