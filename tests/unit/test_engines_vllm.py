@@ -97,7 +97,17 @@ def test_pipeline_parallel_without_memory_fraction_and_engine_args_appended_in_o
 @pytest.mark.parametrize(
     ("changes", "field", "words"),
     [
-        ({"gpu_indices": ()}, "gpu_indices", ["vLLM needs GPUs", "give the shard 1 GPU"]),
+        (
+            {"gpu_indices": (), "tensor_parallel_size": 2},
+            "gpu_indices",
+            ["vLLM without GPUs runs on the node's CPUs as one rank", "tensor_parallel_size 2"],
+        ),
+        (
+            {"gpu_indices": (), "nodes": 2, "node_rank": 0, "master_addr": "10.0.0.1",
+             "master_port": 9000},
+            "gpu_indices",
+            ["on 2 node(s)", "give it GPUs"],
+        ),
         (
             {"gpu_indices": (0, 1, 2), "tensor_parallel_size": 2},
             "gpu_indices",
@@ -132,6 +142,19 @@ def test_validation_names_the_field_and_what_to_do(
     assert str(caught.value) == f"{field}: {caught.value.message}"
     for word in words:
         assert word in caught.value.message
+
+
+def test_a_shard_without_gpus_runs_on_the_cpu_backend() -> None:
+    """vLLM's CPU backend: no GPUs, one rank, and nothing CPU-specific on the line
+    (the profile's engine_args and env carry the CPU settings)."""
+    plan = adapter_for("vllm", settings=SETTINGS).plan(
+        _spec(gpu_indices=(), engine_args=("--dtype", "float32"), env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    )
+    assert plan.argv[1:3] == ("serve", "meta-llama/Llama-3.1-8B-Instruct")
+    assert plan.argv[-2:] == ("--dtype", "float32")
+    assert "--gpu-memory-utilization" not in plan.argv
+    assert plan.env["CUDA_VISIBLE_DEVICES"] == ""
+    assert plan.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
 
 
 def test_a_full_memory_fraction_of_one_is_allowed() -> None:

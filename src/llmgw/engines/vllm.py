@@ -84,7 +84,9 @@ class VllmAdapter:
     """Builds `vllm serve` command lines and reads vLLM's metrics."""
 
     name = "vllm"
-    needs_gpus = True
+    # vLLM's CPU backend serves a shard without GPUs (x86 and Arm servers, one rank).
+    needs_gpus = False
+    gpu_ranks = True
     routes = VLLM_ROUTES
 
     def __init__(self, *, settings: EngineSettings) -> None:
@@ -103,7 +105,7 @@ class VllmAdapter:
         checks.check_ranks(spec, multi_node=True)
         checks.check_timings(spec)
         checks.check_weights(spec)
-        checks.check_gpus(spec, "vLLM")
+        checks.check_gpus(spec, "vLLM", cpu=True)
         checks.check_memory_fraction(spec)
         checks.check_engine_args(spec, MANAGED_ARGS)
         checks.check_env(spec, RESERVED_ENV)
