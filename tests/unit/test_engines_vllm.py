@@ -51,6 +51,8 @@ def test_tp2_on_gpus_2_and_3() -> None:
         "1",
         "--gpu-memory-utilization",
         "0.85",
+        "--shutdown-timeout",
+        "30",
     )
     assert plan.env == {
         "HF_HOME": "/data/hf",
@@ -86,6 +88,8 @@ def test_pipeline_parallel_without_memory_fraction_and_engine_args_appended_in_o
         "2",
         "--pipeline-parallel-size",
         "2",
+        "--shutdown-timeout",
+        "30",
         "--max-model-len",
         "8192",
         "--enable-prefix-caching",
@@ -159,7 +163,17 @@ def test_a_shard_without_gpus_runs_on_the_cpu_backend() -> None:
 
 def test_a_full_memory_fraction_of_one_is_allowed() -> None:
     plan = adapter_for("vllm", settings=SETTINGS).plan(_spec(gpu_memory_utilization=1))
-    assert plan.argv[-2:] == ("--gpu-memory-utilization", "1.0")
+    assert plan.argv[-4:-2] == ("--gpu-memory-utilization", "1.0")
+
+
+@pytest.mark.parametrize(("grace", "seconds"), [(None, "30"), (12.9, "12"), (0.5, "0")])
+def test_a_stop_drains_for_the_profiles_drain_grace(grace: float | None, seconds: str) -> None:
+    """vLLM aborts what is in flight on SIGTERM unless told to drain (--shutdown-timeout);
+    llmgw tells it the drain grace, in whole seconds, never past the agent's own."""
+    plan = adapter_for("vllm", settings=SETTINGS).plan(_spec(drain_grace=grace))
+    at = plan.argv.index("--shutdown-timeout")
+    assert plan.argv[at + 1] == seconds
+    assert plan.timings.drain_grace == (30.0 if grace is None else grace)
 
 
 @pytest.mark.parametrize(

@@ -41,6 +41,7 @@ USE_WEIGHTS = "set the spec's `weights` field instead"
 USE_TP = "set the spec's `tensor_parallel_size` field instead"
 USE_PP = "set the spec's `pipeline_parallel_size` field instead"
 USE_MEMORY = "set the spec's `gpu_memory_utilization` field instead"
+USE_DRAIN_GRACE = "set the spec's `drain_grace` field instead"
 USE_NODES = (
     "llmgw sets the ranks of a multi-node replica itself: set the profile's nodes and "
     "fabric instead"

@@ -58,6 +58,10 @@ _PROFILE_REMEDIES = {
     engine_checks.USE_MEMORY: (
         "set the profile's gpu_memory_utilization instead, and remove the argument"
     ),
+    engine_checks.USE_DRAIN_GRACE: (
+        "set the profile's drain_grace instead (the time in-flight requests get when the "
+        "replica stops), and remove the argument"
+    ),
 }
 
 # A message that already starts by saying which model/profile it is about.
