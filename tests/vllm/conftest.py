@@ -144,6 +144,10 @@ class Fleet:
         nodes = self.admin("/admin/api/nodes")["nodes"]
         return [s for n in nodes for s in n["shards"] if s["model"] == model]
 
+    def status(self, model: str = MODEL) -> dict[str, Any]:
+        status: dict[str, Any] = self.admin(f"/admin/api/models/{model}")["status"]
+        return status
+
     def ready(self, model: str = MODEL) -> list[dict[str, Any]]:
         return [s for s in self.shards(model) if s["state"] == "ready"]
 
@@ -244,12 +248,12 @@ def vllm_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             capture_output=True, text=True, check=True, timeout=60,
         )  # fmt: skip
         key = json.loads(created.stdout)["secret"]
-        # One port: a second replica of the model has nowhere to go on this node.
+        # Two ports: room for the model's second replica when its load asks for one.
         low = free_port_block(2)
         agent_argv = llmgw(
             "agent", "--server", f"127.0.0.1:{agent_port}", "--node-id", NODE,
             "--weights-dir", str(weights), "--state-dir", str(work / "agent"),
-            "--port-range", f"{low}-{low}", "--engine", f"vllm={vllm}",
+            "--port-range", f"{low}-{low + 1}", "--engine", f"vllm={vllm}",
             "--adopt-grace", "60",
         )  # fmt: skip
         fleet = Fleet(
