@@ -59,7 +59,9 @@ CONFIG = (
     "control: {heartbeat_interval: 0.5, unreachable_after: 20, lost_after: 60, "
     "reconcile_interval: 0.5, retry_base: 2, retry_max: 8, activation_timeout: 400, "
     "activation_keepalive: 2, stop_grace: 30}\n"
-    "router: {health: {interval: 0.5}}\n"
+    # A replica is saturated once vLLM says more than one request waits in it; then
+    # requests wait in the router's queue instead.
+    "router: {health: {interval: 0.5}, queue: {max_waiting: 1}}\n"
     # The server runs as a control plane once its catalog has a model; smollm2 itself
     # is added through the admin API, as an operator adds one.
     "models:\n"

@@ -73,8 +73,23 @@ def test_waiting_requests_and_kv_use_are_read_from_vllm_and_scale_the_model(
         )
         assert load_now["kv_use"] is not None and 0 < load_now["kv_use"] <= 1, load_now
         shown = vllm_fleet.cli("models", "show", MODEL).stdout
-        assert re.search(r"\d+ waiting \([1-9]\d* in engines, 0 in routers", shown), shown
+        assert re.search(r"\d+ waiting \(\d+ in engines, \d+ in routers", shown), shown
         assert re.search(r"KV cache \d+% used", shown), shown
+        # More than router.queue.max_waiting (1) waiting in vLLM: the router's queue
+        # calls the model saturated and holds the next requests itself.
+        saturated = wait_for(
+            lambda: next(
+                (
+                    m
+                    for m in vllm_fleet.admin("/admin/api/queue")["models"]
+                    if m["model"] == MODEL and m["state"] == "saturated"
+                ),
+                None,
+            ),
+            "the router's queue to find the model saturated by vLLM's waiting requests",
+            within=120,
+        )
+        assert saturated["saturated"] is True, saturated
         # One replica per waiting request (target_queue_depth 1), up to max_replicas 2.
         wait_for(
             lambda: any(m.endswith(": 2 replicas for the load") for m in scale_events(vllm_fleet)),
