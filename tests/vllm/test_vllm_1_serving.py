@@ -11,7 +11,7 @@ import anthropic
 import httpx
 import openai
 import pytest
-from conftest import MODEL, Fleet, data_events, stream_lines
+from vllm_fleet import MODEL, Fleet, data_events, stream_lines
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 

@@ -15,8 +15,8 @@ from contextlib import contextmanager
 
 import httpx
 import pytest
-from conftest import MODEL, Fleet
 from procs import wait_for
+from vllm_fleet import MODEL, Fleet
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 

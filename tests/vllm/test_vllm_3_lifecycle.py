@@ -14,8 +14,8 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import HUB_ID, MODEL, NODE, Fleet, data_events, start_agent
 from procs import wait_for
+from vllm_fleet import HUB_ID, MODEL, NODE, Fleet, data_events, start_agent
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import required
 from upproc import running_up, stop_and_check_clean
+from vllm_fleet import required
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
