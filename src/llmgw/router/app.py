@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Awaitable, Callable, Collection, Mapping, MutableMapping
 from datetime import datetime
 from typing import Any, Protocol
@@ -60,7 +61,9 @@ log = logging.getLogger("llmgw.router")
 
 _POST_ROUTES = frozenset({CHAT, COMPLETIONS, EMBEDDINGS, *engine_routes.ROUTES})
 _COUNT_TOKENS = "/v1/messages/count_tokens"
-_MAX_REQUEST_ID = 128
+# A client's request id is echoed in headers and written to the usage store:
+# visible ASCII only, at most 128 characters; any other gets a fresh id.
+_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")
 
 
 async def _wait_disconnect(receive: Receive) -> None:
@@ -134,7 +137,7 @@ class RouterApp:
         api_key: bytes | None = None
         for name, value in scope["headers"]:
             if name == b"x-request-id":
-                if 0 < len(value) <= _MAX_REQUEST_ID:
+                if _REQUEST_ID.fullmatch(value):
                     request_id = value
             elif name == b"content-length" and value.isdigit():
                 content_length = int(value)
