@@ -301,8 +301,10 @@ class RouterApp:
                 asked = named_model(raw)
                 raise
             asked, streamed = req.model, req.stream
-            # Routing reads the session header, `x-llmgw-route` and the key.
+            # Routing reads the session header, `x-llmgw-route` (for keys that may
+            # debug only) and the key.
             req.headers, req.key_id = headers or [], principal.key_id
+            req.may_debug = principal.may_debug
             model = req.model if req.model in self._pool.by_model else "unknown"
             try:
                 principal.check_model(req.model, self._model_names(req.model))

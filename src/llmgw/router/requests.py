@@ -19,13 +19,11 @@ import orjson
 
 from llmgw.limits import estimate_prompt_tokens
 from llmgw.router.errors import InvalidJSON, InvalidRequest
+from llmgw.store import MAX_MODEL_CHARS
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
-# The longest model name a request may send: longer than any catalog name (128)
-# and what the usage store's `model` columns hold.
-MAX_MODEL_CHARS = 256
 
 # field -> (accepted types, readable type name)
 _INT = (int,)
@@ -77,6 +75,9 @@ class ParsedRequest:
     # The client's request headers and key, for routing (session, explain header).
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     key_id: str | None = None
+    # Whether the key may see the routing explanation (`x-llmgw-route`): an admin
+    # key, a key with the `debug` scope, or anyone in open mode.
+    may_debug: bool = False
     # Sent upstream as the body's content type (a multipart body keeps its boundary).
     content_type: bytes = b"application/json"
     # The client's own body, for engines serving its API natively; and whether

@@ -20,7 +20,8 @@ import orjson
 
 from llmgw.engines.routes import ENGINE_ROUTES, MULTIPART_ROUTES, RENAMED_FIELDS
 from llmgw.router.errors import InvalidJSON, InvalidRequest
-from llmgw.router.requests import MAX_MODEL_CHARS, InvalidModel, ParsedRequest, check_model
+from llmgw.router.requests import InvalidModel, ParsedRequest, check_model
+from llmgw.store import MAX_MODEL_CHARS
 
 ROUTES = frozenset(ENGINE_ROUTES)
 _MULTIPART = b"multipart/form-data"
