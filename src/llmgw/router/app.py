@@ -347,14 +347,17 @@ class RouterApp:
             self._count(path, model, exc.endpoint_id or "none", exc.status)
             self._record(req, principal, request_id, start, exc.status, exc.endpoint_id, None, path)
             raise
+        else:
+            self._count(path, model, outcome.endpoint, outcome.status)
+            # Recorded before the budget is settled: the budget source counts the
+            # record's tokens from here on, written or not.
+            self._record(
+                req, principal, request_id, start, outcome.status, outcome.endpoint, outcome, path
+            )
         finally:
             if limits is not None and admission is not None:
                 used = outcome.prompt_tokens + outcome.completion_tokens if outcome else 0
                 await self._limiter.settle(limits, admission, used)
-        self._count(path, model, outcome.endpoint, outcome.status)
-        self._record(
-            req, principal, request_id, start, outcome.status, outcome.endpoint, outcome, path
-        )
 
     def _count(self, route: str, model: str, endpoint: str, status: int) -> None:
         self._metrics.request_counter.inc(model, endpoint, status)
