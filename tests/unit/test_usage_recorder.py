@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Protocol
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -23,6 +24,7 @@ from store_fixtures import (  # noqa: F401
     target_fixture,
 )
 
+from llmgw.limits import BudgetExhausted, KeyLimits, Limiter
 from llmgw.store import InvalidValue, Store, StoreUnavailable, UsageRecord
 from llmgw.store.engine import make_engine
 from llmgw.store.urls import normalize_url
@@ -420,3 +422,57 @@ async def test_budgets_count_the_tokens_of_records_not_in_the_store(
     # Counted by hour, as the store counts: an hour after the records, none of them.
     assert await budget.tokens_used(key, START + timedelta(hours=1)) == 0
     assert await budget.tokens_used("key_other", since) == 0
+
+
+class UsageRepositoryLike(Protocol):
+    async def tokens_used(self, key_id: str, since: datetime) -> int: ...
+
+
+class Answered:
+    """A budget source that says each time it answered (the limiter refreshes in the
+    background: the test waits for the answer instead of sleeping)."""
+
+    def __init__(self, inner: UsageRepositoryLike) -> None:
+        self.inner = inner
+        self.answers = 0
+        self.answered = asyncio.Event()
+
+    async def tokens_used(self, key_id: str, since: datetime) -> int:
+        used = await self.inner.tokens_used(key_id, since)
+        self.answers += 1
+        self.answered.set()
+        return used
+
+
+async def test_a_budget_keeps_counting_a_request_whose_record_was_refused(
+    store: Store, store_target: StoreTarget
+) -> None:
+    await refuse_poison(store_target)
+    now = [0.0]
+    recorder = UsageRecorder(
+        repo=store.usage, registry=CollectorRegistry(), batch_size=1, sleep=Gate(open_=True)
+    )
+    # With the store alone as the source (as before), the re-read forgets the 1500.
+    budget = Answered(RecordedUsage(stored=store.usage, unwritten=recorder))
+    limiter = Limiter(
+        clock=lambda: now[0], wall_clock=lambda: START, budget_source=budget, budget_refresh_s=10
+    )
+    limits = KeyLimits(key_id="key_b", rpm=None, tpm=None, budget_tokens=1000, budget_period="day")
+    try:
+        admission = await limiter.admit(limits, 10)
+        # Served 1500 tokens, and the store refused the request's record.
+        recorder.record(rec(0, key="key_b", request_id="poison", prompt_tokens=1495))
+        await limiter.settle(limits, admission, 1500)
+        await recorder.close()
+        assert await store.usage.tokens_used("key_b", START) == 0
+        # The budget is re-read from its source; until it answers, this process's count holds.
+        now[0] = 11.0
+        budget.answered.clear()
+        with pytest.raises(BudgetExhausted):
+            await limiter.admit(limits, 10)
+        await asyncio.wait_for(budget.answered.wait(), 5)
+        await settle()
+        with pytest.raises(BudgetExhausted):
+            await limiter.admit(limits, 10)
+    finally:
+        await limiter.close()
