@@ -196,15 +196,17 @@ def test_an_agent_advertising_loopback_is_shown_unreachable_not_published(
         )
         wait_for(lambda: (n := node_view(server, "lo")) and n["state"] == "ready", "the node")
         answer = chat(server)
-        # A clear refusal naming the URL and why, not a 502 from dialling 127.0.0.1.
+        # A clear refusal naming the replica and what to do, not a 502 from dialling
+        # 127.0.0.1; the address is the operator's to see, never an API client's.
         assert answer.status_code == 503, answer.text
         error = answer.json()["error"]
         assert error["code"] == "replica_unreachable"
         (replica,) = replicas(server, "chat")
         url = replica["endpoint_url"]
         assert url.startswith("http://127.0.0.1:")
-        assert f"at {url}: cannot connect to 127.0.0.1:" in error["message"]
+        assert f"({replica['id']}) but this server cannot reach it" in error["message"]
         assert "--advertise-host" in error["message"]
+        assert "127.0.0.1" not in answer.text and url not in answer.text
         assert replica["state"] == "ready"
         reach = replica["reach"]
         assert reach["state"] == "unreachable" and reach["url"] == url

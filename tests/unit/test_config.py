@@ -90,6 +90,9 @@ def test_missing_file(tmp_path: Path) -> None:
         ("a b=http://h=m", "id: must be 1-63 letters"),
         ("a=ftp://h=m", "is not an http:// or https:// URL"),
         ("a=http://h=m,,x", "is empty"),
+        # No request could name these: the router refuses such a `model`.
+        ("a=http://h=" + "m" * 257, "is not 1 to 256 printable characters"),
+        ("a=http://h=m\tx", "is not 1 to 256 printable characters"),
     ],
 )
 def test_endpoint_flag_errors(flag: str, expected: str) -> None:

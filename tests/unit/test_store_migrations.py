@@ -62,7 +62,7 @@ async def test_migrations_create_the_schema_from_empty(store_target: StoreTarget
     try:
         assert await store.revision() is None
         await store.upgrade()
-        assert await store.revision() == head_revision() == "0012"
+        assert await store.revision() == head_revision() == "0013"
         assert await store.keys.list(include_revoked=True) == []
         assert await store.usage.query() == []
     finally:

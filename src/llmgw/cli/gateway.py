@@ -97,7 +97,7 @@ from llmgw.router.scoring.share import PrefixShare
 from llmgw.router.shares import ShareLedger
 from llmgw.router.upstream import Upstream
 from llmgw.store import ControlServer, Store, StoreError, open_store, store_url, utc_now
-from llmgw.usage import RetentionPruner, UsageRecorder
+from llmgw.usage import RecordedUsage, RetentionPruner, UsageRecorder
 from llmgw.web import create_admin_portal, create_dashboard_routes
 from llmgw.web.portal import FORM_PATHS, SECRET_READS
 
@@ -546,19 +546,20 @@ async def _serve(
             wall_clock=utc_now,
             refresh_interval=cfg.auth.refresh_interval,
         )
-    limiter = Limiter(
-        clock=clock,
-        wall_clock=utc_now,
-        budget_source=store.usage,
-        redis_url=cfg.limits.redis_url,
-        metrics=LimitMetrics(registry=registry),
-    )
     usage = UsageRecorder(
         repo=store.usage,
         registry=registry,
         queue_size=cfg.usage.queue_size,
         batch_size=cfg.usage.batch_size,
         flush_interval=cfg.usage.flush_interval,
+    )
+    limiter = Limiter(
+        clock=clock,
+        wall_clock=utc_now,
+        # Budgets count tokens whose usage records are not in the store (yet, or ever).
+        budget_source=RecordedUsage(stored=store.usage, unwritten=usage),
+        redis_url=cfg.limits.redis_url,
+        metrics=LimitMetrics(registry=registry),
     )
     pruner = RetentionPruner(
         repo=store.usage,

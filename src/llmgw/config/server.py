@@ -33,6 +33,9 @@ EndpointRoute = Literal[
 """The client routes an endpoint may serve (`llmgw.engines.routes.ALL_ROUTES`)."""
 
 _ENDPOINT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
+# The longest model name a request may send (`llmgw.store.MAX_MODEL_CHARS`; the config
+# layer sits below the store and keeps its own copy).
+_MAX_MODEL_CHARS = 256
 
 
 def split_host_port(text: str) -> dict[str, object]:
@@ -164,6 +167,13 @@ class EndpointConfig(_Strict):
         for name in value:
             if not name or name != name.strip():
                 raise ValueError(f"model name {name!r} is empty or has surrounding spaces")
+            # What the router accepts in a request's `model` (and the usage store holds).
+            if len(name) > _MAX_MODEL_CHARS or not name.isprintable():
+                shown = repr(name) if len(name) <= 40 else repr(name[:40]) + "..."
+                raise ValueError(
+                    f"model name {shown} is not 1 to {_MAX_MODEL_CHARS} printable characters; "
+                    "no request could name it"
+                )
         return value
 
     @field_validator("routes")
