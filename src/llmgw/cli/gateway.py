@@ -17,6 +17,7 @@ import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import Executor, ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,13 @@ import uvloop
 from prometheus_client import CollectorRegistry
 
 from llmgw import __version__
-from llmgw.auth import Authenticator, KeyAuthenticator, KeyService, OpenAuthenticator
+from llmgw.auth import (
+    Authenticator,
+    KeyAuthenticator,
+    KeyService,
+    OpenAuthenticator,
+    Passwords,
+)
 from llmgw.cli.cluster_wiring import (
     ClusterSetupError,
     agent_listener_view,
@@ -125,6 +132,12 @@ DEMAND_INTERVAL = 1.0
 CATALOG_POLL_INTERVAL = 2.0
 # A replica this server cannot dial is dialled again this often (cheap: a TCP connect).
 REACH_RECHECK_SECONDS = 2.0
+# Threads that hash login passwords (argon2id, 64 MiB each): two bound the memory
+# and CPU a flood of logins can take; a person logging in waits ~100 ms.
+LOGIN_HASH_THREADS = 2
+LOGIN_THREAD_PREFIX = "llmgw-login"
+# Logins waiting for those threads before more are answered 503.
+LOGIN_HASH_WAITING = 32
 
 
 async def _lead(
@@ -257,9 +270,14 @@ async def _run(
     cfg: ServerConfig, listeners: list[BoundListener], url: str, config_file: str | None
 ) -> None:
     store = await _open_store(url)
+    # Logins hash passwords here, never in the default executor the rest shares.
+    login_pool = ThreadPoolExecutor(
+        max_workers=LOGIN_HASH_THREADS, thread_name_prefix=LOGIN_THREAD_PREFIX
+    )
     try:
-        await _serve(cfg, listeners, store, config_file)
+        await _serve(cfg, listeners, store, config_file, login_pool=login_pool)
     finally:
+        login_pool.shutdown(wait=False, cancel_futures=True)
         await store.close()
 
 
@@ -288,7 +306,12 @@ def _target_in_flight(catalog: Catalog, name: str) -> int | None:
 
 
 async def _serve(
-    cfg: ServerConfig, listeners: list[BoundListener], store: Store, config_file: str | None
+    cfg: ServerConfig,
+    listeners: list[BoundListener],
+    store: Store,
+    config_file: str | None,
+    *,
+    login_pool: Executor,
 ) -> None:
     loop = asyncio.get_running_loop()
     clock = loop.time
@@ -643,6 +666,7 @@ async def _serve(
         wall_clock=utc_now,
         # Over plain HTTP a Secure cookie would never come back.
         secure_cookies=cfg.api_tls is not None,
+        passwords=Passwords(executor=login_pool, max_waiting=LOGIN_HASH_WAITING),
     )
     apps: dict[str, Any] = {
         "API": RouterApp(
