@@ -44,6 +44,7 @@ from llmgw.cli.cluster_wiring import (
 )
 from llmgw.cli.control_wiring import ControllerActivator, PoolPublisher, static_spec
 from llmgw.cli.dashboard_wiring import dashboard_sources
+from llmgw.cli.listener_guard import ConnectionGate
 from llmgw.cli.serving import BoundListener, QuietServer, make_server
 from llmgw.config import ListenAddress, ServerConfig
 from llmgw.config.routing import ScorerWeights
@@ -81,6 +82,7 @@ from llmgw.diagnostics import AllocationTracer, Profiler
 from llmgw.lifecycle import guard
 from llmgw.limits import Limiter, LimitMetrics
 from llmgw.metrics import MetricsHistory, RouterMetrics
+from llmgw.metrics.listeners import ListenerMetrics
 from llmgw.metrics.queue import QueueMetrics
 from llmgw.metrics.routing import RoutingMetrics
 from llmgw.router.admin import create_admin_app, create_metrics_app
@@ -317,6 +319,7 @@ async def _serve(
     clock = loop.time
     registry = CollectorRegistry()
     metrics = RouterMetrics(registry=registry)
+    listener_metrics = ListenerMetrics(registry=registry)
     health = cfg.router.health
     pool = EndpointPool(
         policy=EjectionPolicy(health.failure_threshold, health.ejection_base, health.ejection_max),
@@ -832,8 +835,14 @@ async def _serve(
             servers: list[QuietServer] = []
             server_tasks = []
             for listener in listeners:
+                connections = ConnectionGate(
+                    name=listener.name, limits=cfg.server, metrics=listener_metrics, clock=clock
+                )
                 server = make_server(
-                    apps[listener.name], graceful_seconds=GRACE_SECONDS, tls=listener.tls
+                    apps[listener.name],
+                    graceful_seconds=GRACE_SECONDS,
+                    gate=connections,
+                    tls=listener.tls,
                 )
                 servers.append(server)
                 server_tasks.append(

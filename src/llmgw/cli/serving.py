@@ -4,7 +4,8 @@ Sockets are bound before anything starts, so "address already in use" is a
 clear CLI error naming the flag, not a log line from deep inside uvicorn.
 Signals are handled by the caller, once, for every server of the process.
 A listener with `tls` (certificate and key files, checked by `check_tls`
-before binding) serves HTTPS.
+before binding) serves HTTPS. Every listener's connections go through
+`listener_guard` (header and body timeouts, a connection cap).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 import uvicorn
 
+from llmgw.cli.listener_guard import ConnectionGate, protocol_for
 from llmgw.config import ListenAddress
 
 
@@ -97,10 +99,14 @@ class QuietServer(uvicorn.Server):
         yield
 
 
-def make_server(app: Any, *, graceful_seconds: float, tls: TLSFiles | None = None) -> QuietServer:
+def make_server(
+    app: Any, *, graceful_seconds: float, gate: ConnectionGate, tls: TLSFiles | None = None
+) -> QuietServer:
+    """A server for one listener; `gate` holds its timeouts and connection cap."""
     config = uvicorn.Config(
         app,
-        http="httptools",
+        http=protocol_for(gate),
+        ws="none",
         loop="none",
         lifespan="off",
         access_log=False,
