@@ -45,7 +45,12 @@ from llmgw.cli.cluster_wiring import (
 from llmgw.cli.control_wiring import ControllerActivator, PoolPublisher, static_spec
 from llmgw.cli.dashboard_wiring import dashboard_sources
 from llmgw.cli.listener_guard import ConnectionGate
-from llmgw.cli.serving import BoundListener, QuietServer, make_server
+from llmgw.cli.serving import (
+    BoundListener,
+    QuietServer,
+    make_server,
+    raise_open_files_limit,
+)
 from llmgw.config import ListenAddress, ServerConfig
 from llmgw.config.routing import ScorerWeights
 from llmgw.control.adminapi import event_routes, model_routes, node_routes, node_view
@@ -140,6 +145,9 @@ LOGIN_HASH_THREADS = 2
 LOGIN_THREAD_PREFIX = "llmgw-login"
 # Logins waiting for those threads before more are answered 503.
 LOGIN_HASH_WAITING = 32
+# Open files besides the listeners' connections: the store, logs, the agent
+# listener's streams, probes.
+FILES_BESIDES_CONNECTIONS = 512
 
 
 async def _lead(
@@ -252,6 +260,11 @@ def run_gateway(
         url = store_url(Path(cfg.data_dir or DEFAULT_DATA_DIR).expanduser(), cfg.store)
     except StoreError as exc:
         raise StartupError(str(exc)) from exc
+    short = raise_open_files_limit(
+        2 * cfg.server.max_connections * len(listeners) + FILES_BESIDES_CONNECTIONS
+    )
+    if short is not None:
+        log.warning("%s", short)
     uvloop.run(_run(cfg, listeners, url, config_file))
 
 
