@@ -74,11 +74,20 @@ FINAL_CODES = frozenset(
 
 
 class EnrollError(Exception):
-    """Joining or renewing failed; `final` when retrying cannot help (a person must act)."""
+    """Joining or renewing failed; `final` when retrying cannot help (a person must act).
 
-    def __init__(self, message: str, *, final: bool) -> None:
+    `token_refused`: the server presented the cluster's CA, then closed the
+    connection when the agent presented the token's certificate. That is what
+    a revoked token looks like (its trust is withdrawn from the handshake at
+    once), but also a token made on another server of the store moments ago,
+    which this one trusts after its next poll; the caller retries a few times
+    before it gives up.
+    """
+
+    def __init__(self, message: str, *, final: bool, token_refused: bool = False) -> None:
         super().__init__(message)
         self.final = final
+        self.token_refused = token_refused
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +246,10 @@ def verify_server(
     return ca
 
 
+def describe_rpc(exc: grpc.aio.AioRpcError) -> str:
+    return f"{exc.code().name}: {exc.details() or ''}".rstrip(": ")
+
+
 def _rpc_error(address: str, what: str, exc: grpc.aio.AioRpcError) -> EnrollError:
     code = exc.code()
     details = exc.details() or code.name
@@ -280,6 +293,18 @@ async def join(
                 timeout=call_seconds,
             )
         except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                # The bare handshake above worked: what failed is the one with the
+                # token's certificate.
+                raise EnrollError(
+                    f"the server at {address} closed the connection when this agent presented "
+                    "the join token's certificate: the token was revoked, or expired more than "
+                    "a week ago, or was made on another server moments ago and is not known "
+                    "here yet; make a new one with `llmgw nodes token create` "
+                    f"({describe_rpc(exc)})",
+                    final=False,
+                    token_refused=True,
+                ) from exc
             raise _rpc_error(address, f"join this node as {node_id!r}", exc) from exc
     return NodeCredentials(
         key_pem=key_pem(node_key),

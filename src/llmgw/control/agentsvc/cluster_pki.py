@@ -16,8 +16,11 @@ renewed server certificate, a token created, spent or revoked), so the
 listener never restarts and established streams are untouched. Client
 certificates are required and must chain to the cluster CA, or to the root of
 a join token (see `llmgw.pki.cluster`; roots of tokens that expired less than
-`TOKEN_TRUST_GRACE` ago, or were revoked or used up, stay trusted so that the
-agent's Join is refused with the reason rather than failing the handshake).
+`TOKEN_TRUST_GRACE` ago, or were used up, stay trusted so that the agent's Join
+is refused with the reason rather than failing the handshake). A revoked
+token's root is dropped from the trust by the refresh that `revoke_token` runs,
+so the next handshake with it fails, and a Join on a connection that was
+already open is refused: revocation leaves nothing to the token's holder.
 `classify` tells the two apart, so only node certificates may open a stream or
 renew, and only token certificates may join.
 
@@ -25,8 +28,9 @@ Standbys issue too: the CA is in the store, and joining or renewing needs no
 leader, so nodes join and renew while the leader is away.
 
 Not guaranteed: that a token created or revoked on another server is trusted
-or distrusted by this server's listener before its next poll (a revoked token
-never yields a certificate: Join reads the store). No CRL: a removed node is
+or distrusted by this server's listener before its next poll (`poll_interval`,
+2 s; a revoked token never yields a certificate there either: Join reads the
+store). No CRL: a removed node is
 refused by the store's deny-list at Register and Renew, not at the handshake.
 """
 
@@ -173,6 +177,7 @@ class ClusterPki:
         self._trusted: list[x509.Certificate] = []  # CA certificates nodes may chain to
         self._server: CertifiedKey | None = None
         self._roots: dict[str, x509.Certificate] = {}  # recent tokens' roots by token id
+        self._revoked: set[str] = set()  # ids of recent tokens that were revoked
         self._lock = threading.Lock()
         self._pending: grpc.ServerCertificateConfiguration | None = None
 
@@ -286,7 +291,7 @@ class ClusterPki:
         root = None if token_id is None else self._roots.get(token_id)
         if root is not None and issued_by(cert, root):
             return Peer(kind="join", cert=cert, token_id=token_id)
-        return Peer(kind="unknown", cert=cert)
+        return Peer(kind="unknown", cert=cert, token_id=token_id)
 
     # ---- background ----
 
@@ -313,7 +318,11 @@ class ClusterPki:
             await self._load_trusted()
             await self._issue_server_certificate()
         now = self._now()
-        tokens = await self._repo.tokens_expiring_after(now - TOKEN_TRUST_GRACE)
+        recent = await self._repo.tokens_expiring_after(now - TOKEN_TRUST_GRACE)
+        # A revoked token is distrusted at once: its root leaves the listener's trust
+        # with this refresh (the agent's handshake fails), not a week after it expires.
+        tokens = [t for t in recent if t.revoked_at is None]
+        self._revoked = {t.id for t in recent if t.revoked_at is not None}
         roots = {t.id: self._roots.get(t.id) or _root(t) for t in tokens}
         before = [c.fingerprint(hashes.SHA256()) for c in self._trusted]
         await self._load_trusted()
@@ -361,6 +370,9 @@ class ClusterPki:
 
     async def join(self, peer: Peer, *, token_text: str, node_id: str, csr_pem: bytes) -> Issued:
         """Issue a node certificate for a Join; `Refusal` saying why not."""
+        if peer.kind != "join" and peer.token_id in self._revoked:
+            # A connection whose handshake predates the revocation.
+            raise Refusal(grpc.StatusCode.PERMISSION_DENIED, _token_hint("this token was revoked"))
         if peer.kind != "join":
             raise Refusal(
                 grpc.StatusCode.UNAUTHENTICATED,

@@ -1,0 +1,68 @@
+"""A joined agent's secrets, revoked tokens and silent servers, with real servers and agents.
+
+Builds on the `cluster` fixture of test_agent_join.py (one `llmgw server` with
+its default agent listener: mTLS with the cluster CA). Each test does what an
+attacker (or an unlucky operator) would: hold on to a revoked token, read an
+engine's environment, put a server that never answers first in the list.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import grpc
+import pytest
+import test_agent_join
+from test_agent_join import Cluster
+
+from llmgw.agent.enroll import fetch_server_chain, verify_server
+from llmgw.pki.cluster import cert_pem, parse_join_token, token_client_certificate
+from llmgw.proto import agent_pb2, agent_pb2_grpc
+
+cluster = test_agent_join.cluster  # the fixture
+
+
+def token_channel(address: str, token_text: str) -> grpc.Channel:
+    """A channel that presents the token's certificate, as a joining agent does."""
+    token = parse_join_token(token_text)
+    ca = verify_server(fetch_server_chain(address, timeout=30), token, address)
+    presented = token_client_certificate(token, now=datetime.now(UTC))
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=cert_pem(ca),
+        private_key=presented.key_pem,
+        certificate_chain=presented.cert_pem,
+    )
+    # A connection of its own: never one another channel opened before.
+    return grpc.secure_channel(
+        address, credentials, options=[("grpc.use_local_subchannel_pool", 1)]
+    )
+
+
+def join_with(channel: grpc.Channel, token_text: str) -> grpc.RpcError:
+    """Call Join with a CSR that cannot be signed: a refusal that uses up nothing."""
+    stub = agent_pb2_grpc.AgentServiceStub(channel)  # type: ignore[no-untyped-call]
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Join(
+            agent_pb2.JoinRequest(token=token_text, node_id="x1", csr_pem=b"not a csr"), timeout=30
+        )
+    return info.value
+
+
+def test_a_revoked_token_fails_the_tls_handshake_at_once(cluster: Cluster) -> None:
+    made = cluster.token()
+    text = str(made["token"])
+    with token_channel(cluster.address, text) as before:
+        # Trusted in the handshake: the call reaches Join, which reads the CSR.
+        assert join_with(before, text).code() == grpc.StatusCode.INVALID_ARGUMENT
+        done = cluster.cli("nodes", "token", "revoke", str(made["id"]))
+        assert done.returncode == 0, done.stderr
+        # No wait: the revocation is in the listener's trust when the CLI returns.
+        with token_channel(cluster.address, text) as after:
+            refused = join_with(after, text)
+        assert refused.code() == grpc.StatusCode.UNAVAILABLE, refused
+        # A connection made before the revocation is refused at Join, saying why.
+        again = join_with(before, text)
+        assert again.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "was revoked" in (again.details() or "")
+    assert cluster.server is not None
+    assert "joined with token" not in cluster.server.proc.output()
