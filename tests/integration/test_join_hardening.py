@@ -9,10 +9,12 @@ engine's environment, put a server that never answers first in the list.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
 import grpc
 import pytest
 import test_agent_join
+from procs import Proc, descendants, free_port_block, llmgw, wait_for
 from test_agent_join import Cluster
 
 from llmgw.agent.enroll import fetch_server_chain, verify_server
@@ -66,3 +68,44 @@ def test_a_revoked_token_fails_the_tls_handshake_at_once(cluster: Cluster) -> No
         assert "was revoked" in (again.details() or "")
     assert cluster.server is not None
     assert "joined with token" not in cluster.server.proc.output()
+
+
+@pytest.mark.timeout(300)
+def test_an_engine_does_not_inherit_the_agents_secrets(cluster: Cluster) -> None:
+    token = str(cluster.token()["token"])
+    low = free_port_block(4)
+    agent = Proc(
+        llmgw(
+            "agent", "--server", cluster.address, "--gpus", "1x24GiB", "--node-id", "env-a",
+            "--state-dir", str(cluster.tmp / "state" / "env-a"),
+            "--weights-dir", str(cluster.tmp / "weights" / "env-a"),
+            "--port-range", f"{low}-{low + 3}",
+        ),
+        # The token the way `llmgw up` hands it over, and another secret of the agent's.
+        env={"LLMGW_JOIN_TOKEN": token, "LLMGW_ADMIN_KEY": "sk-llmgw-not-for-engines"},
+    )  # fmt: skip
+    cluster.agents.append(agent)
+    wait_for(lambda: cluster.ready("env-a"), "env-a to join with the token from its environment")
+    answer = cluster.chat()
+    assert answer.status_code == 200, answer.text
+
+    def engine_pid() -> int | None:
+        for pid in descendants(agent.popen.pid):
+            try:
+                if b"sim" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                    return pid
+            except OSError:
+                continue
+        return None
+
+    pid = wait_for(engine_pid, "the sim engine the agent started")
+    names = {
+        entry.split(b"=", 1)[0].decode()
+        for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if entry
+    }
+    assert "LLMGW_JOIN_TOKEN" not in names
+    assert "LLMGW_ADMIN_KEY" not in names
+    assert not [name for name in names if name.startswith("LLMGW_")], names
+    # What an engine does need is still there.
+    assert "PATH" in names and "CUDA_VISIBLE_DEVICES" in names
