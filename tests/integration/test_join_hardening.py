@@ -8,6 +8,9 @@ engine's environment, put a server that never answers first in the list.
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -109,3 +112,50 @@ def test_an_engine_does_not_inherit_the_agents_secrets(cluster: Cluster) -> None
     assert not [name for name in names if name.startswith("LLMGW_")], names
     # What an engine does need is still there.
     assert "PATH" in names and "CUDA_VISIBLE_DEVICES" in names
+
+
+class SilentListener:
+    """Accepts TCP connections and never sends a byte: a frozen server."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.accepted: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self.sock.accept()
+                self.accepted.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.accepted:
+            conn.close()
+
+
+@pytest.mark.timeout(300)
+def test_a_silent_first_server_costs_one_dial_timeout_not_two(cluster: Cluster) -> None:
+    silent = SilentListener()
+    try:
+        token = str(cluster.token()["token"])
+        low = free_port_block(4)
+        agent = Proc(
+            llmgw(
+                "agent", "--server", silent.address, "--servers", cluster.address,
+                "--token", token, "--node-id", "quiet-a", "--dial-timeout", "1",
+                "--gpus", "1x24GiB", "--state-dir", str(cluster.tmp / "state" / "quiet-a"),
+                "--weights-dir", str(cluster.tmp / "weights" / "quiet-a"),
+                "--port-range", f"{low}-{low + 3}",
+            )
+        )  # fmt: skip
+        cluster.agents.append(agent)
+        wait_for(lambda: cluster.ready("quiet-a"), "quiet-a to join past the silent server")
+        # Joining waited on the silent server once; connecting went to the one
+        # that answered first, instead of waiting on the silent one again.
+        assert len(silent.accepted) == 1, agent.output()
+        assert "accepted the connection but did not answer" in agent.output()
+    finally:
+        silent.close()

@@ -13,8 +13,8 @@ certificate it signs with the token's key and a CSR for a key generated here
 `ca.crt`, `labels.json`; each written whole, mode 0600). `CertificateKeeper`
 holds the current certificate for the `Connection` (which reads it at every
 dial) and renews it over `Renew` with the same key once two thirds of its
-lifetime have passed, trying each server address in turn, with an injected
-clock and sleep.
+lifetime have passed, trying each server address in turn (those that just
+timed out last, `silence.py`), with an injected clock and sleep.
 
 Not guaranteed: that a renewal succeeds before expiry when no server answers
 for a third of the lifetime; the agent then needs a new token.
@@ -39,6 +39,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
+from llmgw.agent.silence import SilentServers
 from llmgw.pki import TlsMaterial, certificate_names, common_name
 from llmgw.pki.cluster import (
     JoinToken,
@@ -59,6 +60,9 @@ log = logging.getLogger("llmgw.agent.enroll")
 
 RENEW_AT = 2 / 3
 CALL_TIMEOUT_SECONDS = 15.0
+# The connection loop's default connect timeout (ConnectionSettings): a server
+# that has not finished a TLS handshake by then is not answering.
+DIAL_TIMEOUT_SECONDS = 5.0
 RENEW_RETRY_SECONDS = 30.0
 # A refusal a person must act on: retrying cannot help.
 FINAL_CODES = frozenset(
@@ -81,13 +85,17 @@ class EnrollError(Exception):
     a revoked token looks like (its trust is withdrawn from the handshake at
     once), but also a token made on another server of the store moments ago,
     which this one trusts after its next poll; the caller retries a few times
-    before it gives up.
+    before it gives up. `timed_out`: the server answered nothing in time (see
+    `silence.py`).
     """
 
-    def __init__(self, message: str, *, final: bool, token_refused: bool = False) -> None:
+    def __init__(
+        self, message: str, *, final: bool, token_refused: bool = False, timed_out: bool = False
+    ) -> None:
         super().__init__(message)
         self.final = final
         self.token_refused = token_refused
+        self.timed_out = timed_out
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +198,12 @@ def fetch_server_chain(address: str, *, timeout: float) -> list[x509.Certificate
             "probably runs with --insecure-agents; start the agent without --token",
             final=True,
         ) from exc
+    except TimeoutError as exc:
+        raise EnrollError(
+            f"the server at {address} did not complete a TLS handshake within {timeout:g}s",
+            final=False,
+            timed_out=True,
+        ) from exc
     except OSError as exc:
         raise EnrollError(
             f"cannot reach the server at {address}: {exc.strerror or exc}", final=False
@@ -255,7 +269,11 @@ def _rpc_error(address: str, what: str, exc: grpc.aio.AioRpcError) -> EnrollErro
     details = exc.details() or code.name
     if code in FINAL_CODES:
         return EnrollError(f"the server at {address} refused to {what}: {details}", final=True)
-    return EnrollError(f"{what} at {address} failed: {code.name}: {details}", final=False)
+    return EnrollError(
+        f"{what} at {address} failed: {code.name}: {details}",
+        final=False,
+        timed_out=code == grpc.StatusCode.DEADLINE_EXCEEDED,
+    )
 
 
 async def join(
@@ -266,9 +284,13 @@ async def join(
     now: datetime,
     key: PrivateKey | None = None,
     call_seconds: float = CALL_TIMEOUT_SECONDS,
+    dial_seconds: float = DIAL_TIMEOUT_SECONDS,
 ) -> NodeCredentials:
-    """Verify the server against the token, then Join; see the module docstring."""
-    chain = await asyncio.to_thread(fetch_server_chain, address, timeout=call_seconds)
+    """Verify the server against the token, then Join; see the module docstring.
+
+    `dial_seconds` bounds the connection and bare handshake (a silent server costs
+    no more), `call_seconds` the Join itself (the server writes to its store)."""
+    chain = await asyncio.to_thread(fetch_server_chain, address, timeout=dial_seconds)
     ca = verify_server(chain, token, address)
     log.info(
         "the server at %s presents the cluster CA the token names (key hash %s...); joining as %s",
@@ -353,7 +375,9 @@ class CertificateKeeper:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         renew_call: Callable[[str, NodeCredentials], Awaitable[NodeCredentials]] = renew,
         retry_seconds: float = RENEW_RETRY_SECONDS,
+        silent: SilentServers | None = None,
     ) -> None:
+        self._silent = silent if silent is not None else SilentServers()
         self._creds = creds
         self._store = store
         self._addresses = tuple(addresses)
@@ -384,12 +408,15 @@ class CertificateKeeper:
 
     async def renew_once(self) -> bool:
         """Try each address once; True when a new certificate is stored and in use."""
-        for address in self._addresses:
+        for address in self._silent.order(self._addresses):
             try:
                 renewed = await self._renew(address, self._creds)
             except EnrollError as exc:
+                if exc.timed_out:
+                    self._silent.timed_out(address)
                 log.warning("%s", exc)
                 continue
+            self._silent.answered(address)
             await asyncio.to_thread(self._store.save, renewed)
             self._creds = renewed
             log.info(

@@ -4,7 +4,8 @@
 from the certificate). `obtain` returns the credentials the agent dials with:
 the stored ones while their certificate is valid (a `--token` given again is
 ignored, with an info line), otherwise a fresh Join with the token, trying each
-server address and retrying transient failures with backoff; a refusal a person
+server address (one that just timed out last: `silent`, shared with the
+connection loop) and retrying transient failures with backoff; a refusal a person
 must act on (the token is expired, revoked or used up, the server is not the
 token's cluster, the node id is another node's) raises `EnrollError` for the
 command to print as its `error:` line. A revoked token fails in the TLS
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from llmgw.agent.backoff import Backoff
 from llmgw.agent.enroll import EnrollError, NodeCredentials, TlsStore, describe_expiry, join
+from llmgw.agent.silence import SilentServers
 from llmgw.pki.cluster import JoinToken
 
 log = logging.getLogger("llmgw.agent")
@@ -50,6 +52,8 @@ async def obtain(
     addresses: Sequence[str],
     token: JoinToken | None,
     node_id: str,
+    silent: SilentServers,
+    dial_seconds: float,
 ) -> NodeCredentials:
     """Valid credentials for this node: the stored ones, or new ones from a Join."""
     store = TlsStore(state_dir)
@@ -79,16 +83,28 @@ async def obtain(
     while True:
         failures = []
         refused: EnrollError | None = None
-        for address in addresses:
+        for address in silent.order(addresses):
             try:
-                creds = await join(address, token, node_id=node_id, now=datetime.now(UTC), key=key)
+                creds = await join(
+                    address,
+                    token,
+                    node_id=node_id,
+                    now=datetime.now(UTC),
+                    key=key,
+                    dial_seconds=dial_seconds,
+                )
             except EnrollError as exc:
                 if exc.final:
                     raise
+                if exc.timed_out:
+                    silent.timed_out(address)
+                else:
+                    silent.answered(address)
                 failures.append(str(exc))
                 if exc.token_refused:
                     refused = exc
                 continue
+            silent.answered(address)
             await asyncio.to_thread(store.save, creds)
             log.info(
                 "joined the cluster through %s as node %s; certificate valid until %s, kept in %s",
