@@ -17,7 +17,8 @@ adds, per connection of one listener (`ConnectionGate` holds its settings):
   closed. Time during which this server is not reading is not the client's
   fault and does not count: uvicorn pauses reading while the app has not taken
   the body buffered so far (a request waiting in the router's queue), or while
-  a pipelined request waits for the one before it.
+  a pipelined request waits for the one before it; and a client that sent
+  `Expect: 100-continue` waits for the app to ask for the body.
 - **Connections**: at most `max_connections` connections are admitted; one
   beyond that is answered 503 (OpenAI-style, `Retry-After: 1`,
   `Connection: close`) as soon as its headers are in, without reaching the app,
@@ -133,6 +134,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        limits = self.gate.limits
+        self._header_timeout = limits.header_timeout
+        self._body_timeout = limits.body_timeout
+        self._now = self.loop.time
         self._phase: _Phase = "idle"
         self._since = 0.0
         self._timer: TimerHandle | None = None
@@ -146,7 +151,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if not self._admitted:
             self.app = self._refuse
             self.gate.cut("over_limit")
-        self._start("headers", self.gate.limits.header_timeout)
+        self._start("headers", self._header_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._admitted:
@@ -158,31 +163,31 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._phase = "idle"
         super().connection_lost(exc)
 
-    # ---- parser callbacks ----
+    # ---- parser callbacks (on every request: kept to a clock read each) ----
 
     def on_message_begin(self) -> None:
-        super().on_message_begin()
+        HttpToolsProtocol.on_message_begin(self)
         if self._phase == "idle":
             # The next request on a kept-alive connection: its clock starts now.
-            self._start("headers", self.gate.limits.header_timeout)
+            self._start("headers", self._header_timeout)
 
     def on_headers_complete(self) -> None:
-        self._start("body", self.gate.limits.body_timeout)
-        super().on_headers_complete()
+        self._start("body", self._body_timeout)
+        HttpToolsProtocol.on_headers_complete(self)
 
     def on_body(self, body: bytes) -> None:
-        self._since = self.loop.time()
-        super().on_body(body)
+        self._since = self._now()
+        HttpToolsProtocol.on_body(self, body)
 
     def on_message_complete(self) -> None:
         self._phase = "idle"
-        super().on_message_complete()
+        HttpToolsProtocol.on_message_complete(self)
 
     # ---- the timer ----
 
     def _start(self, phase: _Phase, limit: float) -> None:
         self._phase = phase
-        self._since = self.loop.time()
+        self._since = self._now()
         if self._timer is None:
             self._timer = self.loop.call_later(limit, self._check)
 
@@ -191,12 +196,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         phase = self._phase
         if phase == "idle" or self.transport.is_closing():
             return
-        limits = self.gate.limits
-        limit = limits.header_timeout if phase == "headers" else limits.body_timeout
-        now = self.loop.time()
-        if self.flow.read_paused or (phase == "headers" and self._answering()):
+        limit = self._header_timeout if phase == "headers" else self._body_timeout
+        now = self._now()
+        if self.flow.read_paused or self._holding(phase):
             # This server is not reading (the app has not taken the body yet, or a
-            # pipelined request waits for the one before it): not the client's fault.
+            # pipelined request waits for the one before it), or has not yet asked
+            # for the body (`Expect: 100-continue`): not the client's fault.
             self._since = now
         left = self._since + limit - now
         if left > 0:
@@ -207,8 +212,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         else:
             self._cut_body()
 
-    def _answering(self) -> bool:
-        return self.cycle is not None and not self.cycle.response_complete
+    def _holding(self, phase: _Phase) -> bool:
+        cycle = self.cycle
+        if cycle is None:
+            return False
+        if phase == "headers":
+            return not cycle.response_complete
+        return cycle.waiting_for_100_continue and not cycle.response_started
 
     def _cut_headers(self) -> None:
         log.debug(
