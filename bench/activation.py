@@ -151,6 +151,10 @@ class Processes:
                 cwd=ROOT,
             )
 
+    def pid(self, name: str) -> int:
+        """The pid of a running process, also the id of its session."""
+        return self._procs[name].pid
+
     def check_alive(self, name: str) -> None:
         proc = self._procs[name]
         if proc.poll() is not None:

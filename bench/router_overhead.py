@@ -133,7 +133,9 @@ class Processes:
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: dict[str, Path] = {}
 
-    def start(self, name: str, argv: list[str], core: int) -> int:
+    def start(
+        self, name: str, argv: list[str], core: int, env: dict[str, str] | None = None
+    ) -> int:
         log = self._log_dir / f"{name}.log"
         self._logs[name] = log
         with log.open("wb") as out:
@@ -142,6 +144,7 @@ class Processes:
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                env=None if env is None else {**os.environ, **env},
                 preexec_fn=lambda: _child_setup(core if self._pin else None),  # noqa: PLW1509
             )
         self._procs[name] = proc
@@ -1416,6 +1419,118 @@ def run_debug_profile(
     )
 
 
+# --- before / after: the same load through two trees' gateways ---------------------
+
+
+@dataclass(frozen=True)
+class TreeGateway:
+    label: str  # "before" or "after"
+    name: str
+    port: int
+    admin: int
+
+
+def start_tree_gateways(
+    procs: Processes, ports: Ports, data_dir: Path, before_src: Path
+) -> list[TreeGateway]:
+    """Two router-only gateways in front of the zero-delay sim, both on core 0: one
+    running the code under `before_src` (first on PYTHONPATH), one this tree's."""
+    gateways = []
+    for label, env in (("before", {"PYTHONPATH": str(before_src)}), ("after", None)):
+        name = f"gateway-{label}"
+        store = data_dir / name
+        store.mkdir()
+        port, admin = _free_port(), _free_port()
+        procs.start(
+            name,
+            [
+                sys.executable, "-m", "llmgw", "server",
+                "--endpoint", f"fast=http://{HOST}:{ports.fast}={FAST_MODEL}",
+                "--listen", f"{HOST}:{port}", "--admin-listen", f"{HOST}:{admin}",
+                "--agent-listen", "off", "--data-dir", str(store), "--auth-mode", "open",
+            ],
+            GATEWAY_CORE,
+            env,
+        )  # fmt: skip
+        gateways.append(TreeGateway(label, name, port, admin))
+    for gw in gateways:
+
+        def ready(gw: TreeGateway = gw) -> bool:
+            status, body = _get(gw.admin, "/readyz")
+            return status == 200 and b'"fast"' in body
+
+        _wait_until(procs, f"the {gw.label} gateway", ready)
+    return gateways
+
+
+def tree_code(gw: TreeGateway) -> str:
+    """Which llmgw a gateway runs, from its own /metrics: the listener guard's series."""
+    status, body = _get(gw.admin, "/metrics", timeout=10)
+    if status != 200:
+        raise BenchError(f"the {gw.label} gateway's /metrics answered {status}")
+    return "with the listener guard" if b"llmgw_http_connections" in body else "without it"
+
+
+def run_before_after(
+    procs: Processes, ports: Ports, s: Settings, data_dir: Path, before_src: Path, rounds: int
+) -> str:
+    """Windows alternating between the two gateways (the order flips each round, so a
+    drift of the machine hits both); the markdown section."""
+    gateways = start_tree_gateways(procs, ports, data_dir, before_src)
+    codes = {gw.label: tree_code(gw) for gw in gateways}
+    plan = [("plain", 1, PLAIN_PAYLOAD), ("plain", 64, PLAIN_PAYLOAD)]
+    plan.append(("stream", 64, _stream_payload(FAST_MODEL)))
+    windows: dict[tuple[str, int, str], list[PhaseResult]] = {}
+    for kind, concurrency, payload in plan:
+        for round_ in range(rounds):
+            for gw in gateways if round_ % 2 == 0 else gateways[::-1]:
+                watched = {"gateway": procs.pid(gw.name), "sim-fast": procs.pid("sim-fast")}
+                hooks = CpuSampler(watched)
+                result = uvloop.run(_phase(gw.port, payload, concurrency, s, hooks, {}))
+                windows.setdefault((kind, concurrency, gw.label), []).append(result)
+                print(
+                    f"  {kind} c={concurrency:<3} round {round_ + 1} {gw.label}: "
+                    f"{_num(result.rps)} req/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    procs.check_alive()
+    rows = [
+        "| load | c | before | after | after / before | p50 before (ms) "
+        "| p50 after (ms) | added p50 | gateway CPU per request (stream) before / after "
+        "| CPU per request, after / before |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for kind, concurrency, _ in plan:
+        off = _merge(windows[(kind, concurrency, "before")])
+        on = _merge(windows[(kind, concurrency, "after")])
+        stream = kind == "stream"
+        unit = "chunks/s, TTFT" if stream else "req/s, latency"
+        rate_off = off.events_per_s if stream else off.rps
+        rate_on = on.events_per_s if stream else on.rps
+        p50_off = off.ttft(50) if stream else off.latency(50)
+        p50_on = on.ttft(50) if stream else on.latency(50)
+        rows.append(
+            f"| {kind} ({unit}) | {concurrency} | {_num(rate_off)} | {_num(rate_on)} "
+            f"| {_ratio(rate_off, rate_on)} | {_ms(p50_off)} | {_ms(p50_on)} "
+            f"| {(p50_on - p50_off) * 1000:+.3f} ms "
+            f"| {_cpu_per_request(off)} / {_cpu_per_request(on)} | {_cpu_per_request(on, off)} |"
+        )
+    errors = sum(r.error_count for rs in windows.values() for r in rs)
+    return "\n".join(
+        [
+            f"Each row: {rounds} windows per gateway of {s.duration:g} s ({s.warmup:g} s "
+            "warm-up each), alternating between two router-only gateways (`--auth-mode "
+            "open`) in front of the same zero-delay sim, both pinned to core 0 for the "
+            "whole run and loaded one at a time: *before* runs the tree under "
+            f"`{before_src}` ({codes['before']}), *after* this tree ({codes['after']}). "
+            f"Errors: {errors}.",
+            "",
+            *rows,
+        ]
+    )
+
+
 # --- main ----------------------------------------------------------------------
 
 
@@ -1483,6 +1598,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=float,
         default=5.0,
         help="the profile's sampling interval (the server's default: 5)",
+    )
+    parser.add_argument(
+        "--before-src",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="instead: the same load through a gateway running the llmgw package under DIR "
+        "(e.g. `git archive REV src | tar -x -C /tmp/before`, then /tmp/before/src) and "
+        "one running this tree, alternating (writes the before-after section)",
+    )
+    parser.add_argument(
+        "--before-after-rounds", type=int, default=3, help="windows per gateway and load"
     )
     parser.add_argument(
         "--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone"
@@ -1605,6 +1732,28 @@ def _run(
     start_all(procs, ports, s, data_dir)
     sanity_check(ports, s.headers)
     pids = {name: procs.pid(name) for name in ("gateway", "sim-fast", "sim-paced")}
+    if args.before_src is not None:
+        for name in ("canned", "gateway", "sim-paced"):
+            procs.stop(name)
+        section = run_before_after(
+            procs, ports, s, data_dir, args.before_src.resolve(), args.before_after_rounds
+        )
+        body = "\n".join(
+            [
+                "## Router overhead before and after a change (same run)",
+                "",
+                f"Run {facts['date']} on {facts['machine']}. Tree: {facts['tree']}.",
+                "",
+                f"Command: `{facts['command']}`",
+                "",
+                section,
+            ]
+        )
+        print(body)
+        if not args.no_write:
+            write_marked_section("before-after", body)
+            print(f"wrote the before-after section of {RESULTS}", file=sys.stderr)
+        return 0
     if args.debug_profile:
         procs.stop("canned")
         section = run_debug_profile(

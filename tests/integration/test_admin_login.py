@@ -46,6 +46,10 @@ def test_an_admin_logs_in_on_the_api_port_and_uses_the_admin_api(tmp_path: Path)
         alice = login(server, "alice")
         cookie = alice.cookies.get("llmgw_session")
         assert cookie
+        # Passwords were checked in the logins' own pool, not the shared default executor.
+        threads = httpx.get(server.admin + "/debug/threads?format=json", timeout=30).json()
+        names = [name for group in threads["groups"] for name in group["names"]]
+        assert any(name.startswith("llmgw-login") for name in names), names
         nodes = alice.get("/admin/api/nodes")
         assert nodes.status_code == 200 and nodes.json() == {"nodes": []}
         # Only the admin API goes through: not the admin listener's metrics or debug.

@@ -226,8 +226,13 @@ def test_a_crashing_engine_fails_fast_with_its_output_and_backs_off(tmp_path: Pa
         assert answer.status_code == 503, answer.text
         error = answer.json()["error"]
         assert error["code"] == "model_failed"
-        assert "no-such-flag" in error["message"]
         assert int(answer.headers["retry-after"]) >= 1
+        # The client learns which replica failed where; the engine's output (its
+        # arguments, paths, addresses) is the operator's, in the status below.
+        assert "failed to start (replica " in error["message"]
+        assert " on node " in error["message"]
+        assert "llmgw models show broken" in error["message"]
+        assert "no-such-flag" not in error["message"]
 
         status = f.status("broken")
         assert status["failures"] >= 1

@@ -125,6 +125,30 @@ def test_streaming_event_by_event(gateway: tuple[Server, Path, str]) -> None:
     assert recorded(data_dir, key_id, 1) == (1, final.usage.input_tokens, 5)
 
 
+def test_a_streamed_message_reports_the_input_tokens_that_were_billed(
+    gateway: tuple[Server, Path, str],
+) -> None:
+    # The router's estimate (message_start: engines count the prompt only at the
+    # end) and the engine's count differ for this prompt; the final Message the SDK
+    # assembles must hold the engine's count, which is what the key is charged.
+    server, data_dir, _ = gateway
+    key_id, secret = new_key(data_dir)
+    prompt = [{"role": "user", "content": "Write about the sea and the ships on it. " * 6}]
+    with (
+        anthropic.Anthropic(base_url=server.url, api_key=secret, max_retries=0) as client,
+        client.messages.stream(model="m1", max_tokens=3, messages=prompt) as stream,
+    ):
+        events = list(stream)
+        final = stream.get_final_message()
+    start = events[0]
+    (delta,) = [e for e in events if e.type == "message_delta"]
+    assert start.type == "message_start" and delta.type == "message_delta"
+    billed = recorded(data_dir, key_id, 1)
+    assert billed == (1, final.usage.input_tokens, 3)
+    assert delta.usage.input_tokens == final.usage.input_tokens
+    assert start.message.usage.input_tokens != final.usage.input_tokens
+
+
 def test_tool_round_trip_shape(client: anthropic.Anthropic) -> None:
     # The sim does not choose tools; this checks that tool definitions, a tool call
     # and its result are carried to the engine and answered in the Messages shape.

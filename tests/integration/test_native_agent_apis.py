@@ -106,6 +106,11 @@ def test_messages_stream_carries_input_tokens_in_message_start(
     assert len(deltas) == 5
     assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 5
     assert recorded(data_dir, key_id, 1) == (1, start.message.usage.input_tokens, 5)
+    # message_delta carries the engine's input_tokens too (as vLLM's does): the final
+    # Message reports the tokens that were billed.
+    (delta,) = [e for e in events if e.type == "message_delta"]
+    assert delta.type == "message_delta"
+    assert delta.usage.input_tokens == final.usage.input_tokens == start.message.usage.input_tokens
 
 
 def test_messages_tool_call_round_trip(gateway: tuple[Server, Path, Sim]) -> None:

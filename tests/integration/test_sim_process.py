@@ -216,7 +216,7 @@ def test_metrics_have_vllm_names_per_model(sims: Sims) -> None:
     for name in (
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
-        "vllm:gpu_cache_usage_perc",
+        "vllm:kv_cache_usage_perc",
         "vllm:prefix_cache_queries_total",
         "vllm:prefix_cache_hits_total",
         "vllm:prompt_tokens_total",
@@ -224,11 +224,13 @@ def test_metrics_have_vllm_names_per_model(sims: Sims) -> None:
         "vllm:request_success_total",
     ):
         for model in ("sim-a", "sim-b"):
-            assert any(line.startswith(f'{name}{{model_name="{model}"}} ') for line in lines), name
+            assert any(
+                line.startswith(f'{name}{{engine="0",model_name="{model}"}} ') for line in lines
+            ), name
     hits = next(
         line
         for line in lines
-        if line.startswith('vllm:prefix_cache_hits_total{model_name="sim-b"}')
+        if line.startswith('vllm:prefix_cache_hits_total{engine="0",model_name="sim-b"}')
     )
     assert float(hits.split()[-1]) >= 8.0  # the second prompt hit both 4-token blocks
 

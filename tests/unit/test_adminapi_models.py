@@ -160,12 +160,12 @@ async def test_add_stores_the_model_and_answers_201(
 
 async def test_an_invalid_model_names_the_field_in_param(client: httpx.AsyncClient) -> None:
     response = await client.post(
-        "/admin/api/models", json=body("llama", profiles=[{"name": "tp1", "engine": "vllm"}])
+        "/admin/api/models", json=body("llama", profiles=[{"name": "tp1", "engine": "sglang"}])
     )
     error = error_of(response, 400)
     assert (error["code"], error["param"]) == ("invalid_model", "profiles.0.gpus")
     assert error["message"].startswith(
-        "model 'llama', profile 'tp1', field 'gpus': vllm needs at least 1 GPU"
+        "model 'llama', profile 'tp1', field 'gpus': sglang needs at least 1 GPU"
     )
     unknown_field = error_of(await client.post("/admin/api/models", json=body("x", gpus=1)), 400)
     assert unknown_field["param"] == "gpus"

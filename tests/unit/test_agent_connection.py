@@ -27,6 +27,7 @@ from llmgw.agent.feed import StatusFeed
 from llmgw.agent.flags import PortRange
 from llmgw.agent.hardware import DeclaredGpus, Hardware
 from llmgw.agent.settings import ConnectionSettings, SupervisorSettings
+from llmgw.agent.silence import SilentServers
 from llmgw.agent.state import EngineStore
 from llmgw.agent.supervisor import Supervisor
 from llmgw.agent.wire import NodeIdentity
@@ -141,6 +142,7 @@ def connection(
     sleeps: int,
     tls: TlsMaterial | None = None,
     settings: ConnectionSettings | None = None,
+    silent: SilentServers | None = None,
 ) -> Connection:
     async def sleep(delay: float) -> None:
         if delay >= HEARTBEAT:
@@ -180,6 +182,7 @@ def connection(
         settings=settings or ConnectionSettings(connect_timeout_seconds=CONNECT_TIMEOUT),
         tls=tls,
         sleep=sleep,
+        silent=silent,
     )
 
 

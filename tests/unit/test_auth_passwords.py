@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from argon2 import PasswordHasher, Type
 
-from llmgw.auth import MIN_PASSWORD_LENGTH, Passwords, UserInputError, check_password
+from llmgw.auth import (
+    MIN_PASSWORD_LENGTH,
+    Passwords,
+    PasswordsBusy,
+    UserInputError,
+    check_password,
+)
 
 CHEAP = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
 
@@ -89,3 +97,36 @@ def test_short_passwords_are_refused_saying_how_long_they_must_be() -> None:
     check_password("a" * MIN_PASSWORD_LENGTH)
     with pytest.raises(UserInputError, match="too long"):
         check_password("a" * 1025)
+
+
+async def test_hashes_run_in_the_pool_given_and_too_many_waiting_are_refused() -> None:
+    started = threading.Event()
+    release = threading.Event()
+    threads: list[str] = []
+
+    class Blocking(PasswordHasher):
+        def verify(self, hash: str | bytes, password: str | bytes) -> bool:
+            threads.append(threading.current_thread().name)
+            started.set()
+            release.wait(30)
+            return super().verify(hash, password)
+
+    stored = await Passwords(hasher=CHEAP).hash("correct horse battery")
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="login-pool") as pool:
+        passwords = Passwords(
+            hasher=Blocking(time_cost=1, memory_cost=1024, parallelism=1),
+            executor=pool,
+            max_waiting=2,
+        )
+        running = asyncio.create_task(passwords.verify(stored, "correct horse battery"))
+        await asyncio.to_thread(started.wait, 30)
+        queued = asyncio.create_task(passwords.verify(stored, "wrong"))
+        await asyncio.sleep(0)
+        # One checking, one waiting for the pool's only thread: a third is refused.
+        with pytest.raises(PasswordsBusy, match="too many logins are being checked at once"):
+            await passwords.verify(stored, "another guess")
+        release.set()
+        assert await running and not await queued
+        # Room again once they are done.
+        assert await passwords.verify(stored, "correct horse battery")
+    assert threads and all(name.startswith("login-pool") for name in threads)

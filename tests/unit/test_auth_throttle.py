@@ -69,3 +69,41 @@ def test_memory_is_bounded() -> None:
 
 def test_huge_counts_stay_at_the_maximum() -> None:
     assert throttle(Clock()).delay_for(10**9) == 10.0
+
+
+def test_spraying_user_names_does_not_flush_the_count_of_the_user_under_attack() -> None:
+    # An attacker guesses alice's password, and between guesses tries many other
+    # names (from other addresses) to push alice's count out of the bounded table.
+    limiter = throttle(Clock(), max_entries=50)
+    for _ in range(5):
+        limiter.begin("203.0.113.1", "alice")
+    for i in range(5000):
+        limiter.begin(f"198.51.{i // 256}.{i % 256}", f"spray-{i}")
+    assert len(limiter) == 50
+    # alice is still slowed, from any address.
+    assert limiter.begin("192.0.2.77", "alice") == 2.0
+    assert limiter.begin("203.0.113.1", "bob") == 2.0
+
+
+def test_a_full_table_drops_forgotten_entries_before_counted_ones() -> None:
+    clock = Clock()
+    limiter = throttle(clock, forget_after=60.0, max_entries=3)
+    for _ in range(6):
+        limiter.begin("10.0.0.1", "old")
+    clock.now += 61.0
+    # Each attempt below makes new entries in the full table: the forgotten ones
+    # (many failures, but long ago) go, not alice's fresh single failures.
+    for address in ("10.0.0.2", "10.0.0.3", "10.0.0.4"):
+        assert limiter.begin(address, "alice") == 0.0
+    assert len(limiter) == 3
+    assert limiter.begin("10.0.0.5", "alice") == 0.5
+
+
+def test_long_user_names_cost_no_more_memory_than_short_ones() -> None:
+    limiter = throttle(Clock(), max_entries=10)
+    long_name = "x" * 16_000
+    for _ in range(4):
+        limiter.begin("10.0.0.1", long_name)
+    assert limiter.begin("10.0.0.2", long_name.upper()) == 1.0
+    keys = [key for key, _ in limiter._counts.items()]
+    assert all(len(k[1]) <= 64 for k in keys)

@@ -197,7 +197,7 @@ def test_bad_scaling_fields_are_named(field: str, value: object, message: str) -
 
 
 def test_model_from_config_applies_the_engine_checks() -> None:
-    cfg = ModelConfig.model_validate(profile(gpus=0))
+    cfg = ModelConfig.model_validate(profile(engine="sglang", gpus=0))
     with pytest.raises(InvalidModel) as info:
         model_from_config(cfg, source="config")
     assert info.value.field == "profiles.0.gpus"
@@ -353,13 +353,20 @@ def test_the_engine_must_be_known() -> None:
     assert refused(del_engine).field == "profiles.0.engine"
 
 
-@pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_gpu_engines_need_gpus(engine: str) -> None:
-    error = refused(profile(engine=engine, gpus=0))
+def test_sglang_needs_gpus() -> None:
+    error = refused(profile(engine="sglang", gpus=0))
     assert error.field == "profiles.0.gpus"
     assert error.message.startswith(
-        f"model 'llama', profile 'tp1', field 'gpus': {engine} needs at least 1 GPU"
+        "model 'llama', profile 'tp1', field 'gpus': sglang needs at least 1 GPU"
     )
+    assert "vllm, llamacpp or sim" in error.message
+
+
+def test_vllm_runs_on_cpus_as_one_rank() -> None:
+    assert parse_model(profile(engine="vllm", gpus=0)).profiles[0].gpus == 0
+    error = refused(profile(engine="vllm", gpus=0, tensor_parallel_size=2))
+    assert error.field == "profiles.0.tensor_parallel_size"
+    assert "needs GPUs but gpus is 0" in error.message
 
 
 def test_cpu_engines_run_without_gpus_and_gpus_are_whole_numbers() -> None:

@@ -90,6 +90,9 @@ def test_missing_file(tmp_path: Path) -> None:
         ("a b=http://h=m", "id: must be 1-63 letters"),
         ("a=ftp://h=m", "is not an http:// or https:// URL"),
         ("a=http://h=m,,x", "is empty"),
+        # No request could name these: the router refuses such a `model`.
+        ("a=http://h=" + "m" * 257, "is not 1 to 256 printable characters"),
+        ("a=http://h=m\tx", "is not 1 to 256 printable characters"),
     ],
 )
 def test_endpoint_flag_errors(flag: str, expected: str) -> None:
@@ -103,3 +106,36 @@ def test_endpoint_flag_errors(flag: str, expected: str) -> None:
 def test_listen_flag_errors(text: str) -> None:
     with pytest.raises(ConfigError, match="--listen"):
         parse_listen("--listen", text)
+
+
+def test_listener_limits_come_from_the_file_and_flags_win(tmp_path: Path) -> None:
+    path = write(tmp_path, "server: {header_timeout: 4, body_timeout: 12, max_connections: 50}\n")
+    cfg = load_server_config(path, {})
+    assert (cfg.server.header_timeout, cfg.server.body_timeout) == (4, 12)
+    assert cfg.server.max_connections == 50
+    flagged = load_server_config(path, {"max_connections": 7, "header_timeout": 2.5})
+    assert (flagged.server.header_timeout, flagged.server.max_connections) == (2.5, 7)
+    assert flagged.server.body_timeout == 12
+    defaults = load_server_config(None, {})
+    assert (defaults.server.header_timeout, defaults.server.body_timeout) == (10, 30)
+
+
+@pytest.mark.parametrize(
+    ("text", "overrides", "expected"),
+    [
+        ("server: {header_timeout: 0}\n", {}, "server.header_timeout: Input should be greater"),
+        ("server: {body_timeout: -1}\n", {}, "server.body_timeout: Input should be greater"),
+        ("server: {max_connections: 0}\n", {}, "server.max_connections: Input should be greater"),
+        ("server: {max_connections: many}\n", {}, "server.max_connections: Input should be"),
+        ("server: {read_timeout: 5}\n", {}, "server.read_timeout: unknown field"),
+        ("", {"body_timeout": 0}, "and flags: server.body_timeout: Input should be greater"),
+    ],
+)
+def test_listener_limit_errors_name_the_field(
+    tmp_path: Path, text: str, overrides: dict[str, object], expected: str
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_server_config(path, overrides)
+    assert str(info.value).startswith(str(path))
+    assert expected in str(info.value)

@@ -49,7 +49,8 @@ def test_known_engines_and_their_adapters() -> None:
     for name in KNOWN_ENGINES:
         adapter: EngineAdapter = adapter_for(name, settings=SETTINGS)
         assert adapter.name == name
-        assert adapter.needs_gpus is (name in {"vllm", "sglang"})
+        assert adapter.needs_gpus is (name == "sglang")
+        assert adapter.gpu_ranks is (name in {"vllm", "sglang"})
 
 
 def test_unknown_engine_lists_the_known_ones() -> None:

@@ -51,6 +51,8 @@ def test_tp2_on_gpus_2_and_3() -> None:
         "1",
         "--gpu-memory-utilization",
         "0.85",
+        "--shutdown-timeout",
+        "30",
     )
     assert plan.env == {
         "HF_HOME": "/data/hf",
@@ -86,6 +88,8 @@ def test_pipeline_parallel_without_memory_fraction_and_engine_args_appended_in_o
         "2",
         "--pipeline-parallel-size",
         "2",
+        "--shutdown-timeout",
+        "30",
         "--max-model-len",
         "8192",
         "--enable-prefix-caching",
@@ -97,7 +101,22 @@ def test_pipeline_parallel_without_memory_fraction_and_engine_args_appended_in_o
 @pytest.mark.parametrize(
     ("changes", "field", "words"),
     [
-        ({"gpu_indices": ()}, "gpu_indices", ["vLLM needs GPUs", "give the shard 1 GPU"]),
+        (
+            {"gpu_indices": (), "tensor_parallel_size": 2},
+            "gpu_indices",
+            ["vLLM without GPUs runs on the node's CPUs as one rank", "tensor_parallel_size 2"],
+        ),
+        (
+            {
+                "gpu_indices": (),
+                "nodes": 2,
+                "node_rank": 0,
+                "master_addr": "10.0.0.1",
+                "master_port": 9000,
+            },
+            "gpu_indices",
+            ["on 2 node(s)", "give it GPUs"],
+        ),
         (
             {"gpu_indices": (0, 1, 2), "tensor_parallel_size": 2},
             "gpu_indices",
@@ -134,9 +153,34 @@ def test_validation_names_the_field_and_what_to_do(
         assert word in caught.value.message
 
 
+def test_a_shard_without_gpus_runs_on_the_cpu_backend() -> None:
+    """vLLM's CPU backend: no GPUs, one rank, and nothing CPU-specific on the line
+    (the profile's engine_args and env carry the CPU settings)."""
+    plan = adapter_for("vllm", settings=SETTINGS).plan(
+        _spec(
+            gpu_indices=(), engine_args=("--dtype", "float32"), env={"VLLM_CPU_KVCACHE_SPACE": "1"}
+        )
+    )
+    assert plan.argv[1:3] == ("serve", "meta-llama/Llama-3.1-8B-Instruct")
+    assert plan.argv[-2:] == ("--dtype", "float32")
+    assert "--gpu-memory-utilization" not in plan.argv
+    assert plan.env["CUDA_VISIBLE_DEVICES"] == ""
+    assert plan.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+
+
 def test_a_full_memory_fraction_of_one_is_allowed() -> None:
     plan = adapter_for("vllm", settings=SETTINGS).plan(_spec(gpu_memory_utilization=1))
-    assert plan.argv[-2:] == ("--gpu-memory-utilization", "1.0")
+    assert plan.argv[-4:-2] == ("--gpu-memory-utilization", "1.0")
+
+
+@pytest.mark.parametrize(("grace", "seconds"), [(None, "30"), (12.9, "12"), (0.5, "0")])
+def test_a_stop_drains_for_the_profiles_drain_grace(grace: float | None, seconds: str) -> None:
+    """vLLM aborts what is in flight on SIGTERM unless told to drain (--shutdown-timeout);
+    llmgw tells it the drain grace, in whole seconds, never past the agent's own."""
+    plan = adapter_for("vllm", settings=SETTINGS).plan(_spec(drain_grace=grace))
+    at = plan.argv.index("--shutdown-timeout")
+    assert plan.argv[at + 1] == seconds
+    assert plan.timings.drain_grace == (30.0 if grace is None else grace)
 
 
 @pytest.mark.parametrize(

@@ -49,3 +49,17 @@ def test_only_the_last_paragraph_of_a_box_and_at_most_a_bounded_quote() -> None:
     quoted = summary(*long_box).split("last output: ", 1)[1]
     assert quoted.startswith("… word") and quoted.endswith("word039 " + "x" * 60)
     assert len(quoted) <= 600 + 2
+
+
+def test_the_summary_for_api_clients_says_where_not_why() -> None:
+    failure = Failure(
+        "m",
+        "node-a",
+        "m-1",
+        "health probe failing: cannot connect to 10.0.3.7:20001",
+        ("INFO: Uvicorn running on http://10.0.3.7:20001",),
+        1,
+        AT,
+    )
+    assert failure.summary() == "replica m-1 on node node-a failed (exit code 1)"
+    assert "10.0.3.7" in failure.describe()

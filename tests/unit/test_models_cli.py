@@ -208,11 +208,11 @@ def test_server_side_errors_name_the_file_model_profile_and_field(
     admin_url: str, tmp_path: Path
 ) -> None:
     path = tmp_path / "bad.yaml"
-    path.write_text("name: llama\nweights: /m/l\nprofiles:\n  - name: tp1\n    engine: vllm\n")
+    path.write_text("name: llama\nweights: /m/l\nprofiles:\n  - name: tp1\n    engine: sglang\n")
     code, out, err = run("add", "-f", str(path), "--admin", admin_url)
     assert code == 2 and out == ""
     assert err.startswith(
-        f"error: {path}: model 'llama', profile 'tp1', field 'gpus': vllm needs at least 1 GPU"
+        f"error: {path}: model 'llama', profile 'tp1', field 'gpus': sglang needs at least 1 GPU"
     )
 
 

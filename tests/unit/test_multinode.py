@@ -397,10 +397,10 @@ def test_vllm_ranks_use_the_documented_multiprocessing_flags() -> None:
     adapter = adapter_for("vllm", settings=SETTINGS)
     head = adapter.plan(rank_spec("vllm", 0))
     tail = ["--nnodes", "2", "--node-rank", "0", "--master-addr", "192.168.50.1"]
-    assert list(head.argv[-8:]) == [*tail, "--master-port", "20001"]
+    assert list(head.argv[-10:-2]) == [*tail, "--master-port", "20001"]
     assert "--headless" not in head.argv and head.ready_path == "/health"
     follower = adapter.plan(rank_spec("vllm", 1))
-    assert list(follower.argv[-9:]) == [
+    assert list(follower.argv[-11:-2]) == [
         "--nnodes",
         "2",
         "--node-rank",

@@ -144,6 +144,10 @@ async def test_a_request_waits_for_the_check_and_gets_a_clear_refusal(
     assert "model 'chat' has 1 ready replica but this server cannot reach it" in message
     assert "replica r1 at http://127.0.0.1:20000: cannot connect to 127.0.0.1:20000" in message
     assert "--advertise-host" in message
+    # API clients get the replica's id and what to do, not its address.
+    public = refused.value.public
+    assert "model 'chat' has 1 ready replica (r1) but this server cannot reach it" in public
+    assert "--advertise-host" in public and "127.0.0.1" not in public
     assert local.models["chat"] == ()
 
 

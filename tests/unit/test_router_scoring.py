@@ -285,6 +285,9 @@ def test_session_header_user_field_and_key_name_the_session() -> None:
     assert bal.route(plain, (), "k1").session == "key:k1"
     assert balancer(clock).route(plain, (), "k1").session is None
     assert not bal.route(plain).explain
+    # Only a key that may debug gets the explanation; the header is ignored for others.
+    assert not bal.route(plain, [(b"x-llmgw-route", b"1")]).explain
+    plain.may_debug = True
     assert bal.route(plain, [(b"x-llmgw-route", b"1")]).explain
     embed = parse_request(EMBEDDINGS, orjson.dumps({"model": "m", "input": "x" * 999}))
     assert bal.route(embed).blocks == []
@@ -297,6 +300,7 @@ def test_explanation_names_each_scorer_and_the_choice() -> None:
     eps = make(2, clock)
     bal = balancer(clock)
     req = parse_request(CHAT, chat(system(0), "q"))
+    req.may_debug = True
     route = bal.route(req, [(b"x-llmgw-route", b"1")])
     ep = bal.pick(eps, (), route)
     assert ep is not None

@@ -385,17 +385,17 @@ async def test_metrics_use_vllm_names_with_model_labels() -> None:
     await call(app, "POST", "/v1/completions", long_prompt)
     text = (await call(app, "GET", "/metrics")).body.decode()
     expected = {
-        'vllm:num_requests_running{model_name="sim-b"} 0.0',
-        'vllm:num_requests_waiting{model_name="sim-b"} 0.0',
-        'vllm:prefix_cache_queries_total{model_name="sim-b"} 12.0',
-        'vllm:prefix_cache_hits_total{model_name="sim-b"} 6.0',
-        'vllm:prompt_tokens_total{model_name="sim-b"} 12.0',
-        'vllm:generation_tokens_total{model_name="sim-b"} 6.0',
-        'vllm:request_success_total{model_name="sim-b"} 2.0',
-        'vllm:request_success_total{model_name="sim-a"} 0.0',
+        'vllm:num_requests_running{engine="0",model_name="sim-b"} 0.0',
+        'vllm:num_requests_waiting{engine="0",model_name="sim-b"} 0.0',
+        'vllm:prefix_cache_queries_total{engine="0",model_name="sim-b"} 12.0',
+        'vllm:prefix_cache_hits_total{engine="0",model_name="sim-b"} 6.0',
+        'vllm:prompt_tokens_total{engine="0",model_name="sim-b"} 12.0',
+        'vllm:generation_tokens_total{engine="0",model_name="sim-b"} 6.0',
+        'vllm:request_success_total{engine="0",model_name="sim-b"} 2.0',
+        'vllm:request_success_total{engine="0",model_name="sim-a"} 0.0',
     }
     assert expected <= set(text.splitlines())
-    assert 'vllm:gpu_cache_usage_perc{model_name="sim-a"}' in text
+    assert 'vllm:kv_cache_usage_perc{engine="0",model_name="sim-a"}' in text
 
 
 async def test_a_one_token_stream_carries_role_and_finish_reason_in_its_only_chunk() -> None:

@@ -69,7 +69,7 @@ async def test_migrations_create_the_schema_from_empty(store_target: StoreTarget
     try:
         assert await store.revision() is None
         await store.upgrade()
-        assert await store.revision() == head_revision() == "0013"
+        assert await store.revision() == head_revision() == "0014"
         assert await store.keys.list(include_revoked=True) == []
         assert await store.usage.query() == []
     finally:
@@ -133,8 +133,8 @@ async def test_the_daily_roll_ups_are_filled_from_the_hourly_ones_on_upgrade(
 async def test_nodes_that_joined_before_keep_their_token_s_labels_on_upgrade(
     store_target: StoreTarget,
 ) -> None:
-    # A store at 0012 knows which token each node's certificate was issued for;
-    # 0013 binds that token's labels to the node (the latest join wins).
+    # A store at 0013 knows which token each node's certificate was issued for;
+    # 0014 binds that token's labels to the node (the latest join wins).
     tokens = [
         {
             "id": tid, "secret_hash": "0" * 64, "root_pem": "-", "labels": labels,
@@ -161,11 +161,11 @@ async def test_nodes_that_joined_before_keep_their_token_s_labels_on_upgrade(
     store = await store_target.open()
     async with raw_engine(store_target) as engine, engine.begin() as conn:
 
-        def to_0012(sync: Connection) -> None:
-            command.upgrade(alembic_config(sync), "0012")
+        def to_0013(sync: Connection) -> None:
+            command.upgrade(alembic_config(sync), "0013")
 
-        await conn.run_sync(to_0012)
-        # Only the columns 0012 has: the tables module describes the newest schema.
+        await conn.run_sync(to_0013)
+        # Only the columns 0013 has: the tables module describes the newest schema.
         await conn.execute(join_tokens.insert(), tokens)
         await conn.execute(issued_certificates.insert(), certs)
         await conn.execute(node_identities.insert(), nodes)

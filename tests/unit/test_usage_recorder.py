@@ -9,14 +9,26 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Protocol
 
 import pytest
 from prometheus_client import CollectorRegistry
-from store_fixtures import START, FakeClock, clock_fixture, store_fixture, target_fixture  # noqa: F401
+from sqlalchemy import text
+from store_fixtures import (  # noqa: F401
+    START,
+    FakeClock,
+    StoreTarget,
+    clock_fixture,
+    store_fixture,
+    target_fixture,
+)
 
+from llmgw.limits import BudgetExhausted, KeyLimits, Limiter
 from llmgw.store import InvalidValue, Store, StoreUnavailable, UsageRecord
-from llmgw.usage import UsageRecorder
+from llmgw.store.engine import make_engine
+from llmgw.store.urls import normalize_url
+from llmgw.usage import RecordedUsage, UsageRecorder
 
 
 class Repo:
@@ -61,15 +73,22 @@ class Gate:
         await self.event.wait()
 
 
-def rec(i: int, *, key: str | None = "key_aaaaaaaaaaaaaaaa") -> UsageRecord:
+def rec(
+    i: int,
+    *,
+    key: str | None = "key_aaaaaaaaaaaaaaaa",
+    request_id: str | None = None,
+    model: str = "llama-8b",
+    prompt_tokens: int = 10,
+) -> UsageRecord:
     return UsageRecord(
         ts=START + timedelta(seconds=i),
-        request_id=f"req-{i}",
+        request_id=request_id or f"req-{i}",
         key_id=key,
-        model="llama-8b",
+        model=model,
         endpoint="ep-1",
         status=200,
-        prompt_tokens=10,
+        prompt_tokens=prompt_tokens,
         completion_tokens=5,
         latency_ms=12.5,
         ttft_ms=None,
@@ -263,13 +282,197 @@ async def test_invalid_records_are_dropped_at_the_door(store: Store) -> None:
     recorder.record(bad)
     assert recorder.queued == 0
     assert sample(registry, "llmgw_usage_dropped_total", reason="invalid") == 1
-    # A batch the store refuses outright is not retried.
+    # A record the store refuses outright is not retried: it is dropped as refused.
     recorder.record(rec(1))
     await recorder.close()
     assert refusing.attempts == 1
-    assert sample(registry, "llmgw_usage_dropped_total", reason="write_failed") == 1
+    assert sample(registry, "llmgw_usage_dropped_total", reason="refused") == 1
+    assert sample(registry, "llmgw_usage_dropped_total", reason="write_failed") == 0
 
 
 def test_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="batch_size >= 1"):
         UsageRecorder(repo=None, registry=CollectorRegistry(), batch_size=0)  # type: ignore[arg-type]
+
+
+# The database refuses the record whose request id is 'poison', as a database
+# refuses a value for its own reasons: SQLite aborts the insert (an integrity
+# error); PostgreSQL raises an error of no data class (P0001), so the recorder
+# only learns it is the data after its retries.
+_POISON_SQL = {
+    "sqlite": [
+        "CREATE TRIGGER refuse_poison BEFORE INSERT ON usage_records "
+        "WHEN NEW.request_id = 'poison' BEGIN SELECT RAISE(ABORT, 'poison refused'); END"
+    ],
+    "postgresql": [
+        "CREATE FUNCTION refuse_poison() RETURNS trigger AS $$ BEGIN "
+        "IF NEW.request_id = 'poison' THEN RAISE EXCEPTION 'poison refused'; END IF; "
+        "RETURN NEW; END $$ LANGUAGE plpgsql",
+        "CREATE TRIGGER refuse_poison BEFORE INSERT ON usage_records "
+        "FOR EACH ROW EXECUTE FUNCTION refuse_poison()",
+    ],
+}
+
+
+async def refuse_poison(target: StoreTarget) -> None:
+    engine = make_engine(normalize_url(target.url), schema=target.schema)
+    try:
+        async with engine.begin() as conn:
+            for statement in _POISON_SQL[target.kind]:
+                await conn.execute(text(statement))
+    finally:
+        await engine.dispose()
+
+
+async def test_a_record_the_database_refuses_costs_only_itself(
+    store: Store, store_target: StoreTarget, caplog: pytest.LogCaptureFixture
+) -> None:
+    await refuse_poison(store_target)
+    repo, registry = Repo(store), CollectorRegistry()
+    recorder = UsageRecorder(
+        repo=repo, registry=registry, batch_size=100, retry_attempts=3, sleep=Gate(open_=True)
+    )
+    for i in range(100):
+        recorder.record(rec(i, request_id="poison" if i == 37 else None, key=f"key_{i % 3}"))
+    await recorder.close()
+    assert await stored_requests(store) == 99
+    landed = {r.request_id for r in await store.usage.requests(limit=1000)}
+    assert landed == {f"req-{i}" for i in range(100) if i != 37}
+    assert sample(registry, "llmgw_usage_dropped_total", reason="refused") == 1
+    assert sample(registry, "llmgw_usage_dropped_total", reason="write_failed") == 0
+    assert sample(registry, "llmgw_usage_written_total") == 99
+    (line,) = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert "request poison of key key_1" in line.getMessage()
+    assert "poison refused" in line.getMessage()
+    # Bisection, not one write per record: at most two writes per halving.
+    assert repo.attempts <= 3 + 2 * 7
+
+
+async def test_a_record_the_store_cannot_hold_is_dropped_alone(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Each of these made PostgreSQL refuse the whole batch before the store checked
+    # them; SQLite took the megabytes.
+    bad = [
+        rec(1, request_id="nul", model="llama\x00-8b"),
+        rec(2, request_id="long", model="m" * 2_000_000),
+        rec(3, request_id="huge", prompt_tokens=3_000_000_000),
+    ]
+    repo, registry = Repo(store), CollectorRegistry()
+    recorder = UsageRecorder(repo=repo, registry=registry, batch_size=50, sleep=Gate(open_=True))
+    for i in range(40):
+        recorder.record(bad[i // 10] if i in (5, 15, 25) else rec(100 + i))
+    await recorder.close()
+    assert await stored_requests(store) == 37
+    assert sample(registry, "llmgw_usage_dropped_total", reason="refused") == 3
+    logged = " ".join(r.getMessage() for r in caplog.records if r.levelname == "ERROR")
+    assert "its model holds a NUL character" in logged
+    assert "its model is 2000000 characters long, over its column's 256" in logged
+    assert "its prompt_tokens 3000000000 is outside 0..2147483647" in logged
+    rows = await store.usage.query(group_by=("model",))
+    assert [r.model for r in rows] == ["llama-8b"]
+
+
+async def test_a_store_that_stops_answering_while_a_batch_is_split_loses_the_rest_once(
+    store: Store, store_target: StoreTarget
+) -> None:
+    class DownAfterRefusal:
+        def __init__(self) -> None:
+            self.attempts = 0
+
+        async def record_batch(self, records: Sequence[UsageRecord]) -> None:
+            self.attempts += 1
+            if self.attempts == 1:
+                raise InvalidValue("a record cannot be stored")
+            raise StoreUnavailable("recording usage failed: the database did not answer")
+
+    repo, registry = DownAfterRefusal(), CollectorRegistry()
+    recorder = UsageRecorder(
+        repo=repo, registry=registry, batch_size=8, retry_attempts=2, sleep=Gate(open_=True)
+    )
+    for i in range(8):
+        recorder.record(rec(i))
+    await recorder.close()
+    # The first half is retried, then it and the second half are given up: no more.
+    assert repo.attempts == 1 + 2
+    assert sample(registry, "llmgw_usage_dropped_total", reason="write_failed") == 8
+
+
+async def test_budgets_count_the_tokens_of_records_not_in_the_store(
+    store: Store, store_target: StoreTarget
+) -> None:
+    await refuse_poison(store_target)
+    repo, registry = Repo(store), CollectorRegistry()
+    gate = Gate(open_=True)
+    recorder = UsageRecorder(repo=repo, registry=registry, batch_size=10, sleep=gate)
+    budget = RecordedUsage(stored=store.usage, unwritten=recorder)
+    key = "key_budget"
+    since = START - timedelta(minutes=5)
+    for i in range(4):
+        recorder.record(rec(i, key=key))
+    # Queued, not written: counted all the same (15 tokens each).
+    assert await store.usage.tokens_used(key, since) == 0
+    assert await budget.tokens_used(key, since) == 60
+    recorder.record(rec(4, key=key, request_id="poison", prompt_tokens=1000))
+    await recorder.close()
+    assert await store.usage.tokens_used(key, since) == 60
+    # The refused record's 1005 tokens were served: the budget keeps them.
+    assert await budget.tokens_used(key, since) == 60 + 1005
+    assert recorder.unwritten_tokens(key, since) == 1005
+    # Counted by hour, as the store counts: an hour after the records, none of them.
+    assert await budget.tokens_used(key, START + timedelta(hours=1)) == 0
+    assert await budget.tokens_used("key_other", since) == 0
+
+
+class UsageRepositoryLike(Protocol):
+    async def tokens_used(self, key_id: str, since: datetime) -> int: ...
+
+
+class Answered:
+    """A budget source that says each time it answered (the limiter refreshes in the
+    background: the test waits for the answer instead of sleeping)."""
+
+    def __init__(self, inner: UsageRepositoryLike) -> None:
+        self.inner = inner
+        self.answers = 0
+        self.answered = asyncio.Event()
+
+    async def tokens_used(self, key_id: str, since: datetime) -> int:
+        used = await self.inner.tokens_used(key_id, since)
+        self.answers += 1
+        self.answered.set()
+        return used
+
+
+async def test_a_budget_keeps_counting_a_request_whose_record_was_refused(
+    store: Store, store_target: StoreTarget
+) -> None:
+    await refuse_poison(store_target)
+    now = [0.0]
+    recorder = UsageRecorder(
+        repo=store.usage, registry=CollectorRegistry(), batch_size=1, sleep=Gate(open_=True)
+    )
+    # With the store alone as the source (as before), the re-read forgets the 1500.
+    budget = Answered(RecordedUsage(stored=store.usage, unwritten=recorder))
+    limiter = Limiter(
+        clock=lambda: now[0], wall_clock=lambda: START, budget_source=budget, budget_refresh_s=10
+    )
+    limits = KeyLimits(key_id="key_b", rpm=None, tpm=None, budget_tokens=1000, budget_period="day")
+    try:
+        admission = await limiter.admit(limits, 10)
+        # Served 1500 tokens, and the store refused the request's record.
+        recorder.record(rec(0, key="key_b", request_id="poison", prompt_tokens=1495))
+        await limiter.settle(limits, admission, 1500)
+        await recorder.close()
+        assert await store.usage.tokens_used("key_b", START) == 0
+        # The budget is re-read from its source; until it answers, this process's count holds.
+        now[0] = 11.0
+        budget.answered.clear()
+        with pytest.raises(BudgetExhausted):
+            await limiter.admit(limits, 10)
+        await asyncio.wait_for(budget.answered.wait(), 5)
+        await settle()
+        with pytest.raises(BudgetExhausted):
+            await limiter.admit(limits, 10)
+    finally:
+        await limiter.close()

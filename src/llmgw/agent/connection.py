@@ -4,7 +4,9 @@
 an address fails when the connection is refused, when the server refuses the
 stream (any gRPC error before `Registered`: a standby naming its leader, a
 PERMISSION_DENIED node id, a failed TLS handshake), or when no `Registered`
-arrives within the connect timeout; the next address is tried at once. Only
+arrives within the connect timeout; the next address is tried at once. An
+address that timed out (here, while joining or while renewing) is tried after
+the others for a while (`silence.py`), so one silent server costs one timeout. Only
 when every address has just failed does the loop sleep a full-jitter backoff;
 a registration resets it. After a registered stream ends, the next pass starts
 at once from the address *after* the one that served it (see `run_pass`). With
@@ -58,6 +60,7 @@ from llmgw.agent.hardware import Hardware
 from llmgw.agent.refusal import explain, is_standby
 from llmgw.agent.settings import ConnectionSettings
 from llmgw.agent.shard import ShardReport
+from llmgw.agent.silence import SilentServers
 from llmgw.agent.supervisor import Supervisor
 from llmgw.pki import TlsMaterial
 from llmgw.proto import agent_pb2, agent_pb2_grpc
@@ -135,9 +138,11 @@ class Connection:
         tls: TlsMaterial | Callable[[], TlsMaterial] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         engine_addresses: EngineAddresses | None = None,
+        silent: SilentServers | None = None,
     ) -> None:
         """`engine_addresses`: told the local address of each connection before
-        Register (unless --advertise-host fixed it), for the engines' URLs."""
+        Register (unless --advertise-host fixed it), for the engines' URLs.
+        `silent`: the servers that just timed out, shared with joining and renewal."""
         if not addresses:
             raise ValueError("Connection needs at least one server address")
         self._addresses = tuple(addresses)
@@ -154,6 +159,7 @@ class Connection:
         self._sleep = sleep
         self._engine_addresses = engine_addresses
         self._options = channel_options(settings)
+        self._silent = silent if silent is not None else SilentServers()
         self._sequence = 0
         self._live_outbox: asyncio.Queue[_Outgoing] | None = None  # of a registered stream
         # A standby refused this agent since it last registered. Sticky, because
@@ -199,12 +205,18 @@ class Connection:
         count = len(self._addresses)
         self._identity_refused = False
         failures: list[str] = []  # those not already logged as a warning of their own
-        for step in range(count):
-            index = (self._first + step) % count
+        rotated = [(self._first + step) % count for step in range(count)]
+        # A server that just let a dial time out goes last (see `silence.py`).
+        order = sorted(rotated, key=lambda i: self._silent.is_silent(self._addresses[i]))
+        for step, index in enumerate(order):
             address = self._addresses[index]
             try:
                 await self._session(address)
             except ConnectError as exc:
+                if exc.timed_out:
+                    self._silent.timed_out(address)
+                else:
+                    self._silent.answered(address)
                 if exc.notable:
                     more = step + 1 < count
                     log.warning("%s%s", exc, "; trying the next server" if more else "")
@@ -249,6 +261,7 @@ class Connection:
             with self._feed.subscribe(outbox.put_nowait):
                 shards = self._supervisor.reports()
                 registered = await self._register(address, call, shards)
+                self._silent.answered(address)
                 self._backoff.reset()
                 self._saw_standby = False
                 # A leader took the list: adopted engines on it are its to keep or stop.
@@ -307,7 +320,9 @@ class Connection:
                     ) from exc
                 answer = await call.read()
         except TimeoutError as exc:
-            raise ConnectError(address, f"no Registered answer within {timeout:g}s") from exc
+            raise ConnectError(
+                address, f"no Registered answer within {timeout:g}s", timed_out=True
+            ) from exc
         except grpc.aio.AioRpcError as exc:
             raise self._refused(
                 address, exc.code(), exc.details(), exc.trailing_metadata()

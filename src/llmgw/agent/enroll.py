@@ -13,8 +13,8 @@ certificate it signs with the token's key and a CSR for a key generated here
 `ca.crt`, `labels.json`; each written whole, mode 0600). `CertificateKeeper`
 holds the current certificate for the `Connection` (which reads it at every
 dial) and renews it over `Renew` with the same key once two thirds of its
-lifetime have passed, trying each server address in turn, with an injected
-clock and sleep.
+lifetime have passed, trying each server address in turn (those that just
+timed out last, `silence.py`), with an injected clock and sleep.
 
 Not guaranteed: that a renewal succeeds before expiry when no server answers
 for a third of the lifetime; the agent then needs a new token.
@@ -39,6 +39,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
+from llmgw.agent.silence import SilentServers
 from llmgw.pki import TlsMaterial, certificate_names, common_name
 from llmgw.pki.cluster import (
     JoinToken,
@@ -59,6 +60,9 @@ log = logging.getLogger("llmgw.agent.enroll")
 
 RENEW_AT = 2 / 3
 CALL_TIMEOUT_SECONDS = 15.0
+# The connection loop's default connect timeout (ConnectionSettings): a server
+# that has not finished a TLS handshake by then is not answering.
+DIAL_TIMEOUT_SECONDS = 5.0
 RENEW_RETRY_SECONDS = 30.0
 # A refusal a person must act on: retrying cannot help.
 FINAL_CODES = frozenset(
@@ -74,11 +78,24 @@ FINAL_CODES = frozenset(
 
 
 class EnrollError(Exception):
-    """Joining or renewing failed; `final` when retrying cannot help (a person must act)."""
+    """Joining or renewing failed; `final` when retrying cannot help (a person must act).
 
-    def __init__(self, message: str, *, final: bool) -> None:
+    `token_refused`: the server presented the cluster's CA, then closed the
+    connection when the agent presented the token's certificate. That is what
+    a revoked token looks like (its trust is withdrawn from the handshake at
+    once), but also a token made on another server of the store moments ago,
+    which this one trusts after its next poll; the caller retries a few times
+    before it gives up. `timed_out`: the server answered nothing in time (see
+    `silence.py`).
+    """
+
+    def __init__(
+        self, message: str, *, final: bool, token_refused: bool = False, timed_out: bool = False
+    ) -> None:
         super().__init__(message)
         self.final = final
+        self.token_refused = token_refused
+        self.timed_out = timed_out
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +198,12 @@ def fetch_server_chain(address: str, *, timeout: float) -> list[x509.Certificate
             "probably runs with --insecure-agents; start the agent without --token",
             final=True,
         ) from exc
+    except TimeoutError as exc:
+        raise EnrollError(
+            f"the server at {address} did not complete a TLS handshake within {timeout:g}s",
+            final=False,
+            timed_out=True,
+        ) from exc
     except OSError as exc:
         raise EnrollError(
             f"cannot reach the server at {address}: {exc.strerror or exc}", final=False
@@ -237,12 +260,20 @@ def verify_server(
     return ca
 
 
+def describe_rpc(exc: grpc.aio.AioRpcError) -> str:
+    return f"{exc.code().name}: {exc.details() or ''}".rstrip(": ")
+
+
 def _rpc_error(address: str, what: str, exc: grpc.aio.AioRpcError) -> EnrollError:
     code = exc.code()
     details = exc.details() or code.name
     if code in FINAL_CODES:
         return EnrollError(f"the server at {address} refused to {what}: {details}", final=True)
-    return EnrollError(f"{what} at {address} failed: {code.name}: {details}", final=False)
+    return EnrollError(
+        f"{what} at {address} failed: {code.name}: {details}",
+        final=False,
+        timed_out=code == grpc.StatusCode.DEADLINE_EXCEEDED,
+    )
 
 
 async def join(
@@ -253,9 +284,13 @@ async def join(
     now: datetime,
     key: PrivateKey | None = None,
     call_seconds: float = CALL_TIMEOUT_SECONDS,
+    dial_seconds: float = DIAL_TIMEOUT_SECONDS,
 ) -> NodeCredentials:
-    """Verify the server against the token, then Join; see the module docstring."""
-    chain = await asyncio.to_thread(fetch_server_chain, address, timeout=call_seconds)
+    """Verify the server against the token, then Join; see the module docstring.
+
+    `dial_seconds` bounds the connection and bare handshake (a silent server costs
+    no more), `call_seconds` the Join itself (the server writes to its store)."""
+    chain = await asyncio.to_thread(fetch_server_chain, address, timeout=dial_seconds)
     ca = verify_server(chain, token, address)
     log.info(
         "the server at %s presents the cluster CA the token names (key hash %s...); joining as %s",
@@ -280,6 +315,18 @@ async def join(
                 timeout=call_seconds,
             )
         except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                # The bare handshake above worked: what failed is the one with the
+                # token's certificate.
+                raise EnrollError(
+                    f"the server at {address} closed the connection when this agent presented "
+                    "the join token's certificate: the token was revoked, or expired more than "
+                    "a week ago, or was made on another server moments ago and is not known "
+                    "here yet; make a new one with `llmgw nodes token create` "
+                    f"({describe_rpc(exc)})",
+                    final=False,
+                    token_refused=True,
+                ) from exc
             raise _rpc_error(address, f"join this node as {node_id!r}", exc) from exc
     return NodeCredentials(
         key_pem=key_pem(node_key),
@@ -328,7 +375,9 @@ class CertificateKeeper:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         renew_call: Callable[[str, NodeCredentials], Awaitable[NodeCredentials]] = renew,
         retry_seconds: float = RENEW_RETRY_SECONDS,
+        silent: SilentServers | None = None,
     ) -> None:
+        self._silent = silent if silent is not None else SilentServers()
         self._creds = creds
         self._store = store
         self._addresses = tuple(addresses)
@@ -359,12 +408,15 @@ class CertificateKeeper:
 
     async def renew_once(self) -> bool:
         """Try each address once; True when a new certificate is stored and in use."""
-        for address in self._addresses:
+        for address in self._silent.order(self._addresses):
             try:
                 renewed = await self._renew(address, self._creds)
             except EnrollError as exc:
+                if exc.timed_out:
+                    self._silent.timed_out(address)
                 log.warning("%s", exc)
                 continue
+            self._silent.answered(address)
             await asyncio.to_thread(self._store.save, renewed)
             self._creds = renewed
             log.info(

@@ -69,12 +69,20 @@ class ConnectError(AgentError):
     `notable`: the failure needs an operator (TLS on one side only, a refused
     certificate or node id) or is a standby's refusal, and is logged as a
     warning of its own; `message` then replaces the plain "address: reason".
+    `timed_out`: the address answered nothing within the connect timeout.
     """
 
     def __init__(
-        self, address: str, reason: str, *, message: str | None = None, notable: bool = False
+        self,
+        address: str,
+        reason: str,
+        *,
+        message: str | None = None,
+        notable: bool = False,
+        timed_out: bool = False,
     ) -> None:
         super().__init__(message or f"{address}: {reason}")
         self.address = address
         self.reason = reason
         self.notable = notable
+        self.timed_out = timed_out

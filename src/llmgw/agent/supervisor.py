@@ -80,9 +80,19 @@ def endpoint_url(host: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
+# The agent's own settings (its join token, admin key, TLS key paths, ...) are for
+# the agent: an engine runs code the catalog names, and must not read them.
+AGENT_ENV_PREFIX = "LLMGW_"
+
+
 def launch_env(plan: LaunchPlan, base: Mapping[str, str]) -> dict[str, str]:
-    """The engine's environment: the agent's, less `unset_env`, plus the plan's."""
-    env = {key: value for key, value in base.items() if key not in plan.unset_env}
+    """The engine's environment: the agent's, less `unset_env` and every `LLMGW_*`
+    variable (the join token among them), plus the plan's."""
+    env = {
+        key: value
+        for key, value in base.items()
+        if key not in plan.unset_env and not key.startswith(AGENT_ENV_PREFIX)
+    }
     env.update(plan.env)
     return env
 

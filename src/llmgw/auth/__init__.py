@@ -32,7 +32,7 @@ from llmgw.auth.errors import (
     ModelNotAllowed,
     UserInputError,
 )
-from llmgw.auth.passwords import MIN_PASSWORD_LENGTH, Passwords, check_password
+from llmgw.auth.passwords import MIN_PASSWORD_LENGTH, Passwords, PasswordsBusy, check_password
 from llmgw.auth.principal import ANONYMOUS, Principal, principal_for
 from llmgw.auth.service import KeyService
 from llmgw.auth.sessions import AdminSessions, LoggedIn, session_id
@@ -61,6 +61,7 @@ __all__ = [
     "ModelNotAllowed",
     "OpenAuthenticator",
     "Passwords",
+    "PasswordsBusy",
     "Principal",
     "UserInputError",
     "UserService",

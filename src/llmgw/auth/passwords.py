@@ -4,20 +4,29 @@ Unlike API key secrets (random, hashed with plain SHA-256), passwords are chosen
 by people and can be guessed, so each hash is salted and deliberately slow:
 argon2id with argon2-cffi's defaults (RFC 9106 "low memory": 3 passes over
 64 MiB, 4 lanes; about 50-100 ms). Hashing and verifying run in a worker thread
-(`asyncio.to_thread`) so a login never stalls the requests being proxied.
+so a login never stalls the requests being proxied. The server hands in a small
+thread pool of the logins' own (`executor`): then at most its few threads hash
+at once (bounding the memory argon2 takes, 64 MiB each), nothing else of the
+process (store drivers, file reads) waits behind a burst of logins, and at most
+`max_waiting` hashes queue for a thread; one more is refused at once with
+`PasswordsBusy` instead of queueing without end.
 
 `verify_nobody` spends the same time on a stored dummy hash, for logins naming a
 user that does not exist: the answer then comes as slowly as a wrong password's,
 and response times do not reveal which names exist.
 
 Not guaranteed: resistance to an attacker who can also watch this host's CPU or
-memory use; and the worker thread pool is shared, so very many logins at once
-queue behind each other (the login throttle keeps a guesser from causing that).
+memory use; that a real user logs in while a flood of logins from many
+addresses keeps the pool full (they get `PasswordsBusy`, a 503, and retry).
+Without `executor` (the CLI) hashing runs in asyncio's default executor.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import TypeVar
 
 from argon2 import PasswordHasher, Type
 from argon2.exceptions import InvalidHashError, VerificationError
@@ -27,6 +36,19 @@ from llmgw.auth.errors import UserInputError
 MIN_PASSWORD_LENGTH = 12
 # A bound on the work one login can ask for; no real passphrase is longer.
 MAX_PASSWORD_LENGTH = 1024
+# Hashes that may wait for a thread of the pool before more are refused.
+MAX_WAITING = 64
+
+_T = TypeVar("_T")
+
+
+class PasswordsBusy(Exception):
+    """Too many password hashes are waiting for the pool; retry in a moment."""
+
+    def __init__(self, waiting: int) -> None:
+        super().__init__(
+            f"too many logins are being checked at once ({waiting} waiting); retry in a few seconds"
+        )
 
 
 def check_password(password: str) -> None:
@@ -51,19 +73,42 @@ class Passwords:
     so a login can upgrade it.
     """
 
-    def __init__(self, *, hasher: PasswordHasher | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        hasher: PasswordHasher | None = None,
+        executor: Executor | None = None,
+        max_waiting: int = MAX_WAITING,
+    ) -> None:
+        """`executor`: the logins' own pool (the caller shuts it down); None: asyncio's
+        default executor. `max_waiting`: hashes queued or running in it before
+        `PasswordsBusy`."""
         self._hasher = hasher if hasher is not None else PasswordHasher()
         if self._hasher.type is not Type.ID:
             raise ValueError("passwords are hashed with argon2id; pass a PasswordHasher of Type.ID")
+        if max_waiting < 1:
+            raise ValueError("max_waiting must be at least 1")
+        self._executor = executor
+        self._max_waiting = max_waiting
+        self._waiting = 0
         self._dummy: str | None = None
 
     async def hash(self, password: str) -> str:
         """The argon2id encoding of `password` (salted, parameters included)."""
-        return await asyncio.to_thread(self._hasher.hash, password)
+        return await self._run(self._hasher.hash, password)
 
     async def verify(self, password_hash: str, password: str) -> bool:
         """Whether `password` matches; False (never an error) for a damaged hash."""
-        return await asyncio.to_thread(self._verify, password_hash, password)
+        return await self._run(self._verify, password_hash, password)
+
+    async def _run(self, work: Callable[..., _T], *args: str) -> _T:
+        if self._waiting >= self._max_waiting:
+            raise PasswordsBusy(self._waiting)
+        self._waiting += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, work, *args)
+        finally:
+            self._waiting -= 1
 
     def needs_rehash(self, password_hash: str) -> bool:
         """Whether the hash was made with other parameters than ours (cheap: parses only)."""

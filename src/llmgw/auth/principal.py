@@ -2,7 +2,10 @@
 
 A principal is built once per cached key (not per request) from the stored
 `ApiKey`: its id and name, the models it may use, whether it is an admin key, and
-its `KeyLimits` for the limiter. In open mode every request gets `ANONYMOUS`.
+its `KeyLimits` for the limiter, and whether the router explains its routing to
+it (`may_debug`: admin keys and keys with the `debug` scope). In open mode every
+request gets `ANONYMOUS`, which may debug: without keys every client is one
+tenant, with nothing to hide from the others.
 
 A key's model list names models by any of their names: a key allowed `llama`
 may call the alias `llama-chat` of the same model and the other way round. The
@@ -42,6 +45,9 @@ class Principal:
     priority: KeyPriority = "default"
     weight: float = 1.0
     max_queue_wait: float | None = None
+    # Whether the router explains its choice of replica (`x-llmgw-route`) to this
+    # caller: the explanation tells whether any key sent a prompt prefix lately.
+    may_debug: bool = False
 
     def may_use(self, model: str, names: Collection[str] = ()) -> bool:
         """True when this caller may send requests for `model`, also known as `names`
@@ -61,7 +67,9 @@ class Principal:
         )
 
 
-ANONYMOUS = Principal(key_id=None, name="anonymous", models=None, is_admin=False, limits=None)
+ANONYMOUS = Principal(
+    key_id=None, name="anonymous", models=None, is_admin=False, limits=None, may_debug=True
+)
 
 
 def principal_for(key: ApiKey) -> Principal:
@@ -82,4 +90,5 @@ def principal_for(key: ApiKey) -> Principal:
         priority=key.priority,
         weight=key.weight,
         max_queue_wait=key.max_queue_wait,
+        may_debug=key.is_admin or "debug" in key.scopes,
     )

@@ -3,7 +3,8 @@
 `KeyService` validates what people type (raising `KeyInputError` naming the
 field), makes the secret, and hands the store only its hash and prefix. The
 secret is returned once, by `create` and `rotate`, and kept nowhere. `update`
-changes a key's name, models, limits, expiry or admin flag and keeps its secret.
+changes a key's name, models, limits, expiry, admin flag or scopes and keeps its
+secret.
 
 Not guaranteed: that a change is visible to routers at once. Each router
 process sees an update, revoke or rotate at its next poll (a few seconds). Nor
@@ -21,12 +22,14 @@ from llmgw.auth.errors import KeyInputError, escape
 from llmgw.auth.tokens import generate_secret, hash_secret, looks_like_secret, secret_prefix
 from llmgw.store import (
     KEEP,
+    KEY_SCOPES,
     ApiKey,
     BudgetPeriod,
     Keep,
     KeyChanges,
     KeyPriority,
     KeyRepository,
+    KeyScope,
     NewApiKey,
     NotFound,
 )
@@ -66,6 +69,7 @@ class KeyService:
         priority: str = "default",
         weight: float = 1.0,
         max_queue_wait: float | None = None,
+        scopes: Sequence[str] = (),
     ) -> tuple[ApiKey, str]:
         """Create a key; returns it and its secret, which cannot be read again.
 
@@ -81,6 +85,7 @@ class KeyService:
         key_priority = check_priority(priority)
         _check_weight(weight)
         _check_wait(max_queue_wait)
+        key_scopes = check_scopes(scopes)
         secret = self._new_secret()
         key = await self._keys.create(
             NewApiKey(
@@ -97,6 +102,7 @@ class KeyService:
                 priority=key_priority,
                 weight=weight,
                 max_queue_wait=max_queue_wait,
+                scopes=key_scopes,
             )
         )
         return key, secret
@@ -116,6 +122,7 @@ class KeyService:
         priority: str | Keep = KEEP,
         weight: float | Keep = KEEP,
         max_queue_wait: float | Keep | None = KEEP,
+        scopes: Sequence[str] | Keep = KEEP,
     ) -> ApiKey:
         """Change the key named by `ref`, keeping its secret; returns the key after.
 
@@ -142,6 +149,7 @@ class KeyService:
             _check_weight(weight)
         if not isinstance(max_queue_wait, Keep):
             _check_wait(max_queue_wait)
+        key_scopes = scopes if isinstance(scopes, Keep) else check_scopes(scopes)
         key = await self.resolve(ref)
         budget_period: BudgetPeriod | Keep | None = KEEP
         if budget_tokens is None and isinstance(period, Keep):
@@ -164,6 +172,7 @@ class KeyService:
             priority=key_priority,
             weight=weight,
             max_queue_wait=max_queue_wait,
+            scopes=key_scopes,
         )
         return await self._keys.update(key.id, changes)
 
@@ -260,6 +269,25 @@ def check_priority(priority: str) -> KeyPriority:
     raise KeyInputError(
         "priority", f"must be interactive, default or batch, got {escape(priority)}"
     )
+
+
+def check_scopes(scopes: Sequence[str]) -> tuple[KeyScope, ...]:
+    """`scopes` without repeats, in the order given; `KeyInputError` naming the
+    choices for one that is none (an empty list: the key only calls models)."""
+    if isinstance(scopes, str):
+        raise KeyInputError("scopes", "must be a list of scopes, not one string")
+    checked: list[KeyScope] = []
+    for scope in scopes:
+        known = next((k for k in KEY_SCOPES if k == scope), None)
+        if known is None:
+            raise KeyInputError(
+                "scopes",
+                f"takes {', '.join(KEY_SCOPES)} (an empty list: the key only calls models), "
+                f"got {escape(scope)}",
+            )
+        if known not in checked:
+            checked.append(known)
+    return tuple(checked)
 
 
 def _check_weight(weight: float) -> None:

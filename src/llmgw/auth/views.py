@@ -37,6 +37,7 @@ def key_view(key: ApiKey, now: datetime) -> dict[str, Any]:
         "priority": key.priority,
         "weight": key.weight,
         "max_queue_wait": key.max_queue_wait,
+        "scopes": list(key.scopes),
         "created_at": _iso(key.created_at),
         "revoked_at": _iso(key.revoked_at),
         "state": key_state(key, now),

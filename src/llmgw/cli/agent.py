@@ -45,6 +45,7 @@ from llmgw.agent.flags import (
 
 if TYPE_CHECKING:
     from llmgw.agent.enroll import NodeCredentials
+    from llmgw.agent.silence import SilentServers
     from llmgw.agent.state import EngineStore
     from llmgw.engines import EngineSettings
     from llmgw.pki import TlsMaterial
@@ -54,6 +55,8 @@ log = logging.getLogger("llmgw.agent")
 
 DEFAULT_WEIGHTS_DIR = "~/.local/share/llmgw/weights"
 DEFAULT_STATE_DIR = "~/.local/share/llmgw/agent"
+# Kept equal to ConnectionSettings' connect timeout (a unit test checks).
+DEFAULT_DIAL_TIMEOUT = 5.0
 
 
 def _fail(message: str) -> typer.Exit:
@@ -163,6 +166,15 @@ def agent(
             "running).",
         ),
     ] = 120.0,
+    dial_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0.1,
+            help="Seconds a control-plane server gets to answer a dial (join, connect, "
+            "renew) before the next is tried; one that let it pass is tried after the "
+            "others for a while.",
+        ),
+    ] = DEFAULT_DIAL_TIMEOUT,
     stop_engines_on_exit: Annotated[
         bool,
         typer.Option(
@@ -233,6 +245,7 @@ def agent(
             engine_python=_engine_python(engine_python),
             engines=_engines(engine or []),
             adopt_grace=adopt_grace,
+            dial_timeout=dial_timeout,
             stop_engines_on_exit=stop_engines_on_exit,
             # Last: the only checks with a side effect (they create directories).
             weights_dir=_weights_dir(weights_dir),
@@ -250,9 +263,13 @@ def agent(
         store.lock()
     except StateDirError as exc:
         raise _fail(f"--state-dir: {exc}") from None
-    creds = _obtain_certificate(options) if options.cluster else None
+    from llmgw.agent.silence import SilentServers
+
+    # Joining, connecting and renewing share which servers just let a dial time out.
+    silent = SilentServers()
+    creds = _obtain_certificate(options, silent) if options.cluster else None
     try:
-        asyncio.run(_serve(options, store, creds))
+        asyncio.run(_serve(options, store, creds, silent))
     except Exception as exc:
         # A loop's failure arrives as an ExceptionGroup, already logged by its guard.
         log.critical(
@@ -281,6 +298,7 @@ class _Options:
     engine_python: str
     engines: dict[str, str]
     adopt_grace: float
+    dial_timeout: float
     stop_engines_on_exit: bool
     state_dir: Path
 
@@ -342,7 +360,7 @@ def _joined(state_dir: str) -> NodeCredentials | None:
         ) from exc
 
 
-def _obtain_certificate(options: _Options) -> NodeCredentials:
+def _obtain_certificate(options: _Options, silent: SilentServers) -> NodeCredentials:
     """The node certificate from the store's CA: kept, or joined for now (`error:` if refused)."""
     import asyncio
 
@@ -356,6 +374,8 @@ def _obtain_certificate(options: _Options) -> NodeCredentials:
                 addresses=options.addresses,
                 token=options.join_token,
                 node_id=options.node_id,
+                silent=silent,
+                dial_seconds=options.dial_timeout,
             )
         )
     except EnrollError as exc:
@@ -483,7 +503,10 @@ def _state_dir(value: str) -> Path:
 
 
 async def _serve(
-    options: _Options, store: EngineStore, creds: NodeCredentials | None = None
+    options: _Options,
+    store: EngineStore,
+    creds: NodeCredentials | None = None,
+    silent: SilentServers | None = None,
 ) -> None:
     import asyncio
     import contextlib
@@ -529,6 +552,7 @@ async def _serve(
             store=TlsStore(options.state_dir),
             addresses=options.addresses,
             clock=lambda: datetime.now(UTC),
+            silent=silent,
         )
     try:
         inventory = await asyncio.to_thread(gpus.inventory)
@@ -587,9 +611,10 @@ async def _serve(
             feed=feed,
             hardware=Hardware(gpus=gpus, weights_dir=options.weights_dir),
             backoff=Backoff(rng=random.Random()),
-            settings=ConnectionSettings(),
+            settings=ConnectionSettings(connect_timeout_seconds=options.dial_timeout),
             tls=keeper.material if keeper is not None else options.tls,
             engine_addresses=engine_addresses,
+            silent=silent,
         )
         renewal = (
             None

@@ -4,11 +4,15 @@
 from the certificate). `obtain` returns the credentials the agent dials with:
 the stored ones while their certificate is valid (a `--token` given again is
 ignored, with an info line), otherwise a fresh Join with the token, trying each
-server address and retrying transient failures with backoff; a refusal a person
+server address (one that just timed out last: `silent`, shared with the
+connection loop) and retrying transient failures with backoff; a refusal a person
 must act on (the token is expired, revoked or used up, the server is not the
 token's cluster, the node id is another node's) raises `EnrollError` for the
-command to print as its `error:` line. A node whose certificate expired joins
-again with its existing key, so the node id stays bound to it.
+command to print as its `error:` line. A revoked token fails in the TLS
+handshake, which a token too new for that server does too: that refusal is
+retried for a few seconds (`TOKEN_REFUSED_PASSES`) before it is final. A node
+whose certificate expired joins again with its existing key, so the node id
+stays bound to it.
 
 Not guaranteed: that a Join interrupted after the server issued the certificate
 is not counted as a use of the token.
@@ -25,9 +29,16 @@ from pathlib import Path
 
 from llmgw.agent.backoff import Backoff
 from llmgw.agent.enroll import EnrollError, NodeCredentials, TlsStore, describe_expiry, join
+from llmgw.agent.silence import SilentServers
 from llmgw.pki.cluster import JoinToken
 
 log = logging.getLogger("llmgw.agent")
+
+# Passes in a row in which the servers refused the token's certificate in the
+# handshake before the agent gives up, at least REFUSED_RETRY_SECONDS apart:
+# together longer than a server takes to learn a token made on another (2 s).
+TOKEN_REFUSED_PASSES = 4
+REFUSED_RETRY_SECONDS = 1.0
 
 
 def stored_credentials(state_dir: Path) -> NodeCredentials | None:
@@ -41,6 +52,8 @@ async def obtain(
     addresses: Sequence[str],
     token: JoinToken | None,
     node_id: str,
+    silent: SilentServers,
+    dial_seconds: float,
 ) -> NodeCredentials:
     """Valid credentials for this node: the stored ones, or new ones from a Join."""
     store = TlsStore(state_dir)
@@ -66,16 +79,32 @@ async def obtain(
         )
     key = await asyncio.to_thread(store.load_key)
     backoff = Backoff(rng=random.Random())
+    refused_passes = 0
     while True:
         failures = []
-        for address in addresses:
+        refused: EnrollError | None = None
+        for address in silent.order(addresses):
             try:
-                creds = await join(address, token, node_id=node_id, now=datetime.now(UTC), key=key)
+                creds = await join(
+                    address,
+                    token,
+                    node_id=node_id,
+                    now=datetime.now(UTC),
+                    key=key,
+                    dial_seconds=dial_seconds,
+                )
             except EnrollError as exc:
                 if exc.final:
                     raise
+                if exc.timed_out:
+                    silent.timed_out(address)
+                else:
+                    silent.answered(address)
                 failures.append(str(exc))
+                if exc.token_refused:
+                    refused = exc
                 continue
+            silent.answered(address)
             await asyncio.to_thread(store.save, creds)
             log.info(
                 "joined the cluster through %s as node %s; certificate valid until %s, kept in %s",
@@ -85,6 +114,12 @@ async def obtain(
                 store.directory,
             )
             return creds
-        delay = backoff.next_delay()
+        # Every server that answered refused the token in the handshake, pass after
+        # pass: past the few seconds a new token takes to reach every server, that
+        # is a revoked (or long expired) token, and a person must make a new one.
+        refused_passes = refused_passes + 1 if refused is not None else 0
+        if refused is not None and refused_passes >= TOKEN_REFUSED_PASSES:
+            raise EnrollError(str(refused), final=True)
+        delay = max(backoff.next_delay(), REFUSED_RETRY_SECONDS if refused is not None else 0.0)
         log.warning("cannot join yet (%s); retrying in %.1fs", "; ".join(failures), delay)
         await asyncio.sleep(delay)

@@ -30,6 +30,8 @@ from llmgw.control.agentsvc.cluster_pki import (
     ClusterPki,
     ClusterPkiError,
     PkiSettings,
+    listens_everywhere,
+    local_addresses,
     server_names,
 )
 from llmgw.pki import PkiError, PkiExistsError, certificate_names, read_certificate
@@ -123,6 +125,7 @@ async def open_cluster_pki(
                 advertise=control.advertise_agent_address,
                 extra=control.agent_server_names,
             ),
+            host_addresses=(local_addresses if listens_everywhere(cfg.agent_listen.host) else None),
             settings=PkiSettings(
                 ca_lifetime=timedelta(seconds=control.ca_lifetime),
                 server_cert_lifetime=timedelta(seconds=control.server_cert_lifetime),

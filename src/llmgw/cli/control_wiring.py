@@ -105,7 +105,9 @@ class ControllerActivator:
 
     With a `gate`, activation also waits until this server's router has one of
     the model's replicas (each is checked from here first), and a model whose
-    Ready replicas this server cannot reach is refused, naming their URLs.
+    Ready replicas this server cannot reach is refused, naming the replicas by id
+    (their URLs go to the server log, the admin API and the dashboard, never to
+    API clients).
     """
 
     def __init__(self, *, controller: Controller, gate: ReachabilityGate | None = None) -> None:
@@ -122,16 +124,15 @@ class ControllerActivator:
         try:
             await self._controller.activate(model)
         except ActivationRefused as exc:
-            raise ModelUnavailable(
-                exc.message, code=exc.code, retry_after=exc.retry_after
-            ) from None
+            # API clients get the public message: no engine output, no addresses.
+            raise ModelUnavailable(exc.public, code=exc.code, retry_after=exc.retry_after) from None
         if self._gate is None:
             return
         try:
             await self._gate.wait_routable(model)
         except ReplicaUnreachable as exc:
             raise ModelUnavailable(
-                exc.message, code="replica_unreachable", retry_after=math.ceil(exc.retry_after)
+                exc.public, code="replica_unreachable", retry_after=math.ceil(exc.retry_after)
             ) from None
 
     def request_started(self, model: str) -> None:

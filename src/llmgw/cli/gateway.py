@@ -17,6 +17,7 @@ import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import Executor, ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,13 @@ import uvloop
 from prometheus_client import CollectorRegistry
 
 from llmgw import __version__
-from llmgw.auth import Authenticator, KeyAuthenticator, KeyService, OpenAuthenticator
+from llmgw.auth import (
+    Authenticator,
+    KeyAuthenticator,
+    KeyService,
+    OpenAuthenticator,
+    Passwords,
+)
 from llmgw.cli.cluster_wiring import (
     ClusterSetupError,
     agent_listener_view,
@@ -38,7 +45,13 @@ from llmgw.cli.cluster_wiring import (
 )
 from llmgw.cli.control_wiring import ControllerActivator, PoolPublisher, static_spec
 from llmgw.cli.dashboard_wiring import dashboard_sources
-from llmgw.cli.serving import BoundListener, QuietServer, make_server
+from llmgw.cli.listener_guard import ConnectionGate
+from llmgw.cli.serving import (
+    BoundListener,
+    QuietServer,
+    make_server,
+    raise_open_files_limit,
+)
 from llmgw.config import ListenAddress, ServerConfig
 from llmgw.config.routing import ScorerWeights
 from llmgw.control.adminapi import event_routes, model_routes, node_routes, node_view
@@ -76,6 +89,7 @@ from llmgw.diagnostics import AllocationTracer, Profiler
 from llmgw.lifecycle import guard
 from llmgw.limits import Limiter, LimitMetrics
 from llmgw.metrics import MetricsHistory, RouterMetrics
+from llmgw.metrics.listeners import ListenerMetrics
 from llmgw.metrics.queue import QueueMetrics
 from llmgw.metrics.routing import RoutingMetrics
 from llmgw.router.admin import create_admin_app, create_metrics_app
@@ -99,7 +113,7 @@ from llmgw.router.scoring.share import PrefixShare
 from llmgw.router.shares import ShareLedger
 from llmgw.router.upstream import Upstream
 from llmgw.store import ControlServer, Store, StoreError, open_store, store_url, utc_now
-from llmgw.usage import RetentionPruner, UsageRecorder
+from llmgw.usage import RecordedUsage, RetentionPruner, UsageRecorder
 from llmgw.web import create_admin_portal, create_dashboard_routes
 from llmgw.web.portal import FORM_PATHS, SECRET_READS
 
@@ -127,6 +141,15 @@ DEMAND_INTERVAL = 1.0
 CATALOG_POLL_INTERVAL = 2.0
 # A replica this server cannot dial is dialled again this often (cheap: a TCP connect).
 REACH_RECHECK_SECONDS = 2.0
+# Threads that hash login passwords (argon2id, 64 MiB each): two bound the memory
+# and CPU a flood of logins can take; a person logging in waits ~100 ms.
+LOGIN_HASH_THREADS = 2
+LOGIN_THREAD_PREFIX = "llmgw-login"
+# Logins waiting for those threads before more are answered 503.
+LOGIN_HASH_WAITING = 32
+# Open files besides the listeners' connections: the store, logs, the agent
+# listener's streams, probes.
+FILES_BESIDES_CONNECTIONS = 512
 
 
 async def _lead(
@@ -245,6 +268,11 @@ def run_gateway(
         url = store_url(Path(cfg.data_dir or DEFAULT_DATA_DIR).expanduser(), cfg.store)
     except StoreError as exc:
         raise StartupError(str(exc)) from exc
+    short = raise_open_files_limit(
+        2 * cfg.server.max_connections * len(listeners) + FILES_BESIDES_CONNECTIONS
+    )
+    if short is not None:
+        log.warning("%s", short)
     uvloop.run(_run(cfg, listeners, url, config_file))
 
 
@@ -265,9 +293,14 @@ async def _run(
     cfg: ServerConfig, listeners: list[BoundListener], url: str, config_file: str | None
 ) -> None:
     store = await _open_store(url)
+    # Logins hash passwords here, never in the default executor the rest shares.
+    login_pool = ThreadPoolExecutor(
+        max_workers=LOGIN_HASH_THREADS, thread_name_prefix=LOGIN_THREAD_PREFIX
+    )
     try:
-        await _serve(cfg, listeners, store, config_file)
+        await _serve(cfg, listeners, store, config_file, login_pool=login_pool)
     finally:
+        login_pool.shutdown(wait=False, cancel_futures=True)
         await store.close()
 
 
@@ -296,12 +329,18 @@ def _target_in_flight(catalog: Catalog, name: str) -> int | None:
 
 
 async def _serve(
-    cfg: ServerConfig, listeners: list[BoundListener], store: Store, config_file: str | None
+    cfg: ServerConfig,
+    listeners: list[BoundListener],
+    store: Store,
+    config_file: str | None,
+    *,
+    login_pool: Executor,
 ) -> None:
     loop = asyncio.get_running_loop()
     clock = loop.time
     registry = CollectorRegistry()
     metrics = RouterMetrics(registry=registry)
+    listener_metrics = ListenerMetrics(registry=registry)
     health = cfg.router.health
     pool = EndpointPool(
         policy=EjectionPolicy(health.failure_threshold, health.ejection_base, health.ejection_max),
@@ -561,19 +600,20 @@ async def _serve(
             wall_clock=utc_now,
             refresh_interval=cfg.auth.refresh_interval,
         )
-    limiter = Limiter(
-        clock=clock,
-        wall_clock=utc_now,
-        budget_source=store.usage,
-        redis_url=cfg.limits.redis_url,
-        metrics=LimitMetrics(registry=registry),
-    )
     usage = UsageRecorder(
         repo=store.usage,
         registry=registry,
         queue_size=cfg.usage.queue_size,
         batch_size=cfg.usage.batch_size,
         flush_interval=cfg.usage.flush_interval,
+    )
+    limiter = Limiter(
+        clock=clock,
+        wall_clock=utc_now,
+        # Budgets count tokens whose usage records are not in the store (yet, or ever).
+        budget_source=RecordedUsage(stored=store.usage, unwritten=usage),
+        redis_url=cfg.limits.redis_url,
+        metrics=LimitMetrics(registry=registry),
     )
     pruner = RetentionPruner(
         repo=store.usage,
@@ -658,6 +698,7 @@ async def _serve(
         wall_clock=utc_now,
         # Over plain HTTP a Secure cookie would never come back.
         secure_cookies=cfg.api_tls is not None,
+        passwords=Passwords(executor=login_pool, max_waiting=LOGIN_HASH_WAITING),
     )
     apps: dict[str, Any] = {
         "API": RouterApp(
@@ -824,8 +865,14 @@ async def _serve(
             servers: list[QuietServer] = []
             server_tasks = []
             for listener in listeners:
+                connections = ConnectionGate(
+                    name=listener.name, limits=cfg.server, metrics=listener_metrics, clock=clock
+                )
                 server = make_server(
-                    apps[listener.name], graceful_seconds=GRACE_SECONDS, tls=listener.tls
+                    apps[listener.name],
+                    graceful_seconds=GRACE_SECONDS,
+                    gate=connections,
+                    tls=listener.tls,
                 )
                 servers.append(server)
                 server_tasks.append(

@@ -58,6 +58,7 @@ FLAGS = {
     "priority": "--priority",
     "weight": "--weight",
     "max_queue_wait": "--max-queue-wait",
+    "scopes": "--scope",
     "ref": "REF",
 }
 SECRET_WARNING = "store it now; it cannot be shown again"
@@ -136,6 +137,15 @@ def create(
             "[default: the router's router.queue.max_wait].",
         ),
     ] = None,
+    scope: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--scope",
+            help="What the key may do besides calling models (repeatable): debug (the "
+            "router explains its choice of replica in x-llmgw-route, which tells whether "
+            "any key sent a prompt lately; admin keys may anyway) [default: none].",
+        ),
+    ] = None,
     json_out: JsonOption = False,
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     store: StoreOption = None,
@@ -160,6 +170,7 @@ def create(
                 priority=priority,
                 weight=weight,
                 max_queue_wait=max_queue_wait,
+                scopes=scope or (),
             )
         except KeyInputError as exc:
             raise _bad(exc) from None
@@ -266,11 +277,22 @@ def update(
             "--default-queue-wait", help="Wait as long as the router's default (router.queue)."
         ),
     ] = False,
+    scope: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--scope",
+            help="The key's scopes from now on (repeatable; replaces the ones it has): debug.",
+        ),
+    ] = None,
+    no_scopes: Annotated[
+        bool, typer.Option("--no-scopes", help="The key only calls models (no scopes).")
+    ] = False,
     json_out: JsonOption = False,
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     store: StoreOption = None,
 ) -> None:
-    """Change an API key's name, models, limits, expiry or admin flag; its secret stays."""
+    """Change an API key's name, models, limits, expiry, admin flag or scopes; its secret
+    stays."""
     for given, flag, cleared, clear_flag in (
         (models is not None, "--models", all_models, "--all-models"),
         (rpm is not None, "--rpm", no_rpm, "--no-rpm"),
@@ -284,19 +306,26 @@ def update(
             default_queue_wait,
             "--default-queue-wait",
         ),
+        (scope is not None, "--scope", no_scopes, "--no-scopes"),
     ):
         if given and cleared:
             fail(f"{flag} sets what {clear_flag} clears; give one of the two")
     given_any = (name, models, rpm, tpm, budget_tokens, period, expires, admin)
-    queueing = (priority, weight, max_queue_wait)
+    queueing = (priority, weight, max_queue_wait, scope)
     if all(v is None for v in (*given_any, *queueing)) and not (
-        all_models or no_rpm or no_tpm or no_budget or never_expires or default_queue_wait
+        all_models
+        or no_rpm
+        or no_tpm
+        or no_budget
+        or never_expires
+        or default_queue_wait
+        or no_scopes
     ):
         fail(
             "nothing to change: give at least one of --name, --models/--all-models, "
             "--rpm/--no-rpm, --tpm/--no-tpm, --budget-tokens/--period/--no-budget, "
             "--expires/--never-expires, --admin/--no-admin, --priority, --weight, "
-            "--max-queue-wait/--default-queue-wait"
+            "--max-queue-wait/--default-queue-wait, --scope/--no-scopes"
         )
     model_list = models.split(",") if models is not None else None
     expires_at = parse_time_or_fail("--expires", expires, future=True)
@@ -318,6 +347,7 @@ def update(
                 priority=_given(priority),
                 weight=_given(weight),
                 max_queue_wait=_change(max_queue_wait, clear=default_queue_wait),
+                scopes=_scopes_change(scope, clear=no_scopes),
             )
         except KeyInputError as exc:
             raise _bad(exc) from None
@@ -428,8 +458,15 @@ def _row(key: ApiKey, now: datetime) -> list[str]:
         ",".join(key.models) if key.models is not None else "*",
         _limits(key),
         format_time(key.expires_at, "never"),
-        key_state(key, now) + (", admin" if key.is_admin else ""),
+        key_state(key, now)
+        + (", admin" if key.is_admin else "")
+        + "".join(f", {scope}" for scope in key.scopes),
     ]
+
+
+def _scopes_change(scopes: list[str] | None, *, clear: bool) -> list[str] | Keep:
+    """The scopes an update gives the key: `scopes`, none (`clear`), or as they are."""
+    return [] if clear else _given(scopes)
 
 
 def _limits(key: ApiKey) -> str:

@@ -108,6 +108,30 @@ def server(
             show_default=False,
         ),
     ] = None,
+    header_timeout: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds a client has to send a request's headers before its connection "
+            "is closed, on every HTTP listener (server.header_timeout) [default: 10].",
+            show_default=False,
+        ),
+    ] = None,
+    body_timeout: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds a request body may stall before the client gets 408 and is "
+            "closed (server.body_timeout) [default: 30].",
+            show_default=False,
+        ),
+    ] = None,
+    max_connections: Annotated[
+        int | None,
+        typer.Option(
+            help="Connections each HTTP listener keeps open; more get 503 "
+            "(server.max_connections) [default: 2048].",
+            show_default=False,
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Run the gateway."""
@@ -152,6 +176,12 @@ def server(
                 raise ConfigError(f"--admin-allowed-host {exc}") from exc
         if admin_allowed_host:
             overrides["admin_allowed_hosts"] = admin_allowed_host
+        limits: dict[str, float | int | None] = {
+            "header_timeout": header_timeout,
+            "body_timeout": body_timeout,
+            "max_connections": max_connections,
+        }
+        overrides.update({key: value for key, value in limits.items() if value is not None})
         if auth_mode is not None:
             if auth_mode not in ("required", "open"):
                 raise ConfigError(f"--auth-mode {auth_mode!r}: use required or open")

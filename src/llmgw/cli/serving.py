@@ -4,13 +4,15 @@ Sockets are bound before anything starts, so "address already in use" is a
 clear CLI error naming the flag, not a log line from deep inside uvicorn.
 Signals are handled by the caller, once, for every server of the process.
 A listener with `tls` (certificate and key files, checked by `check_tls`
-before binding) serves HTTPS.
+before binding) serves HTTPS. Every listener's connections go through
+`listener_guard` (header and body timeouts, a connection cap).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import socket
 import ssl
 from collections.abc import Generator
@@ -19,6 +21,7 @@ from typing import Any
 
 import uvicorn
 
+from llmgw.cli.listener_guard import ConnectionGate, protocol_for
 from llmgw.config import ListenAddress
 
 
@@ -89,6 +92,35 @@ def bind(
     return BoundListener(name, flag, sock, tls)
 
 
+def raise_open_files_limit(needed: int) -> str | None:
+    """Raise this process's soft limit on open files to its hard limit (as Go's
+    runtime does at start); a warning to log when it stays below `needed`.
+
+    Many systems start services with a soft limit of 1024: far below what
+    `server.max_connections` allows, and a listener out of file descriptors
+    fails in accept() instead of answering 503.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        # Some kernels refuse an infinite soft limit for files: ask for what is needed.
+        hard_target = max(soft, needed) if soft != resource.RLIM_INFINITY else soft
+    else:
+        hard_target = hard
+    if soft != resource.RLIM_INFINITY and soft < hard_target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard_target, hard))
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return None
+    return (
+        f"this process may open {soft} files (ulimit -n), fewer than the {needed} its "
+        "listeners may need at server.max_connections (a client and an engine connection "
+        "each): raise the limit (LimitNOFILE= in a systemd unit, ulimit -n in a shell) or "
+        "lower server.max_connections; past the limit new connections fail instead of "
+        "getting 503"
+    )
+
+
 class QuietServer(uvicorn.Server):
     """A uvicorn server that leaves signal handling to the process."""
 
@@ -97,10 +129,14 @@ class QuietServer(uvicorn.Server):
         yield
 
 
-def make_server(app: Any, *, graceful_seconds: float, tls: TLSFiles | None = None) -> QuietServer:
+def make_server(
+    app: Any, *, graceful_seconds: float, gate: ConnectionGate, tls: TLSFiles | None = None
+) -> QuietServer:
+    """A server for one listener; `gate` holds its timeouts and connection cap."""
     config = uvicorn.Config(
         app,
-        http="httptools",
+        http=protocol_for(gate),
+        ws="none",
         loop="none",
         lifespan="off",
         access_log=False,

@@ -6,9 +6,11 @@ catalog of models that start on their first request: `sim-small` (the simulated
 engine) and, when their GGUF files are given and the engine interpreter has
 llama-cpp-python, two real models on llama.cpp: `smollm2-135m-instruct` (alias
 `smollm2`), instruction-tuned, for chat, and `gemma-3-270m`, a base model, for
-completions. Before serving it prints the API URL, a fresh secret for the key
-named `quickstart` (rotated on every start, so the previous one stops working)
-and `curl` commands to try: the first is a chat request.
+completions. With `--vllm` and `--vllm-model` (`make run ENGINE=vllm`) the chat
+model is served by real vLLM instead (its CPU backend, from a safetensors
+checkpoint converted from the same GGUF). Before serving it prints the API URL,
+a fresh secret for the key named `quickstart` (rotated on every start, so the
+previous one stops working) and `curl` commands to try: the first is a chat request.
 
 Every listener is on loopback by default. The agent listener uses mTLS with the
 cluster CA, as `llmgw server` does: the first start makes the CA and a one-use
@@ -83,6 +85,19 @@ HOW_TO_GET_CHAT = (
     "llama-cpp-python[server])"
 )
 
+VLLM_CPU_ARGS = (
+    "--dtype",
+    "float32",
+    "--max-model-len",
+    "2048",
+    "--enable-prefix-caching",
+    "--enforce-eager",
+)
+VLLM_NOTE = (
+    f"{CHAT} runs on vLLM: its first request waits while vLLM loads on this machine's "
+    "CPUs (about 1 to 2 minutes, 4 GB of memory)."
+)
+
 
 class UpError(Exception):
     """`llmgw up` cannot go on; the message says why and what to do."""
@@ -108,6 +123,8 @@ class _Plan:
     chat_model_file: Path | None
     notes: tuple[str, ...]  # why a real model is not in the catalog, when it is not
     engine_python: str
+    vllm: str | None  # the vllm executable; the chat model runs on it when set
+    vllm_model: Path | None  # SmolLM2-135M-Instruct as a checkpoint directory for vLLM
     node_id: str
     port_range: str
     log_level: str
@@ -167,6 +184,24 @@ def up(
             show_default=False,
         ),
     ] = None,
+    vllm: Annotated[
+        str | None,
+        typer.Option(
+            envvar="LLMGW_VLLM",
+            help=f"The vllm program. With --vllm-model, {CHAT} is served by vLLM (on this "
+            "machine's CPUs) instead of llama.cpp.",
+            show_default=False,
+        ),
+    ] = None,
+    vllm_model: Annotated[
+        str | None,
+        typer.Option(
+            envvar="LLMGW_VLLM_MODEL",
+            help="SmolLM2-135M-Instruct as a Hugging Face checkpoint directory (config.json, "
+            "safetensors, tokenizer) for vLLM; `make run ENGINE=vllm` converts it from the GGUF.",
+            show_default=False,
+        ),
+    ] = None,
     node_id: Annotated[str, typer.Option(help="The local agent's node id.")] = "local",
     port_range: Annotated[
         str, typer.Option(help="Ports the local engines may listen on, START-END.")
@@ -183,6 +218,8 @@ def up(
             model_file=model_file,
             chat_model_file=chat_model_file,
             engine_python=engine_python,
+            vllm=vllm,
+            vllm_model=vllm_model,
             node_id=node_id,
             port_range=port_range,
             log_level=log_level,
@@ -212,6 +249,8 @@ def _plan(
     node_id: str,
     port_range: str,
     log_level: str,
+    vllm: str | None = None,
+    vllm_model: str | None = None,
 ) -> _Plan:
     """Check every flag; UpError naming the flag for the first bad one."""
     from llmgw.agent.errors import FlagError
@@ -241,6 +280,9 @@ def _plan(
     python = _engine_python(engine_python)
     gguf, note = _model_file(model_file, "--model-file", GEMMA, HOW_TO_GET_GEMMA)
     chat, chat_note = _model_file(chat_model_file, "--chat-model-file", CHAT, HOW_TO_GET_CHAT)
+    vllm_program, vllm_dir = _vllm(vllm, vllm_model)
+    if vllm_dir is not None:
+        chat, chat_note = None, None  # vLLM serves the chat model; llama.cpp does not
     if (gguf is not None or chat is not None) and not _has_llama_cpp(python):
         missing = f"is not served: {python} has no llama-cpp-python."
         if gguf is not None:
@@ -254,8 +296,18 @@ def _plan(
         data_dir=_data_dir(data_dir),
         model_file=gguf,
         chat_model_file=chat,
-        notes=tuple(n for n in (chat_note, note) if n is not None),
+        notes=tuple(
+            n
+            for n in (
+                chat_note,
+                note,
+                VLLM_NOTE if vllm_dir is not None else None,
+            )
+            if n is not None
+        ),
         engine_python=python,
+        vllm=vllm_program,
+        vllm_model=vllm_dir,
         node_id=node_id,
         port_range=port_range,
         log_level=log_level.lower(),
@@ -287,6 +339,33 @@ def _model_file(
     return path, None
 
 
+def _vllm(program: str | None, model: str | None) -> tuple[str | None, Path | None]:
+    """The vllm program and the chat model's checkpoint directory, both or neither."""
+    program = program.strip() if program else None
+    model = model.strip() if model else None
+    if program is None and model is None:
+        return None, None
+    if program is None or model is None:
+        given, missing = ("--vllm", "--vllm-model") if program else ("--vllm-model", "--vllm")
+        raise UpError(
+            f"{given} is given but {missing} is not: serving the chat model on vLLM needs "
+            "both (`make run ENGINE=vllm` builds and passes them)"
+        )
+    found = shutil.which(program)
+    if found is None:
+        raise UpError(
+            f"--vllm {program!r} is not an executable program (it may come from LLMGW_VLLM); "
+            "give the vllm of a venv with vLLM installed"
+        )
+    directory = Path(model).expanduser().absolute()
+    if not (directory / "config.json").is_file():
+        raise UpError(
+            f"--vllm-model {model!r} is not a model checkpoint directory (no config.json; it "
+            "may come from LLMGW_VLLM_MODEL); convert one with scripts/convert_vllm_model.py"
+        )
+    return os.path.abspath(found), directory
+
+
 def _has_llama_cpp(python: str) -> bool:
     check = "import importlib.util, sys; sys.exit(importlib.util.find_spec('llama_cpp') is None)"
     try:
@@ -310,7 +389,9 @@ def _data_dir(value: str) -> Path:
 def _catalog(plan: _Plan) -> list[dict[str, Any]]:
     """The models `up` serves; each starts on its first request and stops when idle."""
     models: list[dict[str, Any]] = []
-    if plan.chat_model_file is not None:
+    if plan.vllm_model is not None:
+        models.append(_vllm_model(CHAT, plan.vllm_model, aliases=[CHAT_ALIAS]))
+    elif plan.chat_model_file is not None:
         # No --chat_format: llama-cpp-python applies the chat template the GGUF carries.
         models.append(_llamacpp_model(CHAT, plan.chat_model_file, aliases=[CHAT_ALIAS]))
     if plan.model_file is not None:
@@ -340,6 +421,34 @@ def _llamacpp_model(name: str, gguf: Path, *, aliases: list[str]) -> dict[str, A
                 "engine": "llamacpp",
                 "engine_args": ["--n_ctx", "2048"],
                 "gpus": 0,
+            }
+        ],
+        "min_replicas": 0,
+        "keep_alive": KEEP_ALIVE_SECONDS,
+        "activation": True,
+    }
+
+
+def _vllm_model(name: str, checkpoint: Path, *, aliases: list[str]) -> dict[str, Any]:
+    """The model on vLLM's CPU backend: no GPUs, float32 (the CPU kernels' safe choice
+    for this checkpoint), 1 GiB of KV cache, and no graph capture (it would add minutes
+    to every start on a CPU)."""
+    return {
+        "name": name,
+        "aliases": aliases,
+        "weights": str(checkpoint),
+        # llmgw sets the model, --served-model-name, --host, --port and the parallel sizes.
+        "profiles": [
+            {
+                "name": "cpu",
+                "engine": "vllm",
+                "gpus": 0,
+                "engine_args": [*VLLM_CPU_ARGS],
+                "env": {
+                    "VLLM_CPU_KVCACHE_SPACE": "1",
+                    "VLLM_CPU_OMP_THREADS_BIND": "auto",
+                    "HF_HUB_OFFLINE": "1",
+                },
             }
         ],
         "min_replicas": 0,
@@ -535,6 +644,7 @@ def _agent_argv(plan: _Plan) -> list[str]:
         "--port-range", plan.port_range,
         "--weights-dir", str(plan.data_dir / "weights"),
         "--engine-python", plan.engine_python,
+        *(["--engine", f"vllm={plan.vllm}"] if plan.vllm is not None else []),
         "--state-dir", str(plan.data_dir / "agent"),
         # Ctrl-C on `llmgw up` stops everything it started, engines included.
         "--stop-engines-on-exit",
@@ -667,7 +777,9 @@ def _banner(
     base = api.url(plan.listen["host"])
     admin_url = admin.url(plan.admin_listen["host"])
     header = f"-H 'Content-Type: application/json' -H 'Authorization: Bearer {secret}'"
-    if plan.chat_model_file is not None:
+    serves_chat = plan.chat_model_file is not None or plan.vllm_model is not None
+    on_vllm = ", on vLLM" if plan.vllm_model is not None else ""
+    if serves_chat:
         chat_body: dict[str, Any] = {
             "model": CHAT_ALIAS,
             "messages": [{"role": "user", "content": CHAT_PROMPT}],
@@ -677,7 +789,7 @@ def _banner(
         chat_body = {"model": SIM, "messages": [{"role": "user", "content": "Hello!"}]}
     gemma_body = {"model": GEMMA, "prompt": GEMMA_PROMPT, "max_tokens": 16, "temperature": 0}
     models = [
-        *([f"{CHAT} (alias {CHAT_ALIAS})"] if plan.chat_model_file is not None else []),
+        *([f"{CHAT} (alias {CHAT_ALIAS}{on_vllm})"] if serves_chat else []),
         *([GEMMA] if plan.model_file is not None else []),
         SIM,
     ]

@@ -63,7 +63,8 @@ def load_server_config(path: Path | None, overrides: dict[str, Any]) -> ServerCo
     """The file's settings with `overrides` (from flags, already parsed) laid on top.
 
     `overrides` may hold `listen`, `admin_listen`, `metrics_listen`, `data_dir`,
-    `store`, `insecure_agents`, `cluster_key_file`, `auth_mode`, `extra_endpoints`
+    `store`, `insecure_agents`, `cluster_key_file`, `auth_mode`, `header_timeout`,
+    `body_timeout`, `max_connections` (the `server:` section), `extra_endpoints`
     (appended to the file's endpoints) and
     `admin_allowed_hosts` (appended to the file's `admin.allowed_hosts`).
     """
@@ -89,6 +90,9 @@ def load_server_config(path: Path | None, overrides: dict[str, Any]) -> ServerCo
         merged["control"]["cluster_key_file"] = overrides["cluster_key_file"]
     if "auth_mode" in overrides:
         merged["auth"]["mode"] = overrides["auth_mode"]
+    for key in ("header_timeout", "body_timeout", "max_connections"):
+        if key in overrides:
+            merged["server"][key] = overrides[key]
     merged["endpoints"] = [*merged["endpoints"], *overrides.get("extra_endpoints", [])]
     merged["admin"]["allowed_hosts"] = [
         *merged["admin"]["allowed_hosts"],

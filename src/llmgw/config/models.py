@@ -197,8 +197,8 @@ class ProfileConfig(_Strict):
         default=0,
         ge=0,
         description=(
-            "GPUs per replica, all on one node. 0 by default, for CPU engines (llamacpp, "
-            "sim); vllm and sglang need at least 1."
+            "GPUs per replica, all on one node. 0 by default, for engines on the node's "
+            "CPUs (llamacpp, sim, and vllm's CPU backend as one rank); sglang needs at least 1."
         ),
     )
     gpu_memory: int = Field(

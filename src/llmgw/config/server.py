@@ -33,6 +33,9 @@ EndpointRoute = Literal[
 """The client routes an endpoint may serve (`llmgw.engines.routes.ALL_ROUTES`)."""
 
 _ENDPOINT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
+# The longest model name a request may send (`llmgw.store.MAX_MODEL_CHARS`; the config
+# layer sits below the store and keeps its own copy).
+_MAX_MODEL_CHARS = 256
 
 
 def split_host_port(text: str) -> dict[str, object]:
@@ -164,6 +167,13 @@ class EndpointConfig(_Strict):
         for name in value:
             if not name or name != name.strip():
                 raise ValueError(f"model name {name!r} is empty or has surrounding spaces")
+            # What the router accepts in a request's `model` (and the usage store holds).
+            if len(name) > _MAX_MODEL_CHARS or not name.isprintable():
+                shown = repr(name) if len(name) <= 40 else repr(name[:40]) + "..."
+                raise ValueError(
+                    f"model name {shown} is not 1 to {_MAX_MODEL_CHARS} printable characters; "
+                    "no request could name it"
+                )
         return value
 
     @field_validator("routes")
@@ -251,6 +261,42 @@ class RouterConfig(_Strict):
     routing: RoutingConfig = Field(
         default_factory=RoutingConfig,
         description="Cache-, session- and load-aware choice of replica; on by default.",
+    )
+
+
+class HttpServerConfig(_Strict):
+    """How every HTTP listener (API, admin, metrics) treats slow and numerous clients."""
+
+    header_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        description=(
+            "Seconds a client has to send a request's line and headers, counted from "
+            "the connection's start (or a kept-alive request's first byte); then the "
+            "connection is closed. Any client sends its headers in milliseconds; 10 s "
+            "covers a slow link and still frees what a stalled client (slowloris) holds."
+        ),
+    )
+    body_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "Seconds a request body may go without a byte arriving; then the client gets "
+            "408 and the connection is closed. Time this server is not reading (the "
+            "request waits in the router) does not count. Long enough for a congested "
+            "uplink sending a multi-MB prompt, short enough that a stopped body frees "
+            "its connection and task."
+        ),
+    )
+    max_connections: int = Field(
+        default=2048,
+        ge=1,
+        description=(
+            "Connections each listener keeps open at most; a client beyond that gets 503 "
+            "(with Retry-After) once its headers are in, and is closed. Each connection "
+            "costs a file descriptor and some memory; 2048 is far above what one router "
+            "process serves well, so it only stops a flood."
+        ),
     )
 
 
@@ -610,6 +656,10 @@ class ServerConfig(_Strict):
         description="postgresql://USER@HOST/DB to share one store between servers.",
     )
     endpoints: list[EndpointConfig] = Field(default_factory=list)
+    server: HttpServerConfig = Field(
+        default_factory=HttpServerConfig,
+        description="Header and body timeouts and the connection cap of every HTTP listener.",
+    )
     router: RouterConfig = RouterConfig()
     auth: AuthConfig = AuthConfig()
     limits: LimitsConfig = LimitsConfig()

@@ -14,8 +14,9 @@ router gets only what the standby itself can reach.
 
 `wait_routable(model)` is for a request that found no endpoint in the router:
 it returns once one of the model's Ready replicas is published here, and raises
-`ReplicaUnreachable` (naming each URL and error) when every one was checked and
-none can be reached, instead of letting the request fail against an address
+`ReplicaUnreachable` (naming each URL and error for operators, and only the
+replica ids in the `public` message API clients get) when every one was checked
+and none can be reached, instead of letting the request fail against an address
 that cannot work.
 
 Not guaranteed: that an endpoint stays reachable after its check passed (the
@@ -49,11 +50,15 @@ class ProbeFailed(Exception):
 
 
 class ReplicaUnreachable(Exception):
-    """A model's Ready replicas exist, but this server can reach none of them."""
+    """A model's Ready replicas exist, but this server can reach none of them.
 
-    def __init__(self, message: str, *, retry_after: float) -> None:
+    `message` names each replica's URL and error, for operators and the log;
+    `public`, for API clients, names the replicas by id only."""
+
+    def __init__(self, message: str, *, retry_after: float, public: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.public = message if public is None else public
         self.retry_after = retry_after
 
 
@@ -190,7 +195,9 @@ class ReachabilityGate:
                 return
             if reaches and all(r.state == "unreachable" for r in reaches):
                 raise ReplicaUnreachable(
-                    self._refusal(entry[0][0], reaches), retry_after=self._recheck
+                    self._refusal(entry[0][0], reaches),
+                    retry_after=self._recheck,
+                    public=self._public_refusal(entry[0][0], reaches),
                 )
             await changed.wait()
 
@@ -202,6 +209,18 @@ class ReachabilityGate:
             f"server cannot reach {'any of them' if count != 1 else 'it'} ({found}); the "
             "node's agent must advertise an address this server can dial (`llmgw agent "
             "--advertise-host`, or no flag to use the address it connects from)"
+        )
+
+    @staticmethod
+    def _public_refusal(model: str, reaches: Sequence[Reach]) -> str:
+        count = len(reaches)
+        ids = ", ".join(r.replica_id for r in reaches)
+        return (
+            f"model '{model}' has {count} ready replica{'s' if count != 1 else ''} ({ids}) "
+            f"but this server cannot reach {'any of them' if count != 1 else 'it'}; the "
+            "node's agent must advertise an address this server can dial (`llmgw agent "
+            f"--advertise-host`); an operator sees the addresses with `llmgw models show "
+            f"{model}` or on the dashboard"
         )
 
     # ---- the checker ----

@@ -21,12 +21,15 @@ class EngineAdapter(Protocol):
     """One kind of engine (vLLM, SGLang, llama.cpp, the simulator).
 
     `name` is the engine name specs use; `needs_gpus` says whether a shard
-    without GPUs is refused; `routes` maps each client route the engine serves
+    without GPUs is refused; `gpu_ranks` says whether the engine runs one
+    parallel rank on each GPU it is given (so a profile's parallel sizes must
+    match its GPUs); `routes` maps each client route the engine serves
     (`llmgw.engines.routes`) to the engine's own path for it.
     """
 
     name: str
     needs_gpus: bool
+    gpu_ranks: bool
     routes: Mapping[str, str]
 
     def native_apis(self, engine_args: Sequence[str]) -> frozenset[str]:

@@ -41,6 +41,7 @@ USE_WEIGHTS = "set the spec's `weights` field instead"
 USE_TP = "set the spec's `tensor_parallel_size` field instead"
 USE_PP = "set the spec's `pipeline_parallel_size` field instead"
 USE_MEMORY = "set the spec's `gpu_memory_utilization` field instead"
+USE_DRAIN_GRACE = "set the spec's `drain_grace` field instead"
 USE_NODES = (
     "llmgw sets the ranks of a multi-node replica itself: set the profile's nodes and "
     "fabric instead"
@@ -132,12 +133,23 @@ def check_ranks(spec: EngineSpec, *, multi_node: bool) -> None:
         )
 
 
-def check_gpus(spec: EngineSpec, engine: str) -> None:
+def check_gpus(spec: EngineSpec, engine: str, *, cpu: bool = False) -> None:
     """The shard has GPUs: tensor_parallel_size x pipeline_parallel_size of them over
-    all of the replica's nodes, the same number on each."""
+    all of the replica's nodes, the same number on each. `cpu`: the engine also
+    runs without GPUs, on the node's CPUs, as one rank of a single-node replica."""
     tp, pp = spec.tensor_parallel_size, spec.pipeline_parallel_size
     wanted = tp * pp
     given = len(spec.gpu_indices) * max(1, spec.nodes)
+    if cpu and not spec.gpu_indices:
+        if spec.nodes > 1 or wanted != 1:
+            raise ProfileError(
+                "gpu_indices",
+                f"{engine} without GPUs runs on the node's CPUs as one rank on one node, but "
+                f"this shard asks for tensor_parallel_size {tp} x pipeline_parallel_size {pp} "
+                f"on {spec.nodes} node(s); give it GPUs, or leave the parallel sizes at 1 and "
+                "nodes at 1",
+            )
+        return
     if spec.nodes > 1 and given != wanted:
         raise ProfileError(
             "gpu_indices",

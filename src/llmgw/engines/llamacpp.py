@@ -88,6 +88,7 @@ class LlamaCppAdapter:
 
     name = "llamacpp"
     needs_gpus = False
+    gpu_ranks = False
     routes = LLAMACPP_ROUTES
 
     def __init__(self, *, settings: EngineSettings) -> None:

@@ -81,6 +81,7 @@ class SglangAdapter:
 
     name = "sglang"
     needs_gpus = True
+    gpu_ranks = True
     routes = SGLANG_ROUTES
 
     def __init__(self, *, settings: EngineSettings) -> None:

@@ -50,6 +50,7 @@ class SimAdapter:
 
     name = "sim"
     needs_gpus = False
+    gpu_ranks = False
     routes = SIM_ROUTES
 
     def __init__(self, *, settings: EngineSettings) -> None:

@@ -16,6 +16,10 @@ and serve no API, so their readiness is their process staying up (rank 0's
 `/health` says when the replica serves). The spec's GPUs are this node's; their
 count times the node count must equal tensor x pipeline parallel size.
 
+A stop drains: vLLM gets `--shutdown-timeout` from the profile's `drain_grace`, so
+on SIGTERM it finishes the requests in flight (up to that long) instead of
+aborting them, which is vLLM's default. That flag needs vLLM 0.18 or later.
+
 Not guaranteed: that the installed vLLM
 accepts every engine argument, or that a `--config` file sets nothing llmgw
 manages (vLLM lets command-line flags win over it, so llmgw's own still apply).
@@ -23,6 +27,7 @@ manages (vLLM lets command-line flags win over it, so llmgw's own still apply).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 from llmgw.engines import checks
@@ -52,6 +57,7 @@ MANAGED_ARGS: Mapping[str, str] = {
     "--pipeline-parallel-size": checks.USE_PP,
     "-pp": checks.USE_PP,
     "--gpu-memory-utilization": checks.USE_MEMORY,
+    "--shutdown-timeout": checks.USE_DRAIN_GRACE,
     "--nnodes": checks.USE_NODES,
     "-n": checks.USE_NODES,
     "--node-rank": checks.USE_NODES,
@@ -84,7 +90,9 @@ class VllmAdapter:
     """Builds `vllm serve` command lines and reads vLLM's metrics."""
 
     name = "vllm"
-    needs_gpus = True
+    # vLLM's CPU backend serves a shard without GPUs (x86 and Arm servers, one rank).
+    needs_gpus = False
+    gpu_ranks = True
     routes = VLLM_ROUTES
 
     def __init__(self, *, settings: EngineSettings) -> None:
@@ -103,7 +111,7 @@ class VllmAdapter:
         checks.check_ranks(spec, multi_node=True)
         checks.check_timings(spec)
         checks.check_weights(spec)
-        checks.check_gpus(spec, "vLLM")
+        checks.check_gpus(spec, "vLLM", cpu=True)
         checks.check_memory_fraction(spec)
         checks.check_engine_args(spec, MANAGED_ARGS)
         checks.check_env(spec, RESERVED_ENV)
@@ -144,13 +152,18 @@ class VllmAdapter:
             ]
             if spec.node_rank > 0:
                 argv.append("--headless")
+        timings = TIMINGS.resolve(spec)
+        # vLLM aborts every request in flight on SIGTERM unless --shutdown-timeout
+        # says how long to drain (vLLM 0.18 and later; 0, its default, is abort). Whole
+        # seconds, rounded down, so that vLLM is done before the agent's own grace ends.
+        argv += ["--shutdown-timeout", str(math.floor(timings.drain_grace))]
         argv += spec.engine_args
         return LaunchPlan(
             argv=tuple(argv),
             env={**checks.weights_env(spec, self._settings.weights_dir), **checks.plan_env(spec)},
             unset_env=UNSET_ENV,
             ready_path="/health" if spec.node_rank == 0 else "",
-            timings=TIMINGS.resolve(spec),
+            timings=timings,
             metrics_path="/metrics",
         )
 

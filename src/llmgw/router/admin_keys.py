@@ -7,7 +7,9 @@ clients in and asks everyone else for an admin key. A created or rotated key's
 secret is in that one response and nowhere else. `PATCH /admin/api/keys/{ref}`
 takes any of the fields `POST /admin/api/keys` takes: a field left out stays
 as it is, a field sent as `null` is cleared (models: every model; rpm, tpm,
-budget_tokens: no limit; expires_at: never).
+budget_tokens: no limit; expires_at: never; scopes: none). `scopes` lists what a
+key may do besides calling models: `debug` (the router explains its choice of
+replica to the key, as it does to admin keys).
 Not guaranteed: pagination; the lists are whole, except request records (the
 latest `limit`, 100 by default and 1000 at most; narrow them with since/until).
 """
@@ -61,6 +63,7 @@ _CREATE_FIELDS = {
     "priority",
     "weight",
     "max_queue_wait",
+    "scopes",
 }
 # The secret is not a field: it changes only by rotating.
 _UPDATE_FIELDS = _CREATE_FIELDS
@@ -163,6 +166,17 @@ def _int(field: str, value: object) -> int | None:
     return value
 
 
+def _scopes(value: object) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise AdminInputError(
+            "'scopes' must be an array of scopes (e.g. [\"debug\"]), or [] for none",
+            param="scopes",
+        )
+    return value
+
+
 def _priority(value: object) -> str:
     if not isinstance(value, str):
         raise AdminInputError(
@@ -251,6 +265,7 @@ def key_routes(
                 priority=_priority(body.get("priority", "default")),
                 weight=_weight(body.get("weight", 1.0)),
                 max_queue_wait=_seconds("max_queue_wait", body.get("max_queue_wait")),
+                scopes=_scopes(body.get("scopes")),
             )
             return _json({**key_view(key, wall_clock()), "secret": secret}, status=201)
 
@@ -285,6 +300,7 @@ def key_routes(
                 priority=_given(body, "priority", _priority),
                 weight=_given(body, "weight", _weight),
                 max_queue_wait=_given(body, "max_queue_wait", partial(_seconds, "max_queue_wait")),
+                scopes=_given(body, "scopes", _scopes),
             )
             return _json(key_view(key, wall_clock()))
 

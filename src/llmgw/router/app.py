@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Awaitable, Callable, Collection, Mapping, MutableMapping
 from datetime import datetime
 from typing import Any, Protocol
@@ -60,7 +61,9 @@ log = logging.getLogger("llmgw.router")
 
 _POST_ROUTES = frozenset({CHAT, COMPLETIONS, EMBEDDINGS, *engine_routes.ROUTES})
 _COUNT_TOKENS = "/v1/messages/count_tokens"
-_MAX_REQUEST_ID = 128
+# A client's request id is echoed in headers and written to the usage store:
+# visible ASCII only, at most 128 characters; any other gets a fresh id.
+_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")
 
 
 async def _wait_disconnect(receive: Receive) -> None:
@@ -134,7 +137,7 @@ class RouterApp:
         api_key: bytes | None = None
         for name, value in scope["headers"]:
             if name == b"x-request-id":
-                if 0 < len(value) <= _MAX_REQUEST_ID:
+                if _REQUEST_ID.fullmatch(value):
                     request_id = value
             elif name == b"content-length" and value.isdigit():
                 content_length = int(value)
@@ -298,8 +301,10 @@ class RouterApp:
                 asked = named_model(raw)
                 raise
             asked, streamed = req.model, req.stream
-            # Routing reads the session header, `x-llmgw-route` and the key.
+            # Routing reads the session header, `x-llmgw-route` (for keys that may
+            # debug only) and the key.
             req.headers, req.key_id = headers or [], principal.key_id
+            req.may_debug = principal.may_debug
             model = req.model if req.model in self._pool.by_model else "unknown"
             try:
                 principal.check_model(req.model, self._model_names(req.model))
@@ -342,14 +347,17 @@ class RouterApp:
             self._count(path, model, exc.endpoint_id or "none", exc.status)
             self._record(req, principal, request_id, start, exc.status, exc.endpoint_id, None, path)
             raise
+        else:
+            self._count(path, model, outcome.endpoint, outcome.status)
+            # Recorded before the budget is settled: the budget source counts the
+            # record's tokens from here on, written or not.
+            self._record(
+                req, principal, request_id, start, outcome.status, outcome.endpoint, outcome, path
+            )
         finally:
             if limits is not None and admission is not None:
                 used = outcome.prompt_tokens + outcome.completion_tokens if outcome else 0
                 await self._limiter.settle(limits, admission, used)
-        self._count(path, model, outcome.endpoint, outcome.status)
-        self._record(
-            req, principal, request_id, start, outcome.status, outcome.endpoint, outcome, path
-        )
 
     def _count(self, route: str, model: str, endpoint: str, status: int) -> None:
         self._metrics.request_counter.inc(model, endpoint, status)

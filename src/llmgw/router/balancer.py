@@ -135,7 +135,9 @@ class Balancer:
             if name == self._session_header and value:
                 session = value.decode("latin-1")
             elif name == b"x-llmgw-route":
-                explain = True
+                # Scores tell whether any key sent this prompt lately: explained only
+                # to keys that may debug; the header is ignored for the others.
+                explain = req.may_debug
         if session is None:
             user = req.body.get("user")
             if isinstance(user, str) and user:

@@ -113,7 +113,10 @@ class Endpoint:
         self.ejections = 0
 
     def record_failure(self, reason: str) -> None:
-        """Count a failed request; eject after the threshold, for twice as long each time."""
+        """Count a failed request; eject after the threshold, for twice as long each time.
+
+        `reason` becomes `last_error`, which API clients may read in a 503: it names
+        the endpoint by id, never by address (the admin API shows `url` beside it)."""
         self.last_error = reason
         self.consecutive_failures += 1
         if self.consecutive_failures < self._policy.failure_threshold:
@@ -123,8 +126,9 @@ class Endpoint:
         self.consecutive_failures = 0
         self.ejected_until = self._clock() + duration
         log.warning(
-            "endpoint %s ejected for %.1fs after %d consecutive failures (last: %s)",
+            "endpoint %s at %s ejected for %.1fs after %d consecutive failures (last: %s)",
             self.id,
+            self.url,
             duration,
             self._policy.failure_threshold,
             reason,

@@ -62,14 +62,21 @@ class HealthProber:
             if ok:
                 log.info("endpoint %s is healthy again", endpoint.id)
             else:
-                log.warning("endpoint %s failed its health probe: %s", endpoint.id, error)
+                log.warning(
+                    "endpoint %s at %s failed its health probe: %s",
+                    endpoint.id,
+                    endpoint.url,
+                    error,
+                )
         endpoint.probe_ok = ok
         if error is not None:
             endpoint.last_error = f"probe: {error}"
 
     async def _check(self, base_url: str, path: str) -> tuple[str | None, bool]:
-        """(error or None, whether it timed out)."""
-        url = base_url + path
+        """(error or None, whether it timed out). The error names the path, not the
+        address: it becomes the endpoint's `last_error`, which clients may read in a
+        503 (the admin API shows the URL beside it)."""
+        url = "GET " + path
         try:
             async with asyncio.timeout(self._timeout):
                 resp = await self._upstream.request(b"GET", base_url, path)
@@ -78,9 +85,9 @@ class HealthProber:
                 finally:
                     resp.release()
         except TimeoutError:
-            return f"GET {url} timed out after {self._timeout:g}s", True
+            return f"{url} timed out after {self._timeout:g}s", True
         except UpstreamError as exc:
-            return f"GET {url} failed: {exc}", False
+            return f"{url} failed: {exc}", False
         if 200 <= resp.status < 300:
             return None, False
-        return f"GET {url} answered {resp.status}", False
+        return f"{url} answered {resp.status}", False

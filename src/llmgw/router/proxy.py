@@ -32,8 +32,16 @@ body as is to the API's own path when the endpoint serves that API natively
 whichever answer comes back. A request only a native engine can serve is
 routed among those only.
 
+Errors name replicas by id, never by address: the router's own messages are
+made without the URL (the upstream client's errors carry none), an engine's
+error answer has the endpoint's URL, host:port and host replaced by
+`<replica ID>`, and each failure is logged with the URL for operators (the admin
+API and the dashboard show it too).
+
 Not guaranteed: an engine that received a request and then failed may have
-done work for it before the retry. On a standby server (which does not lead the
+done work for it before the retry. Nor that an engine's own words inside a
+stream that began (its SSE `error` events) carry no address: streams are
+relayed as the engine wrote them. On a standby server (which does not lead the
 control plane) such a request waits for its engine up to the first-byte
 deadline: only the leader abandons attempts.
 """
@@ -41,6 +49,7 @@ deadline: only the leader abandons attempts.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -80,6 +89,8 @@ from llmgw.router.usage_scan import find_usage
 
 Message = MutableMapping[str, Any]
 Send = Callable[[Message], Awaitable[None]]
+
+log = logging.getLogger("llmgw.router.proxy")
 
 _RETRY_STATUSES = frozenset({429, 502, 503, 504})
 # Failures that mean the engine is gone, not busy: worth waiting for a replacement.
@@ -431,6 +442,14 @@ class Proxy:
                 outcome = await self._attempt(endpoint, req, request_id, send, start, headers)
             except _Retryable as exc:
                 self._metrics.upstream_errors.labels(endpoint.id, exc.kind).inc()
+                log.info(
+                    "request %s to %s: endpoint %s at %s failed before answering (%s)",
+                    request_id.decode("latin-1"),
+                    req.model,
+                    endpoint.id,
+                    endpoint.url,
+                    exc.error.message,
+                )
                 if exc.counts_as_failure:
                     endpoint.record_failure(exc.error.message)
                 failure = exc.error
@@ -503,6 +522,16 @@ class Proxy:
                 ).inc()
                 endpoint.record_failure(f"no answer within the {phase} deadline")
                 limit = self._total if phase == "total" else self._first_byte
+                log.warning(
+                    "request %s to %s: endpoint %s at %s did not answer within the %s "
+                    "deadline of %gs",
+                    request_id.decode("latin-1"),
+                    req.model,
+                    endpoint.id,
+                    endpoint.url,
+                    phase,
+                    limit,
+                )
                 raise DeadlineExceeded(
                     f"endpoint '{endpoint.id}' did not answer within the {phase} deadline "
                     f"of {limit:g}s"
@@ -600,7 +629,7 @@ class Proxy:
         return Outcome(resp.status, endpoint.id, prompt, completion)
 
     async def _engine_error(self, endpoint: Endpoint, resp: Response) -> RouterError | _Retryable:
-        raw = await resp.read()
+        raw = self._without_address(await resp.read(), endpoint)
         error = EngineError(
             engine_error_message(resp.status, raw), status=resp.status, raw_body=raw
         )
@@ -612,6 +641,24 @@ class Proxy:
             endpoint.record_failure(error.message)
         error.endpoint_id = endpoint.id
         return error
+
+    def _without_address(self, raw: bytes, endpoint: Endpoint) -> bytes:
+        """An engine's error answer with its address (URL, host:port, host) replaced by
+        `<replica ID>`: an engine, or a proxy in front of it, may name where it runs."""
+        origin = self._upstream.origin(endpoint.url)
+        host = origin.host.encode()
+        if host not in raw:
+            return raw
+        named = b"<replica " + endpoint.id.encode() + b">"
+        for shown in (endpoint.url.rstrip("/").encode(), origin.host_header, host):
+            raw = raw.replace(shown, named)
+        log.info(
+            "endpoint %s at %s answered an error naming its address; clients see the "
+            "replica id instead",
+            endpoint.id,
+            endpoint.url,
+        )
+        return raw
 
     async def _relay_stream(
         self,
@@ -661,6 +708,14 @@ class Proxy:
             phase = "total" if clock() >= total_deadline else "idle"
             resp.close()
             endpoint.record_failure(f"stream exceeded the {phase} deadline")
+            log.warning(
+                "request %s to %s: the stream of endpoint %s at %s exceeded the %s deadline",
+                request_id.decode("latin-1"),
+                req.model,
+                endpoint.id,
+                endpoint.url,
+                phase,
+            )
             await self._end_stream_with_error(
                 endpoint,
                 send,
@@ -675,6 +730,14 @@ class Proxy:
         except UpstreamError as exc:
             resp.close()
             endpoint.record_failure(str(exc))
+            log.warning(
+                "request %s to %s: the stream of endpoint %s at %s broke off: %s",
+                request_id.decode("latin-1"),
+                req.model,
+                endpoint.id,
+                endpoint.url,
+                exc,
+            )
             await self._end_stream_with_error(
                 endpoint,
                 send,

@@ -2,8 +2,12 @@
 
 Only the fields the router acts on, and the common fields whose wrong type an
 engine would answer with a less helpful error, are checked here; value ranges
-are the engine's to judge. Non-streaming bodies are forwarded byte for byte;
-streaming bodies are re-serialized once, to ask the engine for usage.
+are the engine's to judge. The `model` is checked on every API the same way
+(`check_model`: a string of 1 to 256 printable characters), because it is
+routed by, counted in metrics and written to the usage store: a name the store
+could not hold would cost other requests their usage records. Non-streaming
+bodies are forwarded byte for byte; streaming bodies are re-serialized once, to
+ask the engine for usage.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import orjson
 
 from llmgw.limits import estimate_prompt_tokens
 from llmgw.router.errors import InvalidJSON, InvalidRequest
+from llmgw.store import MAX_MODEL_CHARS
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -70,6 +75,9 @@ class ParsedRequest:
     # The client's request headers and key, for routing (session, explain header).
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     key_id: str | None = None
+    # Whether the key may see the routing explanation (`x-llmgw-route`): an admin
+    # key, a key with the `debug` scope, or anyone in open mode.
+    may_debug: bool = False
     # Sent upstream as the body's content type (a multipart body keeps its boundary).
     content_type: bytes = b"application/json"
     # The client's own body, for engines serving its API natively; and whether
@@ -123,15 +131,62 @@ def _check_type(body: dict[str, Any], field: str, types: tuple[type, ...], name:
         raise InvalidRequest(f"'{field}' must be {name}, got {_type_name(value)}", param=field)
 
 
-def named_model(raw: bytes, limit: int = 200) -> str | None:
-    """The model a (possibly invalid) body names, cut to `limit` characters; None
+class InvalidModel(InvalidRequest):
+    """The body's `model` is no model name (too long, not printable, not a string)."""
+
+
+def model_problem(value: object) -> str | None:
+    """Why `value` cannot be a model name, as the end of a sentence; None when it can."""
+    if not isinstance(value, str) or not value:
+        return f"must be a non-empty string, got {_type_name(value)}"
+    if len(value) > MAX_MODEL_CHARS:
+        return (
+            f"is {len(value)} characters long; a model name has at most {MAX_MODEL_CHARS} "
+            "(GET /v1/models lists the models)"
+        )
+    if not value.isprintable():
+        at, char = next((i, c) for i, c in enumerate(value) if not c.isprintable())
+        return (
+            f"contains the non-printable character U+{ord(char):04X} at position {at}; "
+            "a model name is printable text (GET /v1/models lists the models)"
+        )
+    return None
+
+
+def check_model(value: object, label: str = "'model'") -> str:
+    """`value` if it can be a model name; InvalidModel (400, param `model`) saying why
+    not, its message starting with `label` ("'model'", or "model:" in the Anthropic
+    and Responses APIs' style)."""
+    problem = model_problem(value)
+    if problem is not None:
+        raise InvalidModel(f"{label} {problem}", param="model")
+    assert isinstance(value, str)
+    return value
+
+
+def clean_model_name(name: str) -> str:
+    """A model name as sent, fit for a usage record and a log line: non-printable
+    characters escaped (`\\x00`, `\\u200b`), cut to MAX_MODEL_CHARS (ending in "...")."""
+    if len(name) <= MAX_MODEL_CHARS and name.isprintable():
+        return name
+    shown = "".join(
+        c if c.isprintable() else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+        for c in name[: MAX_MODEL_CHARS + 1]
+    )
+    if len(shown) > MAX_MODEL_CHARS or len(name) > MAX_MODEL_CHARS:
+        shown = shown[: MAX_MODEL_CHARS - 3] + "..."
+    return shown
+
+
+def named_model(raw: bytes) -> str | None:
+    """The model a (possibly invalid) body names, cleaned (`clean_model_name`); None
     when it names none. For recording a refused request, not for routing."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
     model = body.get("model") if isinstance(body, dict) else None
-    return model[:limit] if isinstance(model, str) and model else None
+    return clean_model_name(model) if isinstance(model, str) and model else None
 
 
 def parse_request(path: str, raw: bytes) -> ParsedRequest:
@@ -145,10 +200,7 @@ def parse_request(path: str, raw: bytes) -> ParsedRequest:
     model = body.get("model")
     if model is None:
         raise InvalidRequest("you must provide a 'model' parameter", param="model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest(
-            f"'model' must be a non-empty string, got {_type_name(model)}", param="model"
-        )
+    model = check_model(model)
     field, types, name = _REQUIRED[path]
     if field not in body:
         raise InvalidRequest(f"you must provide a '{field}' parameter", param=field)

@@ -10,7 +10,9 @@ the transport paused while the reader is behind.
 
 Errors are a small tree (`UpstreamError`): `ConnectFailed` (nothing was sent),
 `Disconnected` (the connection ended before the response head), `BrokenBody`
-(it ended mid-body) and `BadResponse` (not HTTP). A request that fails on a
+(it ended mid-body) and `BadResponse` (not HTTP). Their messages say what
+happened and never where (no host, port or URL): callers add the endpoint's id
+for API clients and its URL for the log and the admin API. A request that fails on a
 *reused* keep-alive connection before any response byte is sent once more on a
 new connection: the engine closed an idle connection as we reused it.
 
@@ -22,6 +24,7 @@ request closes its connection, which is how an engine learns to stop.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 from collections import deque
 from collections.abc import Callable
@@ -51,6 +54,16 @@ class BrokenBody(UpstreamError):
 
 class BadResponse(UpstreamError):
     """The engine did not answer with valid HTTP/1.1."""
+
+
+def _reason(exc: OSError) -> str:
+    """What went wrong with a connection, without the address asyncio puts in its
+    messages ("Connect call failed ('10.0.3.7', 20001)")."""
+    if isinstance(exc, socket.gaierror):
+        return f"the engine's host name does not resolve ({exc.strerror})"
+    if exc.errno is not None and exc.errno > 0:
+        return os.strerror(exc.errno)
+    return type(exc).__name__
 
 
 class Origin:
@@ -115,7 +128,7 @@ class _Connection(asyncio.Protocol):
         if self._complete:
             return
         if self._head is not None and not self._head.done():
-            detail = f": {exc}" if exc else ""
+            detail = f": {_reason(exc)}" if isinstance(exc, OSError) else ""
             self._fail(Disconnected(f"engine closed the connection before answering{detail}"))
         else:
             self._fail(BrokenBody("engine closed the connection in the middle of the answer"))
@@ -358,14 +371,9 @@ class Upstream:
                     lambda: _Connection(self._forget), origin.host, origin.port
                 )
         except TimeoutError as exc:
-            raise ConnectFailed(
-                f"connecting to {origin.host}:{origin.port} timed out after "
-                f"{self._connect_timeout:g}s"
-            ) from exc
+            raise ConnectFailed(f"connecting timed out after {self._connect_timeout:g}s") from exc
         except OSError as exc:
-            raise ConnectFailed(
-                f"cannot connect to {origin.host}:{origin.port}: {exc.strerror or exc}"
-            ) from exc
+            raise ConnectFailed(f"cannot connect: {_reason(exc)}") from exc
         return conn
 
     def put_back(self, origin: Origin, conn: _Connection) -> None:

@@ -2,12 +2,14 @@
 
 `SimCollector` reads the plain counters in `SimStats`, the scheduler and the prefix
 cache at scrape time and yields them under vLLM's names, each labelled
-`model_name="..."`. The CLI registers it in a `CollectorRegistry` it creates; the
+`engine="0"` and `model_name="..."`, as vLLM 0.32 labels them (its KV-cache gauge
+is `vllm:kv_cache_usage_perc`; `vllm:gpu_cache_usage_perc` is the name older vLLM
+used, which llmgw also reads). The CLI registers it in a `CollectorRegistry` it creates; the
 default global registry is never touched.
 
 Not guaranteed: the full vLLM metric set (only the names a router reads: queue
 gauges, cache usage, prefix-cache and token counters, successes). The cache is shared
-by all served names, so `vllm:gpu_cache_usage_perc` has the same value under each.
+by all served names, so `vllm:kv_cache_usage_perc` has the same value under each.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from prometheus_client.registry import Collector
 from llmgw.sim.cache import PrefixCache
 from llmgw.sim.stats import ModelCounters, SimStats
 
-_LABELS = ["model_name"]
+_LABELS = ["engine", "model_name"]
+# vLLM labels every metric with its engine core's index; the sim is one engine.
+_ENGINE = "0"
 
 _GAUGES: tuple[tuple[str, str, str], ...] = (
     ("vllm:num_requests_running", "Number of requests in model execution batches.", "running"),
@@ -60,18 +64,18 @@ class SimCollector(Collector):
         for name, documentation, field in _GAUGES:
             gauge = GaugeMetricFamily(name, documentation, labels=_LABELS)
             for model, counters in models.items():
-                gauge.add_metric([model], _value(counters, field))
+                gauge.add_metric([_ENGINE, model], _value(counters, field))
             yield gauge
         usage = GaugeMetricFamily(
-            "vllm:gpu_cache_usage_perc",
-            "GPU KV-cache usage. 1 means 100 percent usage.",
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
             labels=_LABELS,
         )
         for model in models:
-            usage.add_metric([model], self._cache.usage)
+            usage.add_metric([_ENGINE, model], self._cache.usage)
         yield usage
         for name, documentation, field in _COUNTERS:
             counter = CounterMetricFamily(name, documentation, labels=_LABELS)
             for model, counters in models.items():
-                counter.add_metric([model], _value(counters, field))
+                counter.add_metric([_ENGINE, model], _value(counters, field))
             yield counter

@@ -10,7 +10,8 @@ At the edges each API's specification is followed: a generation given a limit
 runs to it (as the chat path does), so a Messages answer stops with
 `max_tokens` and a Responses answer cut by `max_output_tokens` is `incomplete`
 with `incomplete_details.reason`; a Messages stream's `message_start` carries
-`input_tokens` and its `message_delta` the `output_tokens`; a Responses
+`input_tokens` and its `message_delta` both counts (as vLLM's does: the final
+Message an Anthropic SDK assembles takes `input_tokens` from it); a Responses
 stream ends with `response.completed` (or `response.incomplete`) holding the
 usage. A request that forces a tool (`tool_choice` `any`/`tool`, or
 `required`/a function) is answered with a call of that tool, its arguments
@@ -196,7 +197,7 @@ class NativeApis:
                 "stop_reason": "tool_use" if tool else _stop_reason(request),
                 "stop_sequence": None,
             },
-            "usage": {"output_tokens": len(tokens)},
+            "usage": {"input_tokens": len(request.generation.prompt), "output_tokens": len(tokens)},
         }
         await send(_event("message_delta", end))
         stop = _event("message_stop", {"type": "message_stop"})

@@ -34,11 +34,14 @@ from llmgw.store.leadership import (
 )
 from llmgw.store.models import (
     KEEP,
+    KEY_SCOPES,
+    MAX_MODEL_CHARS,
     ApiKey,
     BudgetPeriod,
     Keep,
     KeyChanges,
     KeyPriority,
+    KeyScope,
     NewApiKey,
     UsageDimension,
     UsageRecord,
@@ -68,6 +71,8 @@ from llmgw.store.users import AdminSession, SessionRepository, User, UserReposit
 
 __all__ = [
     "KEEP",
+    "KEY_SCOPES",
+    "MAX_MODEL_CHARS",
     "AdminSession",
     "AlreadyExists",
     "Ambiguous",
@@ -87,6 +92,7 @@ __all__ = [
     "KeyChanges",
     "KeyPriority",
     "KeyRepository",
+    "KeyScope",
     "LeadershipRepository",
     "Lease",
     "ModelLoad",

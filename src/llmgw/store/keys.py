@@ -36,11 +36,13 @@ from llmgw.store.errors import Ambiguous, Conflict, InvalidValue, NotFound
 from llmgw.store.models import (
     BUDGET_PERIODS,
     KEY_PRIORITIES,
+    KEY_SCOPES,
     ApiKey,
     BudgetPeriod,
     Keep,
     KeyChanges,
     KeyPriority,
+    KeyScope,
     NewApiKey,
     require_aware,
 )
@@ -94,6 +96,7 @@ class KeyRepository:
             priority=spec.priority,
             weight=spec.weight,
             max_queue_wait=spec.max_queue_wait,
+            scopes=spec.scopes,
             created_at=now,
             updated_at=now,
             revoked_at=None,
@@ -313,6 +316,17 @@ def _validate(spec: NewApiKey) -> None:
         )
     require_aware("expires_at", spec.expires_at)
     _validate_queueing(spec.priority, spec.weight, spec.max_queue_wait)
+    _validate_scopes(spec.scopes)
+
+
+def _validate_scopes(scopes: object) -> None:
+    if isinstance(scopes, tuple):
+        for scope in scopes:
+            if scope not in KEY_SCOPES:
+                raise InvalidValue(
+                    f"scopes takes {', '.join(KEY_SCOPES)}, got {scope!r}; leave it empty "
+                    "for a key that only calls models"
+                )
 
 
 def _validate_queueing(priority: object, weight: object, max_queue_wait: object) -> None:
@@ -331,8 +345,8 @@ def _validate_changes(changes: KeyChanges) -> None:
     if not changed:
         raise InvalidValue(
             "a key update must change at least one of name, models, rpm, tpm, "
-            "budget_tokens, budget_period, expires_at, is_admin, priority, weight or "
-            "max_queue_wait"
+            "budget_tokens, budget_period, expires_at, is_admin, priority, weight, "
+            "max_queue_wait or scopes"
         )
     if isinstance(changes.name, str) and (not changes.name or len(changes.name) > _MAX_NAME):
         raise InvalidValue(f"key name must be 1 to {_MAX_NAME} characters, got {changes.name!r}")
@@ -348,6 +362,7 @@ def _validate_changes(changes: KeyChanges) -> None:
     if isinstance(changes.expires_at, datetime):
         require_aware("expires_at", changes.expires_at)
     _validate_queueing(changes.priority, changes.weight, changes.max_queue_wait)
+    _validate_scopes(changes.scopes)
 
 
 def _apply(key: ApiKey, changes: KeyChanges, *, now: datetime) -> ApiKey:
@@ -365,6 +380,7 @@ def _apply(key: ApiKey, changes: KeyChanges, *, now: datetime) -> ApiKey:
         priority=_pick(changes.priority, key.priority),
         weight=_pick(changes.weight, key.weight),
         max_queue_wait=_pick(changes.max_queue_wait, key.max_queue_wait),
+        scopes=_pick(changes.scopes, key.scopes),
         updated_at=now,
     )
     if after.budget_tokens is not None and after.budget_period is None:
@@ -420,6 +436,7 @@ def _to_row(key: ApiKey) -> dict[str, Any]:
         "priority": key.priority,
         "weight": key.weight,
         "max_queue_wait": key.max_queue_wait,
+        "scopes": list(key.scopes) or None,
     }
 
 
@@ -443,4 +460,5 @@ def _from_row(row: RowMapping) -> ApiKey:
         priority=cast("KeyPriority", row["priority"]),
         weight=float(row["weight"]),
         max_queue_wait=row["max_queue_wait"],
+        scopes=tuple(cast("list[KeyScope]", row["scopes"] or ())),
     )

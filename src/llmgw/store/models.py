@@ -20,6 +20,13 @@ BudgetPeriod = Literal["day", "month"]
 BUDGET_PERIODS: tuple[BudgetPeriod, ...] = ("day", "month")
 # A key's class in the router's queue, highest first.
 KeyPriority = Literal["interactive", "default", "batch"]
+# What a key may do besides calling models. `debug`: the router explains its choice
+# of replica (`x-llmgw-route`), which tells whether any key sent a prompt lately.
+KeyScope = Literal["debug"]
+KEY_SCOPES: tuple[KeyScope, ...] = ("debug",)
+# The longest model name a usage record holds; the router refuses requests naming
+# a longer one, so every request it records fits.
+MAX_MODEL_CHARS = 256
 KEY_PRIORITIES: tuple[KeyPriority, ...] = ("interactive", "default", "batch")
 
 UsageDimension = Literal["hour", "day", "key", "model"]
@@ -67,6 +74,7 @@ class NewApiKey:
     priority: KeyPriority = "default"
     weight: float = 1.0
     max_queue_wait: float | None = None
+    scopes: tuple[KeyScope, ...] = ()
 
 
 class Keep(Enum):
@@ -106,6 +114,7 @@ class KeyChanges:
     priority: KeyPriority | Keep = KEEP
     weight: float | Keep = KEEP
     max_queue_wait: float | Keep | None = KEEP
+    scopes: tuple[KeyScope, ...] | Keep = KEEP
 
     def changed(self) -> dict[str, object]:
         """The fields that are not `KEEP`, by name, with their new values."""
@@ -140,6 +149,7 @@ class ApiKey:
     priority: KeyPriority = "default"
     weight: float = 1.0
     max_queue_wait: float | None = None
+    scopes: tuple[KeyScope, ...] = ()
 
     @property
     def revoked(self) -> bool:

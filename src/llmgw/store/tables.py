@@ -38,6 +38,7 @@ from sqlalchemy import (
 from sqlalchemy.types import TypeDecorator
 
 from llmgw.store.errors import InvalidValue
+from llmgw.store.models import MAX_MODEL_CHARS
 
 # Deterministic constraint names, so later migrations can refer to them on PostgreSQL.
 NAMING_CONVENTION = {
@@ -102,6 +103,8 @@ api_keys = Table(
     Column("priority", String(16), nullable=False, server_default="default"),
     Column("weight", Float, nullable=False, server_default="1"),
     Column("max_queue_wait", Float, nullable=True),
+    # What the key may do besides calling models (e.g. ["debug"]); NULL: nothing.
+    Column("scopes", JSON(none_as_null=True), nullable=True),
     CheckConstraint("budget_period IN ('day', 'month')", name="budget_period"),
     # Names are unique among keys that still work; a revoked key frees its name.
     Index(
@@ -120,7 +123,7 @@ usage_records = Table(
     Column("ts", UTCDateTime, nullable=False, index=True),
     Column("request_id", String(200), nullable=False),
     Column("key_id", String(32), nullable=True),
-    Column("model", String(200), nullable=False),
+    Column("model", String(MAX_MODEL_CHARS), nullable=False),
     Column("endpoint", String(200), nullable=False),
     Column("status", Integer, nullable=False),
     Column("prompt_tokens", Integer, nullable=False),
@@ -141,7 +144,7 @@ def _usage_rollup(name: str, period: str) -> Table:
         Column(period, UTCDateTime, nullable=False),
         # '' rather than NULL for "no key": NULLs never collide in a primary key.
         Column("key_id", String(32), nullable=False),
-        Column("model", String(200), nullable=False),
+        Column("model", String(MAX_MODEL_CHARS), nullable=False),
         Column("requests", BigInteger, nullable=False),
         Column("errors", BigInteger, nullable=False),
         Column("prompt_tokens", BigInteger, nullable=False),

@@ -14,6 +14,14 @@ hour reads the whole UTC days of its range from `usage_daily` and only the hours
 at either end from `usage_hourly`: "the last 30 days by model" reads about 30
 rows per key and model instead of 720.
 
+A record the database could not hold is refused before anything is sent:
+`record_batch` raises `InvalidValue` naming the record (its request id) and the
+field (a string longer than its column or holding a NUL or a lone surrogate, a
+count outside 0..2^31-1, a latency that is not a finite number). A batch the
+database itself refuses for its data (a data or integrity error) raises
+`InvalidValue` too, so the caller knows that retrying the same batch is in vain
+and can split it to find the record (`llmgw.usage.recorder` does).
+
 Not guaranteed: exactly-once recording. A batch that fails is not retried here,
 and a batch retried by the caller after an ambiguous failure (the commit
 happened, the answer was lost) is counted twice. Resolution is one hour: a report
@@ -22,6 +30,7 @@ cannot split an hour.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -39,12 +48,14 @@ from sqlalchemy import (
     union_all,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.dml import Insert
 
 from llmgw.store.engine import transaction
 from llmgw.store.errors import InvalidValue, StoreError
 from llmgw.store.models import (
+    MAX_MODEL_CHARS,
     USAGE_DIMENSIONS,
     UsageDimension,
     UsageRecord,
@@ -56,6 +67,12 @@ from llmgw.store.tables import UTCDateTime, usage_daily, usage_hourly, usage_rec
 
 # The roll-ups' key_id for requests made without a key (open mode).
 NO_KEY = ""
+# What the usage tables' columns hold (tables.py), checked before a batch is sent.
+_REQUEST_ID_CHARS = 200
+_KEY_ID_CHARS = 32
+_ENDPOINT_CHARS = 200
+_ROUTE_CHARS = 64
+_MAX_INT = 2**31 - 1  # status and token counts are 32-bit integers on PostgreSQL
 _SUMMED = ("requests", "errors", "prompt_tokens", "completion_tokens", "latency_ms_sum")
 _DIMENSION_OF = {"key_id": "key", "model": "model"}
 _DAY = timedelta(days=1)
@@ -71,18 +88,32 @@ class UsageRepository:
         self._upsert_daily = _upsert(engine.dialect.name, usage_daily, "day")
 
     async def record_batch(self, records: Sequence[UsageRecord]) -> None:
-        """Store the records and add them to the hourly roll-ups, atomically."""
+        """Store the records and add them to the hourly roll-ups, atomically.
+
+        `InvalidValue` when a record cannot be stored (named in the message) or
+        the database refuses the batch's data: nothing of the batch is written.
+        """
         if not records:
             return
         for record in records:
-            require_aware("UsageRecord.ts", record.ts)
+            _check_record(record)
         raw = [_raw_row(r) for r in records]
         hourly = _roll_up(records, "hour", truncate_to_hour)
         daily = _roll_up(records, "day", truncate_to_day)
-        async with transaction(self._engine, f"recording {len(records)} usage records") as conn:
-            await conn.execute(usage_records.insert(), raw)
-            await conn.execute(self._upsert_hourly, hourly)
-            await conn.execute(self._upsert_daily, daily)
+        what = f"recording {len(records)} usage records"
+        try:
+            async with transaction(self._engine, what) as conn:
+                await conn.execute(usage_records.insert(), raw)
+                await conn.execute(self._upsert_hourly, hourly)
+                await conn.execute(self._upsert_daily, daily)
+        except IntegrityError as exc:
+            raise InvalidValue(
+                f"{what} failed: the database refused a record ({exc.orig})"
+            ) from exc
+        except StoreError as exc:
+            if _refused_data(exc):
+                raise InvalidValue(f"{exc}; a record of the batch cannot be stored") from exc
+            raise
 
     async def prune_raw(self, before: datetime) -> int:
         """Delete raw records older than `before`; roll-ups are kept. Returns the count.
@@ -290,6 +321,70 @@ def _part(
     if hi is not None:
         stmt = stmt.where(table.c[column] < hi)
     return stmt
+
+
+def _check_record(r: UsageRecord) -> None:
+    """`InvalidValue` naming the record and field when the database could not hold it."""
+    require_aware("UsageRecord.ts", r.ts)
+    for name, value, limit in (
+        ("request_id", r.request_id, _REQUEST_ID_CHARS),
+        ("key_id", r.key_id or "", _KEY_ID_CHARS),
+        ("model", r.model, MAX_MODEL_CHARS),
+        ("endpoint", r.endpoint, _ENDPOINT_CHARS),
+        ("route", r.route, _ROUTE_CHARS),
+    ):
+        problem = _string_problem(value, limit)
+        if problem is not None:
+            raise InvalidValue(
+                f"usage record of request {_shown(r.request_id)} cannot be stored: its {name} "
+                f"{problem}"
+            )
+    for name, count in (
+        ("status", r.status),
+        ("prompt_tokens", r.prompt_tokens),
+        ("completion_tokens", r.completion_tokens),
+    ):
+        if not 0 <= count <= _MAX_INT:
+            raise InvalidValue(
+                f"usage record of request {_shown(r.request_id)} cannot be stored: its {name} "
+                f"{count} is outside 0..{_MAX_INT}"
+            )
+    for name, ms in (
+        ("latency_ms", r.latency_ms),
+        ("ttft_ms", r.ttft_ms),
+        ("queue_ms", r.queue_ms),
+    ):
+        if ms is not None and not math.isfinite(ms):
+            raise InvalidValue(
+                f"usage record of request {_shown(r.request_id)} cannot be stored: its {name} "
+                f"is {ms}, not a finite number"
+            )
+
+
+def _string_problem(value: str, limit: int) -> str | None:
+    if len(value) > limit:
+        return f"is {len(value)} characters long, over its column's {limit}"
+    if "\x00" in value:
+        return "holds a NUL character, which PostgreSQL text cannot"
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return "is not valid Unicode (a lone surrogate)"
+    return None
+
+
+def _shown(request_id: str) -> str:
+    return repr(request_id[:_REQUEST_ID_CHARS])
+
+
+def _refused_data(exc: StoreError) -> bool:
+    """Whether the database refused the data itself (SQLSTATE class 22: data
+    exception; 23: integrity constraint), which no retry of the same batch fixes."""
+    cause = exc.__cause__
+    orig = getattr(cause, "orig", None) if isinstance(cause, DBAPIError) else None
+    state = getattr(orig, "sqlstate", None)
+    return isinstance(state, str) and state[:2] in ("22", "23")
 
 
 def _raw_row(r: UsageRecord) -> dict[str, Any]:

@@ -13,8 +13,14 @@ from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-DropReason = Literal["queue_full", "write_failed", "invalid", "closed"]
-DROP_REASONS: tuple[DropReason, ...] = ("queue_full", "write_failed", "invalid", "closed")
+DropReason = Literal["queue_full", "write_failed", "refused", "invalid", "closed"]
+DROP_REASONS: tuple[DropReason, ...] = (
+    "queue_full",
+    "write_failed",
+    "refused",
+    "invalid",
+    "closed",
+)
 
 
 class UsageMetrics:
@@ -36,7 +42,9 @@ class UsageMetrics:
         dropped = Counter(
             "llmgw_usage_dropped",
             "Usage records lost: queue full (the store is too slow or down), write_failed "
-            "(retries exhausted), invalid (naive timestamp), closed (recorded after close).",
+            "(retries exhausted), refused (the store cannot hold the record; its batch's "
+            "other records are written), invalid (naive timestamp), closed (recorded "
+            "after close).",
             ["reason"],
             registry=registry,
         )

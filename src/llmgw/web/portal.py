@@ -24,7 +24,9 @@ need the session's CSRF token in `X-CSRF-Token` (or a `csrf_token` form field);
 the cookie alone, which a browser attaches by itself, is never enough.
 
 Repeated failed logins slow the answers down (`LoginThrottle`); the wait is
-injected (`sleep`) so tests do not wait for real.
+injected (`sleep`) so tests do not wait for real. Passwords are checked in the
+logins' own small thread pool (`Passwords`); when too many wait for it, a
+login is answered 503 with Retry-After.
 
 Not guaranteed: throttling across router processes (each counts alone), or
 protection for a deployment whose reverse proxy rewrites the Host header (the
@@ -43,7 +45,14 @@ from html import escape
 
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from llmgw.auth import AdminSessions, LoggedIn, LoginFailed, LoginThrottle, Passwords
+from llmgw.auth import (
+    AdminSessions,
+    LoggedIn,
+    LoginFailed,
+    LoginThrottle,
+    Passwords,
+    PasswordsBusy,
+)
 from llmgw.store import SessionRepository, StoreError, UserRepository
 from llmgw.web.dashboard import is_dashboard_path
 from llmgw.web.http import (
@@ -81,6 +90,8 @@ API_PREFIX = "/admin/api/"
 NOT_ADMIN = "your account has no admin rights"
 # Username + password, URL-encoded: far more than any real login needs.
 LOGIN_BODY_LIMIT = 16 * 1024
+# Seconds a login refused because the password pool is full is told to wait.
+LOGIN_BUSY_RETRY_AFTER = 2
 # Form posts carrying a csrf_token field are read here before being passed on.
 FORM_BODY_LIMIT = 64 * 1024
 # For the browser guard in front of the portal: the forms the portal checks itself
@@ -218,6 +229,11 @@ class AdminPortal:
         except LoginFailed as exc:
             log.info("failed admin login from %s for %r", address, username)
             return login_page(error=str(exc), username=username, status=401)
+        except PasswordsBusy as exc:
+            log.warning("admin login from %s for %r refused: %s", address, username, exc)
+            busy = login_page(error=str(exc), username=username, status=503)
+            busy.headers["retry-after"] = str(LOGIN_BUSY_RETRY_AFTER)
+            return busy
         self._throttle.succeeded(address, username)
         log.info("admin login: %s from %s", logged_in.user.name, address)
         response = RedirectResponse(HOME, status_code=303, headers=NO_STORE)
@@ -298,7 +314,8 @@ def create_admin_portal(
     admin key. `clock` (monotonic seconds) times the login throttle,
     `wall_clock` (aware UTC) the sessions. `secure_cookies` adds `Secure` to the
     cookie: set it whenever browsers reach this port over HTTPS. `passwords`
-    defaults to argon2id with argon2-cffi's default cost.
+    defaults to argon2id with argon2-cffi's default cost in asyncio's default
+    executor; the server passes one with a pool of its own.
     """
     return AdminPortal(
         sessions=AdminSessions(

@@ -7,7 +7,10 @@ file; a server whose file does not open it stops with `ClusterPkiError`
 naming the file. It then issues this server's certificate (every name agents
 may dial as a SAN) and keeps it renewed: `run` re-issues it once two thirds of
 its lifetime have passed, and re-reads the usable join tokens every
-`poll_interval`.
+`poll_interval`. A server listening on every address re-reads this host's
+addresses at each poll too, and re-issues its certificate as soon as they
+change, so an interface or VPN that comes up later is dialable by agents
+without a restart.
 
 The agent listener takes `server_credentials()`: gRPC's dynamic SSL
 credentials, whose fetcher gRPC calls at each handshake (on its own thread).
@@ -16,8 +19,11 @@ renewed server certificate, a token created, spent or revoked), so the
 listener never restarts and established streams are untouched. Client
 certificates are required and must chain to the cluster CA, or to the root of
 a join token (see `llmgw.pki.cluster`; roots of tokens that expired less than
-`TOKEN_TRUST_GRACE` ago, or were revoked or used up, stay trusted so that the
-agent's Join is refused with the reason rather than failing the handshake).
+`TOKEN_TRUST_GRACE` ago, or were used up, stay trusted so that the agent's Join
+is refused with the reason rather than failing the handshake). A revoked
+token's root is dropped from the trust by the refresh that `revoke_token` runs,
+so the next handshake with it fails, and a Join on a connection that was
+already open is refused: revocation leaves nothing to the token's holder.
 `classify` tells the two apart, so only node certificates may open a stream or
 renew, and only token certificates may join.
 
@@ -25,8 +31,9 @@ Standbys issue too: the CA is in the store, and joining or renewing needs no
 leader, so nodes join and renew while the leader is away.
 
 Not guaranteed: that a token created or revoked on another server is trusted
-or distrusted by this server's listener before its next poll (a revoked token
-never yields a certificate: Join reads the store). No CRL: a removed node is
+or distrusted by this server's listener before its next poll (`poll_interval`,
+2 s; a revoked token never yields a certificate there either: Join reads the
+store). No CRL: a removed node is
 refused by the store's deny-list at Register and Renew, not at the handshake.
 """
 
@@ -37,6 +44,7 @@ import contextlib
 import fcntl
 import hmac
 import ipaddress
+import itertools
 import logging
 import socket
 import struct
@@ -163,11 +171,17 @@ class ClusterPki:
         wall_clock: Callable[[], datetime],
         nodeids: NodeIdentities | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        host_addresses: Callable[[], Sequence[str]] | None = None,
     ) -> None:
+        """`host_addresses` (blocking, cheap: no DNS) lists this host's addresses
+        when the listener is on every address; they are re-read at every poll
+        and join `server_names` in the certificate."""
         self._repo = repo
         self._key = key
         self._server_id = server_id
-        self._names = list(dict.fromkeys(server_names))
+        self._static_names = list(dict.fromkeys(server_names))
+        self._host_addresses = host_addresses
+        self._names = self._static_names
         self._settings = settings
         self._now = wall_clock
         self._nodeids = nodeids
@@ -177,6 +191,7 @@ class ClusterPki:
         self._trusted: list[x509.Certificate] = []  # CA certificates nodes may chain to
         self._server: CertifiedKey | None = None
         self._roots: dict[str, x509.Certificate] = {}  # recent tokens' roots by token id
+        self._revoked: set[str] = set()  # ids of recent tokens that were revoked
         self._lock = threading.Lock()
         self._pending: grpc.ServerCertificateConfiguration | None = None
 
@@ -198,8 +213,15 @@ class ClusterPki:
         self._ca = unseal_ca(self._key, stored)
         self._ca_id = stored.id
         await self._load_trusted()
+        self._names = await self._current_names()
         await self._issue_server_certificate()
         await self.refresh()
+
+    async def _current_names(self) -> list[str]:
+        if self._host_addresses is None:
+            return self._static_names
+        addresses = await asyncio.to_thread(self._host_addresses)
+        return list(dict.fromkeys([*self._static_names, *(a.lower() for a in addresses)]))
 
     async def _load_trusted(self) -> None:
         now = self._now()
@@ -295,16 +317,27 @@ class ClusterPki:
         root = None if token_id is None else self._roots.get(token_id)
         if root is not None and issued_by(cert, root):
             return Peer(kind="join", cert=cert, token_id=token_id)
-        return Peer(kind="unknown", cert=cert)
+        return Peer(kind="unknown", cert=cert, token_id=token_id)
 
     # ---- background ----
 
     async def run(self) -> None:
-        """Re-read tokens every poll interval; renew this server's certificate in time."""
+        """Re-read tokens every poll interval; renew this server's certificate in time,
+        and at once when this host's addresses changed."""
         while True:
             await self._sleep(self._settings.poll_interval)
             await self.refresh()
-            if self._server is not None and self._now() >= _renew_point(self._server.cert):
+            names = await self._current_names()
+            if set(names) != set(self._names):
+                log.info(
+                    "this host's addresses changed (new: %s; gone: %s): re-issuing this "
+                    "server's certificate for agents",
+                    ", ".join(n for n in names if n not in self._names) or "none",
+                    ", ".join(n for n in self._names if n not in names) or "none",
+                )
+                self._names = names
+                await self._issue_server_certificate()
+            elif self._server is not None and self._now() >= _renew_point(self._server.cert):
                 log.info("renewing this server's certificate for agents (2/3 of its lifetime)")
                 await self._issue_server_certificate()
 
@@ -322,7 +355,11 @@ class ClusterPki:
             await self._load_trusted()
             await self._issue_server_certificate()
         now = self._now()
-        tokens = await self._repo.tokens_expiring_after(now - TOKEN_TRUST_GRACE)
+        recent = await self._repo.tokens_expiring_after(now - TOKEN_TRUST_GRACE)
+        # A revoked token is distrusted at once: its root leaves the listener's trust
+        # with this refresh (the agent's handshake fails), not a week after it expires.
+        tokens = [t for t in recent if t.revoked_at is None]
+        self._revoked = {t.id for t in recent if t.revoked_at is not None}
         roots = {t.id: self._roots.get(t.id) or _root(t) for t in tokens}
         before = [c.fingerprint(hashes.SHA256()) for c in self._trusted]
         await self._load_trusted()
@@ -379,6 +416,9 @@ class ClusterPki:
 
     async def join(self, peer: Peer, *, token_text: str, node_id: str, csr_pem: bytes) -> Issued:
         """Issue a node certificate for a Join; `Refusal` saying why not."""
+        if peer.kind != "join" and peer.token_id in self._revoked:
+            # A connection whose handshake predates the revocation.
+            raise Refusal(grpc.StatusCode.PERMISSION_DENIED, _token_hint("this token was revoked"))
         if peer.kind != "join":
             raise Refusal(
                 grpc.StatusCode.UNAUTHENTICATED,
@@ -580,11 +620,15 @@ def _claim_refusal(node_id: str, outcome: str) -> tuple[grpc.StatusCode, str]:
     )
 
 
+def listens_everywhere(listen_host: str) -> bool:
+    return listen_host in ("0.0.0.0", "::", "")
+
+
 def server_names(*, listen_host: str, advertise: str | None, extra: Sequence[str]) -> list[str]:
-    """The names agents may dial this server by: its SANs (loopback always)."""
+    """The names agents may dial this server by, besides the host's addresses (which
+    `ClusterPki` reads itself when it listens on every address): loopback always."""
     names: list[str] = []
-    wildcard = listen_host in ("0.0.0.0", "::", "")
-    if not wildcard:
+    if not listens_everywhere(listen_host):
         names.append(listen_host)
     if advertise:
         names.append(advertise.rpartition(":")[0].strip("[]") or advertise)
@@ -592,8 +636,6 @@ def server_names(*, listen_host: str, advertise: str | None, extra: Sequence[str
     names.append(socket.gethostname())
     with contextlib.suppress(OSError):
         names.append(socket.getfqdn())
-    if wildcard:
-        names.extend(local_addresses())
     names.extend(["localhost", "127.0.0.1", "::1"])
     cleaned = []
     for raw in names:
@@ -604,7 +646,36 @@ def server_names(*, listen_host: str, advertise: str | None, extra: Sequence[str
 
 
 def local_addresses() -> list[str]:
-    """This host's IPv4 (one per interface) and global/link IPv6 addresses (Linux)."""
+    """This host's IPv4 addresses (every one, secondary ones included) and its global
+    and unique-local IPv6 addresses (Linux; no DNS, cheap enough to call every poll)."""
+    found = _fib_local_addresses()
+    if not found:
+        found = _interface_addresses()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/net/if_inet6").read_text().splitlines():
+            raw = line.split()[0]
+            address = ipaddress.IPv6Address(bytes.fromhex(raw))
+            if not address.is_link_local:
+                found.append(str(address))
+    return list(dict.fromkeys(found))
+
+
+def _fib_local_addresses() -> list[str]:
+    """Every local IPv4 address from the kernel's routing tables (/proc/net/fib_trie:
+    an address line, then `/32 host LOCAL` under it); [] where there is none."""
+    try:
+        lines = Path("/proc/net/fib_trie").read_text().splitlines()
+    except OSError:
+        return []
+    found: list[str] = []
+    for previous, line in itertools.pairwise(lines):
+        if line.strip() == "/32 host LOCAL" and "|--" in previous:
+            found.append(previous.split("|--", 1)[1].strip())
+    return found
+
+
+def _interface_addresses() -> list[str]:
+    """The first IPv4 address of each interface (SIOCGIFADDR), where fib_trie is missing."""
     found: list[str] = []
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         for _, name in socket.if_nameindex():
@@ -612,10 +683,4 @@ def local_addresses() -> list[str]:
             with contextlib.suppress(OSError):
                 answer = fcntl.ioctl(sock.fileno(), 0x8915, request)  # SIOCGIFADDR
                 found.append(socket.inet_ntoa(answer[20:24]))
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/net/if_inet6").read_text().splitlines():
-            raw = line.split()[0]
-            address = ipaddress.IPv6Address(bytes.fromhex(raw))
-            if not address.is_link_local:
-                found.append(str(address))
     return found

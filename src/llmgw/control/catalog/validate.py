@@ -58,6 +58,10 @@ _PROFILE_REMEDIES = {
     engine_checks.USE_MEMORY: (
         "set the profile's gpu_memory_utilization instead, and remove the argument"
     ),
+    engine_checks.USE_DRAIN_GRACE: (
+        "set the profile's drain_grace instead (the time in-flight requests get when the "
+        "replica stops), and remove the argument"
+    ),
 }
 
 # A message that already starts by saying which model/profile it is about.
@@ -228,12 +232,13 @@ def _check_engine(model: CatalogModel, index: int, profile: Profile) -> None:
         raise fail(
             "gpus",
             f"{profile.engine} needs at least 1 GPU; set gpus (e.g. gpus: 1), or serve "
-            "without GPUs with the llamacpp or sim engine",
+            "without GPUs with the vllm, llamacpp or sim engine",
         )
     tensor_parallel = profile.tensor_parallel
     pipeline_parallel = profile.pipeline_parallel
     ranks = profile.gpus * profile.nodes
-    if adapter.needs_gpus and tensor_parallel * pipeline_parallel != ranks:
+    # Without GPUs a CPU-capable engine runs one rank; the engine's own check says so.
+    if adapter.gpu_ranks and profile.gpus > 0 and tensor_parallel * pipeline_parallel != ranks:
         if profile.multi_node or profile.pipeline_parallel_size:
             raise fail(
                 "pipeline_parallel_size" if profile.pipeline_parallel_size else "nodes",

@@ -92,6 +92,11 @@ UNPLACEABLE_RETRY_AFTER = 30
 # (reasons can name free memory that moves with every heartbeat).
 UNPLACEABLE_REPEAT_SECONDS = 10.0
 MAX_EVENTS = 500
+# The end of a failed start's message to API clients, which are not told why
+# (the reason and engine output stay with operators).
+_ASK_OPERATOR = (
+    "an operator sees why with `llmgw models show {model}` or on the dashboard; retry later"
+)
 
 
 class CatalogView(Protocol):
@@ -856,6 +861,8 @@ class Controller:
                 f"model '{model.name}' is failing to start and is backing off: "
                 f"{health.last.describe()}",
                 retry_after=math.ceil(health.retry_at - now),
+                public=f"model '{model.name}' is failing to start and is backing off "
+                f"({health.last.summary()}); {_ASK_OPERATOR.format(model=model.name)}",
             )
 
     def _serving(self, model: str) -> bool:
@@ -907,6 +914,8 @@ class Controller:
         return ReplicaFailed(
             f"model '{name}' failed to start: {health.last.describe()}",
             retry_after=math.ceil(health.retry_at - now),
+            public=f"model '{name}' failed to start ({health.last.summary()}); "
+            + _ASK_OPERATOR.format(model=name),
         )
 
     def _progress(self, model: str) -> str:

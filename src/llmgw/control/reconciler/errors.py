@@ -8,7 +8,11 @@
     └── ActivationTimeout      no replica became ready within the activation timeout
 
 Every one is retryable only later, never at once: the type carries the delay
-(`retry_after`, whole seconds) and a stable `code` for error bodies.
+(`retry_after`, whole seconds) and a stable `code` for error bodies. `message`
+is the operator's (`llmgw models activate`, the admin API); `public` is what an
+API client whose request waited is told: the same, except that a failed
+replica's reason and engine output (which may name addresses, paths or
+arguments) stay with the operator.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ class ActivationRefused(Exception):
 
     code = "model_unavailable"
 
-    def __init__(self, message: str, *, retry_after: int) -> None:
+    def __init__(self, message: str, *, retry_after: int, public: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.public = message if public is None else public
         self.retry_after = max(1, retry_after)
 
 

@@ -61,6 +61,14 @@ class Failure:
     exit_code: int | None
     at: datetime
 
+    def summary(self) -> str:
+        """Which replica failed where, without why: for API clients, since the reason
+        and the engine's output may name addresses, paths and arguments."""
+        text = f"replica {self.shard_id} on node {self.node_id} failed"
+        if self.exit_code is not None:
+            text += f" (exit code {self.exit_code})"
+        return text
+
     def describe(self) -> str:
         text = f"replica {self.shard_id} on node {self.node_id} failed: {self.message}"
         if self.exit_code is not None:

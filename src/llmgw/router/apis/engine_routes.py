@@ -20,12 +20,14 @@ import orjson
 
 from llmgw.engines.routes import ENGINE_ROUTES, MULTIPART_ROUTES, RENAMED_FIELDS
 from llmgw.router.errors import InvalidJSON, InvalidRequest
-from llmgw.router.requests import ParsedRequest
+from llmgw.router.requests import InvalidModel, ParsedRequest, check_model
+from llmgw.store import MAX_MODEL_CHARS
 
 ROUTES = frozenset(ENGINE_ROUTES)
 _MULTIPART = b"multipart/form-data"
-# A field's value is short; a model name longer than this is not one.
-_MAX_MODEL = 256
+# The most bytes a model name of MAX_MODEL_CHARS characters takes in UTF-8: a
+# longer `model` part is refused without being decoded.
+_MAX_MODEL_BYTES = 4 * MAX_MODEL_CHARS
 
 
 @dataclass(slots=True)
@@ -75,9 +77,7 @@ def parse(path: str, raw: bytes, content_type: bytes | None) -> ParsedRequest:
         raise InvalidRequest(
             f"you must provide a 'model' parameter: {path} is routed by model", param="model"
         )
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest("'model' must be a non-empty string", param="model")
-    return JsonEngineRequest(path, model, False, False, raw, body)
+    return JsonEngineRequest(path, check_model(model), False, False, raw, body)
 
 
 def _boundary(content_type: bytes) -> bytes:
@@ -144,7 +144,13 @@ def _parse_multipart(path: str, raw: bytes, content_type: bytes) -> ParsedReques
         if end < 0:
             raise _malformed("it does not end with its closing boundary")
         name = _part_name(raw[pos + 2 : head_end])
-        if name in (b"model", b"stream") and end - start <= _MAX_MODEL:
+        if name == b"model" and end - start > _MAX_MODEL_BYTES:
+            raise InvalidModel(
+                f"'model' is {end - start} bytes long; a model name has at most "
+                f"{MAX_MODEL_CHARS} characters",
+                param="model",
+            )
+        if name in (b"model", b"stream") and end - start <= _MAX_MODEL_BYTES:
             text = raw[start:end].decode("utf-8", "replace").strip()
             fields[name.decode()] = text
             if name == b"model":
@@ -158,6 +164,7 @@ def _parse_multipart(path: str, raw: bytes, content_type: bytes) -> ParsedReques
             f"you must provide a 'model' parameter (a form field): {path} is routed by model",
             param="model",
         )
+    check_model(model)
     stream = fields.get("stream", "").lower() == "true"
     # Never strip the engine's usage from an audio stream: the client asks for it itself.
     return MultipartRequest(

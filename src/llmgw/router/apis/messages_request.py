@@ -22,7 +22,7 @@ import orjson
 
 from llmgw.router.apis.fields import field_error, kind_of, number_field
 from llmgw.router.errors import InvalidJSON, InvalidRequest
-from llmgw.router.requests import CHAT, ParsedRequest
+from llmgw.router.requests import CHAT, ParsedRequest, check_model
 
 _ROLES = ("user", "assistant")
 _TOOL_CHOICES = ("auto", "any", "tool", "none")
@@ -266,8 +266,7 @@ def translate_request(raw: bytes, *, counting: bool = False) -> ParsedRequest:
     model = body.get("model")
     if model is None:
         raise InvalidRequest("model: field required", param="model")
-    if not isinstance(model, str) or not model:
-        raise field_error("model", "a non-empty string", model)
+    model = check_model(model, "model:")
     messages = body.get("messages")
     if messages is None:
         raise InvalidRequest("messages: field required", param="messages")

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import orjson
 
 from llmgw.router.errors import InvalidJSON, InvalidRequest
-from llmgw.router.requests import CHAT, NativeRequest, ParsedRequest
+from llmgw.router.requests import CHAT, InvalidModel, NativeRequest, ParsedRequest, model_problem
 
 
 def with_native(
@@ -33,7 +33,7 @@ def with_native(
     when it is no request of the API at all (not JSON, no model, a bad `stream`)."""
     try:
         req = translate(raw)
-    except InvalidJSON:
+    except (InvalidJSON, InvalidModel):
         raise
     except InvalidRequest as exc:
         req = _native_only(raw, exc)
@@ -50,8 +50,9 @@ def _native_only(raw: bytes, refused: InvalidRequest) -> ParsedRequest:
         raise refused
     model = body.get("model")
     stream = body.get("stream", False)
-    if not isinstance(model, str) or not model or not isinstance(stream, bool):
+    if model_problem(model) is not None or not isinstance(stream, bool):
         raise refused
+    assert isinstance(model, str)
     # Its route is the translation's, though only native endpoints get it.
     return ParsedRequest(
         path=CHAT,

@@ -25,7 +25,7 @@ import orjson
 
 from llmgw.router.apis.fields import field_error, kind_of, number_field
 from llmgw.router.errors import InvalidJSON, InvalidRequest
-from llmgw.router.requests import CHAT, ParsedRequest
+from llmgw.router.requests import CHAT, ParsedRequest, check_model
 
 _ROLES = ("user", "assistant", "system", "developer")
 # Fields a stateless translation cannot honour, with why.
@@ -273,8 +273,7 @@ def translate_request(raw: bytes) -> TranslatedRequest:
     model = body.get("model")
     if model is None:
         raise InvalidRequest("model: field required", param="model")
-    if not isinstance(model, str) or not model:
-        raise field_error("model", "a non-empty string", model)
+    model = check_model(model, "model:")
     if body.get("input") is None:
         raise InvalidRequest("input: field required", param="input")
     stream = body.get("stream", False)

@@ -11,8 +11,8 @@ nodes that joined before get their token's labels from the audit trail of issued
 certificates (their latest certificate issued for a token). `join_tokens.fabric`
 lets a token fix fabric labels too.
 
-Revision ID: 0013
-Revises: 0012
+Revision ID: 0014
+Revises: 0013
 Create Date: 2026-12-03
 """
 
@@ -21,8 +21,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0013"
-down_revision: str | None = "0012"
+revision: str = "0014"
+down_revision: str | None = "0013"
 branch_labels: str | None = None
 depends_on: str | None = None
 

@@ -1,0 +1,45 @@
+"""The budget source of a router process: the store's usage plus what it has not written.
+
+A key's budget (`llmgw.limits`) is checked against the tokens it used in the
+period, read from the usage store now and then. Records this process served but
+has not written yet (queued), or could not write at all (dropped: the store
+refused one record, or stayed down past the retries), are not in the store; the
+limiter would forget their tokens at its next read. `RecordedUsage` adds them,
+from the recorder (`UsageRecorder.unwritten_tokens`), so a budget counts what
+was served whether or not its records landed.
+
+Not guaranteed: that other processes' unwritten tokens count here (each process
+adds its own; Redis-shared budgets keep their own counters), nor that dropped
+records count after this process restarts.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Protocol
+
+
+class StoredUsage(Protocol):
+    """Tokens in the store (`UsageRepository` is one)."""
+
+    async def tokens_used(self, key_id: str, since: datetime) -> int: ...
+
+
+class UnwrittenUsage(Protocol):
+    """Tokens served but not in the store (`UsageRecorder` is one)."""
+
+    def unwritten_tokens(self, key_id: str, since: datetime) -> int: ...
+
+
+class RecordedUsage:
+    """A `BudgetSource`: the store's answer plus this process's unwritten tokens."""
+
+    def __init__(self, *, stored: StoredUsage, unwritten: UnwrittenUsage) -> None:
+        self._stored = stored
+        self._unwritten = unwritten
+
+    async def tokens_used(self, key_id: str, since: datetime) -> int:
+        """Prompt + completion tokens of `key_id` from the hour containing `since` on."""
+        stored = await self._stored.tokens_used(key_id, since)
+        # Read after the store answered: a batch written meanwhile has left the tally.
+        return stored + self._unwritten.unwritten_tokens(key_id, since)
