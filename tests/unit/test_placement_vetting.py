@@ -47,9 +47,9 @@ def test_a_shard_never_placed_on_that_node_is_refused_and_stopped() -> None:
     assert (
         elsewhere.refused is not None and "node gpu-2 reported shard llama-1" in elsewhere.refused
     )
-    # A stopped or failed one runs nothing: refused, nothing to stop.
+    # A stopped or failed one runs nothing (a shard that ended, reported again): dropped.
     ended = vet("gpu-1", report(shard_id="x1", state="stopped"), None, WHERE)
-    assert ended.report is None and ended.refused is not None and not ended.stop
+    assert ended.report is None and ended.refused is None and not ended.stop
 
 
 def test_a_recorded_shard_reported_as_another_model_is_refused() -> None:

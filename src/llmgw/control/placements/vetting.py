@@ -5,8 +5,9 @@ the placement record and where the node is.
 
 - No record of that shard on *that* node: refused, "node X reported shard S of
   model M that was never placed there; not served". The inventory never sees
-  it, and the node is told to stop it unless the report says nothing runs
-  (stopped or failed).
+  it, and the node is told to stop it. A report that says nothing runs
+  (stopped or failed) is dropped without a word: its record went when the
+  shard ended, and agents repeat their last statuses when they register.
 - A record for another model: refused the same way, naming both models.
 - A recorded shard whose `endpoint_url` is not where the node is: refused,
   naming the URL and why; the inventory gets it as *failed* (so the reconciler
@@ -88,6 +89,10 @@ def vet(
     """The verdict on `report` from `node_id`; see the module docstring."""
     running = report.state not in TERMINAL_SHARD_STATES
     model = report.model or (placement.model if placement is not None else "")
+    if (placement is None or placement.node_id != node_id) and not running:
+        # Nothing runs: a shard whose record went when it ended, reported once more
+        # (an agent repeats its last statuses when it registers again). Nothing to do.
+        return Verdict(None)
     if placement is None or placement.node_id != node_id:
         return Verdict(
             None,
