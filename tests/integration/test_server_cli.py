@@ -121,7 +121,7 @@ def test_a_catalog_model_the_engine_would_refuse_names_file_model_profile_and_fi
     cfg = tmp_path / "gw.yaml"
     cfg.write_text(
         "models:\n  - name: big\n    weights: org/big\n"
-        "    profiles: [{name: tp2, engine: vllm, gpus: 0}]\n"
+        "    profiles: [{name: tp2, engine: sglang, gpus: 0}]\n"
     )
     result = run("server", "--config", str(cfg), "--data-dir", str(tmp_path / "data"))
     assert result.returncode == 2

@@ -200,7 +200,7 @@ def _watch(server: AdminServer, tmp_path: Path, *args: str) -> tuple[int, list[s
             assert time.monotonic() < deadline, f"no two frames: {lines}"
             lines.append(proc.stdout.readline().rstrip("\n"))
         proc.send_signal(signal.SIGINT)
-        rest, err = proc.communicate(timeout=10)
+        rest, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
