@@ -190,6 +190,9 @@ def _watch(server: AdminServer, tmp_path: Path, *args: str) -> tuple[int, list[s
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        # A test run started in the background inherits SIGINT ignored, and Python
+        # then never raises KeyboardInterrupt: give the child Ctrl-C's default back.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509
     )
     assert proc.stdout is not None
     lines: list[str] = []
