@@ -20,23 +20,16 @@ Nothing is downloaded.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
 import sys
 from pathlib import Path
 
+# The script's own folder is on sys.path when it runs: the GGUF fetcher's checksum.
+from fetch_chat_model import sha256_of
+
 MARKER = "llmgw-source.json"
-CHUNK = 1 << 20
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def finished(target: Path, source_sha: str) -> bool:
