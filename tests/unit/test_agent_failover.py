@@ -279,7 +279,7 @@ async def test_a_server_that_stops_answering_is_left_for_the_next(
     frozen_leader = await proxy.start()
     caplog.set_level(logging.INFO, logger="llmgw.agent.connection")
     settings = ConnectionSettings(
-        connect_timeout_seconds=0.5, keepalive_time_seconds=0.5, keepalive_timeout_seconds=0.5
+        connect_timeout_seconds=2.0, keepalive_time_seconds=0.5, keepalive_timeout_seconds=0.5
     )
     conn = connection([frozen_leader, other], servers.events, tmp_path, sleeps=1, settings=settings)
     task = asyncio.create_task(run_until_stopped(conn))
