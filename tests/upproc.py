@@ -75,7 +75,9 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float) -> None:
 
 
 @contextlib.contextmanager
-def running_up(tmp_path: Path, *args: str) -> Iterator[Up]:
+def running_up(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None, ready_timeout: float = 60
+) -> Iterator[Up]:
     port, admin_port, agent_port = free_port(), free_port(), free_port()
     low = free_port_block(10)
     proc = Proc(
@@ -87,12 +89,18 @@ def running_up(tmp_path: Path, *args: str) -> Iterator[Up]:
             "--data-dir", str(tmp_path / "data"),
             "--port-range", f"{low}-{low + 9}",
             *args,
-        )
+        ),
+        env=env,
     )  # fmt: skip
+
+    def ready() -> bool:
+        assert proc.popen.poll() is None, f"`llmgw up` exited:\n{proc.output()}"
+        return READY in proc.output()
+
     try:
-        proc.wait_http(f"http://127.0.0.1:{admin_port}/healthz", timeout=60)
+        proc.wait_http(f"http://127.0.0.1:{admin_port}/healthz", timeout=ready_timeout)
         # Printed once the local agent has registered: requests can start models from then on.
-        wait_for("the ready line", lambda: READY in proc.output(), 60)
+        wait_for("the ready line", ready, ready_timeout)
         match = KEY.search(proc.output())
         assert match, f"no key printed:\n{proc.output()}"
         yield Up(

@@ -15,25 +15,19 @@ exact words.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import signal
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from procs import Proc, descendants, free_port, free_port_block, llmgw
+from upproc import Up, running_up
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(300)]
 
-READY = "ready: the local agent registered as node 'local'"
-KEY = re.compile(r"^  (sk-llmgw-\S+)$", re.MULTILINE)
 FIRST_CURL = re.compile(r"^  curl -s (\S+) .*\\\n    -d '(.*)'$", re.MULTILINE)
 # The first request waits while the agent starts the engine and it loads the model.
 FIRST_REQUEST_TIMEOUT = 180.0
@@ -52,57 +46,20 @@ def required_file(name: str) -> str:
     return raw
 
 
-@dataclass(frozen=True)
-class Quickstart:
-    proc: Proc
-    url: str
-    key: str
-
-
 @pytest.fixture
-def quickstart(tmp_path: Path) -> Iterator[Quickstart]:
+def quickstart(tmp_path: Path) -> Iterator[Up]:
     """`llmgw up` with the chat model and the real engine, its local agent registered."""
     python = required_file("LLMGW_ENGINE_PYTHON")
     chat_model = required_file("LLMGW_CHAT_MODEL_FILE")
-    port, admin_port, agent_port = free_port(), free_port(), free_port()
-    low = free_port_block(10)
-    proc = Proc(
-        llmgw(
-            "up",
-            "--listen", f"127.0.0.1:{port}",
-            "--admin-listen", f"127.0.0.1:{admin_port}",
-            "--agent-listen", f"127.0.0.1:{agent_port}",
-            "--data-dir", str(tmp_path / "data"),
-            "--port-range", f"{low}-{low + 9}",
-            "--engine-python", python,
-            "--chat-model-file", chat_model,
-        ),
+    with running_up(
+        tmp_path,
+        "--engine-python", python,
+        "--chat-model-file", chat_model,
         # Gemma is not needed here: only the chat model is loaded.
         env={"LLMGW_MODEL_FILE": ""},
-    )  # fmt: skip
-    try:
-        proc.wait_http(f"http://127.0.0.1:{admin_port}/healthz", timeout=READY_TIMEOUT)
-        wait_for_line(proc, READY)
-        match = KEY.search(proc.output())
-        assert match, f"no key printed:\n{proc.output()}"
-        yield Quickstart(proc=proc, url=f"http://127.0.0.1:{port}", key=match.group(1))
-    except BaseException:
-        print(proc.output())
-        raise
-    finally:
-        left = descendants(proc.popen.pid)
-        proc.stop(timeout=40)
-        for pid in left:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
-def wait_for_line(proc: Proc, line: str) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT
-    while line not in proc.output():
-        assert proc.popen.poll() is None, f"`llmgw up` exited:\n{proc.output()}"
-        assert time.monotonic() < deadline, f"no {line!r} within {READY_TIMEOUT:.0f} s"
-        time.sleep(0.1)
+        ready_timeout=READY_TIMEOUT,
+    ) as up:  # fmt: skip
+        yield up
 
 
 def first_curl(output: str) -> tuple[str, dict[str, Any]]:
@@ -114,7 +71,7 @@ def first_curl(output: str) -> tuple[str, dict[str, Any]]:
 
 
 def test_the_quickstarts_first_curl_is_a_chat_that_a_real_model_answers(
-    quickstart: Quickstart,
+    quickstart: Up,
 ) -> None:
     out = quickstart.proc.output()
     assert "smollm2-135m-instruct (alias smollm2)" in out, out
