@@ -7,42 +7,24 @@ them is checked: keys matched whole, values printable and bounded.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 import pytest
+from pki_fixtures import now, opened_pki
 from starlette.applications import Starlette
 
 from llmgw.control.adminapi.tokens import join_token_routes
-from llmgw.control.agentsvc.cluster_pki import ClusterPki, PkiSettings
-from llmgw.pki.cluster import create_cluster_key
-from llmgw.store import open_store, store_url
-
-
-def now() -> datetime:
-    return datetime.now(UTC)
 
 
 @pytest.fixture
 async def client(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
-    store = await open_store(store_url(tmp_path / "data", None))
-    await store.upgrade()
-    pki = ClusterPki(
-        repo=store.pki, key=create_cluster_key(tmp_path / "cluster.key"), server_id="s:1",
-        server_names=["127.0.0.1"], wall_clock=now, nodeids=store.nodeids,
-        settings=PkiSettings(
-            ca_lifetime=timedelta(days=30), server_cert_lifetime=timedelta(days=1),
-            node_cert_lifetime=timedelta(days=1), poll_interval=1.0,
-        ),
-    )  # fmt: skip
-    await pki.open()
-    app = Starlette(routes=join_token_routes(issuer=pki, unavailable="off", wall_clock=now))
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://admin"
-    ) as made:
-        yield made
-    await store.close()
+    async with opened_pki(tmp_path) as (_, pki):
+        app = Starlette(routes=join_token_routes(issuer=pki, unavailable="off", wall_clock=now))
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://admin"
+        ) as made:
+            yield made
 
 
 async def test_a_token_fixes_labels_and_fabric_labels_and_lists_them(

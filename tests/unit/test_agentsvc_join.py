@@ -9,64 +9,50 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import grpc
 import pytest
+from pki_fixtures import now, opened_pki
 from placement_fixtures import placements_fixture  # noqa: F401
 from test_agentsvc_stream import register_message
 
 from llmgw.agent.enroll import NodeCredentials, fetch_server_chain, join
 from llmgw.control.agentsvc import AgentListener, AgentServicer
-from llmgw.control.agentsvc.cluster_pki import ClusterPki, PkiSettings
+from llmgw.control.agentsvc.cluster_pki import ClusterPki
 from llmgw.control.agentsvc.join import serve_cluster_agents
 from llmgw.control.inventory import Inventory
 from llmgw.control.placements import PlacementBook
 from llmgw.pki.cluster import (
     cert_pem,
-    create_cluster_key,
     parse_join_token,
     token_client_certificate,
 )
 from llmgw.proto import agent_pb2, agent_pb2_grpc
-from llmgw.store import Store, open_store, store_url
 
 Call = grpc.aio.StreamStreamCall[agent_pb2.AgentMessage, agent_pb2.ServerMessage]
-
-
-def now() -> datetime:
-    return datetime.now(UTC)
 
 
 @pytest.fixture
 async def served(
     tmp_path: Path, placements: PlacementBook
 ) -> AsyncIterator[tuple[ClusterPki, AgentListener, Inventory]]:
-    store: Store = await open_store(store_url(tmp_path / "data", None))
-    await store.upgrade()
-    pki = ClusterPki(
-        repo=store.pki, key=create_cluster_key(tmp_path / "cluster.key"), server_id="s:1",
-        server_names=["127.0.0.1"], wall_clock=now, nodeids=store.nodeids,
-        settings=PkiSettings(
-            ca_lifetime=timedelta(days=30), server_cert_lifetime=timedelta(days=1),
-            node_cert_lifetime=timedelta(days=1), poll_interval=1.0,
-        ),
-    )  # fmt: skip
-    await pki.open()
-    loop = asyncio.get_running_loop()
-    inventory = Inventory(clock=loop.time, wall_clock=now, unreachable_after=15.0, lost_after=60.0)
-    servicer = AgentServicer(
-        inventory=inventory, placements=placements, heartbeat_interval=5.0, leader_id="s:1",
-        server_version="9.9.9", command_timeout=5.0, require_identity=True,
-        identities=store.nodeids,
-    )  # fmt: skip
-    listener = await serve_cluster_agents(servicer=servicer, pki=pki, host="127.0.0.1", port=0)
-    try:
-        yield pki, listener, inventory
-    finally:
-        await listener.stop(0)
-        await store.close()
+    async with opened_pki(tmp_path) as (store, pki):
+        loop = asyncio.get_running_loop()
+        inventory = Inventory(
+            clock=loop.time, wall_clock=now, unreachable_after=15.0, lost_after=60.0
+        )
+        servicer = AgentServicer(
+            inventory=inventory, placements=placements, heartbeat_interval=5.0, leader_id="s:1",
+            server_version="9.9.9", command_timeout=5.0, require_identity=True,
+            identities=store.nodeids,
+        )  # fmt: skip
+        listener = await serve_cluster_agents(servicer=servicer, pki=pki, host="127.0.0.1", port=0)
+        try:
+            yield pki, listener, inventory
+        finally:
+            await listener.stop(0)
 
 
 async def connect(port: int, creds: NodeCredentials) -> tuple[grpc.aio.Channel, Call]:
