@@ -18,7 +18,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Executor, ThreadPoolExecutor
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,7 @@ from llmgw.control.agentsvc import (
     run_sweeper,
     serve_agents,
 )
-from llmgw.control.agentsvc.cluster_pki import ClusterPki
+from llmgw.control.agentsvc.cluster_pki import ClusterPki, ClusterPkiError
 from llmgw.control.agentsvc.join import serve_cluster_agents
 from llmgw.control.catalog import Catalog, CatalogError, model_from_config
 from llmgw.control.inventory import FleetMetrics, Inventory
@@ -89,6 +89,8 @@ from llmgw.diagnostics import AllocationTracer, Profiler
 from llmgw.lifecycle import guard
 from llmgw.limits import Limiter, LimitMetrics
 from llmgw.metrics import MetricsHistory, RouterMetrics
+from llmgw.metrics.activations import ActivationMetrics
+from llmgw.metrics.certs import CertificateMetrics, CertificateSource, certificate_file
 from llmgw.metrics.listeners import ListenerMetrics
 from llmgw.metrics.queue import QueueMetrics
 from llmgw.metrics.routing import RoutingMetrics
@@ -315,6 +317,30 @@ async def _run(
             await asyncio.to_thread(tracing.shutdown)
 
 
+def _certificates(cfg: ServerConfig, pki: ClusterPki | None) -> list[CertificateSource]:
+    """Where the certificate expiry metric reads this server's certificates."""
+    sources: list[CertificateSource] = []
+    if pki is not None:
+        cluster = pki
+
+        def cluster_certs() -> list[tuple[str, datetime]]:
+            try:
+                return [
+                    ("cluster-ca", cluster.ca_certificate.not_valid_after_utc),
+                    ("agent-listener", cluster.server_certificate.not_valid_after_utc),
+                ]
+            except ClusterPkiError:
+                return []  # not open yet
+
+        sources.append(cluster_certs)
+    if cfg.api_tls is not None:
+        sources.append(certificate_file("api-listener", cfg.api_tls.cert))
+    if cfg.agent_tls is not None:
+        sources.append(certificate_file("agent-listener", cfg.agent_tls.cert))
+        sources.append(certificate_file("agent-ca", cfg.agent_tls.ca))
+    return sources
+
+
 def _model_names(catalog: Catalog, name: str) -> tuple[str, ...]:
     """Every name of the model `name` stands for in the catalog (just `name` if none)."""
     model = catalog.get(name)
@@ -487,7 +513,9 @@ async def _serve(
         # Late-bound: the router's load report is built with its queue, below.
         router_load=lambda: load_report.models(),  # noqa: PLW0108
         tracer=control_tracer,
+        activation_metrics=ActivationMetrics(registry=registry),
     )
+    CertificateMetrics(registry=registry, sources=_certificates(cfg, pki))
     routing = cfg.router.routing
     routing_metrics = RoutingMetrics(registry=registry)
     # Engine load reports older than a few reads are ignored (the router's own counts stand).

@@ -97,6 +97,7 @@ from llmgw.control.reconciler.types import (
     Stop,
 )
 from llmgw.lifecycle import wait_for_event
+from llmgw.metrics.activations import ActivationMetrics
 from llmgw.store import ModelLoad
 
 log = logging.getLogger("llmgw.control.reconciler")
@@ -200,6 +201,7 @@ class Controller:
         mgmt_interface: str = "",
         router_load: Callable[[], Mapping[str, ModelLoad]] | None = None,
         tracer: Tracer | None = None,
+        activation_metrics: ActivationMetrics | None = None,
     ) -> None:
         """`router_load` reads this server's router's load signals by model name (or
         alias), for the load targets. `startup_grace`: for this long after `run()`
@@ -214,6 +216,7 @@ class Controller:
         network multi-node ranks talk over (`control.mgmt_interface`; see `mgmt`).
         `tracer`: spans for reconciles that act and activations (default: none)."""
         self._tracer = tracer or NoOpTracer()
+        self._activation_metrics = activation_metrics
         self._catalog = catalog
         self._inventory = inventory
         self._dispatcher = dispatcher
@@ -287,13 +290,13 @@ class Controller:
                 task.cancel()
             if self._tasks:
                 await asyncio.wait(self._tasks)
-            for activation in self._activations.values():
+            for name, activation in self._activations.items():
                 stopped = ActivationRefused(
                     "the control plane on this server stopped (shutdown, or another "
                     "server took over); retry",
                     retry_after=1,
                 )
-                _end_activation_span(activation, stopped, self._clock())
+                self._activation_ended(name, activation, stopped, self._clock())
                 if not activation.future.done():
                     activation.future.set_exception(stopped)
                     # Nobody may be waiting any more; do not log it as unretrieved.
@@ -970,13 +973,31 @@ class Controller:
                     continue  # still worth waiting
             del self._activations[name]
             self.demand.served(name)
-            _end_activation_span(activation, error, now)
+            self._activation_ended(name, activation, error, now)
             if error is None:
                 activation.future.set_result(None)
             else:
                 activation.future.set_exception(error)
                 # Every waiter may have gone (clients disconnected): retrieve it here.
                 activation.future.exception()
+
+    def _activation_ended(
+        self, name: str, activation: _Activation, error: ActivationRefused | None, now: float
+    ) -> None:
+        """Count an activation that ended and close its span."""
+        seconds = now - activation.started
+        if self._activation_metrics is not None:
+            self._activation_metrics.ended(name, "ready" if error is None else error.code, seconds)
+        span = activation.span
+        if span is None:
+            return
+        span.set_attribute("llmgw.activation.seconds", seconds)
+        if error is None:
+            span.set_status(StatusCode.OK)
+        else:
+            span.set_status(StatusCode.ERROR, error.public)
+        span.end()
+        activation.span = None
 
     def _activation_error(
         self, name: str, activation: _Activation, now: float
@@ -1091,21 +1112,6 @@ class Controller:
             unplaced=self._unplaced.get(model.name),
             activating=model.name in self._activations,
         )
-
-
-def _end_activation_span(
-    activation: _Activation, error: ActivationRefused | None, now: float
-) -> None:
-    span = activation.span
-    if span is None:
-        return
-    span.set_attribute("llmgw.activation.seconds", now - activation.started)
-    if error is None:
-        span.set_status(StatusCode.OK)
-    else:
-        span.set_status(StatusCode.ERROR, error.public)
-    span.end()
-    activation.span = None
 
 
 def _new_shard_id(model: str) -> str:
