@@ -387,7 +387,7 @@ class RouterApp:
         await _send_json(send, 200, {"input_tokens": tokens}, request_id, extra)
 
     async def _authenticate(self, authorization: bytes | None, api_key: bytes | None) -> Principal:
-        tracer = self._tracer
+        tracer = _recording(self._tracer)
         try:
             if tracer is None:
                 return await self._auth.authenticate(token_from_headers(authorization, api_key))
@@ -493,7 +493,7 @@ class RouterApp:
                 await self._limiter.settle(limits, admission, used)
 
     async def _admit(self, limits: KeyLimits, req: ParsedRequest) -> Admission:
-        tracer = self._tracer
+        tracer = _recording(self._tracer)
         if tracer is None:
             return await self._limiter.admit(limits, req.prompt_tokens_estimate())
         with tracer.start_as_current_span("llmgw.limits") as span:
@@ -674,6 +674,13 @@ class _Exchange:
         self.model: str | None = None
         self.replica: str | None = None
         self.key_id: str | None = None
+
+
+def _recording(tracer: Tracer | None) -> Tracer | None:
+    """`tracer` when the current request's trace is recorded (sampled), else None."""
+    if tracer is None or not get_current_span().is_recording():
+        return None
+    return tracer
 
 
 def _as_uuid(trace_id: str) -> bytes:

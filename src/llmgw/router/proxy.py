@@ -58,11 +58,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from opentelemetry.trace import SpanKind, StatusCode, Tracer
+from opentelemetry.trace import SpanKind, StatusCode, Tracer, get_current_span
 
 from llmgw.config import RouterConfig
 from llmgw.engines import UnknownEngine, routes_of
@@ -232,19 +233,20 @@ class Proxy:
                 interval=self._keepalive,
                 tokens=lambda: req.prompt_tokens_estimate() + _max_tokens(req.body),
             )
-            if self._tracer is None:
+            tracer = self._recording()
+            if tracer is None:
                 waited = await wait
             else:
-                with self._tracer.start_as_current_span(
-                    "llmgw.queue",
-                    attributes={"llmgw.model": req.model, "llmgw.priority": ticket.priority},
-                ) as span:
-                    try:
-                        waited = await wait
-                    except QueueRefused as exc:
-                        span.set_attribute("llmgw.refused", exc.code)
-                        raise
-                    span.set_attribute("llmgw.queue.waited_s", waited)
+                # A span only for a request that waited (or was refused): most pass at
+                # once, and a span costs more than the check (bench/RESULTS.md).
+                began = time.time_ns()
+                try:
+                    waited = await wait
+                except QueueRefused as exc:
+                    _queue_span(tracer, req.model, ticket, began, exc.code)
+                    raise
+                if waited > 0:
+                    _queue_span(tracer, req.model, ticket, began, None)
         except QueueRefused as exc:
             if not started:
                 raise
@@ -389,11 +391,12 @@ class Proxy:
             if not endpoints and not activated:
                 try:
                     async with asyncio.timeout_at(deadline):
-                        if self._tracer is None:
+                        tracer = self._recording()
+                        if tracer is None:
                             await activator.activate(model)
                         else:
                             # The control plane links this span to the activation's trace.
-                            with self._tracer.start_as_current_span(
+                            with tracer.start_as_current_span(
                                 "llmgw.activation.wait", attributes={"llmgw.model": model}
                             ):
                                 await activator.activate(model)
@@ -464,7 +467,7 @@ class Proxy:
         # Replicas whose engine was gone, and whether any failure was something else.
         gone: set[str] = set()
         other = False
-        tracer = self._tracer
+        tracer = self._recording()
         for attempt in range(self._attempts):
             if tracer is None:
                 endpoint = self._balancer.pick(endpoints, tried, route)
@@ -520,6 +523,14 @@ class Proxy:
             ),
             frozenset(),
         )
+
+    def _recording(self) -> Tracer | None:
+        """The tracer, when this request's trace is recorded (sampled); else None: an
+        unsampled request's spans would record nothing and cost as much to make."""
+        tracer = self._tracer
+        if tracer is None or not get_current_span().is_recording():
+            return None
+        return tracer
 
     def _traced_pick(
         self,
@@ -905,6 +916,22 @@ class Proxy:
         if completion:
             series.completion_tokens.inc(completion)
         return prompt, completion
+
+
+def _queue_span(
+    tracer: Tracer, model: str, ticket: Ticket, began: int, refused: str | None
+) -> None:
+    """The queue wait as a span, from `began` (ns) to now."""
+    span = tracer.start_span(
+        "llmgw.queue",
+        start_time=began,
+        attributes={"llmgw.model": model, "llmgw.priority": ticket.priority},
+    )
+    span.set_attribute("llmgw.queue.waited_s", (time.time_ns() - began) / 1e9)
+    if refused is not None:
+        span.set_attribute("llmgw.refused", refused)
+        span.set_status(StatusCode.ERROR)
+    span.end()
 
 
 def _stream_start(
