@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -250,5 +251,71 @@ def test_tracing_off_passes_the_clients_traceparent_to_the_engine(
         # Off, the request id is a fresh UUID, not a trace id.
         assert answer.headers["x-request-id"].replace("-", "") != CLIENT_TRACE
     finally:
+        server.proc.stop()
+        sim.proc.stop()
+
+
+def test_a_request_that_waited_in_the_queue_has_a_span_for_its_wait(
+    tmp_path: Path, receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+    # One place per replica, and about 0.1 s a token: a long stream holds the place.
+    sim = procs.Sim("--itl", "0.1", "--itl-per-running", "0")
+    config = tmp_path / "llmgw.yaml"
+    config.write_text(
+        f"telemetry: {{otlp_endpoint: '{receiver.url}'}}\n"
+        "router: {max_in_flight: 1, queue: {max_wait: 60, recheck: 0.2}}\n"
+    )
+    server = Server("--endpoint", f"e1={sim.url}=sim-model", "--config", str(config))
+    release = threading.Event()
+
+    def hold() -> None:
+        body = {"model": "sim-model", "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 400, "stream": True}  # fmt: skip
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body,
+                          timeout=120) as resp:  # fmt: skip
+            for _ in resp.iter_bytes():
+                if release.is_set():
+                    return
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    try:
+        procs.wait_for(lambda: server.in_flight() == 1, "the long stream to hold the replica")
+        refused = httpx.post(
+            server.url + "/v1/chat/completions",
+            headers={
+                "traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01",
+                "x-llmgw-max-queue-wait": "0.3",
+            },
+            json={"model": "sim-model", "messages": [{"role": "user", "content": "y"}]},
+            timeout=60,
+        )
+        assert refused.status_code == 429, refused.text
+
+        def queue_span() -> ReceivedSpan | None:
+            found = [
+                s for s in receiver.spans()
+                if s.trace_id == CLIENT_TRACE and s.name == "llmgw.queue"
+            ]  # fmt: skip
+            return found[0] if found else None
+
+        span = procs.wait_for(queue_span, "the queue's span at the receiver", 60)
+        root = procs.wait_for(
+            lambda: [
+                s for s in receiver.spans()
+                if s.trace_id == CLIENT_TRACE and s.name == "POST /v1/chat/completions"
+            ],
+            "the server span",
+            60,
+        )[0]  # fmt: skip
+        assert span.parent_id == root.span_id
+        assert span.attributes["llmgw.refused"] == "queue_wait_expired"
+        assert span.attributes["llmgw.queue.waited_s"] >= 0.3
+        assert span.attributes["llmgw.model"] == "sim-model"
+        assert root.attributes["http.response.status_code"] == 429
+    finally:
+        release.set()
+        holder.join(timeout=60)
         server.proc.stop()
         sim.proc.stop()
