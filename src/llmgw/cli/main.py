@@ -43,8 +43,12 @@ app = typer.Typer(
 @app.callback()
 def _root(log_format: LogFormat = "human") -> None:
     # Every command's warnings in the chosen format; the long-running commands
-    # configure logging again with their --log-level (and their own --log-format).
+    # configure logging again with their --log-level. Their own --log-format reads
+    # LLMGW_LOG_FORMAT, set here (before they parse their options), so
+    # `llmgw --log-format json server` holds for the server too, and for the
+    # processes it starts.
     setup_logging("warning", log_format)
+    os.environ["LLMGW_LOG_FORMAT"] = log_format.strip().lower()
 
 
 @app.command()
