@@ -222,6 +222,11 @@ def test_a_streamed_request_and_its_activation_are_traced_end_to_end(
         and e["key_id"] == key_id
         for e in access
     ), access
+    # The control plane's lines carry their context as fields of their own.
+    assert any(
+        e.get("model") == "traced" and e.get("node") == "node-1" and e.get("replica")
+        for e in server_log
+    ), server_log
     for entry in server_log + agent_log:
         text = json.dumps(entry)
         assert "Zorbulax" not in text and secret not in text, entry

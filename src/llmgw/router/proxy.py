@@ -498,6 +498,7 @@ class Proxy:
                     endpoint.id,
                     endpoint.url,
                     exc.error.message,
+                    extra=_log_context(request_id, req.model, endpoint.id),
                 )
                 if exc.counts_as_failure:
                     endpoint.record_failure(exc.error.message)
@@ -651,6 +652,7 @@ class Proxy:
                     endpoint.url,
                     phase,
                     limit,
+                    extra=_log_context(request_id, req.model, endpoint.id),
                 )
                 raise DeadlineExceeded(
                     f"endpoint '{endpoint.id}' did not answer within the {phase} deadline "
@@ -837,6 +839,7 @@ class Proxy:
                 endpoint.id,
                 endpoint.url,
                 phase,
+                extra=_log_context(request_id, req.model, endpoint.id),
             )
             await self._end_stream_with_error(
                 endpoint,
@@ -859,6 +862,7 @@ class Proxy:
                 endpoint.id,
                 endpoint.url,
                 exc,
+                extra=_log_context(request_id, req.model, endpoint.id),
             )
             await self._end_stream_with_error(
                 endpoint,
@@ -916,6 +920,11 @@ class Proxy:
         if completion:
             series.completion_tokens.inc(completion)
         return prompt, completion
+
+
+def _log_context(request_id: bytes, model: str, replica: str) -> dict[str, str]:
+    """A log line's context fields (`--log-format json` writes each as its own)."""
+    return {"request_id": request_id.decode("latin-1"), "model": model, "replica": replica}
 
 
 def _queue_span(

@@ -578,7 +578,12 @@ class Controller:
                 f"; it replaces {', '.join(doubted)}, on a node that stopped answering "
                 "(kept there in case the node comes back)"
             )
-        log.info("model %s: %s", action.model, message)
+        log.info(
+            "model %s: %s",
+            action.model,
+            message,
+            extra={"model": action.model, "node": action.node_id, "replica": spec.shard_id},
+        )
         self._event("start", action.model, action.node_id, message)
         activation = self._activations.get(action.model)
         if activation is not None and activation.span is not None:
@@ -662,7 +667,12 @@ class Controller:
         message = f"stopping replica {action.shard_id} on node {action.node_id}: {why}"
         if action.detail:
             message += f" ({action.detail})"
-        log.info("model %s: %s", action.model, message)
+        log.info(
+            "model %s: %s",
+            action.model,
+            message,
+            extra={"model": action.model, "node": action.node_id, "replica": action.shard_id},
+        )
         self._event("stop", action.model, action.node_id, message)
         self._spawn(self._run_stop(action), f"stop {action.shard_id}")
 
@@ -785,7 +795,13 @@ class Controller:
             model, node_id, shard_id, message, output_tail, exit_code, self._wall_clock()
         )
         text = health.last.describe()
-        log.warning("model %s: %s; retrying in %.0f s", model, text, delay)
+        log.warning(
+            "model %s: %s; retrying in %.0f s",
+            model,
+            text,
+            delay,
+            extra={"model": model, "node": node_id, "replica": shard_id},
+        )
         self._event("failed", model, node_id, f"{text}; retrying in {delay:.0f} s")
         self._wake.set()
 
