@@ -482,6 +482,11 @@ class RouterApp:
             raise
         else:
             self._count(path, model, outcome.endpoint, outcome.status)
+            if exchange is not None:
+                # As the usage record says: 499 for a client that went away first.
+                exchange.status = outcome.status
+                if outcome.endpoint != "none":
+                    exchange.replica = outcome.endpoint
             # Recorded before the budget is settled: the budget source counts the
             # record's tokens from here on, written or not.
             self._record(
