@@ -130,18 +130,41 @@ def test_a_streamed_request_and_its_activation_are_traced_end_to_end(
         assert second.status_code == 200, second.text
         assert "data: [DONE]" in second.text
         replica = second.headers["x-llmgw-replica"]
-        # No x-request-id was sent: the request id is the trace id.
-        assert second.headers["x-request-id"].replace("-", "") == CLIENT_TRACE
+        # A client's trace may hold many requests: each has a request id of its own.
+        assert second.headers["x-request-id"].replace("-", "") != CLIENT_TRACE
+        # What the engine was sent (the sim keeps its last request's traceparent).
+        endpoints = httpx.get(server.admin + "/admin/api/endpoints", timeout=10).json()
+        (url,) = [e["url"] for e in endpoints["endpoints"] if e["id"] == replica]
+        sent = httpx.get(url + "/sim/stats", timeout=10).json()["last_request"]["traceparent"]
+        # Without x-request-id and without a trace, the request id is the trace id.
+        third = httpx.post(
+            server.url + "/v1/chat/completions",
+            headers={"authorization": f"Bearer {secret}"},
+            json={"model": "traced", "messages": [{"role": "user", "content": PROMPT}]},
+            timeout=60,
+        )
+        assert third.status_code == 200, third.text
+        third_trace = third.headers["x-request-id"].replace("-", "")
 
         def request_spans() -> list[ReceivedSpan] | None:
             spans = receiver.spans()
             names = {s.name for s in spans if s.trace_id == CLIENT_TRACE}
             wanted = {"POST /v1/chat/completions", "llmgw.upstream", "llmgw.route"}
             activation = [s for s in spans if s.name == "llmgw.activation"]
-            return spans if wanted <= names and activation else None
+            third = [
+                s for s in spans
+                if s.trace_id == third_trace and s.name == "POST /v1/chat/completions"
+            ]  # fmt: skip
+            return spans if wanted <= names and activation and third else None
 
         spans = procs.wait_for(request_spans, "the request's spans at the receiver", 60)
         assert {s.service for s in spans} == {"llmgw-server"}
+
+        third_root = _one(
+            [s for s in spans if s.trace_id == third_trace], "POST /v1/chat/completions"
+        )
+        assert third_root.parent_id == ""  # a trace begun here
+        assert third_root.attributes["llmgw.request_id"] == third.headers["x-request-id"]
 
         # The streamed request: a server span under the client's span, children below it.
         mine = [s for s in spans if s.trace_id == CLIENT_TRACE]
@@ -171,10 +194,7 @@ def test_a_streamed_request_and_its_activation_are_traced_end_to_end(
         assert "llmgw.retry_reason" not in upstream.attributes
 
         # The engine was sent the attempt's span as parent, in the client's trace.
-        endpoints = httpx.get(server.admin + "/admin/api/endpoints", timeout=10).json()
-        (url,) = [e["url"] for e in endpoints["endpoints"] if e["id"] == replica]
-        sim = httpx.get(url + "/sim/stats", timeout=10).json()
-        assert sim["last_request"]["traceparent"] == (f"00-{CLIENT_TRACE}-{upstream.span_id}-01")
+        assert sent == f"00-{CLIENT_TRACE}-{upstream.span_id}-01"
 
         # The activation: a trace of its own, linked both ways with the request that waited.
         first_spans = [s for s in spans if s.trace_id == FIRST_TRACE]

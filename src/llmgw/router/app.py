@@ -9,8 +9,9 @@ With a tracer (tracing on), each API request is one trace: a server span named
 for its route (model, key id, request id, status; never a prompt or a key's
 secret), continuing the client's W3C `traceparent`, with child spans for the
 key check and the limits, and the proxy's own. A request without an
-`x-request-id` then gets its trace id as request id (in UUID form), so a
-complaint quoting it leads to the trace. Without a tracer this costs one check.
+`x-request-id` and without a client's trace then gets its trace id as request
+id (in UUID form), so a complaint quoting it leads to the trace; every span
+carries the request id too. Without a tracer this costs one check.
 
 Not guaranteed: requests arriving with `Transfer-Encoding: chunked` are only
 checked against the body limit as they are read.
@@ -205,16 +206,20 @@ class RouterApp:
             finally:
                 self._log_access(method, path, request_id, exchange, None)
             return
+        parent = extract_context(headers)
         with self._tracer.start_as_current_span(
             f"{method} {path}",
-            context=extract_context(headers),
+            context=parent,
             kind=SpanKind.SERVER,
             attributes={"http.request.method": method, "http.route": path},
         ) as span:
             context = span.get_span_context()
             trace_id = f"{context.trace_id:032x}"
             if not request_id:
-                request_id = _as_uuid(trace_id)
+                # A trace begun here is this request's alone: its id is the request id.
+                # A client's trace may hold many requests, each gets an id of its own.
+                continued = get_current_span(parent).get_span_context().is_valid
+                request_id = new_request_id() if continued else _as_uuid(trace_id)
             span.set_attribute("llmgw.request_id", request_id.decode("latin-1"))
             try:
                 await self._route(
