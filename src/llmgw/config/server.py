@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from llmgw.config.models import ModelConfig
 from llmgw.config.queue import QueueConfig
 from llmgw.config.routing import RoutingConfig
+from llmgw.config.telemetry import TelemetryConfig
 
 EngineName = Literal["vllm", "sglang", "llamacpp", "sim"]
 """The engines llmgw knows (`llmgw.engines.KNOWN_ENGINES`; a unit test keeps them equal)."""
@@ -666,6 +667,10 @@ class ServerConfig(_Strict):
     usage: UsageConfig = UsageConfig()
     control: ControlConfig = ControlConfig()
     admin: AdminConfig = AdminConfig()
+    telemetry: TelemetryConfig = Field(
+        default_factory=TelemetryConfig,
+        description="Traces (OpenTelemetry, off by default) and the API access log (off).",
+    )
     models: list[ModelConfig] = Field(
         default_factory=list,
         description=(
