@@ -19,11 +19,21 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+# Ports free_port handed out in this run: the kernel may offer a port again as soon
+# as its probe socket closes, so two calls before either port is bound (a server's
+# admin and agent listeners) could otherwise return the same one.
+_HANDED_OUT: set[int] = set()
+
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    for _ in range(100):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError("no free port that this test run has not handed out already")
 
 
 def free_port_block(count: int) -> int:

@@ -18,7 +18,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from procs import free_port
 
 MODEL_NAME = "gemma-3-270m"
 ENGINE_START_TIMEOUT_S = 60.0
@@ -68,12 +68,6 @@ def _required_path(name: str) -> Path:
             pytrace=False,
         )
     return path
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _tail(path: Path, lines: int = 40) -> str:
