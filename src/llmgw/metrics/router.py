@@ -146,6 +146,13 @@ class RouterMetrics:
             ["endpoint", "kind"],
             registry=registry,
         )
+        self.continuations = Counter(
+            "llmgw_continuations",
+            "Streams continued on another replica after their engine failed mid-stream, by "
+            "cause: disconnect (connection lost, engine exit) or timeout_idle.",
+            ["model", "cause"],
+            registry=registry,
+        )
         self.client_disconnects = Counter(
             "llmgw_client_disconnects",
             "Requests whose client went away before the answer was complete.",

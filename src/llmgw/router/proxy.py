@@ -6,8 +6,10 @@ else is answered. Deadlines are per phase, enforced by one `asyncio.timeout`
 that is rescheduled as the attempt moves on: connect (the upstream client's
 connect timeout), first byte (engine queue + prefill; for a non-streaming answer the
 first byte is the whole answer, so `total` bounds it), idle between stream
-chunks, and total. A stream that fails after its first byte ends with an SSE
-`error` event and is closed; it is never retried.
+chunks, and total. A stream that fails after its first byte is handed to the
+`Continuation` (`llmgw.router.continuation`), which resumes it on another replica
+when it can; otherwise it ends with an SSE `error` event and is closed. It is
+never retried whole.
 
 With an `Activator` (a control plane), a request for a catalog model that finds
 no replica to use waits as in an activation instead of failing: when the model
@@ -61,6 +63,7 @@ from llmgw.metrics import RouterMetrics
 from llmgw.metrics.router import RequestSeries
 from llmgw.router.activation import Activator
 from llmgw.router.balancer import Balancer
+from llmgw.router.continuation import Continuation
 from llmgw.router.endpoints import Endpoint, EndpointPool, FirstByteWait
 from llmgw.router.errors import (
     DeadlineExceeded,
@@ -137,6 +140,8 @@ class Outcome:
     ttft: float | None = None
     # Seconds the request waited in the router's queue.
     queued: float = 0.0
+    # Times its stream was continued on another replica.
+    continued: int = 0
 
 
 class Proxy:
@@ -154,11 +159,14 @@ class Proxy:
         activation_timeout: float = 600.0,
         queue: RequestQueue | None = None,
         saturation: Saturation | None = None,
+        continuation: Continuation | None = None,
     ) -> None:
         """`activation_timeout` bounds how long a request waits for a replica in
         all (the activator's own wait included). With a `queue`, a request with a
         `Ticket` first waits its turn there while its model is saturated, and with
-        `saturation` the balancer picks among replicas with room."""
+        `saturation` the balancer picks among replicas with room. With a
+        `continuation`, streams whose engine fails mid-stream are continued."""
+        self._continuation = continuation
         self._queue = queue
         self._saturation = saturation
         self._activator = activator
@@ -682,6 +690,9 @@ class Proxy:
         else:
             counting = endpoint.stream_usage is not True
             relay = SSERelay(strip_usage=not req.client_wants_usage, count_tokens=counting)
+        continuation = self._continuation
+        # What the client was sent, for a continuation to read back (only when one may come).
+        sent: list[bytes] | None = [] if continuation and continuation.continuable(req) else None
         last = clock()
         ttft = last - start
         series.ttft.observe(ttft)
@@ -698,6 +709,8 @@ class Proxy:
                 while data:
                     out = relay.feed(data)
                     if out:
+                        if sent is not None:
+                            sent.append(out)
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                     data = await next_chunk()
                     now = clock()
@@ -716,6 +729,12 @@ class Proxy:
                 endpoint.url,
                 phase,
             )
+            if phase == "idle" and sent is not None:
+                resumed = await self._continue(
+                    req, send, relay, sent, endpoint, "timeout_idle", total_deadline, resp, ttft
+                )
+                if resumed is not None:
+                    return resumed
             await self._end_stream_with_error(
                 endpoint,
                 send,
@@ -738,6 +757,12 @@ class Proxy:
                 endpoint.url,
                 exc,
             )
+            if sent is not None:
+                resumed = await self._continue(
+                    req, send, relay, sent, endpoint, "disconnect", total_deadline, resp, ttft
+                )
+                if resumed is not None:
+                    return resumed
             await self._end_stream_with_error(
                 endpoint,
                 send,
@@ -754,6 +779,42 @@ class Proxy:
         prompt, completion = self._record_usage(series, relay.usage)
         series.latency.observe(clock() - start)
         return Outcome(resp.status, endpoint.id, prompt, completion, ttft)
+
+    async def _continue(
+        self,
+        req: ParsedRequest,
+        send: Send,
+        relay: SSERelay | NativeRelay,
+        sent: list[bytes],
+        endpoint: Endpoint,
+        cause: str,
+        total_deadline: float,
+        resp: Response,
+        ttft: float,
+    ) -> Outcome | None:
+        """Hand a broken stream to the continuation; None when it cannot go on."""
+        assert self._continuation is not None
+        # A half-written event was never relayed: the continuation regenerates it.
+        relay.abandon()
+        resumed = await self._continuation.resume(
+            req=req,
+            send=send,
+            sent=sent,
+            cause=cause,
+            failed=endpoint,
+            total_deadline=total_deadline,
+        )
+        if resumed is None:
+            return None
+        self._metrics.upstream_errors.labels(endpoint.id, cause).inc()
+        return Outcome(
+            resp.status,
+            resumed.endpoint,
+            resumed.prompt_tokens,
+            resumed.completion_tokens,
+            ttft,
+            continued=resumed.continued,
+        )
 
     @staticmethod
     def _partial(
