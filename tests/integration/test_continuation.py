@@ -20,6 +20,7 @@ from typing import Any
 
 import anthropic
 import httpx
+import openai
 import orjson
 import pytest
 from procs import Proc, Server, Sim, free_port, llmgw, wait_for
@@ -373,3 +374,46 @@ def test_a_continuation_waits_for_a_replica_with_keepalive_comments(tmp_path: Pa
         first.proc.stop()
         if later is not None:
             later.stop()
+
+
+def test_a_translated_responses_stream_is_continued(breaking: tuple[Server, list[Sim]]) -> None:
+    server, _ = breaking
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
+        events = list(
+            client.responses.create(model="m1", input="Count.", max_output_tokens=12, stream=True)
+        )
+    kinds = [e.type for e in events]
+    # It ends as a whole answer would: at max_output_tokens, "incomplete", never an error.
+    assert kinds.count("response.created") == 1 and kinds[-1] == "response.incomplete"
+    assert "error" not in kinds
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text.split() == words(12)
+
+
+def test_a_stream_past_its_idle_deadline_is_continued(tmp_path: Path) -> None:
+    # Replica s0 stalls after 4 tokens; the idle deadline moves its streams on.
+    sims = [
+        Sim("--text", "sequence", "--zero-delay", "--stall-after-tokens", "4", model="m1"),
+        Sim("--text", "sequence", "--zero-delay", model="m1"),
+    ]
+    config = write_config(
+        tmp_path / "llmgw.yaml",
+        {f"s{i}": s.url for i, s in enumerate(sims)},
+        engine="sim",
+        extra="router: {timeouts: {idle: 0.5}}\n",
+    )
+    server = Server("--config", str(config))
+    try:
+        served: set[str] = set()
+        body = {"model": "m1", "messages": MESSAGES, "max_tokens": 10}
+        # Until a stream began on the stalling replica (each lands on either).
+        while "s0" not in served:
+            result = stream(server, body)
+            assert result.errors == [] and result.done == 1
+            assert result.text.split() == words(10)
+            served.add(result.replica)
+        assert 'llmgw_continuations_total{cause="timeout_idle",model="m1"}' in server.metrics()
+    finally:
+        server.proc.stop()
+        for sim in sims:
+            sim.proc.stop()
