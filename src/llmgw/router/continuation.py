@@ -66,7 +66,6 @@ from llmgw.router.errors import (
     EngineUnreachable,
     ModelUnavailable,
     RouterError,
-    engine_error_message,
 )
 from llmgw.router.ids import new_request_id
 from llmgw.router.requests import CHAT, COMPLETIONS, ParsedRequest
@@ -260,6 +259,8 @@ class Continuation:
         while True:
             endpoint = await self._replica(req, send, tried, deadline, last_error)
             path = endpoint.path_for(req.path) or req.path
+            resp: Response | None = None
+            opened = False
             try:
                 async with asyncio.timeout_at(min(self._clock() + self._first_byte, deadline)):
                     resp = await self._upstream.request(
@@ -273,13 +274,11 @@ class Continuation:
                         ),
                     )
                     if resp.status < 400 and resp.content_type == _EVENT_STREAM:
+                        opened = True
                         return endpoint, resp
                     raw = await resp.read()
-                    resp.close()
             except TimeoutError:
-                endpoint.record_failure(
-                    "no answer to a continuation within the first-byte deadline"
-                )
+                endpoint.record_failure("no answer to a continuation by the first-byte deadline")
                 last_error = DeadlineExceeded(
                     f"endpoint '{endpoint.id}' did not answer the continuation within the "
                     f"first-byte deadline of {self._first_byte:g}s"
@@ -295,10 +294,24 @@ class Continuation:
                 )
                 tried.add(endpoint.id)
                 continue
-            error = EngineError(
-                engine_error_message(resp.status, raw), status=resp.status, raw_body=raw
-            )
+            finally:
+                if resp is not None and not opened:
+                    resp.close()
             self._metrics.upstream_errors.labels(endpoint.id, f"status_{resp.status}").inc()
+            # The engine's own words may name its address: they go to the log only.
+            log.warning(
+                "endpoint %s at %s answered a continuation of %s with %d: %s",
+                endpoint.id,
+                endpoint.url,
+                req.model,
+                resp.status,
+                raw[:500].decode("utf-8", "replace"),
+            )
+            error = EngineError(
+                f"engine of endpoint '{endpoint.id}' answered the continuation with status "
+                f"{resp.status}",
+                status=resp.status,
+            )
             if resp.status not in _RETRY_STATUSES:
                 # The engine refused the continuation itself: another would too.
                 raise error
