@@ -149,7 +149,8 @@ class RouterMetrics:
         self.continuations = Counter(
             "llmgw_continuations",
             "Streams continued on another replica after their engine failed mid-stream, by "
-            "cause: disconnect (connection lost, engine exit) or timeout_idle.",
+            "cause: disconnect (connection lost, engine exit), timeout_idle, or abandoned "
+            "(the control plane saw the node stop answering).",
             ["model", "cause"],
             registry=registry,
         )

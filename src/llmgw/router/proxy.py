@@ -25,7 +25,7 @@ was sent before a replica was chosen.
 A request already sent to an engine whose node then misses its heartbeats (a
 frozen or cut-off node: nothing closes the connection) is moved as soon as the
 control plane says so (`EndpointPool.abandon`), if no byte of the answer has
-reached the client yet.
+reached the client yet; a stream that began is continued then, when it can be.
 
 A request of another client API (Messages, Responses) carries both its
 translation and its own body (`ParsedRequest.native`); each attempt sends the
@@ -703,9 +703,13 @@ class Proxy:
                 [(b"x-llmgw-replica", endpoint.id.encode()), *extra_headers],
             )
         )
-        # From here on the client has bytes: failures end the stream, never retry.
+        # From here on the client has bytes: a failure is continued or ends the stream.
+        watch: FirstByteWait | None = None
         try:
             async with asyncio.timeout_at(min(last + idle, total_deadline)) as deadline:
+                if sent is not None:
+                    # A node in doubt (`EndpointPool.abandon`) ends a continuable stream now.
+                    watch = self._pool.wait_first_byte(endpoint.id, deadline)
                 while data:
                     out = relay.feed(data)
                     if out:
@@ -720,6 +724,12 @@ class Proxy:
         except TimeoutError:
             phase = "total" if clock() >= total_deadline else "idle"
             resp.close()
+            if watch is not None:
+                self._pool.first_byte_done(watch)
+                if watch.abandoned and phase == "idle":
+                    return await self._abandoned(
+                        endpoint, req, request_id, send, relay, sent, total_deadline, resp, ttft
+                    )
             endpoint.record_failure(f"stream exceeded the {phase} deadline")
             log.warning(
                 "request %s to %s: the stream of endpoint %s at %s exceeded the %s deadline",
@@ -748,6 +758,8 @@ class Proxy:
             return self._partial(endpoint, resp, relay, ttft)
         except UpstreamError as exc:
             resp.close()
+            if watch is not None:
+                self._pool.first_byte_done(watch)
             endpoint.record_failure(str(exc))
             log.warning(
                 "request %s to %s: the stream of endpoint %s at %s broke off: %s",
@@ -771,6 +783,10 @@ class Proxy:
                 EngineUnreachable(f"engine of endpoint '{endpoint.id}' failed mid-stream: {exc}"),
             )
             return self._partial(endpoint, resp, relay, ttft)
+        finally:
+            # Cancelled (the client left) or done: no abandon can reach this stream now.
+            if watch is not None:
+                self._pool.first_byte_done(watch)
         endpoint.record_success()
         if not req.served_natively:
             endpoint.stream_usage = relay.usage is not None
@@ -779,6 +795,44 @@ class Proxy:
         prompt, completion = self._record_usage(series, relay.usage)
         series.latency.observe(clock() - start)
         return Outcome(resp.status, endpoint.id, prompt, completion, ttft)
+
+    async def _abandoned(
+        self,
+        endpoint: Endpoint,
+        req: ParsedRequest,
+        request_id: bytes,
+        send: Send,
+        relay: SSERelay | NativeRelay,
+        sent: list[bytes] | None,
+        total_deadline: float,
+        resp: Response,
+        ttft: float,
+    ) -> Outcome:
+        """A continuable stream whose node stopped answering (the control plane
+        abandoned its endpoint): continued elsewhere, or ended with the error event."""
+        log.warning(
+            "request %s to %s: the node of endpoint %s at %s stopped answering mid-stream",
+            request_id.decode("latin-1"),
+            req.model,
+            endpoint.id,
+            endpoint.url,
+        )
+        resumed = await self._continue(
+            req, send, relay, sent or [], endpoint, "abandoned", total_deadline, resp, ttft
+        )
+        if resumed is not None:
+            return resumed
+        await self._end_stream_with_error(
+            endpoint,
+            send,
+            relay,
+            "abandoned",
+            EngineUnreachable(
+                f"engine of endpoint '{endpoint.id}' stopped answering (its node missed its "
+                "heartbeats) mid-stream"
+            ),
+        )
+        return self._partial(endpoint, resp, relay, ttft)
 
     async def _continue(
         self,
