@@ -9,6 +9,8 @@ event (a chunk read, a record written), never a sleep.
 
 from __future__ import annotations
 
+import itertools
+import os
 import signal
 import sqlite3
 import threading
@@ -23,7 +25,7 @@ import httpx
 import openai
 import orjson
 import pytest
-from procs import Proc, Server, Sim, free_port, llmgw, wait_for
+from procs import Proc, Server, Sim, free_port, free_port_block, llmgw, wait_for
 
 MESSAGES = [{"role": "user", "content": "Count, please."}]
 
@@ -417,3 +419,92 @@ def test_a_stream_past_its_idle_deadline_is_continued(tmp_path: Path) -> None:
         server.proc.stop()
         for sim in sims:
             sim.proc.stop()
+
+
+FLEET_CONFIG = """
+control:
+  heartbeat_interval: 0.3
+  reconcile_interval: 0.5
+  activation_keepalive: 0.3
+router: {health: {interval: 0.5}}
+models:
+  - name: m1
+    weights: none
+    min_replicas: 2
+    max_replicas: 2
+    keep_alive: -1
+    profiles:
+      - {name: sim, engine: sim, gpus: 1, engine_args: [--text, sequence, --itl, "0.05"]}
+"""
+
+
+def test_a_placed_replica_killed_mid_stream_is_continued_on_the_other(tmp_path: Path) -> None:
+    # The control plane's replicas: endpoints the router knows as `sim` engines.
+    (tmp_path / "llmgw.yaml").write_text(FLEET_CONFIG)
+    agent_port = free_port()
+    server = Server(
+        "--agent-listen", f"127.0.0.1:{agent_port}", "--config", str(tmp_path / "llmgw.yaml"),
+        data_dir=tmp_path / "data",
+    )  # fmt: skip
+    agents: list[Proc] = []
+    try:
+        for node in ("node-a", "node-b"):
+            low = free_port_block(10)
+            argv = llmgw(
+                "agent", "--server", f"127.0.0.1:{agent_port}", "--node-id", node,
+                "--gpus", "1x24GiB", "--weights-dir", str(tmp_path / node / "w"),
+                "--state-dir", str(tmp_path / node / "s"), "--port-range", f"{low}-{low + 9}",
+            )  # fmt: skip
+            agents.append(Proc(argv))
+
+        def two_routed() -> list[dict[str, object]] | None:
+            found = [e for e in server.endpoints() if e["healthy"] and e["engine"] == "sim"]
+            return found if len(found) == 2 else None
+
+        endpoints = wait_for(two_routed, "two ready replicas in the router", within=110)
+        urls = {str(e["id"]): str(e["url"]) for e in endpoints}
+        body = {"model": "m1", "messages": MESSAGES, "max_tokens": 40}
+        victim: list[str] = []
+
+        def kill(streamed: Streamed) -> None:
+            # SIGKILL the engine serving this stream, found by its port.
+            port = urls[streamed.replica].rsplit(":", 1)[1]
+            for pid in sim_pids(port):
+                os.kill(pid, signal.SIGKILL)
+            victim.append(streamed.replica)
+
+        result = stream(server, body, on_tokens=kill, after=5)
+        assert victim == [result.replica]
+        assert result.errors == [] and result.done == 1
+        assert result.text.split() == words(40)
+
+        def recorded() -> tuple[int, int, int, int] | None:
+            return records(tmp_path / "data").get(result.request_id)
+
+        assert wait_for(recorded, "the stream's usage record")[2:] == (40, 1)
+    except BaseException:
+        print(server.proc.output())
+        for proc in agents:
+            print(f"--- agent\n{proc.output()}")
+        raise
+    finally:
+        for proc in agents:
+            proc.stop()
+        server.proc.stop()
+
+
+def sim_pids(port: str) -> list[int]:
+    """Processes whose command line is `llmgw sim ... --port PORT` (engines outlive agents)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"sim" in argv and any(
+            a == b"--port" and b == port.encode() for a, b in itertools.pairwise(argv)
+        ):
+            pids.append(int(entry.name))
+    return pids
