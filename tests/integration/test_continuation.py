@@ -9,6 +9,7 @@ event (a chunk read, a record written), never a sleep.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import signal
@@ -447,9 +448,11 @@ def test_a_placed_replica_killed_mid_stream_is_continued_on_the_other(tmp_path: 
         data_dir=tmp_path / "data",
     )  # fmt: skip
     agents: list[Proc] = []
+    lows: list[int] = []
     try:
         for node in ("node-a", "node-b"):
             low = free_port_block(10)
+            lows.append(low)
             argv = llmgw(
                 "agent", "--server", f"127.0.0.1:{agent_port}", "--node-id", node,
                 "--gpus", "1x24GiB", "--weights-dir", str(tmp_path / node / "w"),
@@ -490,6 +493,12 @@ def test_a_placed_replica_killed_mid_stream_is_continued_on_the_other(tmp_path: 
     finally:
         for proc in agents:
             proc.stop()
+        # Engines outlive their agents: stop those the agents started.
+        for low in lows:
+            for port in range(low, low + 10):
+                for pid in sim_pids(str(port)):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
         server.proc.stop()
 
 
