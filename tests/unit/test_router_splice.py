@@ -134,10 +134,15 @@ def test_rewrite_keeps_the_first_answer_s_id_drops_role_usage_and_done() -> None
     assert all(c["created"] == 7 for c in chunks)
     assert found == {"prompt_tokens": 12, "completion_tokens": 1}
     assert (splice.text, splice.tokens) == (" w1 w2", 2)
-    # The first attempt's prompt: the continuation's less the one token it was given.
-    splice.given = 1
+    # Before any usage: the router's estimate for the first attempt and for each
+    # continuation that died unreported, plus the text it was given.
+    splice.begin()
+    assert splice.prompt_tokens(estimate=4) == 4 + (4 + 2)
+    # The first attempt's prompt: the reporting continuation's less the tokens it was given.
     add_usage(splice, found)
-    assert (splice.first_prompt, splice.prompt_tokens) == (11, 23)
+    assert splice.prompt_tokens(estimate=4) == (12 - 2) + 12
+    splice.begin()
+    assert splice.prompt_tokens(estimate=4) == 10 + 12 + (10 + 2)
 
 
 def test_continuation_settings_per_model_and_engines_that_continue() -> None:

@@ -172,7 +172,8 @@ class Continuation:
         failed: Endpoint,
         total_deadline: float,
     ) -> Resumed | None:
-        """Continue the stream whose engine `failed` (`cause`: disconnect, timeout_idle)
+        """Continue the stream whose engine `failed` (`cause`: disconnect, timeout_idle,
+        abandoned)
         after the client was `sent` those events. None when it cannot be continued (the
         caller ends it with the error event); otherwise the stream is ended here, with
         the rest of the answer or, when no continuation succeeds, the error event."""
@@ -208,16 +209,16 @@ class Continuation:
                 await send(
                     {"type": "http.response.body", "body": error_event(exc), "more_body": False}
                 )
-                return self._resumed(last, splice)
+                return self._resumed(req, last, splice)
             last = endpoint
-            splice.given = splice.tokens
+            splice.begin()
             endpoint.in_flight += 1
             try:
                 broken = await self._relay(req, send, resp, endpoint, splice, total_deadline)
             finally:
                 endpoint.in_flight -= 1
             if broken is None:
-                return self._resumed(endpoint, splice)
+                return self._resumed(req, endpoint, splice)
             cause = broken
             tried = {endpoint.id}
         error = EngineUnreachable(
@@ -226,7 +227,7 @@ class Continuation:
             f"(router.continuation.max_attempts: {self._config.max_attempts})"
         )
         await send({"type": "http.response.body", "body": error_event(error), "more_body": False})
-        return self._resumed(last, splice)
+        return self._resumed(req, last, splice)
 
     def _count(self, model: str, endpoint: str, splice: Splice, usage: dict[str, Any]) -> None:
         """A continuation's usage: into the splice, and the engine's tokens into metrics."""
@@ -241,8 +242,9 @@ class Continuation:
                 counter.inc(value)
 
     @staticmethod
-    def _resumed(endpoint: Endpoint, splice: Splice) -> Resumed:
-        return Resumed(endpoint.id, splice.prompt_tokens, splice.tokens, splice.continued)
+    def _resumed(req: ParsedRequest, endpoint: Endpoint, splice: Splice) -> Resumed:
+        prompt = splice.prompt_tokens(req.prompt_tokens_estimate())
+        return Resumed(endpoint.id, prompt, splice.tokens, splice.continued)
 
     async def _open(
         self,
@@ -407,7 +409,6 @@ class Continuation:
         stream is then closed), else the cause of its failure."""
         clock = self._clock
         pending = b""
-        splice.usage_seen = False
         done = False
         try:
             async with asyncio.timeout_at(min(clock() + self._idle, total_deadline)) as deadline:
@@ -448,19 +449,13 @@ class Continuation:
             else:
                 resp.close()
         endpoint.record_success()
-        if not splice.usage_seen:
-            # An engine that sends no usage in streams (llama.cpp): the router's estimate.
-            estimate = req.prompt_tokens_estimate()
-            if splice.first_prompt is None:
-                splice.first_prompt = estimate
-                splice.prompt_tokens += estimate
-            splice.prompt_tokens += estimate + splice.given
         tail = b""
         if req.client_wants_usage:
+            prompt = splice.prompt_tokens(req.prompt_tokens_estimate())
             usage = {
-                "prompt_tokens": splice.prompt_tokens,
+                "prompt_tokens": prompt,
                 "completion_tokens": splice.tokens,
-                "total_tokens": splice.prompt_tokens + splice.tokens,
+                "total_tokens": prompt + splice.tokens,
             }
             tail = (
                 b"data: " + orjson.dumps({**splice.head, "choices": [], "usage": usage}) + b"\n\n"

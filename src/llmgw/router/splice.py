@@ -14,7 +14,7 @@ that stream one token per chunk (vLLM, SGLang, llama.cpp, the sim do).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -33,14 +33,29 @@ class Splice:
     head: dict[str, Any]
     text: str
     tokens: int
-    # Prompt tokens the engines processed so far (the first attempt's estimated).
-    prompt_tokens: int = 0
-    first_prompt: int | None = None
     continued: int = 0
-    # Tokens of the answer the continuation under way was given, and whether it
-    # reported its usage.
-    given: int = 0
-    usage_seen: bool = False
+    # Per continuation: the tokens of the answer it was given, and the prompt tokens
+    # its engine reported (None: it died before its usage chunk).
+    given: list[int] = field(default_factory=list)
+    reported: list[int | None] = field(default_factory=list)
+
+    def begin(self) -> None:
+        """A continuation starts from the answer so far."""
+        self.given.append(self.tokens)
+        self.reported.append(None)
+
+    def prompt_tokens(self, estimate: int) -> int:
+        """Every prompt token the engines processed: the first attempt's (its engine
+        died before reporting it: the first reported continuation's prompt less the
+        tokens it was given, else `estimate`, the router's), and each continuation's
+        (one that did not report it: the first attempt's plus the tokens it was given)."""
+        pairs = list(zip(self.given, self.reported, strict=True))
+        first = next(
+            (max(prompt - given, 0) for given, prompt in pairs if prompt is not None), estimate
+        )
+        return first + sum(
+            prompt if prompt is not None else first + given for given, prompt in pairs
+        )
 
 
 def read_back(sent: bytes, *, chat: bool) -> Splice | None:
@@ -214,14 +229,7 @@ def _continued_choice(choices: list[Any], splice: Splice) -> list[Any] | None:
 
 
 def add_usage(splice: Splice, usage: dict[str, Any]) -> None:
-    """Add a continuation's prompt tokens to the splice, and the first attempt's,
-    estimated from the first continuation: the first engine died before its usage
-    chunk, and its prompt was this one less the text the client had by then."""
+    """Keep the prompt tokens the continuation under way reported."""
     prompt = usage.get("prompt_tokens")
-    if not isinstance(prompt, int) or prompt <= 0:
-        return
-    splice.usage_seen = True
-    if splice.first_prompt is None:
-        splice.first_prompt = max(prompt - splice.given, 0)
-        splice.prompt_tokens += splice.first_prompt
-    splice.prompt_tokens += prompt
+    if splice.reported and isinstance(prompt, int) and not isinstance(prompt, bool) and prompt > 0:
+        splice.reported[-1] = prompt
