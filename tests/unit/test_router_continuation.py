@@ -207,3 +207,44 @@ async def test_a_stream_on_a_node_in_doubt_is_continued_on_another_replica(
         "llmgw_continuations_total", {"model": "m", "cause": "abandoned"}
     )
     assert sample == 1.0
+
+
+@pytest.mark.parametrize(
+    ("path", "extra", "expected"),
+    [
+        (CHAT, {}, True),
+        (CHAT, {"n": 1}, True),
+        (CHAT, {"n": 2}, False),
+        (CHAT, {"logprobs": True}, False),
+        (CHAT, {"top_logprobs": 2, "logprobs": True}, False),
+        (CHAT, {"echo": True}, False),
+        (CHAT, {"stream": False}, False),
+        (CHAT, {"model": "quiet"}, False),
+        ("/v1/completions", {"prompt": "Count:"}, True),
+        ("/v1/completions", {"prompt": ["Count:"]}, True),
+        ("/v1/completions", {"prompt": [1, 2, 3]}, False),
+        ("/v1/completions", {"prompt": "Count:", "suffix": "!"}, False),
+        ("/v1/completions", {"prompt": "Count:", "logprobs": 2}, False),
+    ],
+)
+async def test_which_requests_may_be_continued(
+    upstream: Upstream, path: str, extra: dict[str, Any], expected: bool
+) -> None:
+    pool = EndpointPool(policy=EjectionPolicy(3, 1.0, 30.0), clock=time.monotonic)
+    continuation = Continuation(
+        pool=pool,
+        balancer=Balancer(clock=time.monotonic, rng=random.Random(0)),
+        upstream=upstream,
+        metrics=RouterMetrics(registry=CollectorRegistry()),
+        config=ContinuationConfig(models={"quiet": False}),
+        clock=time.monotonic,
+        first_byte=60.0,
+        idle=60.0,
+        keepalive=1.0,
+        wait_limit=60.0,
+    )
+    body: dict[str, Any] = {"model": "m", "stream": True}
+    if path == CHAT:
+        body["messages"] = [{"role": "user", "content": "count"}]
+    body.update(extra)
+    assert continuation.continuable(parse_request(path, orjson.dumps(body))) is expected
