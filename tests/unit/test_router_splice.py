@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
+from llmgw.config import ConfigError, load_server_config
 from llmgw.config.continuation import ContinuationConfig
 from llmgw.engines import continues_of
 from llmgw.router.requests import parse_request
@@ -153,3 +155,14 @@ def test_continuation_settings_per_model_and_engines_that_continue() -> None:
     assert "/v1/chat/completions" in continues_of("sglang")
     assert continues_of("llamacpp") == frozenset({"/v1/completions"})
     assert continues_of("") == frozenset()
+
+
+def test_bad_continuation_settings_name_the_field_and_file(tmp_path: Path) -> None:
+    path = tmp_path / "llmgw.yaml"
+    path.write_text("router:\n  continuation:\n    max_attempts: 0\n    models: {a: maybe}\n")
+    with pytest.raises(ConfigError) as info:
+        load_server_config(path, {})
+    message = str(info.value)
+    assert str(path) in message
+    assert "router.continuation.max_attempts" in message
+    assert "router.continuation.models.a" in message
