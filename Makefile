@@ -85,6 +85,12 @@ $(IPROUTE):
 	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q iproute2
 
+# The monitoring tests check deploy/prometheus/alerts.yaml with promtool (Debian's prometheus).
+PROMTOOL := /usr/bin/promtool
+$(PROMTOOL):
+	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q prometheus
+
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
@@ -110,7 +116,7 @@ unit: $(VENV)/.installed-test
 
 # The whole suite: lint gates, then every test (unit, integration, end-to-end
 # with the real engine). pytest exits 5 when nothing ran, and make fails on it.
-test: $(VENV)/.installed-test engine vllm-model $(CHROMIUM) $(IPROUTE) lint
+test: $(VENV)/.installed-test engine vllm-model $(CHROMIUM) $(IPROUTE) $(PROMTOOL) lint
 	LLMGW_TEST_VLLM=$(VLLM_VENV)/bin/vllm LLMGW_TEST_VLLM_MODEL=$(VLLM_MODEL) \
 		LLMGW_ENGINE_PYTHON=$(ENGINE_VENV)/bin/python \
 		LLMGW_MODEL_FILE=$(MODEL_DIR)/gemma-3-270m-q4_k_m.gguf \

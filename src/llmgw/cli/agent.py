@@ -42,6 +42,9 @@ from llmgw.agent.flags import (
     parse_port_range,
     parse_servers,
 )
+from llmgw.cli.logopts import LogFormat
+from llmgw.telemetry.logs import configure_logging
+from llmgw.telemetry.logs import log_format as log_format_of
 
 if TYPE_CHECKING:
     from llmgw.agent.enroll import NodeCredentials
@@ -221,11 +224,16 @@ def agent(
         ),
     ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    log_format: LogFormat = "human",
 ) -> None:
     """Run the node agent: dial out to the control plane and run engines on command."""
     level = getattr(logging, log_level.upper(), None)
     if not isinstance(level, int):
         raise _fail(f"--log-level: {log_level!r} is not one of debug, info, warning, error")
+    try:
+        chosen_format = log_format_of(log_format, source="--log-format (or LLMGW_LOG_FORMAT)")
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
     try:
         tls = _tls(ca=tls_ca, cert=tls_cert, key=tls_key)
         join_token = _join_token(token, tls)
@@ -253,7 +261,7 @@ def agent(
         )
     except FlagError as exc:
         raise _fail(str(exc)) from None
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(level, chosen_format)
     import asyncio
 
     from llmgw.agent.state import EngineStore, StateDirError

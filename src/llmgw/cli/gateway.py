@@ -18,7 +18,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Executor, ThreadPoolExecutor
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,7 @@ from llmgw.control.agentsvc import (
     run_sweeper,
     serve_agents,
 )
-from llmgw.control.agentsvc.cluster_pki import ClusterPki
+from llmgw.control.agentsvc.cluster_pki import ClusterPki, ClusterPkiError
 from llmgw.control.agentsvc.join import serve_cluster_agents
 from llmgw.control.catalog import Catalog, CatalogError, model_from_config
 from llmgw.control.inventory import FleetMetrics, Inventory
@@ -89,9 +89,12 @@ from llmgw.diagnostics import AllocationTracer, Profiler
 from llmgw.lifecycle import guard
 from llmgw.limits import Limiter, LimitMetrics
 from llmgw.metrics import MetricsHistory, RouterMetrics
+from llmgw.metrics.activations import ActivationMetrics
+from llmgw.metrics.certs import CertificateMetrics, CertificateSource, certificate_file
 from llmgw.metrics.listeners import ListenerMetrics
 from llmgw.metrics.queue import QueueMetrics
 from llmgw.metrics.routing import RoutingMetrics
+from llmgw.router.access_log import AccessLog
 from llmgw.router.admin import create_admin_app, create_metrics_app
 from llmgw.router.admin_keys import admin_guard, key_routes
 from llmgw.router.apis.count_tokens import TokenCounter
@@ -114,6 +117,7 @@ from llmgw.router.scoring.share import PrefixShare
 from llmgw.router.shares import ShareLedger
 from llmgw.router.upstream import Upstream
 from llmgw.store import ControlServer, Store, StoreError, open_store, store_url, utc_now
+from llmgw.telemetry.tracing import Tracing, TracingError, build_tracing
 from llmgw.usage import RecordedUsage, RetentionPruner, UsageRecorder
 from llmgw.web import create_admin_portal, create_dashboard_routes
 from llmgw.web.portal import FORM_PATHS, SECRET_READS
@@ -293,16 +297,49 @@ async def _open_store(url: str) -> Store:
 async def _run(
     cfg: ServerConfig, listeners: list[BoundListener], url: str, config_file: str | None
 ) -> None:
+    try:
+        tracing = build_tracing(cfg.telemetry, service="llmgw-server")
+    except TracingError as exc:
+        raise StartupError(str(exc)) from exc
+    if tracing is not None:
+        log.info("tracing: spans go to %s (OTLP/HTTP)", tracing.endpoint)
     store = await _open_store(url)
     # Logins hash passwords here, never in the default executor the rest shares.
     login_pool = ThreadPoolExecutor(
         max_workers=LOGIN_HASH_THREADS, thread_name_prefix=LOGIN_THREAD_PREFIX
     )
     try:
-        await _serve(cfg, listeners, store, config_file, login_pool=login_pool)
+        await _serve(cfg, listeners, store, config_file, login_pool=login_pool, tracing=tracing)
     finally:
         login_pool.shutdown(wait=False, cancel_futures=True)
         await store.close()
+        if tracing is not None:
+            # Blocking (bounded): the exporter sends what is queued.
+            await asyncio.to_thread(tracing.shutdown)
+
+
+def _certificates(cfg: ServerConfig, pki: ClusterPki | None) -> list[CertificateSource]:
+    """Where the certificate expiry metric reads this server's certificates."""
+    sources: list[CertificateSource] = []
+    if pki is not None:
+        cluster = pki
+
+        def cluster_certs() -> list[tuple[str, datetime]]:
+            try:
+                return [
+                    ("cluster-ca", cluster.ca_certificate.not_valid_after_utc),
+                    ("agent-listener", cluster.server_certificate.not_valid_after_utc),
+                ]
+            except ClusterPkiError:
+                return []  # not open yet
+
+        sources.append(cluster_certs)
+    if cfg.api_tls is not None:
+        sources.append(certificate_file("api-listener", cfg.api_tls.cert))
+    if cfg.agent_tls is not None:
+        sources.append(certificate_file("agent-listener", cfg.agent_tls.cert))
+        sources.append(certificate_file("agent-ca", cfg.agent_tls.ca))
+    return sources
 
 
 def _model_names(catalog: Catalog, name: str) -> tuple[str, ...]:
@@ -336,8 +373,11 @@ async def _serve(
     config_file: str | None,
     *,
     login_pool: Executor,
+    tracing: Tracing | None = None,
 ) -> None:
     loop = asyncio.get_running_loop()
+    router_tracer = tracing.tracer("llmgw.router") if tracing is not None else None
+    control_tracer = tracing.tracer("llmgw.control") if tracing is not None else None
     clock = loop.time
     registry = CollectorRegistry()
     metrics = RouterMetrics(registry=registry)
@@ -446,6 +486,7 @@ async def _serve(
         record_event=lambda node_id, message: controller.note("node", node_id, message),
         reserved_names=await reserved_node_names(cfg, pki),
         wall_clock=utc_now,
+        tracer=control_tracer,
     )
     control = cfg.control
     controller = Controller(
@@ -472,7 +513,10 @@ async def _serve(
         mgmt_interface=control.mgmt_interface,
         # Late-bound: the router's load report is built with its queue, below.
         router_load=lambda: load_report.models(),  # noqa: PLW0108
+        tracer=control_tracer,
+        activation_metrics=ActivationMetrics(registry=registry),
     )
+    CertificateMetrics(registry=registry, sources=_certificates(cfg, pki))
     routing = cfg.router.routing
     routing_metrics = RoutingMetrics(registry=registry)
     # Engine load reports older than a few reads are ignored (the router's own counts stand).
@@ -595,6 +639,7 @@ async def _serve(
         activator=activator,
         activation_keepalive=control.activation_keepalive,
         activation_timeout=control.activation_timeout,
+        tracer=router_tracer,
         continuation=continuation,
     )
     prober = HealthProber(
@@ -738,6 +783,12 @@ async def _serve(
             model_names=lambda name: _model_names(catalog, name),
             queue_wait=cfg.router.queue.max_wait,
             token_counter=TokenCounter(pool=pool, upstream=upstream, clock=clock),
+            tracer=router_tracer,
+            access_log=(
+                AccessLog(sample=cfg.telemetry.access_log_sample, rng=random.random)
+                if cfg.telemetry.access_log
+                else None
+            ),
         ),
         "admin": browser_guard(
             admin_guard(admin_app, authenticator=authenticator),

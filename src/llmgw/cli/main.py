@@ -21,6 +21,7 @@ from llmgw.cli import tokens as tokens_cmd
 from llmgw.cli import up as up_cmd
 from llmgw.cli import usage as usage_cmd
 from llmgw.cli import users as users_cmd
+from llmgw.cli.logopts import LogFormat, setup_logging
 
 app = typer.Typer(
     name="llmgw",
@@ -37,6 +38,17 @@ app = typer.Typer(
     # Sub-commands inherit this from the root app.
     rich_markup_mode=None,
 )
+
+
+@app.callback()
+def _root(log_format: LogFormat = "human") -> None:
+    # Every command's warnings in the chosen format; the long-running commands
+    # configure logging again with their --log-level. Their own --log-format reads
+    # LLMGW_LOG_FORMAT, set here (before they parse their options), so
+    # `llmgw --log-format json server` holds for the server too, and for the
+    # processes it starts.
+    setup_logging("warning", log_format)
+    os.environ["LLMGW_LOG_FORMAT"] = log_format.strip().lower()
 
 
 @app.command()

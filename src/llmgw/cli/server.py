@@ -12,6 +12,8 @@ from typing import Annotated, Any
 
 import typer
 
+from llmgw.cli.logopts import LogFormat, setup_logging
+
 log = logging.getLogger("llmgw.server")
 
 
@@ -133,12 +135,10 @@ def server(
         ),
     ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    log_format: LogFormat = "human",
 ) -> None:
     """Run the gateway."""
-    level = getattr(logging, log_level.upper(), None)
-    if not isinstance(level, int):
-        raise _fail(f"--log-level {log_level!r}: use debug, info, warning or error")
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    level = setup_logging(log_level, log_format)
     # Alembic announces each of its plugins at INFO on import; migrations still log.
     logging.getLogger("alembic.runtime.plugins").setLevel(max(level, logging.WARNING))
     from llmgw.cli.gateway import NothingToServe, StartupError, run_gateway

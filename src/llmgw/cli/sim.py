@@ -12,6 +12,8 @@ from typing import Annotated
 
 import typer
 
+from llmgw.cli.logopts import LogFormat, setup_logging
+
 
 def sim(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
@@ -145,8 +147,10 @@ def sim(
             "finish them; 1 s keeps tests with stalled streams quick).",
         ),
     ] = 1.0,
+    log_format: LogFormat = "human",
 ) -> None:
     """Run a simulated OpenAI-compatible engine, or one rank of a multi-node one."""
+    setup_logging("warning", log_format)
     import uvicorn
     from prometheus_client import CollectorRegistry
 
@@ -205,6 +209,10 @@ def sim(
         "access_log": False,
         "timeout_graceful_shutdown": math.ceil(shutdown_grace),
     }
+    if log_format.strip().lower() == "json":
+        # uvicorn's own log config writes plain text: its records go to the root
+        # logger (configured above) instead.
+        options["log_config"] = None
     if gang is not None:
         run_rank0(app, gang, uvicorn.Config(app, loop="none", **options))  # type: ignore[arg-type]
         return

@@ -50,6 +50,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from llmgw.cli.logopts import LogFormat, setup_logging
+from llmgw.telemetry.logs import log_format as log_format_of
+
 if TYPE_CHECKING:
     from llmgw.cli.serving import BoundListener
     from llmgw.config import ServerConfig
@@ -128,6 +131,7 @@ class _Plan:
     node_id: str
     port_range: str
     log_level: str
+    log_format: str
 
 
 def up(
@@ -207,6 +211,7 @@ def up(
         str, typer.Option(help="Ports the local engines may listen on, START-END.")
     ] = "20000-20099",
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    log_format: LogFormat = "human",
 ) -> None:
     """Start everything on this machine: the gateway, a local agent and the quickstart's models."""
     try:
@@ -223,11 +228,9 @@ def up(
             node_id=node_id,
             port_range=port_range,
             log_level=log_level,
+            log_format=log_format,
         )
-        logging.basicConfig(
-            level=getattr(logging, log_level.upper()),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        )
+        setup_logging(plan.log_level, plan.log_format)
         if plan.log_level != "debug":
             # Migration chatter would bury the key and the curls this command prints.
             logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -251,6 +254,7 @@ def _plan(
     log_level: str,
     vllm: str | None = None,
     vllm_model: str | None = None,
+    log_format: str = "human",
 ) -> _Plan:
     """Check every flag; UpError naming the flag for the first bad one."""
     from llmgw.agent.errors import FlagError
@@ -259,6 +263,10 @@ def _plan(
 
     if not isinstance(getattr(logging, log_level.upper(), None), int):
         raise UpError(f"--log-level {log_level!r}: use debug, info, warning or error")
+    try:
+        chosen_format = log_format_of(log_format, source="--log-format (or LLMGW_LOG_FORMAT)")
+    except ValueError as exc:
+        raise UpError(str(exc)) from None
     try:
         addresses = [
             parse_listen(flag, value)
@@ -311,6 +319,7 @@ def _plan(
         node_id=node_id,
         port_range=port_range,
         log_level=log_level.lower(),
+        log_format=chosen_format,
     )
 
 
@@ -649,6 +658,7 @@ def _agent_argv(plan: _Plan) -> list[str]:
         # Ctrl-C on `llmgw up` stops everything it started, engines included.
         "--stop-engines-on-exit",
         "--log-level", plan.log_level,
+        "--log-format", plan.log_format,
     ]  # fmt: skip
 
 

@@ -21,6 +21,7 @@ from llmgw.config.server import (
     TimeoutsConfig,
     UsageConfig,
 )
+from llmgw.config.telemetry import TelemetryConfig
 
 __all__ = [
     "AgentTLSConfig",
@@ -36,6 +37,7 @@ __all__ = [
     "ProfileConfig",
     "RouterConfig",
     "ServerConfig",
+    "TelemetryConfig",
     "TimeoutsConfig",
     "UsageConfig",
     "load_server_config",

@@ -16,6 +16,7 @@ from llmgw.config.continuation import ContinuationConfig
 from llmgw.config.models import ModelConfig
 from llmgw.config.queue import QueueConfig
 from llmgw.config.routing import RoutingConfig
+from llmgw.config.telemetry import TelemetryConfig
 
 EngineName = Literal["vllm", "sglang", "llamacpp", "sim"]
 """The engines llmgw knows (`llmgw.engines.KNOWN_ENGINES`; a unit test keeps them equal)."""
@@ -668,6 +669,10 @@ class ServerConfig(_Strict):
     usage: UsageConfig = UsageConfig()
     control: ControlConfig = ControlConfig()
     admin: AdminConfig = AdminConfig()
+    telemetry: TelemetryConfig = Field(
+        default_factory=TelemetryConfig,
+        description="Traces (OpenTelemetry, off by default) and the API access log (off).",
+    )
     models: list[ModelConfig] = Field(
         default_factory=list,
         description=(

@@ -39,6 +39,8 @@ class EndpointSnapshot:
     endpoint: str
     in_flight: int
     healthy: bool
+    # The model names it serves (for the per-model count of healthy endpoints).
+    models: tuple[str, ...] = ()
 
 
 class _EndpointCollector(Collector):
@@ -67,11 +69,23 @@ class _EndpointCollector(Collector):
             "1 when the endpoint takes traffic (probe passing, not ejected), else 0.",
             labels=["endpoint"],
         )
+        ready = GaugeMetricFamily(
+            "llmgw_model_ready_endpoints",
+            "Endpoints of each model that take traffic now (0: requests for it wait for "
+            "an activation or fail).",
+            labels=["model"],
+        )
+        by_model: dict[str, int] = {}
         for snap in snapshots:
             in_flight.add_metric([snap.endpoint], snap.in_flight)
             healthy.add_metric([snap.endpoint], 1.0 if snap.healthy else 0.0)
+            for model in snap.models:
+                by_model[model] = by_model.get(model, 0) + snap.healthy
+        for model, count in sorted(by_model.items()):
+            ready.add_metric([model], count)
         yield in_flight
         yield healthy
+        yield ready
 
 
 class RequestSeries:

@@ -5,6 +5,14 @@ and every request pays for each layer. Routing is a dict lookup; errors of
 every kind become OpenAI-shaped bodies here and nowhere else. While a request
 is proxied, a watcher waits for the client to disconnect and cancels the
 upstream work at once.
+With a tracer (tracing on), each API request is one trace: a server span named
+for its route (model, key id, request id, status; never a prompt or a key's
+secret), continuing the client's W3C `traceparent`, with child spans for the
+key check and the limits, and the proxy's own. A request without an
+`x-request-id` and without a client's trace then gets its trace id as request
+id (in UUID form), so a complaint quoting it leads to the trace; every span
+carries the request id too. Without a tracer this costs one check.
+
 Not guaranteed: requests arriving with `Transfer-Encoding: chunked` are only
 checked against the body limit as they are read.
 """
@@ -19,10 +27,12 @@ from datetime import datetime
 from typing import Any, Protocol
 
 import orjson
+from opentelemetry.trace import SpanKind, StatusCode, Tracer, get_current_span
 
 from llmgw.auth import Authenticator, AuthError, Principal, token_from_headers
-from llmgw.limits import Admission, Limiter, LimitExceeded
+from llmgw.limits import Admission, KeyLimits, Limiter, LimitExceeded
 from llmgw.metrics import RouterMetrics
+from llmgw.router.access_log import AccessLog
 from llmgw.router.apis import ClientApi, engine_routes
 from llmgw.router.apis import count_tokens as counting
 from llmgw.router.apis.messages import MessagesApi
@@ -50,6 +60,7 @@ from llmgw.router.requests import (
     parse_request,
 )
 from llmgw.store import StoreError, UsageRecord
+from llmgw.telemetry.propagation import extract_context
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -98,13 +109,17 @@ class RouterApp:
         queue_wait: float | None = None,
         apis: Mapping[str, ClientApi] | None = None,
         token_counter: counting.TokenCounter | None = None,
+        tracer: Tracer | None = None,
+        access_log: AccessLog | None = None,
     ) -> None:
         """`admin_portal` answers every `/admin` and `/admin/...` path (the login and
         admin pages); without one those paths are 404 like any unknown route.
         `model_names` gives every name of the model a name stands for (its own and
         its aliases), so a key allowed one of them may use them all. `apis` maps
         paths to the other client APIs served (default: Anthropic Messages and
-        OpenAI Responses). `token_counter` answers `/v1/messages/count_tokens`."""
+        OpenAI Responses). `token_counter` answers `/v1/messages/count_tokens`.
+        `tracer`: trace API requests (None: tracing off). `access_log`: write a line
+        per API request (None: off)."""
         self._proxy = proxy
         self._pool = pool
         self._metrics = metrics
@@ -125,6 +140,8 @@ class RouterApp:
             else {"/v1/messages": MessagesApi(), "/v1/responses": ResponsesApi()}
         )
         self._token_counter = token_counter
+        self._tracer = tracer
+        self._access_log = access_log
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -145,8 +162,111 @@ class RouterApp:
                 authorization = value
             elif name == b"x-api-key":
                 api_key = value
+        path: str = scope["path"]
+        if (self._tracer is not None or self._access_log is not None) and (
+            path.startswith("/v1/") or path in _POST_ROUTES
+        ):
+            await self._observed(scope, receive, send, request_id)
+            return
         if not request_id:
             request_id = new_request_id()
+        await self._route(scope, receive, send, request_id, content_length, authorization, api_key)
+
+    async def _observed(self, scope: Scope, receive: Receive, send: Send, given_id: bytes) -> None:
+        """An API request traced and/or access-logged (see the module docstring)."""
+        exchange = _Exchange(self._clock())
+        method: str = scope["method"]
+        path: str = scope["path"]
+
+        async def observing_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                exchange.status = message["status"]
+                for name, value in message.get("headers", ()):
+                    if name == b"x-llmgw-replica":
+                        exchange.replica = value.decode("latin-1")
+            await send(message)
+
+        headers = scope["headers"]
+        content_length, authorization, api_key = -1, None, None
+        for name, value in headers:
+            if name == b"content-length" and value.isdigit():
+                content_length = int(value)
+            elif name == b"authorization":
+                authorization = value
+            elif name == b"x-api-key":
+                api_key = value
+        request_id = given_id
+        if self._tracer is None:
+            request_id = request_id or new_request_id()
+            try:
+                await self._route(
+                    scope, receive, observing_send, request_id, content_length,
+                    authorization, api_key, exchange,
+                )  # fmt: skip
+            finally:
+                self._log_access(method, path, request_id, exchange, None)
+            return
+        parent = extract_context(headers)
+        with self._tracer.start_as_current_span(
+            f"{method} {path}",
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes={"http.request.method": method, "http.route": path},
+        ) as span:
+            context = span.get_span_context()
+            trace_id = f"{context.trace_id:032x}"
+            if not request_id:
+                # A trace begun here is this request's alone: its id is the request id.
+                # A client's trace may hold many requests, each gets an id of its own.
+                continued = get_current_span(parent).get_span_context().is_valid
+                request_id = new_request_id() if continued else _as_uuid(trace_id)
+            span.set_attribute("llmgw.request_id", request_id.decode("latin-1"))
+            try:
+                await self._route(
+                    scope, receive, observing_send, request_id, content_length,
+                    authorization, api_key, exchange,
+                )  # fmt: skip
+            finally:
+                span.set_attribute("http.response.status_code", exchange.status)
+                if exchange.replica is not None:
+                    span.set_attribute("llmgw.replica", exchange.replica)
+                if exchange.status >= 500:
+                    span.set_status(StatusCode.ERROR)
+                self._log_access(method, path, request_id, exchange, trace_id)
+
+    def _log_access(
+        self,
+        method: str,
+        path: str,
+        request_id: bytes,
+        exchange: _Exchange,
+        trace_id: str | None,
+    ) -> None:
+        if self._access_log is None:
+            return
+        self._access_log.write(
+            method=method,
+            path=path,
+            status=exchange.status,
+            model=exchange.model,
+            replica=exchange.replica,
+            key_id=exchange.key_id,
+            request_id=request_id.decode("latin-1"),
+            latency=self._clock() - exchange.started,
+            trace_id=trace_id,
+        )
+
+    async def _route(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        request_id: bytes,
+        content_length: int,
+        authorization: bytes | None,
+        api_key: bytes | None,
+        exchange: _Exchange | None = None,
+    ) -> None:
         path: str = scope["path"]
         method: str = scope["method"]
         try:
@@ -164,6 +284,7 @@ class RouterApp:
                     content_length,
                     principal,
                     headers=scope["headers"],
+                    exchange=exchange,
                 )
             elif path == _COUNT_TOKENS and self._token_counter is not None:
                 await self._count_tokens(
@@ -171,7 +292,7 @@ class RouterApp:
                 )
             elif path in self._apis:
                 await self._other_api(
-                    self._apis[path], scope, receive, send, request_id, content_length
+                    self._apis[path], scope, receive, send, request_id, content_length, exchange
                 )
             elif path == "/v1/models" or path.startswith("/v1/models/"):
                 if method not in ("GET", "HEAD"):
@@ -201,6 +322,7 @@ class RouterApp:
         send: Send,
         request_id: bytes,
         content_length: int,
+        exchange: _Exchange | None = None,
     ) -> None:
         """A request of another client API: its own request and error shapes."""
         path: str = scope["path"]
@@ -226,6 +348,7 @@ class RouterApp:
                 principal,
                 api,
                 headers=scope["headers"],
+                exchange=exchange,
             )
         except RouterError as exc:
             await _send_error(send, exc, request_id, api.error_body(exc))
@@ -269,8 +392,18 @@ class RouterApp:
         await _send_json(send, 200, {"input_tokens": tokens}, request_id, extra)
 
     async def _authenticate(self, authorization: bytes | None, api_key: bytes | None) -> Principal:
+        tracer = _recording(self._tracer)
         try:
-            return await self._auth.authenticate(token_from_headers(authorization, api_key))
+            if tracer is None:
+                return await self._auth.authenticate(token_from_headers(authorization, api_key))
+            with tracer.start_as_current_span("llmgw.auth") as span:
+                principal = await self._auth.authenticate(
+                    token_from_headers(authorization, api_key)
+                )
+                # The key's id, never its secret.
+                if principal.key_id is not None:
+                    span.set_attribute("llmgw.key_id", principal.key_id)
+                return principal
         except AuthError as exc:
             self._metrics.request_counter.inc("none", "none", exc.status)
             raise _refused(exc) from None
@@ -286,6 +419,7 @@ class RouterApp:
         api: ClientApi | None = None,
         *,
         headers: list[tuple[bytes, bytes]] | None = None,
+        exchange: _Exchange | None = None,
     ) -> None:
         start = self._clock()
         model = "none"
@@ -306,6 +440,10 @@ class RouterApp:
             req.headers, req.key_id = headers or [], principal.key_id
             req.may_debug = principal.may_debug
             model = req.model if req.model in self._pool.by_model else "unknown"
+            if exchange is not None:
+                exchange.model, exchange.key_id = req.model, principal.key_id
+                if self._tracer is not None:
+                    _describe_span(req, principal)
             try:
                 principal.check_model(req.model, self._model_names(req.model))
             except AuthError as exc:
@@ -321,7 +459,7 @@ class RouterApp:
         admission: Admission | None = None
         if limits is not None:
             try:
-                admission = await self._limiter.admit(limits, req.prompt_tokens_estimate())
+                admission = await self._admit(limits, req)
             except LimitExceeded as exc:
                 self._record(req, principal, request_id, start, exc.status, "none", None, path)
                 self._count(path, model, "none", exc.status)
@@ -349,6 +487,11 @@ class RouterApp:
             raise
         else:
             self._count(path, model, outcome.endpoint, outcome.status)
+            if exchange is not None:
+                # As the usage record says: 499 for a client that went away first.
+                exchange.status = outcome.status
+                if outcome.endpoint != "none":
+                    exchange.replica = outcome.endpoint
             # Recorded before the budget is settled: the budget source counts the
             # record's tokens from here on, written or not.
             self._record(
@@ -358,6 +501,17 @@ class RouterApp:
             if limits is not None and admission is not None:
                 used = outcome.prompt_tokens + outcome.completion_tokens if outcome else 0
                 await self._limiter.settle(limits, admission, used)
+
+    async def _admit(self, limits: KeyLimits, req: ParsedRequest) -> Admission:
+        tracer = _recording(self._tracer)
+        if tracer is None:
+            return await self._limiter.admit(limits, req.prompt_tokens_estimate())
+        with tracer.start_as_current_span("llmgw.limits") as span:
+            try:
+                return await self._limiter.admit(limits, req.prompt_tokens_estimate())
+            except LimitExceeded as exc:
+                span.set_attribute("llmgw.refused", exc.reason)
+                raise
 
     def _count(self, route: str, model: str, endpoint: str, status: int) -> None:
         self._metrics.request_counter.inc(model, endpoint, status)
@@ -517,6 +671,42 @@ class RouterApp:
 
     def _model_object(self, name: str) -> dict[str, object]:
         return {"id": name, "object": "model", "created": self._created, "owned_by": "llmgw"}
+
+
+class _Exchange:
+    """What the access log and the server span say of one request, filled as it goes."""
+
+    __slots__ = ("key_id", "model", "replica", "started", "status")
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        # 500 until a response starts: a request that ends without one failed here.
+        self.status = 500
+        self.model: str | None = None
+        self.replica: str | None = None
+        self.key_id: str | None = None
+
+
+def _recording(tracer: Tracer | None) -> Tracer | None:
+    """`tracer` when the current request's trace is recorded (sampled), else None."""
+    if tracer is None or not get_current_span().is_recording():
+        return None
+    return tracer
+
+
+def _as_uuid(trace_id: str) -> bytes:
+    """A trace id (32 hex digits) in UUID form, the shape request ids have."""
+    t = trace_id
+    return f"{t[:8]}-{t[8:12]}-{t[12:16]}-{t[16:20]}-{t[20:]}".encode()
+
+
+def _describe_span(req: ParsedRequest, principal: Principal) -> None:
+    """The server span's request attributes: never the prompt, never the key."""
+    span = get_current_span()
+    span.set_attribute("llmgw.model", req.model)
+    span.set_attribute("llmgw.stream", req.stream)
+    if principal.key_id is not None:
+        span.set_attribute("llmgw.key_id", principal.key_id)
 
 
 def _parse(

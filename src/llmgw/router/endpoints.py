@@ -300,7 +300,8 @@ class EndpointPool:
     def snapshots(self) -> list[EndpointSnapshot]:
         now = self._clock()
         return [
-            EndpointSnapshot(ep.id, ep.in_flight, ep.available(now)) for ep in self._by_id.values()
+            EndpointSnapshot(ep.id, ep.in_flight, ep.available(now), tuple(ep.models))
+            for ep in self._by_id.values()
         ]
 
 

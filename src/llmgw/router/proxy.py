@@ -40,6 +40,14 @@ error answer has the endpoint's URL, host:port and host replaced by
 `<replica ID>`, and each failure is logged with the URL for operators (the admin
 API and the dashboard show it too).
 
+With a tracer (tracing on), the request's trace gets a span for its wait in
+the queue, for the wait for an activation (linked to the activation's own trace
+by the control plane), for each routing choice (the chosen replica and its
+scores) and for each attempt at an engine (replica, retry reason, TTFT, tokens);
+each attempt sends the engine a `traceparent` naming its span, so an engine that
+traces (vLLM with an OTLP endpoint) joins the trace. Without a tracer, a client's
+own `traceparent`/`tracestate` go to the engine as they came.
+
 Not guaranteed: an engine that received a request and then failed may have
 done work for it before the retry. Nor that an engine's own words inside a
 stream that began (its SSE `error` events) carry no address: streams are
@@ -52,9 +60,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
+
+from opentelemetry.trace import SpanKind, StatusCode, Tracer, get_current_span
 
 from llmgw.config import RouterConfig
 from llmgw.engines import UnknownEngine, routes_of
@@ -80,6 +91,7 @@ from llmgw.router.ids import is_uuid, new_request_id
 from llmgw.router.queue import QueueRefused, RequestQueue, Ticket
 from llmgw.router.requests import ParsedRequest
 from llmgw.router.saturation import Saturation
+from llmgw.router.scoring import RouteRequest
 from llmgw.router.sse import NativeRelay, SSERelay
 from llmgw.router.upstream import (
     ConnectFailed,
@@ -89,6 +101,7 @@ from llmgw.router.upstream import (
     UpstreamError,
 )
 from llmgw.router.usage_scan import find_usage
+from llmgw.telemetry.propagation import trace_headers
 
 Message = MutableMapping[str, Any]
 Send = Callable[[Message], Awaitable[None]]
@@ -105,6 +118,8 @@ _RECHECK_FIRST = 0.25
 _RECHECK_MAX = 2.0
 _JSON = b"application/json"
 _EVENT_STREAM = b"text/event-stream"
+# A client's W3C trace context, passed to the engine when this gateway does not trace.
+_TRACE_CONTEXT = frozenset({b"traceparent", b"tracestate"})
 
 
 class _Retryable(Exception):
@@ -159,13 +174,16 @@ class Proxy:
         activation_timeout: float = 600.0,
         queue: RequestQueue | None = None,
         saturation: Saturation | None = None,
+        tracer: Tracer | None = None,
         continuation: Continuation | None = None,
     ) -> None:
         """`activation_timeout` bounds how long a request waits for a replica in
         all (the activator's own wait included). With a `queue`, a request with a
         `Ticket` first waits its turn there while its model is saturated, and with
-        `saturation` the balancer picks among replicas with room. With a
-        `continuation`, streams whose engine fails mid-stream are continued."""
+        `saturation` the balancer picks among replicas with room. `tracer`: spans
+        for the request's steps (None: tracing off). With a `continuation`, streams
+        whose engine fails mid-stream are continued."""
+        self._tracer = tracer
         self._continuation = continuation
         self._queue = queue
         self._saturation = saturation
@@ -216,13 +234,27 @@ class Proxy:
             # A queued request is demand too: target_in_flight scales up for it.
             activator.request_started(req.model)
         try:
-            waited = await queue.wait_turn(
+            wait = queue.wait_turn(
                 req.model,
                 ticket,
                 keepalive=keepalive if req.stream else None,
                 interval=self._keepalive,
                 tokens=lambda: req.prompt_tokens_estimate() + _max_tokens(req.body),
             )
+            tracer = self._recording()
+            if tracer is None:
+                waited = await wait
+            else:
+                # A span only for a request that waited (or was refused): most pass at
+                # once, and a span costs more than the check (bench/RESULTS.md).
+                began = time.time_ns()
+                try:
+                    waited = await wait
+                except QueueRefused as exc:
+                    _queue_span(tracer, req.model, ticket, began, exc.code)
+                    raise
+                if waited > 0:
+                    _queue_span(tracer, req.model, ticket, began, None)
         except QueueRefused as exc:
             if not started:
                 raise
@@ -367,7 +399,15 @@ class Proxy:
             if not endpoints and not activated:
                 try:
                     async with asyncio.timeout_at(deadline):
-                        await activator.activate(model)
+                        tracer = self._recording()
+                        if tracer is None:
+                            await activator.activate(model)
+                        else:
+                            # The control plane links this span to the activation's trace.
+                            with tracer.start_as_current_span(
+                                "llmgw.activation.wait", attributes={"llmgw.model": model}
+                            ):
+                                await activator.activate(model)
                 except TimeoutError:
                     raise self._no_replica_in_time(model, [], self._clock()) from None
                 activated = True
@@ -435,8 +475,12 @@ class Proxy:
         # Replicas whose engine was gone, and whether any failure was something else.
         gone: set[str] = set()
         other = False
-        for _ in range(self._attempts):
-            endpoint = self._balancer.pick(endpoints, tried, route)
+        tracer = self._recording()
+        for attempt in range(self._attempts):
+            if tracer is None:
+                endpoint = self._balancer.pick(endpoints, tried, route)
+            else:
+                endpoint = self._traced_pick(tracer, endpoints, tried, route)
             if endpoint is None:
                 break
             headers = extra_headers
@@ -447,7 +491,12 @@ class Proxy:
             tried.append(endpoint)
             endpoint.in_flight += 1
             try:
-                outcome = await self._attempt(endpoint, req, request_id, send, start, headers)
+                if tracer is None:
+                    outcome = await self._attempt(endpoint, req, request_id, send, start, headers)
+                else:
+                    outcome = await self._traced_attempt(
+                        tracer, attempt, endpoint, req, request_id, send, start, headers
+                    )
             except _Retryable as exc:
                 self._metrics.upstream_errors.labels(endpoint.id, exc.kind).inc()
                 log.info(
@@ -457,6 +506,7 @@ class Proxy:
                     endpoint.id,
                     endpoint.url,
                     exc.error.message,
+                    extra=_log_context(request_id, req.model, endpoint.id),
                 )
                 if exc.counts_as_failure:
                     endpoint.record_failure(exc.error.message)
@@ -482,6 +532,77 @@ class Proxy:
             ),
             frozenset(),
         )
+
+    def _recording(self) -> Tracer | None:
+        """The tracer, when this request's trace is recorded (sampled); else None: an
+        unsampled request's spans would record nothing and cost as much to make."""
+        tracer = self._tracer
+        if tracer is None or not get_current_span().is_recording():
+            return None
+        return tracer
+
+    def _traced_pick(
+        self,
+        tracer: Tracer,
+        endpoints: list[Endpoint],
+        tried: list[Endpoint],
+        route: RouteRequest,
+    ) -> Endpoint | None:
+        with tracer.start_as_current_span("llmgw.route") as span:
+            span.set_attribute("llmgw.model", route.model)
+            span.set_attribute("llmgw.route.candidates", len(endpoints) - len(tried))
+            route.chosen_scores = {}
+            endpoint = self._balancer.pick(endpoints, tried, route)
+            if endpoint is None:
+                span.set_attribute("llmgw.route.chosen", "none")
+                return None
+            span.set_attribute("llmgw.route.chosen", endpoint.id)
+            for name, value in route.chosen_scores.items():
+                span.set_attribute(f"llmgw.route.score.{name}", value)
+            return endpoint
+
+    async def _traced_attempt(
+        self,
+        tracer: Tracer,
+        attempt: int,
+        endpoint: Endpoint,
+        req: ParsedRequest,
+        request_id: bytes,
+        send: Send,
+        start: float,
+        headers: list[tuple[bytes, bytes]],
+    ) -> Outcome:
+        """`_attempt` in a client span: replica, attempt number, retry reason, TTFT
+        and tokens; the engine gets this span as its parent (`traceparent`)."""
+        with tracer.start_as_current_span(
+            "llmgw.upstream",
+            kind=SpanKind.CLIENT,
+            attributes={
+                "llmgw.replica": endpoint.id,
+                "llmgw.attempt": attempt + 1,
+                "llmgw.engine": endpoint.engine or "unknown",
+            },
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                outcome = await self._attempt(endpoint, req, request_id, send, start, headers)
+            except _Retryable as exc:
+                span.set_attribute("llmgw.retry_reason", exc.kind)
+                span.set_status(StatusCode.ERROR, exc.error.message)
+                raise
+            except RouterError as exc:
+                span.set_attribute("http.response.status_code", exc.status)
+                span.set_status(StatusCode.ERROR, exc.message)
+                raise
+            span.set_attribute("http.response.status_code", outcome.status)
+            if outcome.ttft is not None:
+                span.set_attribute("llmgw.ttft_s", outcome.ttft)
+            span.set_attribute("llmgw.prompt_tokens", outcome.prompt_tokens)
+            span.set_attribute("llmgw.completion_tokens", outcome.completion_tokens)
+            if outcome.status >= 400:
+                span.set_status(StatusCode.ERROR)
+            return outcome
 
     async def _attempt(
         self,
@@ -539,6 +660,7 @@ class Proxy:
                     endpoint.url,
                     phase,
                     limit,
+                    extra=_log_context(request_id, req.model, endpoint.id),
                 )
                 raise DeadlineExceeded(
                     f"endpoint '{endpoint.id}' did not answer within the {phase} deadline "
@@ -587,17 +709,19 @@ class Proxy:
         else:
             path = endpoint.path_for(req.path) or req.path
             body = req.upstream_body if path == req.path else req.body_for(path)
+        headers: tuple[tuple[bytes, bytes], ...] = (
+            (b"Content-Type", req.content_type),
+            (b"X-Request-Id", _upstream_id(request_id)),
+        )
+        if self._tracer is not None:
+            # The current span is this attempt's: the engine's spans become its children.
+            headers += tuple(trace_headers())
+        else:
+            for name, value in req.headers:
+                if name in _TRACE_CONTEXT:
+                    headers += ((name, value),)
         try:
-            return await self._upstream.request(
-                b"POST",
-                endpoint.url,
-                path,
-                body,
-                (
-                    (b"Content-Type", req.content_type),
-                    (b"X-Request-Id", _upstream_id(request_id)),
-                ),
-            )
+            return await self._upstream.request(b"POST", endpoint.url, path, body, headers)
         except (ConnectFailed, Disconnected) as exc:
             raise _Retryable(
                 EngineUnreachable(f"engine of endpoint '{endpoint.id}' is unreachable: {exc}"),
@@ -738,6 +862,7 @@ class Proxy:
                 endpoint.id,
                 endpoint.url,
                 phase,
+                extra=_log_context(request_id, req.model, endpoint.id),
             )
             if phase == "idle" and sent is not None:
                 resumed = await self._continue(
@@ -768,6 +893,7 @@ class Proxy:
                 endpoint.id,
                 endpoint.url,
                 exc,
+                extra=_log_context(request_id, req.model, endpoint.id),
             )
             if sent is not None:
                 resumed = await self._continue(
@@ -909,6 +1035,27 @@ class Proxy:
         if completion:
             series.completion_tokens.inc(completion)
         return prompt, completion
+
+
+def _log_context(request_id: bytes, model: str, replica: str) -> dict[str, str]:
+    """A log line's context fields (`--log-format json` writes each as its own)."""
+    return {"request_id": request_id.decode("latin-1"), "model": model, "replica": replica}
+
+
+def _queue_span(
+    tracer: Tracer, model: str, ticket: Ticket, began: int, refused: str | None
+) -> None:
+    """The queue wait as a span, from `began` (ns) to now."""
+    span = tracer.start_span(
+        "llmgw.queue",
+        start_time=began,
+        attributes={"llmgw.model": model, "llmgw.priority": ticket.priority},
+    )
+    span.set_attribute("llmgw.queue.waited_s", (time.time_ns() - began) / 1e9)
+    if refused is not None:
+        span.set_attribute("llmgw.refused", refused)
+        span.set_status(StatusCode.ERROR)
+    span.end()
 
 
 def _stream_start(

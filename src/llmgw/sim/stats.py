@@ -45,7 +45,13 @@ class LastRequest:
             name.decode("latin-1").lower(): value.decode("latin-1")
             for name, value in self.raw_headers
         }
-        return {"path": self.path, "body": self.body, "headers": headers}
+        # The W3C trace context the engine was sent: tests of tracing read it here.
+        return {
+            "path": self.path,
+            "body": self.body,
+            "headers": headers,
+            "traceparent": headers.get("traceparent"),
+        }
 
 
 class SimStats:

@@ -263,6 +263,11 @@ class ClusterPki:
         return b"".join(cert_pem(c) for c in self._trusted)
 
     @property
+    def ca_certificate(self) -> x509.Certificate:
+        """The CA that signs nodes' and this server's certificates now."""
+        return self._require_ca().cert
+
+    @property
     def server_certificate(self) -> x509.Certificate:
         if self._server is None:
             raise ClusterPkiError("the cluster PKI is not open yet")

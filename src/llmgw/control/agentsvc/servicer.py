@@ -54,6 +54,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 import grpc
+from opentelemetry.trace import NoOpTracer, Span, Tracer
 from prometheus_client import CollectorRegistry
 
 from llmgw.control.agentsvc import convert
@@ -179,8 +180,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         stop_grace: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        tracer: Tracer | None = None,
     ) -> None:
-        """`admission()` returns None to take a stream, or the reason it is refused.
+        """`tracer`: a span per registration (default: none).
+
+        `admission()` returns None to take a stream, or the reason it is refused.
 
         `require_identity`: the node id must be a name on the client certificate
         (turn on with mTLS; without a certificate every stream is refused).
@@ -190,6 +194,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         case); a Register under one of them is refused. `placements` judges every
         shard report; a refused shard is stopped with `stop_grace` seconds' grace.
         """
+        self._tracer = tracer or NoOpTracer()
         self._inventory = inventory
         self._placements = placements
         self._clock = clock
@@ -275,12 +280,33 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"the first message on the agent stream must be Register, got {kind or 'nothing'}",
             )
+        with self._tracer.start_as_current_span(
+            "llmgw.agent.register", attributes={"llmgw.peer": context.peer()}
+        ) as span:
+            session = await self._register(first, context, span)
+        try:
+            await self._serve(session, context)
+        except _ClosedByServer:
+            await context.abort(
+                grpc.StatusCode.ABORTED, f"the server closed this stream: {session.closed_because}"
+            )
+        except BadAgentMessage as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        finally:
+            self._close(session)
+
+    async def _register(
+        self, first: agent_pb2.AgentMessage, context: Context, span: Span
+    ) -> NodeSession:
+        """Check a Register and open the node's session, or abort the stream saying why."""
         started = time.perf_counter()
         try:
             registration = convert.registration(first.register)
         except BadAgentMessage as exc:
             log.warning("refused a Register from %s: %s", context.peer(), exc)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        span.set_attribute("llmgw.node", registration.node_id)
+        span.set_attribute("llmgw.running_shards", len(registration.running_shards))
         reserved = reserved_name_refusal(registration.node_id, self._reserved_names())
         if reserved is not None:
             log.warning("refused a Register from %s: %s", context.peer(), reserved)
@@ -297,16 +323,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         session = await self._admit(registration, context)
         if self._metrics is not None:
             self._metrics.handled("register", time.perf_counter() - started)
-        try:
-            await self._serve(session, context)
-        except _ClosedByServer:
-            await context.abort(
-                grpc.StatusCode.ABORTED, f"the server closed this stream: {session.closed_because}"
-            )
-        except BadAgentMessage as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        finally:
-            self._close(session)
+        return session
 
     async def _wait_for_placements(self, context: Context) -> None:
         """Abort UNAVAILABLE unless this term's placement records are read in time."""

@@ -42,7 +42,9 @@ class FleetMetrics(Collector):
         yield from self._families()
 
     def collect(self) -> Iterator[Metric]:
-        nodes_f, draining_f, gpus_f, in_use_f, shards_f, age_f = self._families()
+        (nodes_f, draining_f, gpus_f, in_use_f, shards_f, age_f, memory_f, used_f, model_f) = (
+            self._families()
+        )
         nodes = self._inventory.nodes()
         by_state = Counter(node.state for node in nodes)
         shard_states = Counter(s.state for node in nodes for s in node.shards.values())
@@ -55,7 +57,14 @@ class FleetMetrics(Collector):
         in_use_f.add_metric([], sum(len(node.gpus_in_use()) for node in nodes))
         for node in nodes:
             age_f.add_metric([node.id], self._inventory.heartbeat_age(node))
-        yield from (nodes_f, draining_f, gpus_f, in_use_f, shards_f, age_f)
+        gpus = [gpu for node in nodes for gpu in node.gpus]
+        memory_f.add_metric([], sum(gpu.memory_total for gpu in gpus))
+        used_f.add_metric([], sum(gpu.memory_total - gpu.memory_free for gpu in gpus))
+        by_model = Counter((s.model, s.state) for node in nodes for s in node.shards.values())
+        for (model, shard_state), count in sorted(by_model.items()):
+            model_f.add_metric([model, shard_state], count)
+        yield from (nodes_f, draining_f, gpus_f, in_use_f, shards_f, age_f, memory_f, used_f)
+        yield model_f
 
     @staticmethod
     def _families() -> tuple[GaugeMetricFamily, ...]:
@@ -81,5 +90,17 @@ class FleetMetrics(Collector):
                 "llmgw_node_heartbeat_age_seconds",
                 "Seconds since each node's last heartbeat (or its registration).",
                 labels=["node"],
+            ),
+            GaugeMetricFamily(
+                "llmgw_gpu_memory_total_bytes", "GPU memory of all known nodes' GPUs."
+            ),
+            GaugeMetricFamily(
+                "llmgw_gpu_memory_used_bytes",
+                "GPU memory in use on all known nodes' GPUs (total minus free, as last reported).",
+            ),
+            GaugeMetricFamily(
+                "llmgw_model_shards",
+                "Shards of each model on all known nodes, by state.",
+                labels=["model", "state"],
             ),
         )

@@ -26,6 +26,11 @@ next reconcile places it again). A shard that ended takes its record with it,
 and so does a node the operator removed. Only recorded shards reach the
 inventory (the agent service refuses the others), so only they are published.
 
+With a tracer, a reconcile step that acted is a span, with a child per start,
+stop and drain and its result; an activation is a trace of its own (events when
+a replica is placed and each state it reports: starting, downloading, loading,
+ready), and the span of each request that waits for it gets a link to it.
+
 Not guaranteed:
 - Persistence. Replicas are what the agents report; demand and failure history
   live in this process and restart empty (running replicas are adopted, and
@@ -46,6 +51,17 @@ from collections.abc import Callable, Container, Coroutine, Iterable, Mapping, S
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
+
+from opentelemetry import context as otel_context
+from opentelemetry.trace import (
+    Link,
+    NoOpTracer,
+    Span,
+    StatusCode,
+    Tracer,
+    get_current_span,
+    use_span,
+)
 
 from llmgw.control.agentsvc.dispatcher import Dispatcher
 from llmgw.control.agentsvc.errors import AgentServiceError, CommandFailed
@@ -81,6 +97,7 @@ from llmgw.control.reconciler.types import (
     Stop,
 )
 from llmgw.lifecycle import wait_for_event
+from llmgw.metrics.activations import ActivationMetrics
 from llmgw.store import ModelLoad
 
 log = logging.getLogger("llmgw.control.reconciler")
@@ -153,6 +170,8 @@ class _LoadTarget:
 class _Activation:
     future: asyncio.Future[None]
     started: float
+    # The activation's own trace (a non-recording span when tracing is off).
+    span: Span | None = None
 
 
 class Controller:
@@ -181,6 +200,8 @@ class Controller:
         abandon: Callable[[Sequence[str]], object] | None = None,
         mgmt_interface: str = "",
         router_load: Callable[[], Mapping[str, ModelLoad]] | None = None,
+        tracer: Tracer | None = None,
+        activation_metrics: ActivationMetrics | None = None,
     ) -> None:
         """`router_load` reads this server's router's load signals by model name (or
         alias), for the load targets. `startup_grace`: for this long after `run()`
@@ -192,7 +213,10 @@ class Controller:
         too. `leading` says whether this server may place work (it holds the lease).
         `abandon(ids)` is told once about replicas whose node stopped answering (this
         server's router moves requests still waiting on them). `mgmt_interface`: the
-        network multi-node ranks talk over (`control.mgmt_interface`; see `mgmt`)."""
+        network multi-node ranks talk over (`control.mgmt_interface`; see `mgmt`).
+        `tracer`: spans for reconciles that act and activations (default: none)."""
+        self._tracer = tracer or NoOpTracer()
+        self._activation_metrics = activation_metrics
         self._catalog = catalog
         self._inventory = inventory
         self._dispatcher = dispatcher
@@ -266,15 +290,15 @@ class Controller:
                 task.cancel()
             if self._tasks:
                 await asyncio.wait(self._tasks)
-            for activation in self._activations.values():
+            for name, activation in self._activations.items():
+                stopped = ActivationRefused(
+                    "the control plane on this server stopped (shutdown, or another "
+                    "server took over); retry",
+                    retry_after=1,
+                )
+                self._activation_ended(name, activation, stopped, self._clock())
                 if not activation.future.done():
-                    activation.future.set_exception(
-                        ActivationRefused(
-                            "the control plane on this server stopped (shutdown, or another "
-                            "server took over); retry",
-                            retry_after=1,
-                        )
-                    )
+                    activation.future.set_exception(stopped)
                     # Nobody may be waiting any more; do not log it as unretrieved.
                     activation.future.exception()
             self._activations.clear()
@@ -332,8 +356,27 @@ class Controller:
         self._abandoned = doubted
         if fresh and self._abandon is not None:
             self._abandon(sorted(fresh))
+        acted = [a for a in result.actions if isinstance(a, Start) or a.reason != "ended"]
+        if acted:
+            with self._tracer.start_as_current_span(
+                "llmgw.reconcile",
+                attributes={
+                    "llmgw.starts": sum(isinstance(a, Start) for a in acted),
+                    "llmgw.stops": sum(not isinstance(a, Start) for a in acted),
+                },
+            ):
+                # Tasks spawned here carry the span: each start or stop is its child.
+                self._act(result.actions)
+        else:
+            self._act(result.actions)
+        # After the stops are marked: a stopping replica leaves the router before
+        # its engine hears of it.
+        self._publish(self._inventory.nodes())
+        self._settle_activations(now)
+
+    def _act(self, actions: Sequence[Start | Stop]) -> None:
         starts = []
-        for action in result.actions:
+        for action in actions:
             if isinstance(action, Start):
                 self._start(action)
                 starts.append(action)
@@ -342,10 +385,6 @@ class Controller:
         if starts:
             # One write records them all (a multi-node replica's shards together).
             self._spawn(self._record_and_start(starts), f"start {len(starts)} shard(s)")
-        # After the stops are marked: a stopping replica leaves the router before
-        # its engine hears of it.
-        self._publish(self._inventory.nodes())
-        self._settle_activations(now)
 
     def _note_unplaced(self, unplaced: Mapping[str, Explanation], now: float) -> None:
         """An `unplaceable` event when a model becomes unplaceable, and again when the
@@ -539,8 +578,23 @@ class Controller:
                 f"; it replaces {', '.join(doubted)}, on a node that stopped answering "
                 "(kept there in case the node comes back)"
             )
-        log.info("model %s: %s", action.model, message)
+        log.info(
+            "model %s: %s",
+            action.model,
+            message,
+            extra={"model": action.model, "node": action.node_id, "replica": spec.shard_id},
+        )
         self._event("start", action.model, action.node_id, message)
+        activation = self._activations.get(action.model)
+        if activation is not None and activation.span is not None:
+            activation.span.add_event(
+                "placed",
+                {
+                    "llmgw.replica": spec.shard_id,
+                    "llmgw.node": action.node_id,
+                    "llmgw.profile": action.profile,
+                },
+            )
 
     async def _record_and_start(self, starts: Sequence[Start]) -> None:
         """Record the placements, then send the starts (each on its own)."""
@@ -567,9 +621,20 @@ class Controller:
     async def _run_start(self, action: Start) -> None:
         spec = action.spec
         refused = False
+        span = self._tracer.start_span(
+            "llmgw.shard.start",
+            attributes={
+                "llmgw.model": action.model,
+                "llmgw.replica": spec.shard_id,
+                "llmgw.node": action.node_id,
+                "llmgw.profile": action.profile,
+                "llmgw.engine": spec.engine,
+            },
+        )
         try:
             await self._dispatcher.start_shard(action.node_id, spec)
         except AgentServiceError as exc:
+            span.set_status(StatusCode.ERROR, exc.message)
             # Only a refusal says the engine was not started; a timeout or a broken
             # stream may hide a start, so its record stays until the node says.
             refused = isinstance(exc, CommandFailed)
@@ -577,6 +642,7 @@ class Controller:
                 action.model, action.node_id, spec.shard_id, exc.message, (), None, spec.port
             )
         finally:
+            span.end()
             self._placements.settled(spec.shard_id, refused=refused)
             self._pending.pop(spec.shard_id, None)
             self._wake.set()
@@ -601,11 +667,25 @@ class Controller:
         message = f"stopping replica {action.shard_id} on node {action.node_id}: {why}"
         if action.detail:
             message += f" ({action.detail})"
-        log.info("model %s: %s", action.model, message)
+        log.info(
+            "model %s: %s",
+            action.model,
+            message,
+            extra={"model": action.model, "node": action.node_id, "replica": action.shard_id},
+        )
         self._event("stop", action.model, action.node_id, message)
         self._spawn(self._run_stop(action), f"stop {action.shard_id}")
 
     async def _run_stop(self, action: Stop) -> None:
+        span = self._tracer.start_span(
+            "llmgw.shard.drain" if action.drain else "llmgw.shard.stop",
+            attributes={
+                "llmgw.model": action.model,
+                "llmgw.replica": action.shard_id,
+                "llmgw.node": action.node_id,
+                "llmgw.reason": action.reason,
+            },
+        )
         try:
             if action.drain:
                 await self._dispatcher.drain_shard(
@@ -616,8 +696,10 @@ class Controller:
         except AgentServiceError as exc:
             # Planned again on the next step (a node that reconnects gets it then).
             log.warning("could not stop replica %s: %s", action.shard_id, exc.message)
+            span.set_status(StatusCode.ERROR, exc.message)
             self._stop_requested.discard(action.shard_id)
         finally:
+            span.end()
             self._stopping.discard(action.shard_id)
             self._wake.set()
 
@@ -651,6 +733,11 @@ class Controller:
     def _on_shard(self, node_id: str, shard: Shard) -> None:
         model = self._catalog.get(shard.model)
         name = model.name if model is not None else shard.model
+        activation = self._activations.get(name)
+        if activation is not None and activation.span is not None:
+            activation.span.add_event(
+                shard.state, {"llmgw.replica": shard.id, "llmgw.node": node_id}
+            )
         if shard.state == "ready":
             self._served.add(shard.id)
             health = self._health.pop(name, None)
@@ -708,7 +795,13 @@ class Controller:
             model, node_id, shard_id, message, output_tail, exit_code, self._wall_clock()
         )
         text = health.last.describe()
-        log.warning("model %s: %s; retrying in %.0f s", model, text, delay)
+        log.warning(
+            "model %s: %s; retrying in %.0f s",
+            model,
+            text,
+            delay,
+            extra={"model": model, "node": node_id, "replica": shard_id},
+        )
         self._event("failed", model, node_id, f"{text}; retrying in {delay:.0f} s")
         self._wake.set()
 
@@ -796,14 +889,26 @@ class Controller:
             return
         now = self._clock()
         activation = self._activations.get(model.name)
+        waiter = get_current_span()
         if activation is None:
             self._refuse_early(model, now)
-            activation = _Activation(asyncio.get_running_loop().create_future(), now)
+            # A trace of its own (it outlives the request that asked), linked to it.
+            requester = waiter.get_span_context()
+            span = self._tracer.start_span(
+                "llmgw.activation",
+                context=otel_context.Context(),
+                attributes={"llmgw.model": model.name},
+                links=[Link(requester)] if requester.is_valid else None,
+            )
+            activation = _Activation(asyncio.get_running_loop().create_future(), now, span)
             self._activations[model.name] = activation
             self.demand.want(model.name)
             log.info("activating model %s on request", model.name)
             self._event("activate", model.name, "", "a request asked for it")
-            self.step()
+            with use_span(span, end_on_exit=False):
+                self.step()
+        if activation.span is not None and activation.span.get_span_context().is_valid:
+            waiter.add_link(activation.span.get_span_context(), {"llmgw.link": "activation"})
         try:
             async with asyncio.timeout(self._activation_timeout):
                 await asyncio.shield(activation.future)
@@ -884,12 +989,31 @@ class Controller:
                     continue  # still worth waiting
             del self._activations[name]
             self.demand.served(name)
+            self._activation_ended(name, activation, error, now)
             if error is None:
                 activation.future.set_result(None)
             else:
                 activation.future.set_exception(error)
                 # Every waiter may have gone (clients disconnected): retrieve it here.
                 activation.future.exception()
+
+    def _activation_ended(
+        self, name: str, activation: _Activation, error: ActivationRefused | None, now: float
+    ) -> None:
+        """Count an activation that ended and close its span."""
+        seconds = now - activation.started
+        if self._activation_metrics is not None:
+            self._activation_metrics.ended(name, "ready" if error is None else error.code, seconds)
+        span = activation.span
+        if span is None:
+            return
+        span.set_attribute("llmgw.activation.seconds", seconds)
+        if error is None:
+            span.set_status(StatusCode.OK)
+        else:
+            span.set_status(StatusCode.ERROR, error.public)
+        span.end()
+        activation.span = None
 
     def _activation_error(
         self, name: str, activation: _Activation, now: float

@@ -1,0 +1,62 @@
+"""W3C trace context on the request path: read from the client, written to engines.
+
+`traceparent` and `tracestate` are read and written with OpenTelemetry's own W3C
+propagator, never parsed here. Only the OpenTelemetry API is imported: this module
+costs nothing when tracing is off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.propagators.textmap import Getter
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+# The W3C propagator holds no state: one instance serves every request.
+_PROPAGATOR = TraceContextTextMapPropagator()
+_TRACE_HEADERS = (b"traceparent", b"tracestate")
+
+_Headers = list[tuple[bytes, bytes]]
+
+
+class _HeaderGetter(Getter[_Headers]):
+    """Reads ASGI headers (lower-case byte pairs) for the W3C propagator."""
+
+    def get(self, carrier: _Headers, key: str) -> list[str] | None:
+        wanted = key.encode()
+        values = [v.decode("latin-1") for n, v in carrier if n == wanted]
+        return values or None
+
+    def keys(self, carrier: _Headers) -> list[str]:
+        return [n.decode("latin-1") for n, _ in carrier]
+
+
+_GETTER = _HeaderGetter()
+
+
+def extract_context(headers: _Headers) -> Context:
+    """The trace context a client sent (`traceparent`, `tracestate`), if any."""
+    return _PROPAGATOR.extract(headers, getter=_GETTER)
+
+
+def trace_headers() -> list[tuple[bytes, bytes]]:
+    """`traceparent` (and `tracestate`) for the current span, to send upstream."""
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier)
+    return [(name.encode(), value.encode("latin-1")) for name, value in carrier.items()]
+
+
+def client_trace_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The client's own `traceparent`/`tracestate`, passed on as they came when this
+    gateway does not trace (so an engine that traces joins the client's trace)."""
+    return [(name, value) for name, value in headers if name in _TRACE_HEADERS]
+
+
+def current_trace_id() -> str | None:
+    """The current span's trace id (32 hex digits), or None outside a valid span."""
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return None
+    return trace.format_trace_id(context.trace_id)

@@ -1,0 +1,165 @@
+"""Tracing settings, the JSON log format, the access log and the `--log-format` flag."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+
+from llmgw.config import ConfigError, TelemetryConfig, load_server_config
+from llmgw.router.access_log import AccessLog
+from llmgw.telemetry.logs import JsonFormatter, log_format
+from llmgw.telemetry.propagation import client_trace_headers, extract_context
+from llmgw.telemetry.tracing import TracingError, build_tracing
+
+
+def _built(config: TelemetryConfig, env: dict[str, str]) -> str | None:
+    tracing = build_tracing(config, service="llmgw-test", env=env)
+    if tracing is None:
+        return None
+    try:
+        return tracing.endpoint
+    finally:
+        tracing.shutdown()
+
+
+def test_tracing_is_off_without_an_endpoint_and_when_the_sdk_is_disabled() -> None:
+    assert _built(TelemetryConfig(), {}) is None
+    on = TelemetryConfig(otlp_endpoint="http://127.0.0.1:4318")
+    assert _built(on, {"OTEL_SDK_DISABLED": "true"}) is None
+
+
+def test_the_endpoint_comes_from_the_config_then_the_standard_variables() -> None:
+    config = TelemetryConfig(otlp_endpoint="http://collector:4318")
+    assert _built(config, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://other:4318"}) == (
+        "http://collector:4318/v1/traces"
+    )
+    # A URL with a path is taken as it is.
+    exact = TelemetryConfig(otlp_endpoint="https://collector/otlp/v1/traces")
+    assert _built(exact, {}) == "https://collector/otlp/v1/traces"
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://base:4318/"}
+    assert _built(TelemetryConfig(), env) == "http://base:4318/v1/traces"
+    env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = "http://traces:4318/v1/traces"
+    assert _built(TelemetryConfig(), env) == "http://traces:4318/v1/traces"
+
+
+def test_a_bad_endpoint_in_the_environment_names_the_setting() -> None:
+    with pytest.raises(TracingError, match="OTEL_EXPORTER_OTLP_ENDPOINT"):
+        build_tracing(
+            TelemetryConfig(), service="x", env={"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"}
+        )
+
+
+def test_the_service_name_and_sample_ratio_are_honoured() -> None:
+    config = TelemetryConfig(otlp_endpoint="http://127.0.0.1:4318", sample_ratio=0.0)
+    tracing = build_tracing(config, service="llmgw-server", env={"OTEL_SERVICE_NAME": "gw-eu"})
+    assert tracing is not None
+    try:
+        assert tracing.provider.resource.attributes["service.name"] == "gw-eu"
+        span = tracing.tracer("t").start_span("x")
+        assert not span.is_recording()  # ratio 0: not sampled
+        span.end()
+        # A client's sampled traceparent is kept (parent-based sampling).
+        parent = extract_context(
+            [(b"traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")]
+        )
+        child = tracing.tracer("t").start_span("y", context=parent)
+        assert child.is_recording()
+        child.end()
+    finally:
+        tracing.shutdown()
+
+
+def test_bad_telemetry_settings_in_a_config_file_name_the_field_and_file(tmp_path: Path) -> None:
+    path = tmp_path / "llmgw.yaml"
+    path.write_text("telemetry: {otlp_endpoint: 'collector:4318'}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_server_config(path, {})
+    assert "telemetry.otlp_endpoint" in str(caught.value)
+    assert str(path) in str(caught.value)
+    path.write_text("telemetry: {sample_ratio: 1.5}\n")
+    with pytest.raises(ConfigError, match=r"telemetry\.sample_ratio"):
+        load_server_config(path, {})
+
+
+def test_json_log_lines_carry_the_context_fields_and_the_current_trace() -> None:
+    stream = io.StringIO()
+    logger = logging.getLogger("llmgw.test.json")
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    logger.addHandler(handler)
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    tracer = TracerProvider().get_tracer("t")
+    try:
+        logger.info("replica %s is ready", "m-1", extra={"model": "m", "replica": "m-1"})
+        with tracer.start_as_current_span("s") as span:
+            logger.warning("inside")
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            logger.exception("failed")
+    finally:
+        logger.removeHandler(handler)
+    first, inside, failed = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert first["message"] == "replica m-1 is ready"
+    assert first["level"] == "info" and first["logger"] == "llmgw.test.json"
+    assert first["model"] == "m" and first["replica"] == "m-1"
+    assert first["time"].endswith("+00:00")
+    assert "trace_id" not in first
+    assert inside["trace_id"] == f"{span.get_span_context().trace_id:032x}"
+    assert "ValueError: boom" in failed["exception"]
+
+
+def test_a_log_format_other_than_human_or_json_is_refused() -> None:
+    assert log_format(" JSON ", source="--log-format") == "json"
+    with pytest.raises(ValueError, match="--log-format 'xml': use human or json"):
+        log_format("xml", source="--log-format")
+    for argv in (["--log-format", "xml", "version"], ["server", "--log-format", "xml"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "llmgw", *argv],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert result.returncode == 2, result.stderr
+        assert "'xml': use human or json" in result.stderr
+        assert "Traceback" not in result.stderr
+    result = subprocess.run(
+        [sys.executable, "-m", "llmgw", "version"],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={"LLMGW_LOG_FORMAT": "yaml", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert result.returncode == 2 and "LLMGW_LOG_FORMAT" in result.stderr
+
+
+def test_the_access_log_samples_successes_and_always_writes_errors(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    draws = iter([0.9, 0.1])
+    log = AccessLog(sample=0.5, rng=lambda: next(draws))
+    fields = {
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "model": "m",
+        "replica": "r-1",
+        "key_id": "k1",
+        "latency": 0.012,
+        "trace_id": None,
+    }
+    with caplog.at_level(logging.INFO, logger="llmgw.access"):
+        log.write(status=200, request_id="a", **fields)  # 0.9: left out
+        log.write(status=200, request_id="b", **fields)  # 0.1: written
+        log.write(status=503, request_id="c", **fields)  # errors: always
+    written = [r.request_id for r in caplog.records]  # type: ignore[attr-defined]
+    assert written == ["b", "c"]
+    assert "replica=r-1" in caplog.records[0].getMessage()
+
+
+def test_only_the_trace_context_of_a_clients_headers_is_passed_on() -> None:
+    headers = [(b"authorization", b"Bearer sk-x"), (b"traceparent", b"00-a-b-01")]
+    assert client_trace_headers(headers) == [(b"traceparent", b"00-a-b-01")]
