@@ -942,6 +942,7 @@ class Proxy:
             req.model,
             endpoint.id,
             endpoint.url,
+            extra=_log_context(request_id, req.model, endpoint.id),
         )
         resumed = await self._continue(
             req, send, relay, sent or [], endpoint, "abandoned", total_deadline, resp, ttft
