@@ -231,7 +231,7 @@ def test_usage_report(tmp_path: Path) -> None:
     assert [r["request_id"] for r in listed] == ["r8", "r6", "r4", "r2", "r0"]
     assert listed[-1]["status"] == 500
     assert listed[0]["key_id"] is None and listed[1]["key_name"] == "team-a"
-    assert listed[1]["queue_ms"] == 0.0
+    assert listed[1]["queue_ms"] == 0.0 and listed[1]["continued"] == 0
     assert "no requests recorded since" in ok(
         "usage", "--requests", "5", "--since", "1h", data_dir=tmp_path
     )

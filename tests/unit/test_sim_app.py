@@ -338,6 +338,8 @@ async def test_injected_errors_and_runtime_fault_updates() -> None:
         "error_status": 503,
         "crash_after": None,
         "stall_after_tokens": None,
+        "break_after_tokens": None,
+        "exit_after_tokens": None,
         "slow_start": 0.0,
     }
     stats = (await call(app, "GET", "/sim/stats")).json()
@@ -405,3 +407,102 @@ async def test_a_one_token_stream_carries_role_and_finish_reason_in_its_only_chu
     assert chunk["choices"][0]["delta"]["role"] == "assistant"
     assert chunk["choices"][0]["delta"]["content"].startswith(" ")
     assert chunk["choices"][0]["finish_reason"] == "length"
+
+
+def _words(events: list[Any], *, chat: bool = True) -> str:
+    key = "delta" if chat else None
+    out = ""
+    for event in events:
+        if event == "[DONE]" or not event["choices"]:
+            continue
+        choice = event["choices"][0]
+        out += choice[key]["content"] if key else choice["text"]
+    return out
+
+
+async def test_sequence_mode_counts_and_a_continued_chat_goes_on_from_its_last_word() -> None:
+    app = _app(text="sequence")
+    reply = await call(app, "POST", "/v1/chat/completions", {**CHAT, "max_tokens": 4})
+    assert reply.json()["choices"][0]["message"]["content"] == " w1 w2 w3 w4"
+    continued = {
+        **CHAT,
+        "messages": [*CHAT["messages"], {"role": "assistant", "content": " w1 w2 w3"}],
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+        "max_tokens": 3,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    events = (await call(app, "POST", "/v1/chat/completions", continued)).events()
+    assert _words(events) == " w4 w5 w6"
+    # The final message is left open: no end marker, its three tokens in the prompt.
+    assert events[-2]["usage"]["prompt_tokens"] == (
+        CHAT_PROMPT_TOKENS + 3 * CHAT_MESSAGE_OVERHEAD - 1 + 3
+    )
+    # Without continue_final_message the answer is a new turn: it starts again.
+    new_turn = {**continued, "continue_final_message": False}
+    del new_turn["add_generation_prompt"]
+    assert _words((await call(app, "POST", "/v1/chat/completions", new_turn)).events()) == (
+        " w1 w2 w3"
+    )
+
+
+async def test_continue_final_message_with_add_generation_prompt_is_refused_as_vllm_does() -> None:
+    app = _app(text="sequence")
+    body = {**CHAT, "continue_final_message": True}
+    reply = await call(app, "POST", "/v1/chat/completions", body)
+    assert reply.status == 400
+    assert (
+        "Cannot set both `continue_final_message` and `add_generation_prompt`"
+        in (reply.json()["error"]["message"])
+    )
+    bad = {**CHAT, "continue_final_message": "yes", "add_generation_prompt": False}
+    assert (await call(app, "POST", "/v1/chat/completions", bad)).status == 400
+
+
+async def test_sequence_mode_completions_continue_from_the_prompt() -> None:
+    app = _app(text="sequence")
+    body = {"model": "sim-a", "prompt": "Count: w1 w2", "max_tokens": 3, "stream": True}
+    events = (await call(app, "POST", "/v1/completions", body)).events()
+    assert _words(events, chat=False) == " w3 w4 w5"
+    plain = {"model": "sim-a", "prompt": ["Count:"], "max_tokens": 2}
+    assert (await call(app, "POST", "/v1/completions", plain)).json()["choices"][0]["text"] == (
+        " w1 w2"
+    )
+
+
+async def test_break_after_tokens_ends_a_stream_mid_body_and_cuts_a_whole_answer() -> None:
+    app = _app(text="sequence", faults=FaultSettings(break_after_tokens=3))
+    body = {**CHAT, "max_tokens": 10, "stream": True}
+    reply = await call(app, "POST", "/v1/chat/completions", body)
+    assert reply.status == 200
+    assert not reply.complete
+    assert _words(reply.events()) == " w1 w2 w3"
+    whole = await call(app, "POST", "/v1/chat/completions", {**CHAT, "max_tokens": 10})
+    assert not whole.complete
+    assert len(whole.body) < int(whole.headers["content-length"])
+    early = _app(faults=FaultSettings(break_after_tokens=0))
+    first = await call(early, "POST", "/v1/chat/completions", body)
+    assert (first.status, first.body, first.complete) == (200, b"", False)
+
+
+async def test_exit_after_tokens_exits_mid_stream_after_sending_them() -> None:
+    app = _app(text="sequence", faults=FaultSettings(exit_after_tokens=2, break_after_tokens=5))
+    sent: list[bytes] = []
+
+    async def receive() -> dict[str, Any]:
+        if not sent:
+            sent.append(b"")
+            body = orjson.dumps({**CHAT, "max_tokens": 10, "stream": True})
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            sent.append(message["body"])
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
+    with pytest.raises(Exited):
+        await asyncio.wait_for(app(scope, receive, send), timeout=10)
+    assert b"".join(sent).count(b"data: ") == 2

@@ -147,14 +147,14 @@ async def test_single_requests_come_back_newest_first_with_their_queue_wait(
     store: Store,
 ) -> None:
     recs = [
-        dataclasses.replace(r, queue_ms=float(i), route="/v1/chat/completions")
+        dataclasses.replace(r, queue_ms=float(i), route="/v1/chat/completions", continued=i % 3)
         for i, r in enumerate(records(60))
     ]
     await store.usage.record_batch(recs)
     newest = sorted(recs, key=lambda r: r.ts, reverse=True)
 
     got = await store.usage.requests(limit=10)
-    assert got == newest[:10]  # every field, queue_ms and route included
+    assert got == newest[:10]  # every field, queue_ms, route and continued included
     assert all(r.ts.tzinfo is not None for r in got)
     assert await store.usage.requests(limit=1000) == newest
 

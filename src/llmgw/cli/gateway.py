@@ -101,6 +101,7 @@ from llmgw.router.apis.count_tokens import TokenCounter
 from llmgw.router.app import RouterApp
 from llmgw.router.balancer import Balancer, build_scorers
 from llmgw.router.browser_guard import browser_guard
+from llmgw.router.continuation import Continuation
 from llmgw.router.debug import debug_paths, debug_routes
 from llmgw.router.endpoints import EjectionPolicy, EndpointPool
 from llmgw.router.engine_load import EngineLoadScraper
@@ -612,6 +613,20 @@ async def _serve(
             saturation.limit(endpoint, name),
         ),
     )
+    activator = ControllerActivator(controller=controller, gate=gate)
+    continuation = Continuation(
+        pool=pool,
+        balancer=balancer,
+        upstream=upstream,
+        metrics=metrics,
+        config=cfg.router.continuation,
+        clock=clock,
+        first_byte=cfg.router.timeouts.first_byte,
+        idle=cfg.router.timeouts.idle,
+        keepalive=control.activation_keepalive,
+        wait_limit=control.activation_timeout,
+        activator=activator,
+    )
     proxy = Proxy(
         queue=request_queue,
         saturation=saturation,
@@ -621,10 +636,11 @@ async def _serve(
         metrics=metrics,
         config=cfg.router,
         clock=clock,
-        activator=ControllerActivator(controller=controller, gate=gate),
+        activator=activator,
         activation_keepalive=control.activation_keepalive,
         activation_timeout=control.activation_timeout,
         tracer=router_tracer,
+        continuation=continuation,
     )
     prober = HealthProber(
         pool=pool, upstream=upstream, interval=health.interval, timeout=health.timeout

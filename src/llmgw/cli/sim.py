@@ -64,6 +64,14 @@ def sim(
         int, typer.Option(min=1, help="Completion length when a request sets no max_tokens.")
     ] = 16,
     embedding_dim: Annotated[int, typer.Option(min=1, help="Embedding vector length.")] = 64,
+    text: Annotated[
+        str,
+        typer.Option(
+            help="What answers say: 'words' (vocabulary words picked by a hash of the "
+            "prompt) or 'sequence' (' w1 w2 ...', continuing from the 'wN' a continued "
+            "text ends with: for testing spliced streams)."
+        ),
+    ] = "words",
     seed: Annotated[int, typer.Option(help="Seed of the generated text and error draws.")] = 0,
     zero_delay: Annotated[
         bool,
@@ -87,6 +95,16 @@ def sim(
     stall_after_tokens: Annotated[
         int | None,
         typer.Option(min=0, help="Generations stop sending after N tokens, connection kept open."),
+    ] = None,
+    break_after_tokens: Annotated[
+        int | None,
+        typer.Option(
+            min=0, help="Close a generation's connection after N tokens, answer unfinished."
+        ),
+    ] = None,
+    exit_after_tokens: Annotated[
+        int | None,
+        typer.Option(min=0, help="Exit abruptly once a generation has produced N tokens."),
     ] = None,
     slow_start: Annotated[
         float,
@@ -150,7 +168,12 @@ def sim(
         apis = parse_apis(native_apis or "")
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--native-apis") from None
+    if text not in ("words", "sequence"):
+        raise typer.BadParameter(
+            f"{text!r} is not a text mode: use 'words' or 'sequence'", param_hint="--text"
+        )
     settings = SimSettings(
+        text="sequence" if text == "sequence" else "words",
         native_apis=apis,
         models=tuple(model) if model else ("sim-model",),
         load_time=load_time,
@@ -172,6 +195,8 @@ def sim(
         error_status=error_status,
         crash_after=crash_after,
         stall_after_tokens=stall_after_tokens,
+        break_after_tokens=break_after_tokens,
+        exit_after_tokens=exit_after_tokens,
         slow_start=slow_start,
     )
     app = build_app(settings, faults=faults, registry=CollectorRegistry(auto_describe=False))

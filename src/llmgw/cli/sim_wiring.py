@@ -71,6 +71,7 @@ def build_app(
         output_tokens=settings.output_tokens,
         embedding_dim=settings.embedding_dim,
         native_apis=settings.native_apis,
+        sequence=settings.text == "sequence",
         clock=clock,
         wall_clock=wall_clock,
     )

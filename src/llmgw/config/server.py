@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from llmgw.config.continuation import ContinuationConfig
 from llmgw.config.models import ModelConfig
 from llmgw.config.queue import QueueConfig
 from llmgw.config.routing import RoutingConfig
@@ -259,6 +260,7 @@ class RouterConfig(_Strict):
         ),
     )
     queue: QueueConfig = QueueConfig()
+    continuation: ContinuationConfig = ContinuationConfig()
     routing: RoutingConfig = Field(
         default_factory=RoutingConfig,
         description="Cache-, session- and load-aware choice of replica; on by default.",

@@ -17,7 +17,7 @@ from llmgw.engines.adapter import EngineAdapter
 from llmgw.engines.errors import EngineError, ProfileError, UnknownEngine
 from llmgw.engines.llamacpp import LlamaCppAdapter
 from llmgw.engines.prometheus import Sample, metric_max, metric_sum, parse_samples
-from llmgw.engines.registry import adapter_for, native_apis_of, routes_of
+from llmgw.engines.registry import adapter_for, continues_of, native_apis_of, routes_of
 from llmgw.engines.sglang import SglangAdapter
 from llmgw.engines.sim import SimAdapter
 from llmgw.engines.spec import (
@@ -49,6 +49,7 @@ __all__ = [
     "UnknownEngine",
     "VllmAdapter",
     "adapter_for",
+    "continues_of",
     "metric_max",
     "metric_sum",
     "native_apis_of",

@@ -24,13 +24,16 @@ class EngineAdapter(Protocol):
     without GPUs is refused; `gpu_ranks` says whether the engine runs one
     parallel rank on each GPU it is given (so a profile's parallel sizes must
     match its GPUs); `routes` maps each client route the engine serves
-    (`llmgw.engines.routes`) to the engine's own path for it.
+    (`llmgw.engines.routes`) to the engine's own path for it; `continues` names
+    the routes on which it can continue a generation another replica began (the
+    router's mid-stream continuation sends those requests only to such engines).
     """
 
     name: str
     needs_gpus: bool
     gpu_ranks: bool
     routes: Mapping[str, str]
+    continues: frozenset[str]
 
     def native_apis(self, engine_args: Sequence[str]) -> frozenset[str]:
         """The client APIs besides OpenAI's (`llmgw.engines.apis`: "messages",

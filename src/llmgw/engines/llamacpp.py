@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from llmgw.engines import checks
 from llmgw.engines.apis import NONE
 from llmgw.engines.errors import ProfileError
-from llmgw.engines.routes import LLAMACPP_ROUTES
+from llmgw.engines.routes import CONTINUES_COMPLETIONS, LLAMACPP_ROUTES
 from llmgw.engines.spec import (
     EngineLoad,
     EngineSettings,
@@ -90,6 +90,7 @@ class LlamaCppAdapter:
     needs_gpus = False
     gpu_ranks = False
     routes = LLAMACPP_ROUTES
+    continues = CONTINUES_COMPLETIONS
 
     def __init__(self, *, settings: EngineSettings) -> None:
         self._settings = settings

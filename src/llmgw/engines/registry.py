@@ -57,3 +57,18 @@ def native_apis_of(engine: str, engine_args: Sequence[str]) -> frozenset[str]:
     if engine == "sim":
         return SimAdapter.native_apis(engine_args)
     raise UnknownEngine(engine, KNOWN_ENGINES)
+
+
+def continues_of(engine: str) -> frozenset[str]:
+    """The client routes on which `engine` continues a generation another replica began
+    (`EngineAdapter.continues`); none for "" (an endpoint whose engine is not declared:
+    llmgw does not guess) and for names it does not know."""
+    if engine == "vllm":
+        return VllmAdapter.continues
+    if engine == "sglang":
+        return SglangAdapter.continues
+    if engine == "llamacpp":
+        return LlamaCppAdapter.continues
+    if engine == "sim":
+        return SimAdapter.continues
+    return frozenset()

@@ -95,3 +95,13 @@ def display_name(engine: str) -> str:
     if not engine:
         return "an unnamed engine"
     return DISPLAY_NAMES.get(engine, engine)
+
+
+CONTINUES_CHAT_AND_COMPLETIONS: frozenset[str] = frozenset({CHAT, COMPLETIONS})
+"""Engines that continue a final assistant message (vLLM's and SGLang's
+`continue_final_message: true` with `add_generation_prompt: false`) and a completion
+from its prompt plus the text so far."""
+
+CONTINUES_COMPLETIONS: frozenset[str] = frozenset({COMPLETIONS})
+"""llama-cpp-python's server: its chat handler always opens a new assistant turn (no
+`continue_final_message`), so only completions (prompt + text so far) continue."""

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from llmgw.engines import checks
 from llmgw.engines.apis import RESPONSES
 from llmgw.engines.prometheus import Sample, metric_max, metric_sum, parse_samples
-from llmgw.engines.routes import SGLANG_ROUTES
+from llmgw.engines.routes import CONTINUES_CHAT_AND_COMPLETIONS, SGLANG_ROUTES
 from llmgw.engines.spec import (
     EngineLoad,
     EngineSettings,
@@ -83,6 +83,7 @@ class SglangAdapter:
     needs_gpus = True
     gpu_ranks = True
     routes = SGLANG_ROUTES
+    continues = CONTINUES_CHAT_AND_COMPLETIONS
 
     def __init__(self, *, settings: EngineSettings) -> None:
         self._settings = settings

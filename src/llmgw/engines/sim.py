@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from llmgw.engines import checks
 from llmgw.engines.apis import flag_value, parse_apis
 from llmgw.engines.errors import ProfileError
-from llmgw.engines.routes import SIM_ROUTES
+from llmgw.engines.routes import CONTINUES_CHAT_AND_COMPLETIONS, SIM_ROUTES
 from llmgw.engines.spec import (
     EngineLoad,
     EngineSettings,
@@ -52,6 +52,7 @@ class SimAdapter:
     needs_gpus = False
     gpu_ranks = False
     routes = SIM_ROUTES
+    continues = CONTINUES_CHAT_AND_COMPLETIONS
 
     def __init__(self, *, settings: EngineSettings) -> None:
         self._settings = settings

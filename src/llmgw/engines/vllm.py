@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from llmgw.engines import checks
 from llmgw.engines.apis import BOTH
 from llmgw.engines.prometheus import metric_max, metric_sum, parse_samples
-from llmgw.engines.routes import VLLM_ROUTES
+from llmgw.engines.routes import CONTINUES_CHAT_AND_COMPLETIONS, VLLM_ROUTES
 from llmgw.engines.spec import (
     EngineLoad,
     EngineSettings,
@@ -94,6 +94,7 @@ class VllmAdapter:
     needs_gpus = False
     gpu_ranks = True
     routes = VLLM_ROUTES
+    continues = CONTINUES_CHAT_AND_COMPLETIONS
 
     def __init__(self, *, settings: EngineSettings) -> None:
         self._settings = settings

@@ -160,6 +160,14 @@ class RouterMetrics:
             ["endpoint", "kind"],
             registry=registry,
         )
+        self.continuations = Counter(
+            "llmgw_continuations",
+            "Streams continued on another replica after their engine failed mid-stream, by "
+            "cause: disconnect (connection lost, engine exit), timeout_idle, or abandoned "
+            "(the control plane saw the node stop answering).",
+            ["model", "cause"],
+            registry=registry,
+        )
         self.client_disconnects = Counter(
             "llmgw_client_disconnects",
             "Requests whose client went away before the answer was complete.",

@@ -599,6 +599,7 @@ class RouterApp:
                 streamed=req.stream,
                 queue_ms=outcome.queued * 1000.0 if outcome else 0.0,
                 route=route,
+                continued=outcome.continued if outcome else 0,
             )
         )
 

@@ -6,8 +6,10 @@ else is answered. Deadlines are per phase, enforced by one `asyncio.timeout`
 that is rescheduled as the attempt moves on: connect (the upstream client's
 connect timeout), first byte (engine queue + prefill; for a non-streaming answer the
 first byte is the whole answer, so `total` bounds it), idle between stream
-chunks, and total. A stream that fails after its first byte ends with an SSE
-`error` event and is closed; it is never retried.
+chunks, and total. A stream that fails after its first byte is handed to the
+`Continuation` (`llmgw.router.continuation`), which resumes it on another replica
+when it can; otherwise it ends with an SSE `error` event and is closed. It is
+never retried whole.
 
 With an `Activator` (a control plane), a request for a catalog model that finds
 no replica to use waits as in an activation instead of failing: when the model
@@ -23,7 +25,7 @@ was sent before a replica was chosen.
 A request already sent to an engine whose node then misses its heartbeats (a
 frozen or cut-off node: nothing closes the connection) is moved as soon as the
 control plane says so (`EndpointPool.abandon`), if no byte of the answer has
-reached the client yet.
+reached the client yet; a stream that began is continued then, when it can be.
 
 A request of another client API (Messages, Responses) carries both its
 translation and its own body (`ParsedRequest.native`); each attempt sends the
@@ -72,6 +74,7 @@ from llmgw.metrics import RouterMetrics
 from llmgw.metrics.router import RequestSeries
 from llmgw.router.activation import Activator
 from llmgw.router.balancer import Balancer
+from llmgw.router.continuation import Continuation
 from llmgw.router.endpoints import Endpoint, EndpointPool, FirstByteWait
 from llmgw.router.errors import (
     DeadlineExceeded,
@@ -152,6 +155,8 @@ class Outcome:
     ttft: float | None = None
     # Seconds the request waited in the router's queue.
     queued: float = 0.0
+    # Times its stream was continued on another replica.
+    continued: int = 0
 
 
 class Proxy:
@@ -170,13 +175,16 @@ class Proxy:
         queue: RequestQueue | None = None,
         saturation: Saturation | None = None,
         tracer: Tracer | None = None,
+        continuation: Continuation | None = None,
     ) -> None:
         """`activation_timeout` bounds how long a request waits for a replica in
         all (the activator's own wait included). With a `queue`, a request with a
         `Ticket` first waits its turn there while its model is saturated, and with
         `saturation` the balancer picks among replicas with room. `tracer`: spans
-        for the request's steps (None: tracing off)."""
+        for the request's steps (None: tracing off). With a `continuation`, streams
+        whose engine fails mid-stream are continued."""
         self._tracer = tracer
+        self._continuation = continuation
         self._queue = queue
         self._saturation = saturation
         self._activator = activator
@@ -806,6 +814,9 @@ class Proxy:
         else:
             counting = endpoint.stream_usage is not True
             relay = SSERelay(strip_usage=not req.client_wants_usage, count_tokens=counting)
+        continuation = self._continuation
+        # What the client was sent, for a continuation to read back (only when one may come).
+        sent: list[bytes] | None = [] if continuation and continuation.continuable(req) else None
         last = clock()
         ttft = last - start
         series.ttft.observe(ttft)
@@ -816,12 +827,18 @@ class Proxy:
                 [(b"x-llmgw-replica", endpoint.id.encode()), *extra_headers],
             )
         )
-        # From here on the client has bytes: failures end the stream, never retry.
+        # From here on the client has bytes: a failure is continued or ends the stream.
+        watch: FirstByteWait | None = None
         try:
             async with asyncio.timeout_at(min(last + idle, total_deadline)) as deadline:
+                if sent is not None:
+                    # A node in doubt (`EndpointPool.abandon`) ends a continuable stream now.
+                    watch = self._pool.wait_first_byte(endpoint.id, deadline)
                 while data:
                     out = relay.feed(data)
                     if out:
+                        if sent is not None:
+                            sent.append(out)
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                     data = await next_chunk()
                     now = clock()
@@ -831,6 +848,12 @@ class Proxy:
         except TimeoutError:
             phase = "total" if clock() >= total_deadline else "idle"
             resp.close()
+            if watch is not None:
+                self._pool.first_byte_done(watch)
+                if watch.abandoned and phase == "idle":
+                    return await self._abandoned(
+                        endpoint, req, request_id, send, relay, sent, total_deadline, resp, ttft
+                    )
             endpoint.record_failure(f"stream exceeded the {phase} deadline")
             log.warning(
                 "request %s to %s: the stream of endpoint %s at %s exceeded the %s deadline",
@@ -841,6 +864,12 @@ class Proxy:
                 phase,
                 extra=_log_context(request_id, req.model, endpoint.id),
             )
+            if phase == "idle" and sent is not None:
+                resumed = await self._continue(
+                    req, send, relay, sent, endpoint, "timeout_idle", total_deadline, resp, ttft
+                )
+                if resumed is not None:
+                    return resumed
             await self._end_stream_with_error(
                 endpoint,
                 send,
@@ -854,6 +883,8 @@ class Proxy:
             return self._partial(endpoint, resp, relay, ttft)
         except UpstreamError as exc:
             resp.close()
+            if watch is not None:
+                self._pool.first_byte_done(watch)
             endpoint.record_failure(str(exc))
             log.warning(
                 "request %s to %s: the stream of endpoint %s at %s broke off: %s",
@@ -864,6 +895,12 @@ class Proxy:
                 exc,
                 extra=_log_context(request_id, req.model, endpoint.id),
             )
+            if sent is not None:
+                resumed = await self._continue(
+                    req, send, relay, sent, endpoint, "disconnect", total_deadline, resp, ttft
+                )
+                if resumed is not None:
+                    return resumed
             await self._end_stream_with_error(
                 endpoint,
                 send,
@@ -872,6 +909,10 @@ class Proxy:
                 EngineUnreachable(f"engine of endpoint '{endpoint.id}' failed mid-stream: {exc}"),
             )
             return self._partial(endpoint, resp, relay, ttft)
+        finally:
+            # Cancelled (the client left) or done: no abandon can reach this stream now.
+            if watch is not None:
+                self._pool.first_byte_done(watch)
         endpoint.record_success()
         if not req.served_natively:
             endpoint.stream_usage = relay.usage is not None
@@ -880,6 +921,81 @@ class Proxy:
         prompt, completion = self._record_usage(series, relay.usage)
         series.latency.observe(clock() - start)
         return Outcome(resp.status, endpoint.id, prompt, completion, ttft)
+
+    async def _abandoned(
+        self,
+        endpoint: Endpoint,
+        req: ParsedRequest,
+        request_id: bytes,
+        send: Send,
+        relay: SSERelay | NativeRelay,
+        sent: list[bytes] | None,
+        total_deadline: float,
+        resp: Response,
+        ttft: float,
+    ) -> Outcome:
+        """A continuable stream whose node stopped answering (the control plane
+        abandoned its endpoint): continued elsewhere, or ended with the error event."""
+        log.warning(
+            "request %s to %s: the node of endpoint %s at %s stopped answering mid-stream",
+            request_id.decode("latin-1"),
+            req.model,
+            endpoint.id,
+            endpoint.url,
+            extra=_log_context(request_id, req.model, endpoint.id),
+        )
+        resumed = await self._continue(
+            req, send, relay, sent or [], endpoint, "abandoned", total_deadline, resp, ttft
+        )
+        if resumed is not None:
+            return resumed
+        await self._end_stream_with_error(
+            endpoint,
+            send,
+            relay,
+            "abandoned",
+            EngineUnreachable(
+                f"engine of endpoint '{endpoint.id}' stopped answering (its node missed its "
+                "heartbeats) mid-stream"
+            ),
+        )
+        return self._partial(endpoint, resp, relay, ttft)
+
+    async def _continue(
+        self,
+        req: ParsedRequest,
+        send: Send,
+        relay: SSERelay | NativeRelay,
+        sent: list[bytes],
+        endpoint: Endpoint,
+        cause: str,
+        total_deadline: float,
+        resp: Response,
+        ttft: float,
+    ) -> Outcome | None:
+        """Hand a broken stream to the continuation; None when it cannot go on."""
+        assert self._continuation is not None
+        # A half-written event was never relayed: the continuation regenerates it.
+        relay.abandon()
+        resumed = await self._continuation.resume(
+            req=req,
+            send=send,
+            sent=sent,
+            cause=cause,
+            failed=endpoint,
+            total_deadline=total_deadline,
+        )
+        if resumed is None:
+            return None
+        self._metrics.upstream_errors.labels(endpoint.id, cause).inc()
+        return Outcome(
+            resp.status,
+            resumed.endpoint,
+            resumed.prompt_tokens,
+            resumed.completion_tokens,
+            ttft,
+            continued=resumed.continued,
+        )
 
     @staticmethod
     def _partial(

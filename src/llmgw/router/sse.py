@@ -32,11 +32,11 @@ import orjson
 
 from llmgw.router.usage_scan import usages_in
 
-_EVENT_END = re.compile(rb"\r?\n\r?\n")
+EVENT_END = re.compile(rb"\r?\n\r?\n")
 _DONE = b"[DONE]"
 
 
-def _last_event_end(buf: bytes) -> int:
+def last_event_end(buf: bytes) -> int:
     """Index just past the last complete event in `buf`, or 0."""
     lf = buf.rfind(b"\n\n")
     crlf = buf.rfind(b"\r\n\r\n")
@@ -48,7 +48,7 @@ def _last_event_end(buf: bytes) -> int:
     return end
 
 
-def _payload(event: bytes) -> bytes | None:
+def event_payload(event: bytes) -> bytes | None:
     """The data of an event with one `data:` line; None for comments and others."""
     for line in event.splitlines():
         if line.startswith(b"data:"):
@@ -114,7 +114,7 @@ class SSERelay:
 
     def feed(self, data: bytes) -> bytes:
         buf = self._pending + data if self._pending else data
-        end = _last_event_end(buf)
+        end = last_event_end(buf)
         if end == 0:
             self._pending = buf
             return b""
@@ -156,10 +156,10 @@ class SSERelay:
 
     def _take_usage_event(self, complete: bytes, marker: int) -> bytes:
         """Parse only the event holding `marker`; drop it if it is the usage chunk to strip."""
-        start = _last_event_end(complete[:marker])
-        found = _EVENT_END.search(complete, marker)
+        start = last_event_end(complete[:marker])
+        found = EVENT_END.search(complete, marker)
         end = found.end() if found is not None else len(complete)
-        payload = _payload(complete[start:end])
+        payload = event_payload(complete[start:end])
         chunk = _chunk(payload) if payload is not None else None
         usage = _usage_of(chunk) if chunk is not None else None
         if usage is None:
@@ -172,10 +172,10 @@ class SSERelay:
     def _inspect(self, complete: bytes) -> bytes:
         kept: list[bytes] = []
         pos = 0
-        for match in _EVENT_END.finditer(complete):
+        for match in EVENT_END.finditer(complete):
             event = complete[pos : match.end()]
             pos = match.end()
-            payload = _payload(event)
+            payload = event_payload(event)
             if payload is None:
                 kept.append(event)
                 continue
@@ -229,7 +229,7 @@ class NativeRelay:
 
     def feed(self, data: bytes) -> bytes:
         buf = self._pending + data if self._pending else data
-        end = _last_event_end(buf)
+        end = last_event_end(buf)
         if end == 0:
             self._pending = buf
             return b""

@@ -200,6 +200,7 @@ def create_app(
     clock: Clock,
     wall_clock: Clock,
     native_apis: frozenset[str] = frozenset(),
+    sequence: bool = False,
 ) -> SimApp:
     """The sim's ASGI app over objects built by the caller (the CLI or a test)."""
     if not models:
@@ -213,6 +214,7 @@ def create_app(
         output_tokens=output_tokens,
         embedding_dim=embedding_dim,
         wall_clock=wall_clock,
+        sequence=sequence,
     )
     extras = Extras(
         inference=inference, engine=engine, stats=stats, faults=faults, wall_clock=wall_clock

@@ -5,7 +5,9 @@ prefix cache, sleeps the prefill, then produces the given tokens one inter-token
 apart (longer while other requests' prefills stall the batch), handing each to `emit`
 (streaming) or just spending the time (non-streaming).
 An injected stall stops the token flow for good; only cancellation (the client went
-away) ends such a request. The running slot is released however the request ends.
+away) ends such a request. An injected cut (`cut_after`) raises `GenerationCut` after
+that many tokens, for the caller to break the connection or exit. The running slot
+is released however the request ends.
 
 Not guaranteed: tokens are counted in `generation_tokens` as they are produced, so a
 cancelled request's partial output is counted, as in vLLM; nothing is counted for a
@@ -22,6 +24,10 @@ from llmgw.sim.scheduler import Scheduler
 from llmgw.sim.stats import ModelCounters
 
 Emit = Callable[[int, str], Awaitable[None]]
+
+
+class GenerationCut(Exception):
+    """A generation was cut short on purpose after `cut_after` tokens."""
 
 
 class Engine:
@@ -41,6 +47,7 @@ class Engine:
         stall_after: int | None,
         slow_start: float,
         emit: Emit | None,
+        cut_after: int | None = None,
     ) -> None:
         scheduler = self.scheduler
         await scheduler.admit(counters)
@@ -50,7 +57,12 @@ class Engine:
             counters.prefix_cache_hits += cached
             counters.prompt_tokens += len(prompt)
             await scheduler.prefill(len(prompt) - cached, extra_seconds=slow_start)
-            if emit is None and stall_after is None and scheduler.timing.instant:
+            if (
+                emit is None
+                and stall_after is None
+                and cut_after is None
+                and scheduler.timing.instant
+            ):
                 counters.generation_tokens += len(tokens)
                 return
             paced = not scheduler.timing.instant
@@ -60,6 +72,8 @@ class Engine:
                     await scheduler.inter_token(cursor)
                 if stall_after is not None and index >= stall_after:
                     await _forever()
+                if cut_after is not None and index >= cut_after:
+                    raise GenerationCut
                 counters.generation_tokens += 1
                 if emit is not None:
                     await emit(index, token)

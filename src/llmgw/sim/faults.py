@@ -1,4 +1,4 @@
-"""Failure injection: error responses, crashes, stalled streams, slow starts.
+"""Failure injection: error responses, crashes, stalled and broken streams, slow starts.
 
 `Faults` holds the current `FaultSettings` and replaces them whole on every update, so
 a request reads one consistent set. Crashing is done through an injected
@@ -52,6 +52,21 @@ class FaultSettings(BaseModel):
         "a non-streaming request longer than N tokens never answers. None (default) never "
         "stalls.",
     )
+    break_after_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="After this many tokens a generation's connection is closed without "
+        "the rest of the answer, as when a proxy or the network drops it: a stream ends "
+        "mid-body (no final chunk, no [DONE]), a non-streaming answer longer than N tokens "
+        "is cut short after its headers. None (default) never breaks.",
+    )
+    exit_after_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="Exit the process abruptly once a generation has produced this many "
+        "tokens (a stream has sent them), as an engine that crashes mid-generation. None "
+        "(default) never exits.",
+    )
     slow_start: float = Field(
         default=0.0,
         ge=0.0,
@@ -101,6 +116,10 @@ class Faults:
         if crash_after is not None and self._seen_since_crash_set >= crash_after:
             self._exit_process(1)
         self._seen_since_crash_set += 1
+
+    def exit_now(self) -> NoReturn:
+        """End the process at once (an injected crash mid-generation)."""
+        self._exit_process(1)
 
     def should_fail(self) -> bool:
         rate = self.settings.error_rate

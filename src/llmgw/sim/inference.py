@@ -8,6 +8,11 @@ assistant role, the last one the finish reason), an optional usage chunk with em
 headers of a stream are sent with its first token, so a slow start delays the first
 byte of the response, headers included.
 
+Injected cuts (`break_after_tokens`, `exit_after_tokens`) apply to these chat and
+completion routes: after N tokens the connection is closed without the rest of the
+answer (a stream without its final chunk and `[DONE]`; a whole answer shorter than its
+`content-length`), or the process exits.
+
 Not guaranteed: a client that disconnects is only noticed while something could take
 time (any timing, a slow start or a stall). In zero-delay mode without faults the
 response is written in one go and counted as completed even if nobody reads it.
@@ -24,7 +29,7 @@ import orjson
 
 from llmgw.sim.asgi import Receive, Scope, Send, read_body, send_bytes, send_error
 from llmgw.sim.asgi import until_disconnect as _until_disconnect
-from llmgw.sim.engine import Engine
+from llmgw.sim.engine import Engine, GenerationCut
 from llmgw.sim.errors import SimError, bad_request
 from llmgw.sim.faults import Faults, FaultSettings
 from llmgw.sim.protocol import (
@@ -34,7 +39,7 @@ from llmgw.sim.protocol import (
     parse_embedding,
 )
 from llmgw.sim.stats import LastRequest, ModelCounters, SimStats
-from llmgw.sim.tokens import TextGenerator
+from llmgw.sim.tokens import TextGenerator, counting
 from llmgw.sim.vectors import to_base64, unit_vector
 
 _SSE_HEADERS: Final = (
@@ -109,7 +114,9 @@ class Inference:
         output_tokens: int,
         embedding_dim: int,
         wall_clock: Callable[[], float],
+        sequence: bool = False,
     ) -> None:
+        self._sequence = sequence
         self._default_model = models[0]
         self._served = ", ".join(models)
         self._engine = engine
@@ -138,6 +145,22 @@ class Inference:
                 param="model",
             )
         return name, counters
+
+    def tokens(self, request: GenerationRequest) -> Sequence[str]:
+        """The answer's tokens: hashed words, or the counting sequence in sequence mode."""
+        count = request.max_tokens or self._output_tokens
+        if self._sequence:
+            return counting(request.sequence_after, count)
+        return self._generator.tokens(request.key, count)
+
+    def _cut(self, faults: FaultSettings) -> int | None:
+        """After how many tokens an injected break or exit cuts a generation (None: never)."""
+        cuts = [n for n in (faults.break_after_tokens, faults.exit_after_tokens) if n is not None]
+        return min(cuts) if cuts else None
+
+    def _exits_at(self, faults: FaultSettings, cut: int | None) -> bool:
+        """Whether the cut at `cut` tokens is the process exiting (else the connection breaks)."""
+        return faults.exit_after_tokens is not None and faults.exit_after_tokens == cut
 
     def needs_watch(self, faults: FaultSettings) -> bool:
         return (
@@ -202,7 +225,7 @@ class Inference:
     ) -> Sequence[str] | None:
         """Generate `request`'s tokens through the engine (each handed to `emit` as it
         comes); None when the client left. For the other APIs' handlers (`native`)."""
-        tokens = self._generator.tokens(request.key, request.max_tokens or self._output_tokens)
+        tokens = self.tokens(request)
         work = self._engine.generate(
             model=model,
             counters=counters,
@@ -269,7 +292,8 @@ class Inference:
         *,
         chat: bool,
     ) -> None:
-        tokens = self._generator.tokens(request.key, request.max_tokens or self._output_tokens)
+        tokens = self.tokens(request)
+        cut = self._cut(faults)
         work = self._engine.generate(
             model=model,
             counters=counters,
@@ -278,9 +302,37 @@ class Inference:
             stall_after=faults.stall_after_tokens,
             slow_start=faults.slow_start,
             emit=None,
+            cut_after=cut,
         )
-        if not await self.watch(receive, work, self.needs_watch(faults)):
+        try:
+            if not await self.watch(receive, work, self.needs_watch(faults)):
+                return
+        except GenerationCut:
+            if self._exits_at(faults, cut):
+                self._faults.exit_now()
+            body = orjson.dumps(self._whole(request, model, tokens, chat=chat))
+            # Headers promise the whole answer; half of it comes, then the connection closes.
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
+            await send(
+                {"type": "http.response.body", "body": body[: len(body) // 2], "more_body": True}
+            )
             return
+        await send_bytes(send, 200, orjson.dumps(self._whole(request, model, tokens, chat=chat)))
+        counters.request_success += 1
+        self._stats.requests_completed += 1
+
+    def _whole(
+        self, request: GenerationRequest, model: str, tokens: Sequence[str], *, chat: bool
+    ) -> dict[str, object]:
         finish = "length" if request.max_tokens is not None else "stop"
         text = "".join(tokens)
         choice: dict[str, object]
@@ -293,7 +345,7 @@ class Inference:
             }
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        payload = {
+        return {
             "id": self.new_id("chatcmpl-" if chat else "cmpl-"),
             "object": "chat.completion" if chat else "text_completion",
             "created": int(self._wall_clock()),
@@ -301,9 +353,6 @@ class Inference:
             "choices": [choice],
             "usage": _usage(len(request.prompt), len(tokens)),
         }
-        await send_bytes(send, 200, orjson.dumps(payload))
-        counters.request_success += 1
-        self._stats.requests_completed += 1
 
     async def _stream(
         self,
@@ -316,9 +365,10 @@ class Inference:
         *,
         chat: bool,
     ) -> None:
-        tokens = self._generator.tokens(request.key, request.max_tokens or self._output_tokens)
+        tokens = self.tokens(request)
         finish = "length" if request.max_tokens is not None else "stop"
         last = len(tokens) - 1
+        cut = self._cut(faults)
         head: dict[str, object] = {
             "id": self.new_id("chatcmpl-" if chat else "cmpl-"),
             "object": "chat.completion.chunk" if chat else "text_completion",
@@ -343,8 +393,17 @@ class Inference:
             stall_after=faults.stall_after_tokens,
             slow_start=faults.slow_start,
             emit=emit,
+            cut_after=cut,
         )
-        if not await self.watch(receive, work, self.needs_watch(faults)):
+        try:
+            if not await self.watch(receive, work, self.needs_watch(faults)):
+                return
+        except GenerationCut:
+            if self._exits_at(faults, cut):
+                self._faults.exit_now()
+            if cut == 0:
+                await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            # Returning with the body incomplete: the server closes the connection.
             return
         if request.include_usage:
             usage = _usage(len(request.prompt), len(tokens))

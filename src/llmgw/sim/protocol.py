@@ -4,17 +4,26 @@ Each parser takes the decoded JSON body and returns a small frozen record, or ra
 `SimError` (400) naming the offending field. The model name is returned as sent (or
 None) and checked against the served names by the caller.
 
+A chat with `continue_final_message: true` continues its final message instead of
+starting a new one, as vLLM's does: the message is left open (no end marker in the
+prompt) and, like vLLM, the sim refuses it together with `add_generation_prompt: true`
+(vLLM's default, so a client must send `add_generation_prompt: false` too).
+`sequence_after` is the last number of the counting sequence (`w17`) the continued
+text ends with: the final message of a continued chat, the prompt of a completion.
+
 Not guaranteed: only the fields the sim acts on are checked (model, messages/prompt/
-input, max_tokens, max_completion_tokens, stream, stream_options); everything else,
+input, max_tokens, max_completion_tokens, stream, stream_options, continue_final_message,
+add_generation_prompt); everything else,
 such as temperature or tools, is accepted and ignored. `n` is ignored (one choice),
 and batched prompts (several prompts in one completion request) are rejected.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 import orjson
 
@@ -35,6 +44,20 @@ class GenerationRequest(NamedTuple):
     max_tokens: int | None
     stream: bool
     include_usage: bool
+    # The last `wN` the continued text ends with (0: none), for the counting sequence.
+    sequence_after: int = 0
+
+
+_SEQUENCE_WORD: Final = re.compile(r"w(\d{1,9})")
+
+
+def sequence_end(text: str) -> int:
+    """N when the last token of `text` is the sequence word `wN`, else 0."""
+    tokens = tokenize(text)
+    if not tokens:
+        return 0
+    found = _SEQUENCE_WORD.fullmatch(tokens[-1])
+    return int(found.group(1)) if found is not None else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,14 +148,36 @@ def parse_chat(body: object) -> GenerationRequest:
             )
         turns.append((message["role"], _content_text(message.get("content"), index)))
     stream, include_usage = _stream(data)
+    continuing = _continues_final_message(data)
     return GenerationRequest(
         model=_model(data),
-        prompt=chat_tokens(turns),
+        prompt=chat_tokens(turns, open_last=continuing),
         key=orjson.dumps(turns),
         max_tokens=_max_tokens(data),
         stream=stream,
         include_usage=include_usage,
+        sequence_after=sequence_end(turns[-1][1]) if continuing else 0,
     )
+
+
+def _flag(data: dict[str, object], field: str, default: bool) -> bool:
+    value = data.get(field)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_request(f"'{field}' must be a boolean", param=field)
+    return value
+
+
+def _continues_final_message(data: dict[str, object]) -> bool:
+    """Whether a chat continues its final message; vLLM's 400 for the two flags at once."""
+    continuing = _flag(data, "continue_final_message", False)
+    if continuing and _flag(data, "add_generation_prompt", True):
+        raise bad_request(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+            param="continue_final_message",
+        )
+    return continuing
 
 
 def _is_token_ids(value: object) -> bool:
@@ -161,8 +206,10 @@ def _single_prompt(prompt: object) -> tuple[Sequence[Hashable], bytes]:
 
 def parse_completion(body: object) -> GenerationRequest:
     data = _object(body)
-    prompt, key = _single_prompt(data.get("prompt"))
+    raw = data.get("prompt")
+    prompt, key = _single_prompt(raw)
     stream, include_usage = _stream(data)
+    text = raw[0] if isinstance(raw, list) and len(raw) == 1 else raw
     return GenerationRequest(
         model=_model(data),
         prompt=prompt,
@@ -170,6 +217,7 @@ def parse_completion(body: object) -> GenerationRequest:
         max_tokens=_max_tokens(data),
         stream=stream,
         include_usage=include_usage,
+        sequence_after=sequence_end(text) if isinstance(text, str) else 0,
     )
 
 

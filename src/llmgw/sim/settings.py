@@ -6,6 +6,8 @@ so a short request takes tens of milliseconds and a batch visibly slows decoding
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -71,6 +73,13 @@ class SimSettings(BaseModel):
         ge=1,
         description="Completion length when a request sets no max_tokens: short, so tests "
         "and benchmarks are quick.",
+    )
+    text: Literal["words", "sequence"] = Field(
+        default="words",
+        description="What answers say: `words` picks vocabulary words by a hash of the "
+        "prompt (the default: realistic-looking text); `sequence` counts ` w1 w2 ...`, "
+        "continuing from the `wN` that a continued text ends with, so that a test can "
+        "check a stream spliced from several answers for gaps and repeats.",
     )
     embedding_dim: int = Field(default=64, ge=1, description="Length of embedding vectors.")
     seed: int = Field(default=0, description="Seeds the generated text and the error draws.")

@@ -6,6 +6,10 @@ overhead. The generator answers a prompt with words from a fixed vocabulary, eac
 token one word with a leading space, chosen by a hash of the prompt and the seed, so
 the same prompt gives the same text on every run and every machine.
 
+In `sequence` mode (`counting`) an answer counts instead: ` w1 w2 w3 ...`, or from
+`w(N+1)` when the text it continues ends with `wN`, so a stream spliced from several
+answers shows any gap or repeated token.
+
 Not guaranteed: any relation to a real tokenizer's counts, or that two different
 prompts give different text (prompts share one precomputed word stream and only pick
 their starting point in it).
@@ -49,11 +53,12 @@ def count_tokens(text: str) -> int:
     return len(_TOKEN_PATTERN.findall(text))
 
 
-def chat_tokens(messages: Sequence[tuple[str, str]]) -> list[Hashable]:
+def chat_tokens(messages: Sequence[tuple[str, str]], *, open_last: bool = False) -> list[Hashable]:
     """The prompt tokens of a chat: per message (role, text), the overhead markers and text.
 
     The role is part of the tokens so that a prefix cache sees the same chain for the
-    same conversation prefix, and a different one when only roles differ.
+    same conversation prefix, and a different one when only roles differ. With
+    `open_last` the final message has no end marker: it is being continued.
     """
     tokens: list[Hashable] = []
     for role, text in messages:
@@ -62,6 +67,8 @@ def chat_tokens(messages: Sequence[tuple[str, str]]) -> list[Hashable]:
         tokens.append("<|sep|>")
         tokens.extend(_TOKEN_PATTERN.findall(text))
         tokens.append("<|end|>")
+    if open_last and tokens:
+        tokens.pop()
     return tokens
 
 
@@ -88,3 +95,8 @@ class TextGenerator:
         whole, rest = divmod(count, _STREAM_LENGTH)
         rotated = self._doubled[start : start + _STREAM_LENGTH]
         return rotated * whole + rotated[:rest]
+
+
+def counting(after: int, count: int) -> list[str]:
+    """`count` tokens of the counting sequence after `wN` (N = `after`): ` w{N+1}`, ..."""
+    return [f" w{n}" for n in range(after + 1, after + 1 + count)]

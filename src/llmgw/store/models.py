@@ -187,6 +187,8 @@ class UsageRecord:
     queue_ms: float = 0.0
     # The client route (/v1/chat/completions, /v1/rerank, ...); "" in rows from before it was kept.
     route: str = ""
+    # Times a stream was continued on another replica after its engine failed mid-stream.
+    continued: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -133,6 +133,7 @@ usage_records = Table(
     Column("streamed", Boolean, nullable=False),
     Column("queue_ms", Float, nullable=True),
     Column("route", String(64), nullable=True),
+    Column("continued", Integer, nullable=True),
 )
 
 

@@ -247,6 +247,7 @@ def _record(row: Any) -> UsageRecord:
         streamed=bool(row["streamed"]),
         queue_ms=float(row["queue_ms"] or 0.0),
         route=row["route"] or "",
+        continued=int(row["continued"] or 0),
     )
 
 
@@ -343,6 +344,7 @@ def _check_record(r: UsageRecord) -> None:
         ("status", r.status),
         ("prompt_tokens", r.prompt_tokens),
         ("completion_tokens", r.completion_tokens),
+        ("continued", r.continued),
     ):
         if not 0 <= count <= _MAX_INT:
             raise InvalidValue(
@@ -402,6 +404,7 @@ def _raw_row(r: UsageRecord) -> dict[str, Any]:
         "streamed": r.streamed,
         "queue_ms": r.queue_ms,
         "route": r.route or None,
+        "continued": r.continued or None,
     }
 
 

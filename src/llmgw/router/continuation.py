@@ -1,0 +1,464 @@
+"""Mid-stream continuation: a stream whose engine failed goes on from another replica.
+
+When the upstream of a chat or completion stream fails after the client got its
+first bytes (the connection broke: engine exit, reset; or the idle deadline
+passed), the proxy hands the stream to `Continuation.resume`: it reads back what
+the client was sent (whole SSE events only: a half-received event was never
+relayed), asks another Ready replica whose engine can continue
+(`llmgw.engines.continues_of`) for the rest, and splices that answer into the
+client's open stream:
+
+- chat: the text so far becomes the final assistant message, sent with
+  `continue_final_message: true, add_generation_prompt: false` (vLLM's and
+  SGLang's way to continue a message instead of starting a new turn);
+  completions: the prompt plus the text so far;
+- `max_tokens` / `max_completion_tokens` less the tokens already sent;
+- each chunk of the new answer gets the first answer's `id`, `created` and
+  `model`, the new answer's opening role chunk is dropped, and its usage chunk
+  is held back: the stream ends with one usage chunk (when the client asked)
+  counting every token the client received (`completion_tokens`) and every
+  prompt token the engines processed (`prompt_tokens`: the first attempt's,
+  estimated as the continuation's prompt less the tokens it already held, plus
+  each continuation's prompt), then `[DONE]`.
+
+While no replica can take the continuation (the only one died and a
+replacement is starting), the stream gets `: llmgw ...` keep-alive comments,
+up to the request's total deadline and the activation timeout. A continuation
+that fails before its first byte (connection refused, 429/502/503/504) moves
+to another replica; at most `max_attempts` continuations per request.
+
+Not continued (the stream ends with the SSE `error` event, as before): `n > 1`
+(each choice would need its own continuation, and a replica answers them
+together), `logprobs` (the continued tokens' log-probabilities would be
+computed on a prompt the client never sent, and `top_logprobs` of the splice
+point would be wrong), `echo`, prompts given as token ids, streams served
+natively in another API's events (Messages, Responses: their translations
+from chat are continued), streams that carried tool-call deltas or reasoning
+content, streams that already ended (`finish_reason`), and models or
+endpoints whose engine cannot continue (an endpoint without a declared
+`engine`: llmgw does not guess).
+
+Not guaranteed: that an engine continues mid-word exactly as it would have
+(Hugging Face chat templates strip a continued message's trailing whitespace,
+and the text is tokenized anew); that a sampled (temperature > 0) answer reads
+as one; exact token counts for engines that send several tokens per chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from llmgw.config.continuation import ContinuationConfig
+from llmgw.engines import continues_of
+from llmgw.metrics import RouterMetrics
+from llmgw.router.activation import Activator
+from llmgw.router.balancer import Balancer
+from llmgw.router.endpoints import Endpoint, EndpointPool
+from llmgw.router.errors import (
+    DeadlineExceeded,
+    EngineError,
+    EngineUnreachable,
+    ModelUnavailable,
+    RouterError,
+)
+from llmgw.router.ids import new_request_id
+from llmgw.router.requests import CHAT, COMPLETIONS, ParsedRequest
+from llmgw.router.splice import (
+    Splice,
+    add_usage,
+    continuation_body,
+    read_back,
+    remaining,
+    rewrite,
+)
+from llmgw.router.sse import last_event_end
+from llmgw.router.upstream import Response, Upstream, UpstreamError
+
+Message = MutableMapping[str, Any]
+Send = Callable[[Message], Awaitable[None]]
+
+log = logging.getLogger("llmgw.router.continuation")
+
+_RETRY_STATUSES = frozenset({429, 502, 503, 504})
+_EVENT_STREAM = b"text/event-stream"
+_DONE = b"data: [DONE]\n\n"
+_RECHECK_FIRST = 0.25
+_RECHECK_MAX = 2.0
+
+
+@dataclass(slots=True)
+class Resumed:
+    """How a continued stream ended: the replica that served last, the tokens the
+    client received and the prompt tokens the engines processed, and how many
+    continuations it took."""
+
+    endpoint: str
+    prompt_tokens: int
+    completion_tokens: int
+    continued: int
+
+
+def error_event(error: RouterError) -> bytes:
+    """The SSE event that ends a stream which failed after it began."""
+    return b"event: error\ndata: " + error.body() + b"\n\n"
+
+
+class Continuation:
+    """Resumes broken chat and completion streams on other replicas."""
+
+    def __init__(
+        self,
+        *,
+        pool: EndpointPool,
+        balancer: Balancer,
+        upstream: Upstream,
+        metrics: RouterMetrics,
+        config: ContinuationConfig,
+        clock: Callable[[], float],
+        first_byte: float,
+        idle: float,
+        keepalive: float,
+        wait_limit: float,
+        activator: Activator | None = None,
+    ) -> None:
+        """`first_byte` and `idle` are the upstream deadlines of each continuation;
+        `keepalive` the seconds between SSE comments while no replica can take it, and
+        `wait_limit` how long it waits for one at most (the activation timeout)."""
+        self._pool = pool
+        self._balancer = balancer
+        self._upstream = upstream
+        self._metrics = metrics
+        self._config = config
+        self._clock = clock
+        self._first_byte = first_byte
+        self._idle = idle
+        self._keepalive = keepalive
+        self._wait_limit = wait_limit
+        self._activator = activator
+
+    def continuable(self, req: ParsedRequest) -> bool:
+        """Whether `req`'s stream may be continued if its engine fails mid-stream (then
+        the proxy keeps what it relays, for `resume`)."""
+        if not req.stream or req.served_natively or req.path not in (CHAT, COMPLETIONS):
+            return False
+        if not self._config.enabled_for(req.model):
+            return False
+        body = req.body
+        n = body.get("n")
+        if n is not None and n != 1:
+            return False
+        if body.get("logprobs") or body.get("top_logprobs") or body.get("echo"):
+            return False
+        if req.path == COMPLETIONS:
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and len(prompt) == 1:
+                prompt = prompt[0]
+            return isinstance(prompt, str) and not body.get("suffix")
+        return True
+
+    async def resume(
+        self,
+        *,
+        req: ParsedRequest,
+        send: Send,
+        sent: list[bytes],
+        cause: str,
+        failed: Endpoint,
+        total_deadline: float,
+    ) -> Resumed | None:
+        """Continue the stream whose engine `failed` (`cause`: disconnect, timeout_idle,
+        abandoned)
+        after the client was `sent` those events. None when it cannot be continued (the
+        caller ends it with the error event); otherwise the stream is ended here, with
+        the rest of the answer or, when no continuation succeeds, the error event."""
+        if not self._can_continue(req):
+            return None
+        splice = read_back(b"".join(sent), chat=req.path == CHAT)
+        if splice is None or remaining(req.body, splice.tokens) == 0:
+            return None
+        tried: set[str] = {failed.id}
+        attempts = 0
+        last = failed
+        while attempts < self._config.max_attempts:
+            body = continuation_body(req, splice)
+            if body is None:
+                break
+            self._metrics.continuations.labels(req.model, cause).inc()
+            attempts += 1
+            splice.continued += 1
+            log.info(
+                "%s stream of %s broke off at endpoint %s (%s) after %d tokens; continuing "
+                "on another replica (attempt %d of %d)",
+                req.path,
+                req.model,
+                last.id,
+                cause,
+                splice.tokens,
+                attempts,
+                self._config.max_attempts,
+            )
+            try:
+                endpoint, resp = await self._open(req, body, send, tried, total_deadline)
+            except RouterError as exc:
+                await send(
+                    {"type": "http.response.body", "body": error_event(exc), "more_body": False}
+                )
+                return self._resumed(req, last, splice)
+            last = endpoint
+            splice.begin()
+            endpoint.in_flight += 1
+            try:
+                broken = await self._relay(req, send, resp, endpoint, splice, total_deadline)
+            finally:
+                endpoint.in_flight -= 1
+            if broken is None:
+                return self._resumed(req, endpoint, splice)
+            cause = broken
+            tried = {endpoint.id}
+        error = EngineUnreachable(
+            f"engine of endpoint '{last.id}' failed mid-stream and the answer could not be "
+            f"continued after {attempts} continuation(s) "
+            f"(router.continuation.max_attempts: {self._config.max_attempts})"
+        )
+        await send({"type": "http.response.body", "body": error_event(error), "more_body": False})
+        return self._resumed(req, last, splice)
+
+    def _count(self, model: str, endpoint: str, splice: Splice, usage: dict[str, Any]) -> None:
+        """A continuation's usage: into the splice, and the engine's tokens into metrics."""
+        add_usage(splice, usage)
+        series = self._metrics.series(model, endpoint)
+        for name, counter in (
+            ("prompt_tokens", series.prompt_tokens),
+            ("completion_tokens", series.completion_tokens),
+        ):
+            value = usage.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                counter.inc(value)
+
+    @staticmethod
+    def _resumed(req: ParsedRequest, endpoint: Endpoint, splice: Splice) -> Resumed:
+        prompt = splice.prompt_tokens(req.prompt_tokens_estimate())
+        return Resumed(endpoint.id, prompt, splice.tokens, splice.continued)
+
+    async def _open(
+        self,
+        req: ParsedRequest,
+        body: bytes,
+        send: Send,
+        tried: set[str],
+        total_deadline: float,
+    ) -> tuple[Endpoint, Response]:
+        """Send the continuation to a replica that can take it and return its stream's
+        head; RouterError when none answers within the deadlines."""
+        deadline = min(total_deadline, self._clock() + self._wait_limit)
+        last_error: RouterError | None = None
+        while True:
+            endpoint = await self._replica(req, send, tried, deadline, last_error)
+            path = endpoint.path_for(req.path) or req.path
+            resp: Response | None = None
+            opened = False
+            try:
+                async with asyncio.timeout_at(min(self._clock() + self._first_byte, deadline)):
+                    resp = await self._upstream.request(
+                        b"POST",
+                        endpoint.url,
+                        path,
+                        body,
+                        (
+                            (b"Content-Type", b"application/json"),
+                            (b"X-Request-Id", new_request_id()),
+                        ),
+                    )
+                    if resp.status < 400 and resp.content_type == _EVENT_STREAM:
+                        opened = True
+                        return endpoint, resp
+                    raw = await resp.read()
+            except TimeoutError:
+                endpoint.record_failure("no answer to a continuation by the first-byte deadline")
+                last_error = DeadlineExceeded(
+                    f"endpoint '{endpoint.id}' did not answer the continuation within the "
+                    f"first-byte deadline of {self._first_byte:g}s"
+                )
+                self._metrics.upstream_errors.labels(endpoint.id, "timeout_first_byte").inc()
+                tried.add(endpoint.id)
+                continue
+            except UpstreamError as exc:
+                endpoint.record_failure(str(exc))
+                self._metrics.upstream_errors.labels(endpoint.id, "connect").inc()
+                last_error = EngineUnreachable(
+                    f"engine of endpoint '{endpoint.id}' is unreachable: {exc}"
+                )
+                tried.add(endpoint.id)
+                continue
+            finally:
+                if resp is not None and not opened:
+                    resp.close()
+            self._metrics.upstream_errors.labels(endpoint.id, f"status_{resp.status}").inc()
+            # The engine's own words may name its address: they go to the log only.
+            log.warning(
+                "endpoint %s at %s answered a continuation of %s with %d: %s",
+                endpoint.id,
+                endpoint.url,
+                req.model,
+                resp.status,
+                raw[:500].decode("utf-8", "replace"),
+            )
+            error = EngineError(
+                f"engine of endpoint '{endpoint.id}' answered the continuation with status "
+                f"{resp.status}",
+                status=resp.status,
+            )
+            if resp.status not in _RETRY_STATUSES:
+                # The engine refused the continuation itself: another would too.
+                raise error
+            last_error = error
+            tried.add(endpoint.id)
+
+    def _can_continue(self, req: ParsedRequest) -> bool:
+        """Whether any engine of the model can continue `req` (its endpoints', or with
+        none in the pool its catalog profiles'): if not, waiting for one is in vain."""
+        engines = {e.engine for e in self._pool.by_model.get(req.model) or ()}
+        activator = self._activator
+        if not engines and activator is not None and activator.knows(req.model):
+            engines = set(activator.engines(req.model))
+        return any(req.path in continues_of(engine) for engine in engines)
+
+    def _candidates(self, req: ParsedRequest, tried: set[str]) -> list[Endpoint]:
+        now = self._clock()
+        return [
+            e
+            for e in self._pool.by_model.get(req.model) or ()
+            if e.id not in tried
+            and e.available(now)
+            and e.path_for(req.path) is not None
+            and req.path in continues_of(e.engine)
+        ]
+
+    async def _replica(
+        self,
+        req: ParsedRequest,
+        send: Send,
+        tried: set[str],
+        deadline: float,
+        last_error: RouterError | None,
+    ) -> Endpoint:
+        """A replica to continue on, waiting (with keep-alive comments) while there is
+        none; the replicas `tried` are skipped until the first pause, since a replica
+        that failed once (a stale connection) may serve again."""
+        pause = _RECHECK_FIRST
+        next_comment = self._clock() + self._keepalive
+        activation: asyncio.Future[None] | None = None
+        try:
+            while True:
+                candidates = self._candidates(req, tried)
+                if candidates:
+                    picked = self._balancer.pick(candidates, ())
+                    if picked is not None:
+                        return picked
+                now = self._clock()
+                if now >= deadline:
+                    why = f"; last: {last_error.message}" if last_error is not None else ""
+                    raise ModelUnavailable(
+                        f"model '{req.model}' has no replica that can continue the stream "
+                        f"(its engine must be one that continues {req.path}){why}",
+                        code="continuation_unavailable",
+                        retry_after=5,
+                    )
+                activator = self._activator
+                if (
+                    activation is None
+                    and activator is not None
+                    and not self._pool.by_model.get(req.model)
+                    and activator.knows(req.model)
+                ):
+                    activation = asyncio.ensure_future(activator.activate(req.model))
+                if now >= next_comment:
+                    comment = f": llmgw continuing on another replica of {req.model}\n\n"
+                    await send(
+                        {"type": "http.response.body", "body": comment.encode(), "more_body": True}
+                    )
+                    next_comment = now + self._keepalive
+                await asyncio.sleep(min(pause, max(deadline - now, 0.0), next_comment - now))
+                pause = min(pause * 2, _RECHECK_MAX)
+                tried.clear()
+                if activation is not None and activation.done():
+                    # Its failure (the model cannot start) shows as the deadline's error.
+                    if not activation.cancelled():
+                        activation.exception()
+                    activation = None
+        finally:
+            if activation is not None:
+                activation.cancel()
+
+    async def _relay(
+        self,
+        req: ParsedRequest,
+        send: Send,
+        resp: Response,
+        endpoint: Endpoint,
+        splice: Splice,
+        total_deadline: float,
+    ) -> str | None:
+        """Relay a continuation's stream into the client's; None when it ended well (the
+        stream is then closed), else the cause of its failure."""
+        clock = self._clock
+        pending = b""
+        done = False
+        try:
+            async with asyncio.timeout_at(min(clock() + self._idle, total_deadline)) as deadline:
+                while True:
+                    data = await resp.next_chunk()
+                    if not data:
+                        break
+                    buf = pending + data
+                    end = last_event_end(buf)
+                    pending = buf[end:]
+                    out, usage = rewrite(buf[:end], splice)
+                    if usage is not None:
+                        self._count(req.model, endpoint.id, splice, usage)
+                    if out:
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                    deadline.reschedule(min(clock() + self._idle, total_deadline))
+            done = True
+        except TimeoutError:
+            if clock() >= total_deadline:
+                endpoint.record_failure("continuation exceeded the total deadline")
+                error = DeadlineExceeded(
+                    f"endpoint '{endpoint.id}' stream exceeded the request's total deadline"
+                )
+                await send(
+                    {"type": "http.response.body", "body": error_event(error), "more_body": False}
+                )
+                return None
+            endpoint.record_failure("continuation exceeded the idle deadline")
+            self._metrics.upstream_errors.labels(endpoint.id, "timeout_idle").inc()
+            return "timeout_idle"
+        except UpstreamError as exc:
+            endpoint.record_failure(str(exc))
+            self._metrics.upstream_errors.labels(endpoint.id, "disconnect").inc()
+            return "disconnect"
+        finally:
+            if done:
+                resp.release()
+            else:
+                resp.close()
+        endpoint.record_success()
+        tail = b""
+        if req.client_wants_usage:
+            prompt = splice.prompt_tokens(req.prompt_tokens_estimate())
+            usage = {
+                "prompt_tokens": prompt,
+                "completion_tokens": splice.tokens,
+                "total_tokens": prompt + splice.tokens,
+            }
+            tail = (
+                b"data: " + orjson.dumps({**splice.head, "choices": [], "usage": usage}) + b"\n\n"
+            )
+        await send({"type": "http.response.body", "body": tail + _DONE, "more_body": False})
+        return None

@@ -1,0 +1,235 @@
+"""The text of a broken stream, and the requests and chunks that continue it.
+
+Pure functions for `llmgw.router.continuation`: `read_back` recovers the answer a
+client received from the SSE events relayed to it, `continuation_body` builds the
+request that asks another replica for the rest (chat: the text as a final
+assistant message with `continue_final_message: true, add_generation_prompt:
+false`; completions: prompt + text; the token limits reduced), and `rewrite`
+makes the continuation's chunks look like the first answer's (its id, created and
+model; no second role chunk; usage and `[DONE]` held back).
+
+Not guaranteed: token counts are chunks that carry text, exact only for engines
+that stream one token per chunk (vLLM, SGLang, llama.cpp, the sim do).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from llmgw.router.requests import ParsedRequest
+from llmgw.router.sse import EVENT_END, event_payload
+
+_MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
+
+
+@dataclass(slots=True)
+class Splice:
+    """The answer so far as the client saw it, and what the next continuation needs."""
+
+    chat: bool
+    head: dict[str, Any]
+    text: str
+    tokens: int
+    continued: int = 0
+    # Per continuation: the tokens of the answer it was given, and the prompt tokens
+    # its engine reported (None: it died before its usage chunk).
+    given: list[int] = field(default_factory=list)
+    reported: list[int | None] = field(default_factory=list)
+
+    def begin(self) -> None:
+        """A continuation starts from the answer so far."""
+        self.given.append(self.tokens)
+        self.reported.append(None)
+
+    def prompt_tokens(self, estimate: int) -> int:
+        """Every prompt token the engines processed: the first attempt's (its engine
+        died before reporting it: the first reported continuation's prompt less the
+        tokens it was given, else `estimate`, the router's), and each continuation's
+        (one that did not report it: the first attempt's plus the tokens it was given)."""
+        pairs = list(zip(self.given, self.reported, strict=True))
+        first = next(
+            (max(prompt - given, 0) for given, prompt in pairs if prompt is not None), estimate
+        )
+        return first + sum(
+            prompt if prompt is not None else first + given for given, prompt in pairs
+        )
+
+
+def read_back(sent: bytes, *, chat: bool) -> Splice | None:
+    """The answer the client received, from the events relayed to it; None when it
+    cannot be continued (no chunk yet, several choices, tool calls or reasoning, an
+    error, or a finished answer)."""
+    head: dict[str, Any] | None = None
+    text: list[str] = []
+    tokens = 0
+    for event in EVENT_END.split(sent):
+        if not event:
+            continue
+        if event.startswith(b"event: error") or event.startswith(b"event:error"):
+            return None
+        payload = event_payload(event)
+        if payload is None or not payload.startswith(b"{"):
+            continue
+        try:
+            chunk = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(chunk, dict):
+            return None
+        choices = chunk.get("choices")
+        if not isinstance(choices, list) or not choices:
+            continue
+        if head is None:
+            head = {k: chunk[k] for k in ("id", "object", "created", "model") if k in chunk}
+        for choice in choices:
+            piece = _choice_text(choice, chat=chat)
+            if piece is None:
+                return None
+            if piece:
+                text.append(piece)
+                tokens += 1
+    if head is None:
+        return None
+    return Splice(chat=chat, head=head, text="".join(text), tokens=tokens)
+
+
+def _choice_text(choice: object, *, chat: bool) -> str | None:
+    """The text a chunk's choice adds; None when the answer cannot be continued."""
+    if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+        return None
+    if choice.get("finish_reason") is not None:
+        return None
+    if not chat:
+        piece = choice.get("text")
+        return piece if isinstance(piece, str) else ""
+    delta = choice.get("delta")
+    if not isinstance(delta, dict):
+        return ""
+    if delta.get("tool_calls") or delta.get("function_call") or delta.get("reasoning_content"):
+        return None
+    if delta.get("reasoning"):
+        return None
+    piece = delta.get("content")
+    return piece if isinstance(piece, str) else ""
+
+
+def remaining(body: dict[str, Any], sent_tokens: int) -> int | None:
+    """Tokens the request may still generate (None: it set no limit)."""
+    for name in _MAX_TOKEN_FIELDS:
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return max(value - sent_tokens, 0)
+    return None
+
+
+def continuation_body(req: ParsedRequest, splice: Splice) -> bytes | None:
+    """The request that continues `splice`'s answer; None when nothing is left to generate."""
+    body = dict(req.body)
+    for name in _MAX_TOKEN_FIELDS:
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            left = value - splice.tokens
+            if left <= 0:
+                return None
+            body[name] = left
+    body["stream"] = True
+    body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    body.pop("echo", None)
+    if splice.chat:
+        messages = list(body["messages"])
+        last = messages[-1] if messages else None
+        if (
+            body.get("continue_final_message")
+            and isinstance(last, dict)
+            and last.get("role") == "assistant"
+            and isinstance(last.get("content"), str)
+        ):
+            # The client prefilled the answer itself: extend its message.
+            messages[-1] = {**last, "content": last["content"] + splice.text}
+        else:
+            messages.append({"role": "assistant", "content": splice.text})
+        body["messages"] = messages
+        body["continue_final_message"] = True
+        body["add_generation_prompt"] = False
+    else:
+        prompt = body["prompt"]
+        if isinstance(prompt, list):
+            body["prompt"] = [prompt[0] + splice.text]
+        else:
+            body["prompt"] = prompt + splice.text
+    return orjson.dumps(body)
+
+
+def rewrite(events: bytes, splice: Splice) -> tuple[bytes, dict[str, Any] | None]:
+    """A continuation's complete events as the client's stream goes on: the first
+    answer's id, created and model; no role chunk; usage held back; no `[DONE]` (the
+    stream's end sends it). Also the continuation's usage object, when it came."""
+    out: list[bytes] = []
+    found: dict[str, Any] | None = None
+    for event in EVENT_END.split(events):
+        if not event:
+            continue
+        payload = event_payload(event)
+        if payload is None:
+            out.append(event + b"\n\n")
+            continue
+        if payload == b"[DONE]":
+            continue
+        try:
+            chunk = orjson.loads(payload) if payload.startswith(b"{") else None
+        except orjson.JSONDecodeError:
+            chunk = None
+        if not isinstance(chunk, dict):
+            out.append(event + b"\n\n")
+            continue
+        choices = chunk.get("choices")
+        usage = chunk.get("usage")
+        if not choices:
+            if isinstance(usage, dict):
+                found = usage
+            else:
+                out.append(event + b"\n\n")
+            continue
+        kept = _continued_choice(choices, splice)
+        if kept is None:
+            continue
+        chunk = {**chunk, **splice.head, "choices": kept}
+        chunk.pop("usage", None)
+        out.append(b"data: " + orjson.dumps(chunk) + b"\n\n")
+    return b"".join(out), found
+
+
+def _continued_choice(choices: list[Any], splice: Splice) -> list[Any] | None:
+    """The chunk's choices for the client (None: drop the chunk), adding its text to
+    `splice`."""
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        return None
+    choice = dict(choice)
+    if splice.chat:
+        delta = choice.get("delta")
+        delta = dict(delta) if isinstance(delta, dict) else {}
+        delta.pop("role", None)
+        choice["delta"] = delta
+        piece = delta.get("content")
+    else:
+        piece = choice.get("text")
+    if isinstance(piece, str) and piece:
+        splice.text += piece
+        splice.tokens += 1
+    elif choice.get("finish_reason") is None and not (
+        splice.chat and any(value for name, value in choice["delta"].items() if name != "content")
+    ):
+        # The opening role chunk (or an empty one): the client has had it.
+        return None
+    return [choice]
+
+
+def add_usage(splice: Splice, usage: dict[str, Any]) -> None:
+    """Keep the prompt tokens the continuation under way reported."""
+    prompt = usage.get("prompt_tokens")
+    if splice.reported and isinstance(prompt, int) and not isinstance(prompt, bool) and prompt > 0:
+        splice.reported[-1] = prompt

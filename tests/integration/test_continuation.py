@@ -1,0 +1,521 @@
+"""Mid-stream continuation through a real `llmgw server` and real `llmgw sim` replicas.
+
+The sims count (`--text sequence`: ` w1 w2 ...`, continuing from the `wN` a continued
+text ends with), so a spliced stream shows any gap or repeated token. Faults break
+streams after N tokens (`break_after_tokens`), the process exits mid-stream
+(`exit_after_tokens`) or is killed with SIGKILL by the test. Every wait is on an
+event (a chunk read, a record written), never a sleep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import signal
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import orjson
+import pytest
+from procs import Proc, Server, Sim, free_port, free_port_block, llmgw, wait_for
+
+MESSAGES = [{"role": "user", "content": "Count, please."}]
+
+
+def words(count: int, start: int = 1) -> list[str]:
+    return [f"w{n}" for n in range(start, start + count)]
+
+
+@dataclass
+class Streamed:
+    """One stream as the client read it."""
+
+    status: int = 0
+    replica: str = ""
+    request_id: str = ""
+    text: str = ""
+    ids: set[str] = field(default_factory=set)
+    usage: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    comments: list[str] = field(default_factory=list)
+    done: int = 0
+    roles: int = 0
+
+
+def stream(
+    server: Server,
+    body: dict[str, Any],
+    *,
+    path: str = "/v1/chat/completions",
+    on_tokens: Callable[[Streamed], None] | None = None,
+    after: int = 3,
+    commented: threading.Event | None = None,
+) -> Streamed:
+    """POST a stream and read it to its end; `on_tokens` is called once `after` chunks
+    with text arrived, `commented` set once an SSE comment did."""
+    out = Streamed()
+    chat = path.endswith("/chat/completions")
+    with (
+        httpx.Client(timeout=httpx.Timeout(120.0)) as client,
+        client.stream("POST", server.url + path, json={**body, "stream": True}) as resp,
+    ):
+        out.status = resp.status_code
+        out.replica = resp.headers.get("x-llmgw-replica", "")
+        out.request_id = resp.headers.get("x-request-id", "")
+        event = ""
+        for line in resp.iter_lines():
+            if line.startswith(":"):
+                out.comments.append(line)
+                if commented is not None:
+                    commented.set()
+            elif line.startswith("event:"):
+                event = line[len("event:") :].strip()
+            elif line.startswith("data:"):
+                data = line[len("data:") :].strip()
+                if data == "[DONE]":
+                    out.done += 1
+                    continue
+                chunk = orjson.loads(data)
+                if event == "error":
+                    out.errors.append(chunk)
+                    continue
+                out.ids.add(chunk.get("id", ""))
+                if chunk.get("usage") and not chunk.get("choices"):
+                    out.usage.append(chunk["usage"])
+                for choice in chunk.get("choices") or []:
+                    if chat:
+                        delta = choice.get("delta") or {}
+                        out.roles += "role" in delta
+                        out.text += delta.get("content") or ""
+                    else:
+                        out.text += choice.get("text") or ""
+                if on_tokens is not None and len(out.text.split()) == after:
+                    on_tokens(out)
+    return out
+
+
+def records(data_dir: Path) -> dict[str, tuple[int, int, int, int]]:
+    """request id -> (status, prompt tokens, completion tokens, continued) of every record."""
+    with sqlite3.connect(data_dir / "llmgw.db") as db:
+        rows = db.execute(
+            "SELECT request_id, status, prompt_tokens, completion_tokens, continued "
+            "FROM usage_records"
+        ).fetchall()
+    seen: dict[str, tuple[int, int, int, int]] = {}
+    for request_id, status, prompt, completion, continued in rows:
+        assert request_id not in seen, f"two usage records for request {request_id}"
+        seen[request_id] = (int(status), int(prompt), int(completion), int(continued or 0))
+    return seen
+
+
+def write_config(path: Path, sims: dict[str, str], *, engine: str | None, extra: str = "") -> Path:
+    lines = ["endpoints:"]
+    for name, url in sims.items():
+        declared = f", engine: {engine}" if engine else ""
+        lines.append(f"  - {{id: {name}, url: '{url}', models: [m1]{declared}}}")
+    path.write_text("\n".join(lines) + "\n" + extra)
+    return path
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[tuple[Server, dict[str, Sim]]]:
+    """Three counting sims (a real inter-token time, so streams last a while) behind one
+    server that knows them as `sim` engines."""
+    sims = {name: Sim("--text", "sequence", "--itl", "0.02", model="m1") for name in "abc"}
+    config = write_config(
+        tmp_path / "llmgw.yaml", {n: s.url for n, s in sims.items()}, engine="sim"
+    )
+    server = Server("--config", str(config))
+    yield server, sims
+    server.proc.stop()
+    for sim in sims.values():
+        sim.proc.stop()
+
+
+@pytest.mark.timeout(300)
+def test_a_sigkilled_replica_s_streams_finish_on_the_others(
+    fleet: tuple[Server, dict[str, Sim]],
+) -> None:
+    server, sims = fleet
+    body = {
+        "model": "m1",
+        "messages": MESSAGES,
+        "max_tokens": 60,
+        "stream_options": {"include_usage": True},
+    }
+    on_victim = threading.Event()
+
+    def seen(streamed: Streamed) -> None:
+        if streamed.replica == "a":
+            on_victim.set()
+
+    with ThreadPoolExecutor(max_workers=24) as pool:
+        futures = [pool.submit(stream, server, body, on_tokens=seen) for _ in range(24)]
+        # Kill sim `a` once a client has three tokens of a stream it serves.
+        wait_for(on_victim.is_set, "a client reading a stream of sim a", within=200)
+        sims["a"].proc.signal(signal.SIGKILL)
+        results = [f.result(timeout=240) for f in futures]
+
+    for result in results:
+        assert result.status == 200
+        assert result.errors == []
+        assert result.text.split() == words(60), result.text
+        assert len(result.ids) == 1
+        assert result.roles == 1
+        assert result.done == 1
+        assert len(result.usage) == 1 and result.usage[0]["completion_tokens"] == 60
+
+    def all_recorded() -> dict[str, tuple[int, int, int, int]] | None:
+        found = records(server.data_dir)
+        return found if len(found) >= len(results) else None
+
+    recorded = wait_for(all_recorded, "a usage record per request", within=60)
+    assert {r.request_id for r in results} <= set(recorded)
+    # Every stream that began on `a` was continued once; the others never were.
+    on_a = [r for r in results if r.replica == "a"]
+    assert on_a
+    for result in results:
+        status, prompt, completion, times = recorded[result.request_id]
+        assert (status, completion) == (200, 60)
+        assert result.usage[0]["prompt_tokens"] == prompt
+        assert times == (1 if result.replica == "a" else 0)
+    assert 'llmgw_continuations_total{cause="disconnect",model="m1"}' in server.metrics()
+
+
+@pytest.fixture(scope="module")
+def breaking(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, list[Sim]]]:
+    """Three zero-delay counting sims that all break every generation after 4 tokens."""
+    sims = [
+        Sim("--text", "sequence", "--zero-delay", "--break-after-tokens", "4", model="m1")
+        for _ in range(3)
+    ]
+    tmp = tmp_path_factory.mktemp("breaking")
+    config = write_config(
+        tmp / "llmgw.yaml", {f"s{i}": s.url for i, s in enumerate(sims)}, engine="sim"
+    )
+    server = Server("--config", str(config))
+    yield server, sims
+    server.proc.stop()
+    for sim in sims:
+        sim.proc.stop()
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_each_break_is_continued_up_to_max_attempts(
+    breaking: tuple[Server, list[Sim]], path: str
+) -> None:
+    server, _ = breaking
+    chat = path == "/v1/chat/completions"
+    body: dict[str, Any] = {"model": "m1", "max_tokens": 12}
+    body.update({"messages": MESSAGES} if chat else {"prompt": "Count:"})
+    # 4 tokens, then two continuations of 4 (the last one is the answer's end).
+    whole = stream(server, {**body, "stream_options": {"include_usage": True}}, path=path)
+    assert (whole.status, whole.errors, whole.done) == (200, [], 1)
+    assert whole.text.split() == words(12)
+    assert len(whole.ids) == 1 and len(whole.usage) == 1
+    assert whole.usage[0]["completion_tokens"] == 12
+    # Without include_usage the client gets no usage chunk, continued or not.
+    quiet = stream(server, body, path=path)
+    assert quiet.text.split() == words(12) and quiet.usage == []
+    # 16 tokens need a third continuation: max_attempts (2) ends the stream with the error.
+    cut = stream(server, {**body, "max_tokens": 16}, path=path)
+    assert cut.text.split() == words(12)
+    assert cut.done == 0
+    [error] = cut.errors
+    assert "router.continuation.max_attempts: 2" in error["error"]["message"]
+
+    def recorded() -> tuple[int, int, int, int] | None:
+        return records(server.data_dir).get(cut.request_id)
+
+    status, _, completion, continued = wait_for(recorded, "the cut stream's usage record")
+    assert (status, completion, continued) == (200, 12, 2)
+    assert records(server.data_dir)[whole.request_id][2:] == (12, 2)
+
+
+def test_a_translated_messages_stream_is_continued(breaking: tuple[Server, list[Sim]]) -> None:
+    server, _ = breaking
+    with (
+        anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0) as client,
+        client.messages.stream(model="m1", max_tokens=12, messages=MESSAGES) as events,
+    ):
+        kinds = []
+        text = ""
+        for event in events:
+            kinds.append(event.type)
+            if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                text += event.delta.text
+        final = events.get_final_message()
+    assert text.split() == words(12)
+    assert kinds[0] == "message_start" and kinds.count("message_start") == 1
+    assert kinds[-1] == "message_stop"
+    assert final.usage.output_tokens == 12
+
+
+def test_requests_that_are_never_continued_end_with_the_error_event(
+    breaking: tuple[Server, list[Sim]],
+) -> None:
+    server, _ = breaking
+    base = {"model": "m1", "messages": MESSAGES, "max_tokens": 12}
+    for extra in ({"n": 2}, {"logprobs": True}):
+        result = stream(server, {**base, **extra})
+        assert result.text.split() == words(4)
+        [error] = result.errors
+        assert error["error"]["code"] == "engine_unreachable"
+        assert result.done == 0
+
+
+def test_non_streaming_requests_broken_mid_answer_are_retried_whole(tmp_path: Path) -> None:
+    # Two of three replicas cut every answer short; the third one answers.
+    sims = [
+        Sim("--text", "sequence", "--zero-delay", "--break-after-tokens", "4", model="m1"),
+        Sim("--text", "sequence", "--zero-delay", "--break-after-tokens", "4", model="m1"),
+        Sim("--text", "sequence", "--zero-delay", model="m1"),
+    ]
+    config = write_config(
+        tmp_path / "llmgw.yaml", {f"s{i}": s.url for i, s in enumerate(sims)}, engine="sim"
+    )
+    server = Server("--config", str(config))
+    try:
+        for _ in range(6):
+            resp = httpx.post(
+                server.url + "/v1/chat/completions",
+                json={"model": "m1", "messages": MESSAGES, "max_tokens": 12},
+                timeout=60,
+            )
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["choices"][0]["message"]["content"].split() == words(12)
+            assert resp.headers["x-llmgw-replica"] == "s2"
+    finally:
+        server.proc.stop()
+        for sim in sims:
+            sim.proc.stop()
+
+
+def test_an_engine_that_cannot_continue_ends_the_stream_with_the_error_event(
+    tmp_path: Path,
+) -> None:
+    # Endpoints whose engine is not declared: llmgw does not guess that they continue.
+    sims = [
+        Sim("--text", "sequence", "--zero-delay", "--break-after-tokens", "4", model="m1")
+        for _ in range(2)
+    ]
+    config = write_config(
+        tmp_path / "llmgw.yaml", {f"s{i}": s.url for i, s in enumerate(sims)}, engine=None
+    )
+    server = Server("--config", str(config))
+    try:
+        result = stream(server, {"model": "m1", "messages": MESSAGES, "max_tokens": 12})
+        assert result.text.split() == words(4)
+        [error] = result.errors
+        assert error["error"]["code"] == "engine_unreachable"
+        assert "failed mid-stream" in error["error"]["message"]
+    finally:
+        server.proc.stop()
+        for sim in sims:
+            sim.proc.stop()
+
+
+def test_a_continuation_waits_for_a_replica_with_keepalive_comments(tmp_path: Path) -> None:
+    # Replica a exits after 4 tokens; replica b is not running yet when it does.
+    first = Sim("--text", "sequence", "--zero-delay", "--exit-after-tokens", "4", model="m1")
+    later_port = free_port()
+    later_url = f"http://127.0.0.1:{later_port}"
+    config = write_config(
+        tmp_path / "llmgw.yaml",
+        {"a": first.url, "b": later_url},
+        engine="sim",
+        extra="router: {health: {interval: 0.2}}\ncontrol: {activation_keepalive: 0.2}\n",
+    )
+    server = Server("--config", str(config))
+    later: Proc | None = None
+    try:
+
+        def b_is_down() -> bool:
+            return any(e["id"] == "b" and not e["healthy"] for e in server.endpoints())
+
+        wait_for(b_is_down, "the router to see replica b down")
+        commented = threading.Event()
+        results: list[Streamed] = []
+        body = {"model": "m1", "messages": MESSAGES, "max_tokens": 9}
+
+        def run() -> None:
+            results.append(stream(server, body, commented=commented))
+
+        # The client's stream, read in a thread; b starts once a keep-alive comment came.
+        reader = threading.Thread(target=run)
+        reader.start()
+        wait_for(commented.is_set, "a keep-alive comment while no replica can continue")
+        later = Proc(
+            llmgw(
+                "sim",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(later_port),
+                "--model",
+                "m1",
+                "--text",
+                "sequence",
+                "--zero-delay",
+            )
+        )
+        reader.join(timeout=300)
+        [result] = results
+        assert result.errors == []
+        assert result.text.split() == words(9)
+        assert any("llmgw continuing on another replica" in c for c in result.comments)
+    finally:
+        server.proc.stop()
+        first.proc.stop()
+        if later is not None:
+            later.stop()
+
+
+def test_a_translated_responses_stream_is_continued(breaking: tuple[Server, list[Sim]]) -> None:
+    server, _ = breaking
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
+        events = list(
+            client.responses.create(model="m1", input="Count.", max_output_tokens=12, stream=True)
+        )
+    kinds = [e.type for e in events]
+    # It ends as a whole answer would: at max_output_tokens, "incomplete", never an error.
+    assert kinds.count("response.created") == 1 and kinds[-1] == "response.incomplete"
+    assert "error" not in kinds
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text.split() == words(12)
+
+
+def test_a_stream_past_its_idle_deadline_is_continued(tmp_path: Path) -> None:
+    # Replica s0 stalls after 4 tokens; the idle deadline moves its streams on.
+    sims = [
+        Sim("--text", "sequence", "--zero-delay", "--stall-after-tokens", "4", model="m1"),
+        Sim("--text", "sequence", "--zero-delay", model="m1"),
+    ]
+    config = write_config(
+        tmp_path / "llmgw.yaml",
+        {f"s{i}": s.url for i, s in enumerate(sims)},
+        engine="sim",
+        extra="router: {timeouts: {idle: 1.0}}\n",
+    )
+    server = Server("--config", str(config))
+    try:
+        served: set[str] = set()
+        body = {"model": "m1", "messages": MESSAGES, "max_tokens": 10}
+        # Until a stream began on the stalling replica (each lands on either).
+        while "s0" not in served:
+            result = stream(server, body)
+            assert result.errors == [] and result.done == 1
+            assert result.text.split() == words(10)
+            served.add(result.replica)
+        assert 'llmgw_continuations_total{cause="timeout_idle",model="m1"}' in server.metrics()
+    finally:
+        server.proc.stop()
+        for sim in sims:
+            sim.proc.stop()
+
+
+FLEET_CONFIG = """
+control:
+  heartbeat_interval: 0.3
+  reconcile_interval: 0.5
+  activation_keepalive: 0.3
+router: {health: {interval: 0.5}}
+models:
+  - name: m1
+    weights: none
+    min_replicas: 2
+    max_replicas: 2
+    keep_alive: -1
+    profiles:
+      - {name: sim, engine: sim, gpus: 1, engine_args: [--text, sequence, --itl, "0.05"]}
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_placed_replica_killed_mid_stream_is_continued_on_the_other(tmp_path: Path) -> None:
+    # The control plane's replicas: endpoints the router knows as `sim` engines.
+    (tmp_path / "llmgw.yaml").write_text(FLEET_CONFIG)
+    agent_port = free_port()
+    server = Server(
+        "--agent-listen", f"127.0.0.1:{agent_port}", "--config", str(tmp_path / "llmgw.yaml"),
+        data_dir=tmp_path / "data",
+    )  # fmt: skip
+    agents: list[Proc] = []
+    lows: list[int] = []
+    try:
+        for node in ("node-a", "node-b"):
+            low = free_port_block(10)
+            lows.append(low)
+            argv = llmgw(
+                "agent", "--server", f"127.0.0.1:{agent_port}", "--node-id", node,
+                "--gpus", "1x24GiB", "--weights-dir", str(tmp_path / node / "w"),
+                "--state-dir", str(tmp_path / node / "s"), "--port-range", f"{low}-{low + 9}",
+            )  # fmt: skip
+            agents.append(Proc(argv))
+
+        def two_routed() -> list[dict[str, object]] | None:
+            found = [e for e in server.endpoints() if e["healthy"] and e["engine"] == "sim"]
+            return found if len(found) == 2 else None
+
+        endpoints = wait_for(two_routed, "two ready replicas in the router", within=240)
+        urls = {str(e["id"]): str(e["url"]) for e in endpoints}
+        body = {"model": "m1", "messages": MESSAGES, "max_tokens": 40}
+        victim: list[str] = []
+
+        def kill(streamed: Streamed) -> None:
+            # SIGKILL the engine serving this stream, found by its port.
+            port = urls[streamed.replica].rsplit(":", 1)[1]
+            for pid in sim_pids(port):
+                os.kill(pid, signal.SIGKILL)
+            victim.append(streamed.replica)
+
+        result = stream(server, body, on_tokens=kill, after=5)
+        assert victim == [result.replica]
+        assert result.errors == [] and result.done == 1
+        assert result.text.split() == words(40)
+
+        def recorded() -> tuple[int, int, int, int] | None:
+            return records(tmp_path / "data").get(result.request_id)
+
+        assert wait_for(recorded, "the stream's usage record")[2:] == (40, 1)
+    except BaseException:
+        print(server.proc.output())
+        for proc in agents:
+            print(f"--- agent\n{proc.output()}")
+        raise
+    finally:
+        for proc in agents:
+            proc.stop()
+        # Engines outlive their agents: stop those the agents started.
+        for low in lows:
+            for port in range(low, low + 10):
+                for pid in sim_pids(str(port)):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+        server.proc.stop()
+
+
+def sim_pids(port: str) -> list[int]:
+    """Processes whose command line is `llmgw sim ... --port PORT` (engines outlive agents)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"sim" in argv and any(
+            a == b"--port" and b == port.encode() for a, b in itertools.pairwise(argv)
+        ):
+            pids.append(int(entry.name))
+    return pids

@@ -1,0 +1,168 @@
+"""Reading back a broken stream, building its continuation and splicing the answer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from llmgw.config import ConfigError, load_server_config
+from llmgw.config.continuation import ContinuationConfig
+from llmgw.engines import continues_of
+from llmgw.router.requests import parse_request
+from llmgw.router.splice import add_usage, continuation_body, read_back, remaining, rewrite
+
+HEAD = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 7, "model": "m"}
+
+
+def chat_event(content: str | None = None, **delta: Any) -> bytes:
+    if content is not None:
+        delta["content"] = content
+    choice = {"index": 0, "delta": delta, "finish_reason": None}
+    return b"data: " + orjson.dumps({**HEAD, "choices": [choice]}) + b"\n\n"
+
+
+def test_read_back_joins_the_text_and_counts_one_token_per_chunk() -> None:
+    sent = chat_event(" w1", role="assistant") + b": llmgw replica r1\n\n" + chat_event(" w2")
+    splice = read_back(sent, chat=True)
+    assert splice is not None
+    assert (splice.text, splice.tokens, splice.head) == (" w1 w2", 2, HEAD)
+
+
+def test_read_back_takes_crlf_events_and_completions() -> None:
+    event = {**HEAD, "object": "text_completion", "choices": [{"index": 0, "text": " w1"}]}
+    sent = b"data: " + orjson.dumps(event) + b"\r\n\r\n"
+    splice = read_back(sent * 2, chat=False)
+    assert splice is not None and (splice.text, splice.tokens) == (" w1 w1", 2)
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        b"",
+        b": only a comment\n\n",
+        chat_event(" w1") + chat_event(tool_calls=[{"index": 0, "function": {"arguments": "{"}}]),
+        chat_event(" w1") + chat_event(reasoning_content="hmm"),
+        chat_event(" w1")
+        + b"data: "
+        + orjson.dumps({**HEAD, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+        + b"\n\n",
+        b"data: " + orjson.dumps({**HEAD, "choices": [{"index": 1, "delta": {}}]}) + b"\n\n",
+        chat_event(" w1") + b'event: error\ndata: {"error": {"message": "x"}}\n\n',
+    ],
+)
+def test_what_cannot_be_continued_reads_back_as_none(sent: bytes) -> None:
+    assert read_back(sent, chat=True) is None
+
+
+def test_a_chat_continues_its_final_assistant_message_with_fewer_tokens() -> None:
+    req = parse_request(
+        "/v1/chat/completions",
+        orjson.dumps(
+            {
+                "model": "m",
+                "messages": [{"role": "user", "content": "count"}],
+                "max_tokens": 10,
+                "stream": True,
+                "echo": True,
+            }
+        ),
+    )
+    splice = read_back(chat_event(" w1") + chat_event(" w2"), chat=True)
+    assert splice is not None
+    assert remaining(req.body, splice.tokens) == 8
+    body = orjson.loads(continuation_body(req, splice) or b"")
+    assert body["messages"][-1] == {"role": "assistant", "content": " w1 w2"}
+    assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
+    assert body["max_tokens"] == 8 and "echo" not in body
+    assert body["stream_options"] == {"include_usage": True}
+    # The request itself is unchanged: a second continuation starts from it again.
+    assert len(req.body["messages"]) == 1
+
+
+def test_a_prefilled_assistant_message_is_extended_and_completions_append_to_the_prompt() -> None:
+    prefilled = parse_request(
+        "/v1/chat/completions",
+        orjson.dumps(
+            {
+                "model": "m",
+                "messages": [
+                    {"role": "user", "content": "c"},
+                    {"role": "assistant", "content": "A:"},
+                ],
+                "continue_final_message": True,
+                "add_generation_prompt": False,
+                "stream": True,
+            }
+        ),
+    )
+    splice = read_back(chat_event(" w1"), chat=True)
+    assert splice is not None
+    body = orjson.loads(continuation_body(prefilled, splice) or b"")
+    assert body["messages"][-1] == {"role": "assistant", "content": "A: w1"}
+    completion = parse_request(
+        "/v1/completions",
+        orjson.dumps({"model": "m", "prompt": ["Count:"], "max_completion_tokens": 1}),
+    )
+    text = read_back(
+        b"data: " + orjson.dumps({**HEAD, "choices": [{"index": 0, "text": " w1"}]}) + b"\n\n",
+        chat=False,
+    )
+    assert text is not None
+    # Nothing left to generate: no continuation.
+    assert continuation_body(completion, text) is None
+    completion.body["max_completion_tokens"] = 3
+    assert orjson.loads(continuation_body(completion, text) or b"")["prompt"] == ["Count: w1"]
+
+
+def test_rewrite_keeps_the_first_answer_s_id_drops_role_usage_and_done() -> None:
+    splice = read_back(chat_event(" w1"), chat=True)
+    assert splice is not None
+    other = {"id": "chatcmpl-2", "object": "chat.completion.chunk", "created": 9, "model": "m"}
+    role = {**other, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+    token = {**other, "choices": [{"index": 0, "delta": {"role": "assistant", "content": " w2"}}]}
+    end = {**other, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
+    usage = {**other, "choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 1}}
+    events = b"".join(
+        b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in (role, token, end, usage)
+    )
+    out, found = rewrite(events + b"data: [DONE]\n\n", splice)
+    chunks = [orjson.loads(line[len(b"data: ") :]) for line in out.split(b"\n\n") if line]
+    assert [c["id"] for c in chunks] == ["chatcmpl-1", "chatcmpl-1"]
+    assert chunks[0]["choices"][0]["delta"] == {"content": " w2"}
+    assert chunks[1]["choices"][0]["finish_reason"] == "length"
+    assert all(c["created"] == 7 for c in chunks)
+    assert found == {"prompt_tokens": 12, "completion_tokens": 1}
+    assert (splice.text, splice.tokens) == (" w1 w2", 2)
+    # Before any usage: the router's estimate for the first attempt and for each
+    # continuation that died unreported, plus the text it was given.
+    splice.begin()
+    assert splice.prompt_tokens(estimate=4) == 4 + (4 + 2)
+    # The first attempt's prompt: the reporting continuation's less the tokens it was given.
+    add_usage(splice, found)
+    assert splice.prompt_tokens(estimate=4) == (12 - 2) + 12
+    splice.begin()
+    assert splice.prompt_tokens(estimate=4) == 10 + 12 + (10 + 2)
+
+
+def test_continuation_settings_per_model_and_engines_that_continue() -> None:
+    config = ContinuationConfig(models={"noisy": False})
+    assert config.enabled_for("m") and not config.enabled_for("noisy")
+    assert not ContinuationConfig(enabled=False, models={"m": True}).enabled_for("other")
+    assert "/v1/chat/completions" in continues_of("vllm")
+    assert "/v1/chat/completions" in continues_of("sglang")
+    assert continues_of("llamacpp") == frozenset({"/v1/completions"})
+    assert continues_of("") == frozenset()
+
+
+def test_bad_continuation_settings_name_the_field_and_file(tmp_path: Path) -> None:
+    path = tmp_path / "llmgw.yaml"
+    path.write_text("router:\n  continuation:\n    max_attempts: 0\n    models: {a: maybe}\n")
+    with pytest.raises(ConfigError) as info:
+        load_server_config(path, {})
+    message = str(info.value)
+    assert str(path) in message
+    assert "router.continuation.max_attempts" in message
+    assert "router.continuation.models.a" in message
