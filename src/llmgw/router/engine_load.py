@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from llmgw.engines import sglang
@@ -82,7 +82,11 @@ class EngineLoadScraper:
         missing_backoff: float = 60.0,
         metrics: RoutingMetrics | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        forget: Sequence[Callable[[Collection[str]], None]] = (),
     ) -> None:
+        """`forget` are told, each round, the endpoint ids still in the pool (what
+        learns per endpoint drops the others)."""
+        self._forget = tuple(forget)
         self._pool = pool
         self._upstream = upstream
         self._book = book
@@ -105,6 +109,8 @@ class EngineLoadScraper:
         endpoints = self._pool.endpoints()
         ids = {ep.id for ep in endpoints}
         self._book.keep_only(ids)
+        for forget in self._forget:
+            forget(ids)
         if self._metrics is not None:
             self._metrics.keep_only(ids)
         now = self._clock()
