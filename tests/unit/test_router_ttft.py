@@ -46,6 +46,9 @@ def engines(bal: Balancer, eps: list[Endpoint], running: list[int], waiting: lis
 
 
 def test_ttft_is_the_default_and_scorers_are_an_explicit_override() -> None:
+    # Survives the loader's round trip through model_dump (flags laid over the file).
+    dumped = RouterConfig.model_validate({"routing": {"metrics_interval": 0.2}}).model_dump()
+    assert not RouterConfig.model_validate(dumped).routing.weighted
     assert not RoutingConfig().weighted
     assert RoutingConfig.model_validate({"scorers": {}}).weighted
     assert RouterConfig.model_validate({"routing": {"scorers": {"load": 1}}}).routing.weighted
@@ -198,7 +201,7 @@ def test_prefill_and_slot_times_are_learned_per_replica() -> None:
     assert predictions[0].wait == pytest.approx(2 * 3.0 / 4)
     # A request that waited teaches the slot time without its wait in the queue.
     predictor.observe("e1", "m", uncached=0, waited=True, first_byte=5.0, total=6.0)
-    predictor.keep_only({"e1"})
+    predictor.refresh({"e1"})
     predictions, _ = predictor.predict(route, eps, [0, 0])
     assert predictions[0].prefill == pytest.approx(0.5, rel=0.02)
 

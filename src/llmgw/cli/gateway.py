@@ -485,6 +485,7 @@ async def _serve(
         book=load_book,
         key_blocks=routing.rendezvous_blocks,
         limit=lambda endpoint, name: saturation.limit(endpoint, name),  # noqa: PLW0108
+        metrics=routing_metrics,
     )
     engine_loads = EngineLoadScraper(
         pool=pool,
@@ -494,7 +495,7 @@ async def _serve(
         timeout=health.timeout,
         clock=clock,
         metrics=routing_metrics,
-        forget=(predictor.keep_only, prefix_index.keep_only),
+        forget=(predictor.refresh, prefix_index.keep_only),
     )
     queue_reads_load = (
         cfg.router.queue.max_waiting is not None or cfg.router.queue.max_kv_cache is not None

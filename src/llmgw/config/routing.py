@@ -140,8 +140,8 @@ class TtftConfig(_Strict):
 class RoutingConfig(_Strict):
     """How a request chooses among the replicas of its model."""
 
-    scorers: ScorerWeights = Field(
-        default_factory=ScorerWeights,
+    scorers: ScorerWeights | None = Field(
+        default=None,
         description=(
             "Weights of the routing signals. Unset by default: a request goes to the "
             "replica with the lowest predicted time to first token (`ttft`). Setting "
@@ -294,7 +294,7 @@ class RoutingConfig(_Strict):
     @property
     def weighted(self) -> bool:
         """True when `scorers` was set: choose by weighted scorers, not predicted TTFT."""
-        return "scorers" in self.model_fields_set
+        return self.scorers is not None
 
     @field_validator("redis_url")
     @classmethod

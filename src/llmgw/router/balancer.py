@@ -144,7 +144,7 @@ class Balancer:
             own = self._model_weights(model)
             if own is not None:
                 return own
-        return self._routing.scorers if self._routing.weighted else None
+        return self._routing.scorers
 
     def route(
         self,

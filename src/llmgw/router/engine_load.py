@@ -84,7 +84,7 @@ class EngineLoadScraper:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         forget: Sequence[Callable[[Collection[str]], None]] = (),
     ) -> None:
-        """`forget` are told, each round, the endpoint ids still in the pool (what
+        """`forget` are told, after each round, the endpoint ids in the pool (what
         learns per endpoint drops the others)."""
         self._forget = tuple(forget)
         self._pool = pool
@@ -109,14 +109,14 @@ class EngineLoadScraper:
         endpoints = self._pool.endpoints()
         ids = {ep.id for ep in endpoints}
         self._book.keep_only(ids)
-        for forget in self._forget:
-            forget(ids)
         if self._metrics is not None:
             self._metrics.keep_only(ids)
         now = self._clock()
         due = [ep for ep in endpoints if self._skip_until.get(ep.id, 0.0) <= now]
         if due:
             await asyncio.gather(*(self._scrape(ep) for ep in due))
+        for forget in self._forget:
+            forget(ids)
         self.rounds += 1
 
     async def _scrape(self, endpoint: Endpoint) -> None:

@@ -42,6 +42,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from llmgw.config.routing import TtftConfig
+from llmgw.metrics.routing import RoutingMetrics
 from llmgw.router.endpoints import Endpoint
 from llmgw.router.scoring import RouteRequest
 from llmgw.router.scoring.load import LoadBook
@@ -125,9 +126,12 @@ class TtftPredictor:
         book: LoadBook,
         key_blocks: int,
         limit: Callable[[Endpoint, str], int | None] | None = None,
+        metrics: RoutingMetrics | None = None,
     ) -> None:
         """`limit(endpoint, model)` is the replica's max_in_flight (None: none), the
-        batch size of last resort; `key_blocks` as `rendezvous_blocks`."""
+        batch size of last resort; `key_blocks` as `rendezvous_blocks`; `metrics`
+        shows what was learned per endpoint (`refresh`)."""
+        self._metrics = metrics
         self._config = config
         self._book = book
         self._key_blocks = key_blocks
@@ -253,7 +257,18 @@ class TtftPredictor:
             own.add_slot(slot, weight)
             shared.add_slot(slot, weight)
 
-    def keep_only(self, endpoint_ids: Collection[str]) -> None:
-        """Forget replicas that left the pool."""
+    def refresh(self, endpoint_ids: Collection[str]) -> None:
+        """Forget replicas that left the pool (`endpoint_ids`: those in it), and show
+        what was learned of the others in `metrics` (off the request path)."""
         for endpoint_id in [i for i in self._rates if i not in endpoint_ids]:
             del self._rates[endpoint_id]
+        if self._metrics is None:
+            return
+        for endpoint_id in endpoint_ids:
+            own = self._rates.get(endpoint_id)
+            self._metrics.learned(
+                endpoint_id,
+                self._book.batch_size(endpoint_id),
+                own.per_block() if own is not None else None,
+                own.slot() if own is not None else None,
+            )
