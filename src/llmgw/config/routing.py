@@ -220,7 +220,8 @@ class RoutingConfig(_Strict):
         default=32,
         ge=0,
         description=(
-            "Balance guard: an endpoint with this many more requests in flight than the "
+            "Balance guard (weighted scorers only; predicted TTFT weighs load itself): "
+            "an endpoint with this many more requests in flight than the "
             "least loaded one (and balance_rel times as many) is passed over, so a hot "
             "prefix cannot melt one replica. 32: moving a warm conversation costs a "
             "whole prefill, which also stalls the other replica's decoding, so only a "
@@ -239,7 +240,8 @@ class RoutingConfig(_Strict):
         default=1.1,
         ge=1.0,
         description=(
-            "A new prefix goes to the first replica in rendezvous order whose share of "
+            "Weighted scorers only (predicted TTFT sends a new prefix to the least "
+            "loaded replica): a new prefix goes to the first replica in rendezvous order whose share of "
             "the new prefixes placed lately is within this factor of the mean "
             "(consistent hashing with bounded loads): 1.1 keeps every replica near its "
             "share of conversations while every router still agrees on where one lives."
