@@ -241,8 +241,8 @@ class RoutingConfig(_Strict):
         ge=1.0,
         description=(
             "Weighted scorers only (predicted TTFT sends a new prefix to the least "
-            "loaded replica): a new prefix goes to the first replica in rendezvous order whose share of "
-            "the new prefixes placed lately is within this factor of the mean "
+            "loaded replica): a new prefix goes to the first replica in rendezvous "
+            "order whose share of the new prefixes placed lately is within this factor of the mean "
             "(consistent hashing with bounded loads): 1.1 keeps every replica near its "
             "share of conversations while every router still agrees on where one lives."
         ),
