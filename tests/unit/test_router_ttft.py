@@ -191,9 +191,10 @@ def test_prefill_and_slot_times_are_learned_per_replica() -> None:
         predictor.observe("e0", "m", uncached=uncached, waited=False, first_byte=ttft, total=3.0)
     route = RouteRequest(model="m", blocks=list(range(50)))
     predictions, _ = predictor.predict(route, eps, [0, 0])
-    assert predictions[0].prefill == pytest.approx(0.5, rel=0.02)
+    # From the requests with many uncached blocks: the overhead is a small share.
+    assert 0.5 < predictions[0].prefill < 0.6
     # The other replica has no observations of its own yet: the model's stand in.
-    assert predictions[1].prefill == pytest.approx(0.5, rel=0.02)
+    assert predictions[1].prefill == predictions[0].prefill
     book.record("e0", EngineLoad(running=4, waiting=1, kv_cache_usage=None))
     eps[0].in_flight = 5
     predictions, _ = predictor.predict(route, eps, [50, 0])
@@ -203,7 +204,7 @@ def test_prefill_and_slot_times_are_learned_per_replica() -> None:
     predictor.observe("e1", "m", uncached=0, waited=True, first_byte=5.0, total=6.0)
     predictor.refresh({"e1"})
     predictions, _ = predictor.predict(route, eps, [0, 0])
-    assert predictions[0].prefill == pytest.approx(0.5, rel=0.02)
+    assert 0.5 < predictions[0].prefill < 0.6
 
 
 def test_rates_fall_back_to_a_ratio_without_spread() -> None:

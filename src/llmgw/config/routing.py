@@ -99,6 +99,21 @@ class TtftConfig(_Strict):
             "streamed answers: 5 ms is a mid-size model on one current GPU."
         ),
     )
+    prefill_interference: float = Field(
+        default=1.0,
+        ge=0,
+        le=100,
+        description=(
+            "How much a prefill delays the sequences already running on its replica, as "
+            "a fraction of its own time (engines pause or slow decoding while they "
+            "prefill): each uncached block costs its prefill time x (1 + this x "
+            "sequences running there). 1: decoding stalls for the whole prefill, which "
+            "keeps a conversation off a busy replica that would have to compute its "
+            "prefix again (measured with bench/routing.py --cells issue: at 0, moving "
+            "for a shorter wait duplicated prefixes until the fleet fell behind). 0: "
+            "only the request's own time to first token counts."
+        ),
+    )
     service_seconds: float = Field(
         default=2.0,
         gt=0,

@@ -275,8 +275,9 @@ class Balancer:
                 self._metrics.expected(route.model, total, prediction.matched)
         if route.explain:
             route.explanation = (
-                f"ttft={prediction.total * 1000:.1f}ms wait={prediction.wait * 1000:.1f}ms "
+                f"ttft={prediction.ttft * 1000:.1f}ms wait={prediction.wait * 1000:.1f}ms "
                 f"prefill={prediction.prefill * 1000:.1f}ms "
+                f"delay={prediction.delay * 1000:.1f}ms "
                 f"cached={prediction.matched}/{total} -> {chosen.id}"
             )
         if prefix is not None:

@@ -12,12 +12,20 @@ plus the prefill of the prompt blocks that replica does not hold:
   every slot time / batch seconds, where slot time is how long this replica's
   requests have held a slot lately (learned from the requests it finishes).
 - prefill: the blocks the prefix index says the replica lacks, times the
-  replica's prefill seconds per block, learned by a weighted least-squares fit of
-  first-byte time against uncached blocks over its streamed answers that found a
-  free slot (the intercept, network and first decode step, is the same wherever
-  the request goes and is left out).
+  replica's prefill seconds per block, learned from the first-byte times of its
+  streamed answers that found a free slot (`Rates.per_block`).
 
-Lowest prediction wins. Predictions within the tie band (`tie_seconds`, or
+A prefill also delays the sequences already running on its replica (engines
+pause or slow decoding while they prefill), so each candidate's cost is its
+predicted time to first token plus its prefill x `prefill_interference` x the
+sequences running there: a conversation leaves its cached replica for a busy
+one only when its wait is longer than what computing its prefix again costs
+everyone there, and for an idle one when the wait is longer than the prefill.
+Without that term, moving for a slightly shorter wait duplicates prefixes,
+which evicts others and adds prefills, until the fleet falls behind
+(`bench/routing.py --cells issue`).
+
+Lowest cost wins. Costs within the tie band (`tie_seconds`, or
 `tie_fraction` of the best) are equal, and go to affinity: the longest cached
 prefix, then the session's replica, then the least loaded replica, then
 rendezvous order on the prompt's shared head (so that routers with the same view
@@ -50,35 +58,36 @@ from llmgw.router.scoring.rendezvous import rendezvous_weight
 
 # Observations a replica needs before its own rates replace the model's.
 _OWN_AFTER = 3
-# Observations before the prefill fit uses its slope rather than the plain ratio.
-_FIT_AFTER = 8
+# Uncached blocks from which a first byte is mostly the request's own prefill.
+_BIG = 8
 
 
 @dataclass(slots=True)
 class Rates:
     """Exponentially weighted statistics of one replica's (or model's) requests."""
 
-    # First-byte time against uncached blocks: weighted means of u, t, u*u, u*t.
+    # First-byte seconds per uncached block, of requests with at least _BIG of them.
+    bigs: int = 0
+    big_per_block: float = 0.0
+    # Weighted means of uncached blocks and first-byte seconds, of every request.
     fits: int = 0
     mean_u: float = 0.0
     mean_t: float = 0.0
-    mean_uu: float = 0.0
-    mean_ut: float = 0.0
     # Seconds a request held an engine slot.
     slots: int = 0
     slot_seconds: float = 0.0
 
     def add_prefill(self, uncached: int, seconds: float, weight: float) -> None:
         # Early samples weigh 1/n so that the first few are a plain mean, not a
-        # blend with the zeros the sums start from.
+        # blend with the zeros the averages start from.
         w = max(weight, 1.0 / (self.fits + 1))
-        keep = 1.0 - w
-        u = float(uncached)
-        self.mean_u = keep * self.mean_u + w * u
-        self.mean_t = keep * self.mean_t + w * seconds
-        self.mean_uu = keep * self.mean_uu + w * u * u
-        self.mean_ut = keep * self.mean_ut + w * u * seconds
+        self.mean_u = (1.0 - w) * self.mean_u + w * uncached
+        self.mean_t = (1.0 - w) * self.mean_t + w * seconds
         self.fits += 1
+        if uncached >= _BIG:
+            w = max(weight, 1.0 / (self.bigs + 1))
+            self.big_per_block = (1.0 - w) * self.big_per_block + w * seconds / uncached
+            self.bigs += 1
 
     def add_slot(self, seconds: float, weight: float) -> None:
         w = max(weight, 1.0 / (self.slots + 1))
@@ -86,18 +95,21 @@ class Rates:
         self.slots += 1
 
     def per_block(self) -> float | None:
-        """Prefill seconds per uncached block (None: not enough observations)."""
-        if self.fits < _OWN_AFTER or self.mean_u <= 0:
-            return None
-        if self.fits >= _FIT_AFTER:
-            var = self.mean_uu - self.mean_u * self.mean_u
-            # A spread of uncached blocks worth fitting a line through (and a line
-            # that rises): otherwise the ratio, which counts the intercept in.
-            if var > 0.01 * self.mean_u * self.mean_u:
-                slope = (self.mean_ut - self.mean_u * self.mean_t) / var
-                if slope > 0:
-                    return slope
-        return self.mean_t / self.mean_u if self.mean_t > 0 else None
+        """Prefill seconds per uncached block (None: not enough observations).
+
+        First-byte time over uncached blocks, of the requests with many: the fixed
+        part (network, the first decode step, other requests' prefills stalling
+        it) is then a small share, and what is left over-estimates a little,
+        which only makes moving a conversation look dearer. A least-squares slope
+        over every request was tried: under load, a cached request's first byte
+        waits for other prefills as long as an uncached one's, the slope falls
+        toward 0, and conversations were moved as if prefill were free.
+        """
+        if self.bigs >= _OWN_AFTER:
+            return self.big_per_block
+        if self.fits >= _OWN_AFTER and self.mean_u > 0 and self.mean_t > 0:
+            return self.mean_t / self.mean_u
+        return None
 
     def slot(self) -> float | None:
         return self.slot_seconds if self.slots >= _OWN_AFTER else None
@@ -105,15 +117,22 @@ class Rates:
 
 @dataclass(frozen=True, slots=True)
 class Prediction:
-    """One candidate's predicted time to first token, in parts (seconds)."""
+    """One candidate's predicted time to first token, in parts (seconds), and the
+    delay its prefill would add to the sequences running there (`delay`)."""
 
     wait: float
     prefill: float
     matched: int
+    delay: float = 0.0
+
+    @property
+    def ttft(self) -> float:
+        return self.wait + self.prefill
 
     @property
     def total(self) -> float:
-        return self.wait + self.prefill
+        """What the choice weighs: the time to first token and the delay to others."""
+        return self.wait + self.prefill + self.delay
 
 
 class TtftPredictor:
@@ -174,6 +193,7 @@ class TtftPredictor:
         """Each candidate's prediction, and its requests (`LoadBook.load_of`)."""
         total = len(route.blocks)
         model = route.model
+        interference = self._config.prefill_interference
         predictions: list[Prediction] = []
         loads: list[int] = []
         for endpoint, held in zip(candidates, matched, strict=True):
@@ -184,7 +204,9 @@ class TtftPredictor:
             if load >= batch:
                 wait = (load - batch + 1) * self._slot(endpoint.id, model) / batch
             prefill = (total - held) * self._per_block(endpoint.id, model)
-            predictions.append(Prediction(wait, prefill, held))
+            # The sequences running there are delayed by the prefill too.
+            delay = prefill * interference * min(load, batch)
+            predictions.append(Prediction(wait, prefill, held, delay))
         return predictions, loads
 
     def choose(
