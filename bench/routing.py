@@ -13,18 +13,23 @@ Routers, side by side in one run:
 - `round robin` and `ideal` are the client itself sending straight to the sims:
   round robin in arrival order, and each group pinned to replica g mod N (the
   placement a router that knew the workload would choose);
-- `llmgw <scorers>`: one `llmgw server` with static endpoints and the given
-  `router.routing.scorers` weights (`least outstanding` is every weight 0);
-- `llmgw x2`: two servers with the default scorers, the client alternating
+- `llmgw default`: one `llmgw server` with static endpoints and the default
+  routing (predicted time to first token); `llmgw <scorers>`: the same with the
+  given `router.routing.scorers` weights (`least outstanding` is every weight 0);
+- `llmgw x2`: two servers with the default routing, the client alternating
   between them: independent routers, and with `--redis URL` also routers sharing
   their prefix index through Redis (`router.routing.redis_url`), one router
   with the sharing on too (what publishing costs it);
 - a control: the same arrival process with no shared prefix (every request's
-  system prompt its own), least outstanding against the default scorers;
+  system prompt its own), least outstanding against the default routing;
 - a busy fleet: the sims compute one prefill at a time each (`--prefill-slots 1`,
   as a GPU does) and requests come at `--busy-rate`, chosen so that the default
   scorers put a prefill load of about 80% on the replicas; the ideal placement,
-  least outstanding, the default scorers and smg (`--busy-only` runs just this table).
+  least outstanding, the default routing, the scorers and smg (`--busy-only` runs
+  just this table).
+
+With `--cells` or `--quick` it runs the routing matrix instead (`routing_matrix.py`:
+many workload shapes, each with the ideal placement and smg in the same run).
 
 Reported per router: TTFT p50/p90/p99 (first SSE event), end-to-end p50, output
 tokens/s, the fleet's prefix-cache hit rate (the sims' own token counters), the
