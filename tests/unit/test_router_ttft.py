@@ -98,6 +98,31 @@ def test_a_saturated_replica_is_passed_over_for_one_with_a_free_slot() -> None:
     assert send(bal, eps, chat(system("g"), question, "an answer", "and?")) is other
 
 
+def test_a_busy_replica_with_room_is_not_worth_computing_the_prefix_again() -> None:
+    clock = FakeClock()
+    eps = make(2, clock)
+    # Slots turn over every 0.5 s / 8; prefill 5 ms a block (defaults otherwise).
+    bal = balancer(clock, RoutingConfig(ttft=TtftConfig(max_num_seqs=8, service_seconds=0.5)))
+    home = send(bal, eps, chat(system("g"), "hello"))
+    other = eps[1] if home is eps[0] else eps[0]
+    # Home is full with one waiting (wait 2 x 0.5 / 8 = 125 ms); the other has room but
+    # runs 6: its prefill (about 60 ms) would stall those 6 too. Stay and wait.
+    home.in_flight, other.in_flight = 9, 6
+    assert send(bal, eps, chat(system("g"), "second user")) is home
+    # Idle, the other replica costs only the prefill: go there.
+    other.in_flight = 0
+    assert send(bal, eps, chat(system("g"), "third user")) is other
+    # Counting only the request's own time, the busy replica would have taken it too.
+    own_only = RoutingConfig(
+        ttft=TtftConfig(max_num_seqs=8, service_seconds=0.5, prefill_interference=0)
+    )
+    bal = balancer(clock, own_only)
+    home = send(bal, eps, chat(system("h"), "hello"))
+    other = eps[1] if home is eps[0] else eps[0]
+    home.in_flight, other.in_flight = 9, 6
+    assert send(bal, eps, chat(system("h"), "second user")) is other
+
+
 def test_a_short_wait_beats_a_long_prefill() -> None:
     clock = FakeClock()
     eps = make(2, clock)
