@@ -15,7 +15,9 @@ In each cell, on a fresh fleet each (empty caches), in the same run:
 - `ideal`: the client itself sends group g to replica g mod N (no router);
 - `smg`: smg `--policy cache_aware` (SGLang's router), when `--smg` is given;
 - `llmgw`: one `llmgw server` with the default routing (predicted TTFT);
-- `llmgw scorers`: the same with the weighted scorers, with `--with-scorers`.
+- `llmgw scorers`: the same with the weighted scorers, with `--with-scorers`;
+- `llmgw x2`: two servers sharing their prefix index through `--redis URL`, the
+  client alternating between them, when `--redis` is given.
 
 Cell names: `gGuUrNlLhH` (e.g. `g32u3r4l90h2000`) and `issue` (issue 24's shape:
 6 replicas of `--max-running 8`, 32 groups x 3 users x 5 turns, 2,000-token
@@ -206,7 +208,13 @@ async def _drive(
 
 
 def run_row(
-    args: argparse.Namespace, router: str, mode: str, schedule: list[Request], weighted: bool
+    args: argparse.Namespace,
+    router: str,
+    mode: str,
+    schedule: list[Request],
+    weighted: bool,
+    routers: int = 1,
+    settings: tuple[str, ...] = (),
 ) -> Row:
     with tempfile.TemporaryDirectory(prefix="llmgw-matrix-") as tmp:
         workdir = Path(tmp)
@@ -215,7 +223,9 @@ def run_row(
             if mode == "smg":
                 start_smg(args, fleet, workdir)
             elif mode == "llmgw":
-                start_server(args, fleet, {} if weighted else None, workdir, "server-0")
+                scorers = {} if weighted else None
+                for index in range(routers):
+                    start_server(args, fleet, scorers, workdir, f"server-{index}", settings)
             before = sim_counters(fleet)
             outcomes, busy, waiting = asyncio.run(_drive(fleet, schedule, mode, args.max_running))
             after = sim_counters(fleet)
@@ -256,7 +266,8 @@ def detail(cell: Cell, row: Row) -> str:
 
 SUMMARY = (
     "| cell | requests | rate | llmgw p90 / ideal | llmgw p90 / smg | TTFT p90 ideal / smg "
-    "/ llmgw | hit rate ideal / smg / llmgw | failed |\n|---|---|---|---|---|---|---|---|"
+    "/ llmgw | hit rate ideal / smg / llmgw | 2 routers (Redis) p90 / 1 | failed |"
+    "\n|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -274,7 +285,9 @@ def summary(cell: Cell, args: argparse.Namespace, requests: int, rows: dict[str,
         f"| {_ms(p90['ideal']) if ideal else '-'} / {_ms(p90['smg']) if smg else '-'} "
         f"/ {_ms(p90['llmgw'])} "
         f"| {f'{ideal.hit_rate:.0%}' if ideal else '-'} / {f'{smg.hit_rate:.0%}' if smg else '-'} "
-        f"/ {ours.hit_rate:.0%} | {sum(r.failed for r in rows.values())} |"
+        f"/ {ours.hit_rate:.0%} "
+        f"| {_ratio(p90['x2'], p90['llmgw']) if 'x2' in rows else '-'} "
+        f"| {sum(r.failed for r in rows.values())} |"
     )
 
 
@@ -291,14 +304,19 @@ def run_matrix(args: argparse.Namespace, argv: list[str]) -> int:
             flush=True,
         )
         rows: dict[str, Row] = {}
-        plan = [("ideal", "ideal", "ideal: group pinned (client, direct)", False)]
+        plan = [("ideal", "ideal", "ideal: group pinned (client, direct)", False, 1)]
         if args.smg:
-            plan.append(("smg", "smg", "smg --policy cache_aware", False))
-        plan.append(("llmgw", "llmgw", "llmgw default (predicted TTFT)", False))
+            plan.append(("smg", "smg", "smg --policy cache_aware", False, 1))
+        plan.append(("llmgw", "llmgw", "llmgw default (predicted TTFT)", False, 1))
         if args.with_scorers:
-            plan.append(("scorers", "llmgw", "llmgw scorers (prefix 3, load 2, ...)", True))
-        for key, mode, label, weighted in plan:
-            rows[key] = run_row(cargs, label, mode, schedule, weighted)
+            plan.append(("scorers", "llmgw", "llmgw scorers (prefix 3, load 2, ...)", True, 1))
+        if args.redis:
+            plan.append(("x2", "llmgw", "llmgw default, 2 routers, shared index", False, 2))
+        # A channel of this run's own, so that other runs on the same Redis do not mix in.
+        share = (f"redis_url={args.redis}", f"share_channel=llmgw:matrix:{os.getpid()}")
+        for key, mode, label, weighted, routers in plan:
+            settings = share if routers > 1 else ()
+            rows[key] = run_row(cargs, label, mode, schedule, weighted, routers, settings)
             print(detail(cell, rows[key]), flush=True)
         results.append((cell, cargs, len(schedule), rows))
 
