@@ -177,10 +177,14 @@ async def _sample(fleet: Fleet, max_running: int, stop: asyncio.Event) -> tuple[
     waiting: list[float] = []
     async with httpx.AsyncClient(timeout=10) as client:
         while not stop.is_set():
-            stats = await asyncio.gather(*(client.get(u + "/sim/stats") for u in fleet.urls))
-            data = [s.json() for s in stats]
-            running.append(statistics.mean(d["running"] for d in data) / max_running)
-            waiting.append(statistics.mean(d["waiting"] for d in data))
+            try:
+                stats = await asyncio.gather(*(client.get(u + "/sim/stats") for u in fleet.urls))
+            except httpx.HTTPError:
+                stats = []  # a busy machine: this sample is skipped, the next one taken
+            if stats:
+                data = [s.json() for s in stats]
+                running.append(statistics.mean(d["running"] for d in data) / max_running)
+                waiting.append(statistics.mean(d["waiting"] for d in data))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.25)
     return (statistics.mean(running), statistics.mean(waiting)) if running else (0.0, 0.0)
