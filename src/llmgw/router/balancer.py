@@ -2,7 +2,8 @@
 
 By default (`router.routing.scorers` unset, and no `routing` on a catalog model)
 each healthy candidate gets a predicted time to first token: the wait for a free
-engine slot plus the prefill of the prompt blocks it does not cache
+engine slot plus the prefill of the prompt blocks it does not cache, plus the
+delay that prefill adds to the sequences running there
 (`llmgw.router.scoring.ttft`); the lowest wins and near ties go to affinity
 (cached prefix, session, least loaded, rendezvous order). The capacity tiers
 below (`capacity`) still apply first; the balance guard does not (the
@@ -250,7 +251,8 @@ class Balancer:
         return chosen
 
     def _predicted(self, route: RouteRequest, candidates: list[Endpoint]) -> Endpoint:
-        """The candidate with the lowest predicted time to first token."""
+        """The candidate with the lowest predicted time to first token (and delay to
+        the others there)."""
         total = len(route.blocks)
         prefix = self._by_name.get("prefix")
         if prefix is not None and total:
