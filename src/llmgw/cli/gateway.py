@@ -486,6 +486,7 @@ async def _serve(
         key_blocks=routing.rendezvous_blocks,
         limit=lambda endpoint, name: saturation.limit(endpoint, name),  # noqa: PLW0108
         metrics=routing_metrics,
+        rng=random.Random(),
     )
     engine_loads = EngineLoadScraper(
         pool=pool,

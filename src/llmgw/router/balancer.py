@@ -128,6 +128,7 @@ class Balancer:
                 book=self._book,
                 key_blocks=self._routing.rendezvous_blocks,
                 limit=None if capacity is None else (lambda ep, model: capacity(ep, model)[1]),
+                rng=rng,
             )
         self._predictor = predictor
 

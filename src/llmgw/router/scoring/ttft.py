@@ -29,10 +29,11 @@ Lowest cost wins. Costs within the tie band (`tie_seconds`, or
 `tie_fraction` of the best) are equal, and go to affinity: the longest cached
 prefix, then the session's replica, then the least loaded replica, then
 rendezvous order on the prompt's shared head (so that routers with the same view
-agree). A prefix no replica holds therefore goes to the least loaded replica
-with a free slot, and a conversation whose replica is full moves to one with
-room when the wait there is longer than the prefill it costs elsewhere: its
-prefix is then cached in two places, as an ideal placement under load does.
+agree), or chance for a prompt shorter than one block. A prefix no replica
+holds therefore goes to the least loaded replica, and a conversation whose
+replica is full moves to one with room when the wait there is longer than the
+prefill it costs elsewhere (with the delay above): its prefix is then cached in
+two places, as an ideal placement under load does.
 
 Until a replica has its own observations, the model's (every replica of it
 this router has seen) stand in, and before those the configured defaults.
@@ -46,6 +47,7 @@ latency.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
@@ -146,11 +148,14 @@ class TtftPredictor:
         key_blocks: int,
         limit: Callable[[Endpoint, str], int | None] | None = None,
         metrics: RoutingMetrics | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         """`limit(endpoint, model)` is the replica's max_in_flight (None: none), the
         batch size of last resort; `key_blocks` as `rendezvous_blocks`; `metrics`
-        shows what was learned per endpoint (`refresh`)."""
+        shows what was learned per endpoint (`refresh`); `rng` breaks the ties of
+        prompts without a block."""
         self._metrics = metrics
+        self._rng = rng or random.Random()
         self._config = config
         self._book = book
         self._key_blocks = key_blocks
@@ -229,11 +234,15 @@ class TtftPredictor:
 
             top = min(rank(i) for i in near)
             near = [i for i in near if rank(i) == top]
-        if len(near) > 1:
+        if len(near) == 1:
+            index = near[0]
+        elif route.blocks:
             key = self.head_key(route)
             index = max(near, key=lambda i: rendezvous_weight(key, candidates[i].id))
         else:
-            index = near[0]
+            # Nothing to agree on (a prompt shorter than a block): by chance, so that
+            # short prompts one after another do not all land on one replica.
+            index = near[self._rng.randrange(len(near))]
         return index, predictions[index]
 
     def head_key(self, route: RouteRequest) -> int:
