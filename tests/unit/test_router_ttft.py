@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 from test_router_scoring import FakeClock, chat, make, system
 
+from llmgw.config.errors import ConfigError
+from llmgw.config.loading import load_server_config
 from llmgw.config.routing import RoutingConfig, TtftConfig
 from llmgw.config.server import RouterConfig
 from llmgw.engines.spec import EngineLoad
@@ -69,6 +72,15 @@ def test_bad_ttft_settings_name_the_field() -> None:
     ]:
         with pytest.raises(ValidationError, match=rf"routing\.ttft\.{field}"):
             RouterConfig.model_validate({"routing": {"ttft": bad}})
+
+
+def test_a_bad_ttft_setting_in_a_file_names_the_file_and_the_field(tmp_path: Path) -> None:
+    path = tmp_path / "server.yaml"
+    path.write_text("router:\n  routing:\n    ttft:\n      max_num_seqs: 0\n")
+    with pytest.raises(ConfigError) as info:
+        load_server_config(path, {})
+    assert str(path) in str(info.value)
+    assert "router.routing.ttft.max_num_seqs" in str(info.value)
 
 
 def test_a_conversation_stays_on_its_replica_while_it_has_a_free_slot() -> None:
