@@ -13,18 +13,23 @@ Routers, side by side in one run:
 - `round robin` and `ideal` are the client itself sending straight to the sims:
   round robin in arrival order, and each group pinned to replica g mod N (the
   placement a router that knew the workload would choose);
-- `llmgw <scorers>`: one `llmgw server` with static endpoints and the given
-  `router.routing.scorers` weights (`least outstanding` is every weight 0);
-- `llmgw x2`: two servers with the default scorers, the client alternating
+- `llmgw default`: one `llmgw server` with static endpoints and the default
+  routing (predicted time to first token); `llmgw <scorers>`: the same with the
+  given `router.routing.scorers` weights (`least outstanding` is every weight 0);
+- `llmgw x2`: two servers with the default routing, the client alternating
   between them: independent routers, and with `--redis URL` also routers sharing
   their prefix index through Redis (`router.routing.redis_url`), one router
   with the sharing on too (what publishing costs it);
 - a control: the same arrival process with no shared prefix (every request's
-  system prompt its own), least outstanding against the default scorers;
+  system prompt its own), least outstanding against the default routing;
 - a busy fleet: the sims compute one prefill at a time each (`--prefill-slots 1`,
   as a GPU does) and requests come at `--busy-rate`, chosen so that the default
   scorers put a prefill load of about 80% on the replicas; the ideal placement,
-  least outstanding, the default scorers and smg (`--busy-only` runs just this table).
+  least outstanding, the default routing, the scorers and smg (`--busy-only` runs
+  just this table).
+
+With `--cells` or `--quick` it runs the routing matrix instead (`routing_matrix.py`:
+many workload shapes, each with the ideal placement and smg in the same run).
 
 Reported per router: TTFT p50/p90/p99 (first SSE event), end-to-end p50, output
 tokens/s, the fleet's prefix-cache hit rate (the sims' own token counters), the
@@ -73,11 +78,14 @@ WORDS = [
     "replica", "batch", "stream", "value", "memory", "block", "queue", "load",
     "balance", "health", "metric", "simple", "large", "small", "fast", "answer",
 ]  # fmt: skip
-DEFAULT = "default (prefix 3, load 2, kv 1, session 1, rendezvous 1)"
+DEFAULT = "default (predicted TTFT)"
+SCORERS = "scorers (prefix 3, load 2, kv 1, session 1, rendezvous 1)"
 
-DEFAULT_SCORERS: dict[str, dict[str, float]] = {
+# None: no `scorers` in the config, so the default chooser (predicted TTFT).
+DEFAULT_SCORERS: dict[str, dict[str, float] | None] = {
     "least outstanding": {"prefix": 0, "load": 0, "kv": 0, "session": 0, "rendezvous": 0},
-    DEFAULT: {},
+    DEFAULT: None,
+    SCORERS: {},
     "prefix + load": {"prefix": 3, "load": 2, "kv": 0, "session": 0, "rendezvous": 0},
     "session + load": {"prefix": 0, "load": 2, "kv": 0, "session": 3, "rendezvous": 0},
 }
@@ -196,7 +204,10 @@ def start_sims(args: argparse.Namespace, workdir: Path, slots: int = 0) -> Fleet
             sys.executable, "-m", "llmgw", "sim", "--host", HOST, "--port", str(port),
             "--model", MODEL, "--cache-blocks", str(args.cache_blocks),
             "--block-size", "16", "--prefill-per-token", str(args.prefill_per_token),
-            "--max-running", "256", "--output-tokens", str(args.output_tokens),
+            "--max-running", str(getattr(args, "max_running", 256)),
+            "--itl", str(getattr(args, "itl", 0.01)),
+            "--itl-per-running", str(getattr(args, "itl_per_running", 0.0005)),
+            "--output-tokens", str(args.output_tokens),
             "--prefill-slots", str(slots),
         ]  # fmt: skip
         fleet.sims.append(Proc(argv, workdir / f"sim-{index}.log"))
@@ -209,7 +220,7 @@ def start_sims(args: argparse.Namespace, workdir: Path, slots: int = 0) -> Fleet
 def start_server(
     args: argparse.Namespace,
     fleet: Fleet,
-    scorers: dict[str, float],
+    scorers: dict[str, float] | None,
     workdir: Path,
     name: str,
     settings: tuple[str, ...] = (),
@@ -224,8 +235,8 @@ def start_server(
     index_blocks = max(16, args.cache_blocks * 16 * 6 // 256)
     lines += ["router:", "  routing:", f"    index_blocks: {index_blocks}"]
     lines += [f"    {item.replace('=', ': ', 1)}" for item in (*args.routing, *settings)]
-    if scorers:
-        lines.append("    scorers:")
+    if scorers is not None:
+        lines.append("    scorers:" + ("" if scorers else " {}"))
         lines += [f"      {key}: {value}" for key, value in scorers.items()]
     config.write_text("\n".join(lines) + "\n")
     data = workdir / f"{name}-data"
@@ -372,8 +383,8 @@ def _run_once(
         try:
             if mode == "smg":
                 start_smg(args, fleet, workdir)
-            for index in range(routers if scorers is not None else 0):
-                start_server(args, fleet, scorers or {}, workdir, f"server-{index}", settings)
+            for index in range(routers if mode == "llmgw" else 0):
+                start_server(args, fleet, scorers, workdir, f"server-{index}", settings)
             before = sim_counters(fleet)
             outcomes, makespan = asyncio.run(drive(fleet, schedule, mode))
             after = sim_counters(fleet)
@@ -483,7 +494,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", default="", help="comma-separated words; run only rows whose name has one"
     )
+    # The matrix module builds on this one's helpers: imported here, not at the top.
+    import routing_matrix
+
+    routing_matrix.add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.cells or args.quick:
+        return routing_matrix.run_matrix(args, argv if argv is not None else sys.argv[1:])
 
     if args.busy_only:
         if not args.busy_rate:
@@ -502,22 +519,25 @@ def main(argv: list[str] | None = None) -> int:
         ]
         for name, scorers in DEFAULT_SCORERS.items():
             runs.append(run_one(args, f"llmgw {name}", "llmgw", shared, scorers, 1))
-        runs.append(run_one(args, "llmgw default, 2 routers", "llmgw", shared, {}, 2))
-        # New prefixes by rendezvous alone (no bounded share): routers agree without talking.
+        runs.append(run_one(args, "llmgw default, 2 routers", "llmgw", shared, None, 2))
+        # Scorers, new prefixes by rendezvous alone (no bounded share): routers agree
+        # without talking.
         pure = ("cold_balance=100",)
-        runs.append(run_one(args, "llmgw default, cold_balance 100", "llmgw", shared, {}, 1, pure))
+        runs.append(run_one(args, "llmgw scorers, cold_balance 100", "llmgw", shared, {}, 1, pure))
         runs.append(
             run_one(
-                args, "llmgw default, cold_balance 100, 2 routers", "llmgw", shared, {}, 2, pure
+                args, "llmgw scorers, cold_balance 100, 2 routers", "llmgw", shared, {}, 2, pure
             )
         )
         if args.redis:
             # A channel of this run's own, so that other runs on the same Redis do not mix in.
             share = (f"redis_url={args.redis}", f"share_channel=llmgw:bench:{os.getpid()}")
-            runs.append(run_one(args, "llmgw default, shared index", "llmgw", shared, {}, 1, share))
+            runs.append(
+                run_one(args, "llmgw default, shared index", "llmgw", shared, None, 1, share)
+            )
             runs.append(
                 run_one(
-                    args, "llmgw default, 2 routers, shared index", "llmgw", shared, {}, 2, share
+                    args, "llmgw default, 2 routers, shared index", "llmgw", shared, None, 2, share
                 )
             )
         if args.smg:
@@ -529,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"busy fleet: {args.busy_rate:g}/s, one prefill at a time\n{HEADER}", flush=True)
         ideal = "ideal: group pinned (client, direct)"
         busy.append(run_one(args, ideal, "ideal", fast, None, 0, slots=1))
-        for name in ("least outstanding", DEFAULT):
+        for name in ("least outstanding", DEFAULT, SCORERS):
             scorers = DEFAULT_SCORERS[name]
             busy.append(run_one(args, f"llmgw {name}", "llmgw", fast, scorers, 1, slots=1))
         if args.smg:

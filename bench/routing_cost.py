@@ -3,8 +3,9 @@
 Builds the balancer as `llmgw server` does (every scorer, the capacity guard) over
 N endpoints and times, per request of a chat prompt of `--prompt-bytes`:
 
-- `route + pick`: hashing the prompt's blocks and scoring the endpoints, with
-  and without the capacity guard (limits asked per candidate);
+- `route + pick`: hashing the prompt's blocks and predicting each endpoint's time
+  to first token (the default), with and without the capacity guard (limits asked
+  per candidate), and with the weighted scorers (`router.routing.scorers` set);
 - the same with the prefix index shared (`router.routing.redis_url`): the request
   path only appends the placement to a list;
 - off the request path, per placement: encoding it into a batch for Redis, and on
@@ -25,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 import orjson
 
-from llmgw.config.routing import RoutingConfig
+from llmgw.config.routing import RoutingConfig, ScorerWeights
 from llmgw.router.balancer import Balancer, build_scorers
 from llmgw.router.endpoints import EjectionPolicy, Endpoint, EndpointSpec
 from llmgw.router.requests import CHAT, parse_request
@@ -37,10 +38,10 @@ Publish = Callable[[str, Sequence[int], bool], None]
 
 
 def make_balancer(
-    endpoints: int, publish: Publish | None, capacity: bool = True
+    endpoints: int, publish: Publish | None, capacity: bool = True, weighted: bool = False
 ) -> tuple[Balancer, list[Endpoint], PrefixIndex]:
     clock = time.monotonic
-    routing = RoutingConfig()
+    routing = RoutingConfig(scorers=ScorerWeights() if weighted else None)
     book = LoadBook(clock=clock, stale_after=5.0)
     index = PrefixIndex(capacity=routing.index_blocks, ttl=routing.index_ttl, clock=clock)
     policy = EjectionPolicy(failure_threshold=3, base=1.0, maximum=8.0)
@@ -96,13 +97,15 @@ def main() -> int:
     args = parser.parse_args()
     payloads = bodies(args.requests, args.prompt_bytes)
 
-    bare, plain, shared = [], [], []
+    bare, plain, weighted, shared = [], [], [], []
     pending: list[tuple[str, Sequence[int], bool]] = []
     for _ in range(args.rounds):
         balancer, eps, _ = make_balancer(args.endpoints, None, capacity=False)
         bare.append(per_request(balancer, eps, payloads))
         balancer, eps, _ = make_balancer(args.endpoints, None)
         plain.append(per_request(balancer, eps, payloads))
+        balancer, eps, _ = make_balancer(args.endpoints, None, weighted=True)
+        weighted.append(per_request(balancer, eps, payloads))
         pending.clear()
         balancer, eps, _ = make_balancer(args.endpoints, lambda *entry: pending.append(entry))
         shared.append(per_request(balancer, eps, payloads))
@@ -131,6 +134,7 @@ def main() -> int:
     print(f"{args.prompt_bytes}-byte prompts, {args.endpoints} endpoints, best of {args.rounds}:")
     print(f"- route + pick, without the capacity guard: {us(bare)}")
     print(f"- route + pick: {us(plain)}")
+    print(f"- route + pick, weighted scorers: {us(weighted)}")
     print(f"- route + pick, index shared: {us(shared)}")
     print(
         f"- per placement, off the request path: encode {us(encode)}, decode + apply {us(apply)}; "

@@ -329,7 +329,7 @@ def test_a_models_own_routing_is_kept_and_shown(admin_url: str, tmp_path: Path) 
     code, out, _ = run("show", "chat", "--json", "--admin", admin_url)
     assert json.loads(out)["routing"]["scorers"]["prefix"] == 5
     code, out, _ = run("show", "gemma", "--admin", admin_url)
-    assert "routing:     the server's (router.routing.scorers)" in out
+    assert "routing:     the server's (router.routing)" in out
     path.write_text(path.read_text().replace("prefix: 5", "prefix: -1"))
     code, _, err = run("add", "-f", str(path), "--replace", "--admin", admin_url)
     assert code == 2 and "routing" in err and "prefix" in err

@@ -53,6 +53,9 @@ def balancer(
     clock: FakeClock, routing: RoutingConfig | None = None, seed: int = 0, **more: Any
 ) -> Balancer:
     routing = routing or RoutingConfig()
+    if not routing.weighted:
+        # These tests are of the weighted scorers (predicted TTFT: test_router_ttft.py).
+        routing = routing.model_copy(update={"scorers": ScorerWeights()})
     book = LoadBook(clock=clock, stale_after=5.0)
     return Balancer(
         clock=clock,
@@ -331,7 +334,9 @@ def test_weights_zero_and_per_model_weights() -> None:
         book=book,
         model_weights={"m": ScorerWeights(prefix=0, load=1, kv=0, session=0, rendezvous=0)}.get,
     )
-    assert per_model.weights("m").load == 1 and per_model.weights("other").prefix == 3
+    own = ScorerWeights(prefix=0, load=1, kv=0, session=0, rendezvous=0)
+    # A model without weights of its own follows the server: predicted TTFT by default.
+    assert per_model.weights("m") == own and per_model.weights("other") is None
     assert per_model.pick(eps, (), per_model.route(req)) is eps[1]
 
 

@@ -114,6 +114,7 @@ from llmgw.router.saturation import Saturation
 from llmgw.router.scoring.load import LoadBook
 from llmgw.router.scoring.prefix import PrefixIndex
 from llmgw.router.scoring.share import PrefixShare
+from llmgw.router.scoring.ttft import TtftPredictor
 from llmgw.router.shares import ShareLedger
 from llmgw.router.upstream import Upstream
 from llmgw.store import ControlServer, Store, StoreError, open_store, store_url, utc_now
@@ -521,6 +522,17 @@ async def _serve(
     routing_metrics = RoutingMetrics(registry=registry)
     # Engine load reports older than a few reads are ignored (the router's own counts stand).
     load_book = LoadBook(clock=clock, stale_after=5 * routing.metrics_interval)
+    prefix_index = PrefixIndex(capacity=routing.index_blocks, ttl=routing.index_ttl, clock=clock)
+    # Late-bound: the batch size of last resort is the replica's max_in_flight,
+    # which the saturation detector below knows.
+    predictor = TtftPredictor(
+        config=routing.ttft,
+        book=load_book,
+        key_blocks=routing.rendezvous_blocks,
+        limit=lambda endpoint, name: saturation.limit(endpoint, name),  # noqa: PLW0108
+        metrics=routing_metrics,
+        rng=random.Random(),
+    )
     engine_loads = EngineLoadScraper(
         pool=pool,
         upstream=upstream,
@@ -529,6 +541,7 @@ async def _serve(
         timeout=health.timeout,
         clock=clock,
         metrics=routing_metrics,
+        forget=(predictor.refresh, prefix_index.keep_only),
     )
     queue_reads_load = (
         cfg.router.queue.max_waiting is not None or cfg.router.queue.max_kv_cache is not None
@@ -585,7 +598,6 @@ async def _serve(
     load_report = LoadReport(
         pool=pool, book=load_book, queue=request_queue, clock=clock, wall_clock=utc_now
     )
-    prefix_index = PrefixIndex(capacity=routing.index_blocks, ttl=routing.index_ttl, clock=clock)
     # Routers sharing a Redis learn each other's placements; alone, each learns its own.
     prefix_share = (
         PrefixShare(
@@ -604,6 +616,7 @@ async def _serve(
         scorers=build_scorers(routing, book=load_book, clock=clock, index=prefix_index),
         index=prefix_index,
         publish=prefix_share.note if prefix_share is not None else None,
+        predictor=predictor,
         book=load_book,
         metrics=routing_metrics,
         model_weights=lambda name: _routing_weights(catalog, name),

@@ -233,7 +233,7 @@ def _routing(model: dict[str, Any]) -> str:
     routing = model.get("routing")
     scorers = routing.get("scorers") if isinstance(routing, dict) else None
     if not isinstance(scorers, dict):
-        return "the server's (router.routing.scorers)"
+        return "the server's (router.routing)"
     return " ".join(f"{name}={weight:g}" for name, weight in scorers.items())
 
 

@@ -1,9 +1,11 @@
-"""Routing settings: the scorers' weights and the knobs of cache-aware routing.
+"""Routing settings: the predicted-TTFT chooser, the scorers' weights, cache-aware knobs.
 
 `RoutingConfig` is `router.routing` in the server config, the default for every
 model (static endpoints included); `ModelRouting` is `routing` on a catalog
-model, whose scorer weights replace the server's for that model. Each default
-says why it is what it is.
+model, whose scorer weights replace the server's for that model. By default a
+request goes to the replica with the lowest predicted time to first token
+(`ttft`); setting `scorers` (on the server, or `routing` on a catalog model)
+chooses by the weighted scorers instead. Each default says why it is what it is.
 
 Not guaranteed: that a weight set suits a workload; `bench/routing.py` compares
 them on the sim.
@@ -63,12 +65,110 @@ class ScorerWeights(_Strict):
     )
 
 
+class TtftConfig(_Strict):
+    """The predicted-TTFT chooser: what it assumes until it has learned better."""
+
+    max_num_seqs: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Sequences each engine runs at once (vLLM's --max-num-seqs, SGLang's "
+            "--max-running-requests); beyond it requests wait inside the engine. Unset "
+            "by default: learned per replica from its metrics (the requests running while "
+            "some wait), else the replica's max_in_flight with this router's own counts."
+        ),
+    )
+    assumed_num_seqs: int = Field(
+        default=16,
+        ge=1,
+        description=(
+            "Batch size assumed for a replica whose own is neither set (max_num_seqs), "
+            "learned, nor bounded by a max_in_flight, and not below the most requests "
+            "its engine has been seen running: beyond it the router counts requests as "
+            "waiting, so one hot prompt cannot pile every request onto one engine that "
+            "reports nothing (llama.cpp without metrics). 16: a small GPU batch."
+        ),
+    )
+    prefill_seconds_per_block: float = Field(
+        default=0.005,
+        gt=0,
+        le=60,
+        description=(
+            "Prefill time of one uncached routing block (block_bytes of prompt, about 64 "
+            "tokens) until a replica's own is learned from the first-byte times of its "
+            "streamed answers: 5 ms is a mid-size model on one current GPU."
+        ),
+    )
+    prefill_interference: float = Field(
+        default=1.0,
+        ge=0,
+        le=100,
+        description=(
+            "How much a prefill delays the sequences already running on its replica, as "
+            "a fraction of its own time (engines pause or slow decoding while they "
+            "prefill): each uncached block costs its prefill time x (1 + this x "
+            "sequences running there). 1: decoding stalls for the whole prefill, which "
+            "keeps a conversation off a busy replica that would have to compute its "
+            "prefix again (measured with bench/routing.py --cells issue: at 0, moving "
+            "for a shorter wait duplicated prefixes until the fleet fell behind). 0: "
+            "only the request's own time to first token counts."
+        ),
+    )
+    service_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        le=3600,
+        description=(
+            "How long a request holds an engine slot until a replica's own is learned "
+            "from the requests it finishes: a chat answer of a few hundred tokens."
+        ),
+    )
+    learn_weight: float = Field(
+        default=0.1,
+        gt=0,
+        le=1,
+        description=(
+            "Weight of each new observation in the learned rates (an exponential "
+            "average over about the last 1/learn_weight requests): follows a change in "
+            "traffic within tens of requests, not swayed by one slow answer."
+        ),
+    )
+    tie_seconds: float = Field(
+        default=0.005,
+        ge=0,
+        le=60,
+        description=(
+            "Predictions within this many seconds of the best (or tie_fraction of it) "
+            "count as equal and go to affinity (longest cached prefix, the session's "
+            "replica, then the least loaded): a prediction is an estimate, and "
+            "affinity keeps conversations together when the estimate cannot tell."
+        ),
+    )
+    tie_fraction: float = Field(
+        default=0.1,
+        ge=0,
+        le=1,
+        description="Relative tie band, with tie_seconds (the larger of the two applies).",
+    )
+
+
 class RoutingConfig(_Strict):
     """How a request chooses among the replicas of its model."""
 
-    scorers: ScorerWeights = Field(
-        default_factory=ScorerWeights,
-        description="Weights of the routing signals; all on by default (cache-aware routing).",
+    scorers: ScorerWeights | None = Field(
+        default=None,
+        description=(
+            "Weights of the routing signals. Unset by default: a request goes to the "
+            "replica with the lowest predicted time to first token (`ttft`). Setting "
+            "it (even to `{}`, every default weight) chooses by the weighted sum instead."
+        ),
+    )
+    ttft: TtftConfig = Field(
+        default_factory=TtftConfig,
+        description=(
+            "The default chooser: per replica, the predicted wait for a free engine slot "
+            "plus the prefill of the prompt blocks it does not cache; lowest wins."
+        ),
     )
     block_bytes: int = Field(
         default=256,
@@ -135,7 +235,8 @@ class RoutingConfig(_Strict):
         default=32,
         ge=0,
         description=(
-            "Balance guard: an endpoint with this many more requests in flight than the "
+            "Balance guard (weighted scorers only; predicted TTFT weighs load itself): "
+            "an endpoint with this many more requests in flight than the "
             "least loaded one (and balance_rel times as many) is passed over, so a hot "
             "prefix cannot melt one replica. 32: moving a warm conversation costs a "
             "whole prefill, which also stalls the other replica's decoding, so only a "
@@ -154,8 +255,9 @@ class RoutingConfig(_Strict):
         default=1.1,
         ge=1.0,
         description=(
-            "A new prefix goes to the first replica in rendezvous order whose share of "
-            "the new prefixes placed lately is within this factor of the mean "
+            "Weighted scorers only (predicted TTFT sends a new prefix to the least "
+            "loaded replica): a new prefix goes to the first replica in rendezvous "
+            "order whose share of the new prefixes placed lately is within this factor of the mean "
             "(consistent hashing with bounded loads): 1.1 keeps every replica near its "
             "share of conversations while every router still agrees on where one lives."
         ),
@@ -205,6 +307,11 @@ class RoutingConfig(_Strict):
             "router's own in-flight counts fill the gaps between reads."
         ),
     )
+
+    @property
+    def weighted(self) -> bool:
+        """True when `scorers` was set: choose by weighted scorers, not predicted TTFT."""
+        return self.scorers is not None
 
     @field_validator("redis_url")
     @classmethod

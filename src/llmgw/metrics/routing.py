@@ -8,6 +8,11 @@ counters are mirrored as `llmgw_engine_prefix_cache_queries_tokens{endpoint}` an
 `llmgw_engine_prefix_cache_hits_tokens{endpoint}` (cumulative, as the engine
 counts them; a rate() of the ratio is the engines' hit ratio).
 
+What the predicted-TTFT chooser learned per endpoint (absent until learned):
+`llmgw_route_batch_size{endpoint}` (sequences the engine runs at once, read from
+its metrics while requests wait), `llmgw_route_prefill_seconds_per_block{endpoint}`
+and `llmgw_route_slot_seconds{endpoint}` (how long a request holds a slot).
+
 With a shared index (`router.routing.redis_url`),
 `llmgw_route_index_shared_total{outcome="sent|applied|dropped"}` counts the
 placements this router published, those it applied from other routers, and those
@@ -54,7 +59,28 @@ class RoutingMetrics:
             ["endpoint"],
             registry=registry,
         )
-
+        self._learned: set[str] = set()
+        self.batch_size = Gauge(
+            "llmgw_route_batch_size",
+            "Sequences the engine runs at once, as routing learned it from the engine's "
+            "metrics (the requests running while some wait).",
+            ["endpoint"],
+            registry=registry,
+        )
+        self.prefill_per_block = Gauge(
+            "llmgw_route_prefill_seconds_per_block",
+            "Prefill seconds per uncached routing block, as routing learned it from the "
+            "first-byte times of the endpoint's streamed answers.",
+            ["endpoint"],
+            registry=registry,
+        )
+        self.slot_seconds = Gauge(
+            "llmgw_route_slot_seconds",
+            "Seconds a request holds an engine slot, as routing learned it from the "
+            "requests the endpoint finished.",
+            ["endpoint"],
+            registry=registry,
+        )
         self.index_shared = Counter(
             "llmgw_route_index_shared",
             "Prefix-index placements shared through Redis: sent by this router, applied "
@@ -73,9 +99,26 @@ class RoutingMetrics:
         self.engine_queries.labels(endpoint).set(queries)
         self.engine_hits.labels(endpoint).set(hits)
 
+    def learned(
+        self, endpoint: str, batch: int | None, per_block: float | None, slot: float | None
+    ) -> None:
+        """What routing learned of `endpoint` (None: not yet; the series stays absent)."""
+        for gauge, value in (
+            (self.batch_size, batch),
+            (self.prefill_per_block, per_block),
+            (self.slot_seconds, slot),
+        ):
+            if value is not None:
+                self._learned.add(endpoint)
+                gauge.labels(endpoint).set(value)
+
     def keep_only(self, endpoints: Collection[str]) -> None:
         """Drop the engine series of endpoints no longer in the pool."""
         for endpoint in [e for e in self._engines if e not in endpoints]:
             self._engines.discard(endpoint)
             self.engine_queries.remove(endpoint)
             self.engine_hits.remove(endpoint)
+        for endpoint in [e for e in self._learned if e not in endpoints]:
+            self._learned.discard(endpoint)
+            for gauge in (self.batch_size, self.prefill_per_block, self.slot_seconds):
+                gauge.remove(endpoint)  # a no-op for a series never set

@@ -1,7 +1,16 @@
-"""Choosing the replica for a request: weighted scorers behind a balance guard.
+"""Choosing the replica for a request: predicted time to first token, or weighted scorers.
 
-With scorers (the default in a server: `router.routing.scorers`), each healthy
-candidate gets the weighted sum of the scorers' values (prefix affinity, load,
+By default (`router.routing.scorers` unset, and no `routing` on a catalog model)
+each healthy candidate gets a predicted time to first token: the wait for a free
+engine slot plus the prefill of the prompt blocks it does not cache, plus the
+delay that prefill adds to the sequences running there
+(`llmgw.router.scoring.ttft`); the lowest wins and near ties go to affinity
+(cached prefix, session, least loaded, rendezvous order). The capacity tiers
+below (`capacity`) still apply first; the balance guard does not (the
+prediction weighs load against the cache itself).
+
+With scorers (`router.routing.scorers` set, or a catalog model's `routing`),
+each healthy candidate gets the weighted sum of the scorers' values (prefix affinity, load,
 KV-cache use, session, rendezvous; see `llmgw.router.scoring`) and the best sum
 wins; ties go to a random one of the best. A prefix no candidate holds (cold)
 goes to the first endpoint in rendezvous order whose share of the new prefixes
@@ -49,6 +58,7 @@ from llmgw.router.scoring.load import KVScorer, LoadBook, LoadScorer, RecentPick
 from llmgw.router.scoring.prefix import PrefixIndex, PrefixScorer
 from llmgw.router.scoring.rendezvous import RendezvousScorer
 from llmgw.router.scoring.session import SessionScorer
+from llmgw.router.scoring.ttft import TtftPredictor
 
 # Requests that leave nothing in an engine's prefix cache: their prompts are not
 # hashed, so a tokenizer call never makes a replica look warm for that prompt.
@@ -89,6 +99,7 @@ class Balancer:
         capacity: Callable[[Endpoint, str], tuple[int | None, int | None]] | None = None,
         index: PrefixIndex | None = None,
         publish: Callable[[str, Sequence[int], bool], None] | None = None,
+        predictor: TtftPredictor | None = None,
     ) -> None:
         """`model_weights(model)` (asked at each pick; None: no override) replaces
         `routing.scorers` for a model (a catalog model's own `routing`).
@@ -96,7 +107,8 @@ class Balancer:
         model is scaled for per replica, and the most the replica takes (None: no
         such limit). `publish(endpoint id, chain, new prefix)` is told every
         placement the prefix scorer learns (other routers apply it through `learn`
-        to `index`, the prefix scorer's)."""
+        to `index`, the prefix scorer's). `predictor` chooses when a model has no
+        scorer weights (a new one over `book` by default)."""
         self._clock = clock
         self._rng = rng
         self._routing = routing or RoutingConfig()
@@ -109,13 +121,27 @@ class Balancer:
         self._index = index
         self._publish = publish
         self._session_header = self._routing.session_header.lower().encode()
+        self._by_name = {scorer.name: scorer for scorer in self._scorers}
+        if predictor is None:
+            predictor = TtftPredictor(
+                config=self._routing.ttft,
+                book=self._book,
+                key_blocks=self._routing.rendezvous_blocks,
+                limit=None if capacity is None else (lambda ep, model: capacity(ep, model)[1]),
+                rng=rng,
+            )
+        self._predictor = predictor
 
     @property
     def book(self) -> LoadBook:
         return self._book
 
-    def weights(self, model: str) -> ScorerWeights:
-        """The scorer weights `model` is routed with."""
+    @property
+    def predictor(self) -> TtftPredictor:
+        return self._predictor
+
+    def weights(self, model: str) -> ScorerWeights | None:
+        """The scorer weights `model` is routed with (None: by predicted TTFT)."""
         if self._model_weights is not None:
             own = self._model_weights(model)
             if own is not None:
@@ -169,9 +195,14 @@ class Balancer:
             return None
         if route is None or not self._scorers:
             return candidates[0] if count == 1 else self._two_choices(candidates)
+        weights = self.weights(route.model)
+        if weights is None:
+            if count > 1 and self._capacity is not None:
+                loads = [self._book.load_of(ep) for ep in candidates]
+                candidates, _ = self._roomy(candidates, loads, route.model)
+            return self._predicted(route, candidates)
         if count > 1:
             candidates = self._guard(candidates, route.model)
-        weights = self.weights(route.model)
         active = [(s, w) for s in self._scorers if (w := getattr(weights, s.name, 0.0)) > 0]
         if not active:
             return candidates[0] if len(candidates) == 1 else self._two_choices(candidates)
@@ -219,6 +250,61 @@ class Balancer:
         if self._publish is not None and prefix_scores is not None and route.blocks:
             self._publish(chosen.id, route.blocks, new and rendezvous is not None)
         return chosen
+
+    def _predicted(self, route: RouteRequest, candidates: list[Endpoint]) -> Endpoint:
+        """The candidate with the lowest predicted time to first token (and delay to
+        the others there)."""
+        total = len(route.blocks)
+        prefix = self._by_name.get("prefix")
+        if prefix is not None and total:
+            matched = [round(f * total) for f in prefix.score(route, candidates)]
+        else:
+            matched = [0] * len(candidates)
+        session = self._by_name.get("session")
+        own = None
+        if isinstance(session, SessionScorer) and route.session is not None:
+            own = session.endpoint_of(route.session)
+        if len(candidates) == 1:
+            index = 0
+            prediction = self._predictor.predict(route, candidates, matched)[0][0]
+        else:
+            index, prediction = self._predictor.choose(route, candidates, matched, own)
+        chosen = candidates[index]
+        route.uncached = total - prediction.matched
+        route.waits = prediction.wait > 0
+        if prefix is not None and total:
+            route.chosen_scores = {"prefix": prediction.matched / total}
+            if self._metrics is not None:
+                self._metrics.expected(route.model, total, prediction.matched)
+        if route.explain:
+            route.explanation = (
+                f"ttft={prediction.ttft * 1000:.1f}ms wait={prediction.wait * 1000:.1f}ms "
+                f"prefill={prediction.prefill * 1000:.1f}ms "
+                f"delay={prediction.delay * 1000:.1f}ms "
+                f"cached={prediction.matched}/{total} -> {chosen.id}"
+            )
+        if prefix is not None:
+            prefix.chosen(route, chosen)
+        if session is not None:
+            session.chosen(route, chosen)
+        if self._publish is not None and prefix is not None and total:
+            self._publish(chosen.id, route.blocks, max(matched) == 0)
+        return chosen
+
+    def served(
+        self, route: RouteRequest, endpoint: Endpoint, first_byte: float | None, total: float
+    ) -> None:
+        """`route`'s request to `endpoint` ended: `first_byte` seconds to its first
+        streamed event (None: not streamed), `total` to its end. Teaches the
+        predictor the replica's prefill and slot times."""
+        self._predictor.observe(
+            endpoint.id,
+            route.model,
+            uncached=route.uncached,
+            waited=route.waits,
+            first_byte=first_byte,
+            total=total,
+        )
 
     def learn(self, endpoint_id: str, chain: Sequence[int], new: bool) -> None:
         """Another router sent a prompt with block chain `chain` to `endpoint_id`

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from llmgw.engines import sglang
@@ -82,7 +82,11 @@ class EngineLoadScraper:
         missing_backoff: float = 60.0,
         metrics: RoutingMetrics | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        forget: Sequence[Callable[[Collection[str]], None]] = (),
     ) -> None:
+        """`forget` are told, after each round, the endpoint ids in the pool (what
+        learns per endpoint drops the others)."""
+        self._forget = tuple(forget)
         self._pool = pool
         self._upstream = upstream
         self._book = book
@@ -111,6 +115,8 @@ class EngineLoadScraper:
         due = [ep for ep in endpoints if self._skip_until.get(ep.id, 0.0) <= now]
         if due:
             await asyncio.gather(*(self._scrape(ep) for ep in due))
+        for forget in self._forget:
+            forget(ids)
         self.rounds += 1
 
     async def _scrape(self, endpoint: Endpoint) -> None:

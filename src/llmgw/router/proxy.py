@@ -490,12 +490,15 @@ class Proxy:
                 self._metrics.retries.labels(req.model).inc()
             tried.append(endpoint)
             endpoint.in_flight += 1
+            timing = _Timing(sent=self._clock())
             try:
                 if tracer is None:
-                    outcome = await self._attempt(endpoint, req, request_id, send, start, headers)
+                    outcome = await self._attempt(
+                        endpoint, req, request_id, send, start, headers, timing
+                    )
                 else:
                     outcome = await self._traced_attempt(
-                        tracer, attempt, endpoint, req, request_id, send, start, headers
+                        tracer, attempt, endpoint, req, request_id, send, start, headers, timing
                     )
             except _Retryable as exc:
                 self._metrics.upstream_errors.labels(endpoint.id, exc.kind).inc()
@@ -519,6 +522,13 @@ class Proxy:
                 continue
             finally:
                 endpoint.in_flight -= 1
+            first = timing.first_byte
+            self._balancer.served(
+                route,
+                endpoint,
+                None if first is None else first - timing.sent,
+                self._clock() - timing.sent,
+            )
             return outcome
         if failure is not None:
             if other:
@@ -571,6 +581,7 @@ class Proxy:
         send: Send,
         start: float,
         headers: list[tuple[bytes, bytes]],
+        timing: _Timing,
     ) -> Outcome:
         """`_attempt` in a client span: replica, attempt number, retry reason, TTFT
         and tokens; the engine gets this span as its parent (`traceparent`)."""
@@ -586,7 +597,9 @@ class Proxy:
             set_status_on_exception=False,
         ) as span:
             try:
-                outcome = await self._attempt(endpoint, req, request_id, send, start, headers)
+                outcome = await self._attempt(
+                    endpoint, req, request_id, send, start, headers, timing
+                )
             except _Retryable as exc:
                 span.set_attribute("llmgw.retry_reason", exc.kind)
                 span.set_status(StatusCode.ERROR, exc.error.message)
@@ -612,6 +625,7 @@ class Proxy:
         send: Send,
         start: float,
         extra_headers: list[tuple[bytes, bytes]],
+        timing: _Timing | None = None,
     ) -> Outcome:
         total_deadline = start + self._total
         first_limit = self._first_byte if req.stream else self._total
@@ -632,6 +646,8 @@ class Proxy:
                         streaming = req.stream and resp.content_type == _EVENT_STREAM
                         # For a stream the first chunk is the first byte; otherwise the body.
                         data = await (resp.next_chunk() if streaming else resp.read())
+                        if streaming and timing is not None:
+                            timing.first_byte = self._clock()
                     finally:
                         self._pool.first_byte_done(wait)
             except TimeoutError as exc:
@@ -1072,6 +1088,14 @@ def _stream_start(
             *extra_headers,
         ],
     }
+
+
+@dataclass(slots=True)
+class _Timing:
+    """When an attempt was sent and when its stream's first event came (router clock)."""
+
+    sent: float
+    first_byte: float | None = None
 
 
 async def _send_error_event(send: Send, error: RouterError) -> None:

@@ -38,6 +38,10 @@ class RouteRequest:
     explanation: str = ""
     # Per scorer name, the chosen endpoint's score at the last pick.
     chosen_scores: dict[str, float] = field(default_factory=dict)
+    # Predicted-TTFT routing, at the last pick: blocks the chosen endpoint was
+    # believed not to hold, and whether the request was predicted to wait for a slot.
+    uncached: int = 0
+    waits: bool = False
 
 
 class Scorer(Protocol):

@@ -7,6 +7,11 @@ the request path, and anything in the router may read it: the balancer's
 scorers here, and the queue's saturation detector through `load()` (its
 `LoadSource`).
 
+The book also learns each engine's batch size (how many sequences it runs at
+once): the most requests it reported running at a time when some were waiting.
+An engine queues only when its batch is full, so that is its `max_num_seqs`
+(or less, when its KV cache filled first, which is the same limit in effect).
+
 The load of an endpoint is the larger of the router's own in-flight count
 (fresh, but blind to other routers) and the engine's running + waiting (every
 router's requests, but as old as the last scrape).
@@ -45,11 +50,33 @@ class LoadBook:
         self._clock = clock
         self._stale_after = stale_after
         self._loads: dict[str, EndpointLoad] = {}
+        # Per endpoint: the most requests seen running, and whether any were waiting
+        # then or since (only then is that count the engine's batch size).
+        self._batch: dict[str, tuple[int, bool]] = {}
 
     def record(self, endpoint_id: str, load: EngineLoad) -> None:
         self._loads[endpoint_id] = EndpointLoad(
             endpoint_id, load.running, load.waiting, load.kv_cache_usage, self._clock()
         )
+        if load.running is not None:
+            most, queued = self._batch.get(endpoint_id, (0, False))
+            self._batch[endpoint_id] = (
+                max(most, load.running),
+                queued or (load.waiting is not None and load.waiting > 0 and load.running > 0),
+            )
+
+    def batch_size(self, endpoint_id: str) -> int | None:
+        """Sequences the engine runs at once, as learned from its reports (None: it
+        has never been seen with requests waiting, so its limit is not known)."""
+        entry = self._batch.get(endpoint_id)
+        if entry is None or not entry[1]:
+            return None
+        return entry[0]
+
+    def most_running(self, endpoint_id: str) -> int:
+        """The most requests the engine has reported running at once (0: none seen)."""
+        entry = self._batch.get(endpoint_id)
+        return 0 if entry is None else entry[0]
 
     def get(self, endpoint_id: str) -> EndpointLoad | None:
         """The endpoint's last report, or None when there is none or it is stale."""
@@ -75,6 +102,8 @@ class LoadBook:
     def keep_only(self, endpoint_ids: Collection[str]) -> None:
         for endpoint_id in [i for i in self._loads if i not in endpoint_ids]:
             del self._loads[endpoint_id]
+        for endpoint_id in [i for i in self._batch if i not in endpoint_ids]:
+            del self._batch[endpoint_id]
 
     def load_of(self, endpoint: Endpoint) -> int:
         """Requests on the endpoint: the router's count, or the engine's if higher."""
