@@ -272,8 +272,15 @@ class Balancer:
         chosen = candidates[index]
         route.uncached = total - prediction.matched
         route.waits = prediction.wait > 0
+        # What the choice rested on, for the route span (seconds, and the cached share).
+        route.chosen_scores = {
+            "predicted_ttft_s": prediction.ttft,
+            "wait_s": prediction.wait,
+            "prefill_s": prediction.prefill,
+            "delay_s": prediction.delay,
+        }
         if prefix is not None and total:
-            route.chosen_scores = {"prefix": prediction.matched / total}
+            route.chosen_scores["prefix"] = prediction.matched / total
             if self._metrics is not None:
                 self._metrics.expected(route.model, total, prediction.matched)
         if route.explain:
