@@ -8,6 +8,7 @@ on this node — adapters only build command lines.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Final
 
 from llmgw.engines.adapter import EngineAdapter
 from llmgw.engines.errors import UnknownEngine
@@ -17,58 +18,44 @@ from llmgw.engines.sim import SimAdapter
 from llmgw.engines.spec import KNOWN_ENGINES, EngineSettings
 from llmgw.engines.vllm import VllmAdapter
 
+_AdapterClass = type[VllmAdapter | SglangAdapter | LlamaCppAdapter | SimAdapter]
+
+# Each engine name and its adapter class: the one place a new engine is added.
+_ADAPTERS: Final[Mapping[str, _AdapterClass]] = {
+    "vllm": VllmAdapter,
+    "sglang": SglangAdapter,
+    "llamacpp": LlamaCppAdapter,
+    "sim": SimAdapter,
+}
+
+
+def _adapter_class(engine: str) -> _AdapterClass:
+    found = _ADAPTERS.get(engine)
+    if found is None:
+        raise UnknownEngine(engine, KNOWN_ENGINES)
+    return found
+
 
 def adapter_for(engine: str, *, settings: EngineSettings) -> EngineAdapter:
     """The adapter for `engine`; `UnknownEngine` (field "engine") for any other name."""
-    if engine == "vllm":
-        return VllmAdapter(settings=settings)
-    if engine == "sglang":
-        return SglangAdapter(settings=settings)
-    if engine == "llamacpp":
-        return LlamaCppAdapter(settings=settings)
-    if engine == "sim":
-        return SimAdapter(settings=settings)
-    raise UnknownEngine(engine, KNOWN_ENGINES)
+    return _adapter_class(engine)(settings=settings)
 
 
 def routes_of(engine: str) -> Mapping[str, str]:
     """The client routes `engine` serves and its path for each (`EngineAdapter.routes`),
     without building an adapter; `UnknownEngine` (field "engine") for any other name."""
-    if engine == "vllm":
-        return VllmAdapter.routes
-    if engine == "sglang":
-        return SglangAdapter.routes
-    if engine == "llamacpp":
-        return LlamaCppAdapter.routes
-    if engine == "sim":
-        return SimAdapter.routes
-    raise UnknownEngine(engine, KNOWN_ENGINES)
+    return _adapter_class(engine).routes
 
 
 def native_apis_of(engine: str, engine_args: Sequence[str]) -> frozenset[str]:
     """The client APIs `engine` run with `engine_args` serves natively
     (`EngineAdapter.native_apis`); `UnknownEngine` (field "engine") for any other name."""
-    if engine == "vllm":
-        return VllmAdapter.native_apis(engine_args)
-    if engine == "sglang":
-        return SglangAdapter.native_apis(engine_args)
-    if engine == "llamacpp":
-        return LlamaCppAdapter.native_apis(engine_args)
-    if engine == "sim":
-        return SimAdapter.native_apis(engine_args)
-    raise UnknownEngine(engine, KNOWN_ENGINES)
+    return _adapter_class(engine).native_apis(engine_args)
 
 
 def continues_of(engine: str) -> frozenset[str]:
     """The client routes on which `engine` continues a generation another replica began
     (`EngineAdapter.continues`); none for "" (an endpoint whose engine is not declared:
     llmgw does not guess) and for names it does not know."""
-    if engine == "vllm":
-        return VllmAdapter.continues
-    if engine == "sglang":
-        return SglangAdapter.continues
-    if engine == "llamacpp":
-        return LlamaCppAdapter.continues
-    if engine == "sim":
-        return SimAdapter.continues
-    return frozenset()
+    found = _ADAPTERS.get(engine)
+    return frozenset() if found is None else found.continues
