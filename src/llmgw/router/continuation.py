@@ -78,18 +78,22 @@ from llmgw.router.splice import (
     rewrite,
 )
 from llmgw.router.sse import last_event_end
-from llmgw.router.upstream import Response, Upstream, UpstreamError
+from llmgw.router.upstream import (
+    EVENT_STREAM,
+    RECHECK_FIRST,
+    RECHECK_MAX,
+    RETRY_STATUSES,
+    Response,
+    Upstream,
+    UpstreamError,
+)
 
 Message = MutableMapping[str, Any]
 Send = Callable[[Message], Awaitable[None]]
 
 log = logging.getLogger("llmgw.router.continuation")
 
-_RETRY_STATUSES = frozenset({429, 502, 503, 504})
-_EVENT_STREAM = b"text/event-stream"
 _DONE = b"data: [DONE]\n\n"
-_RECHECK_FIRST = 0.25
-_RECHECK_MAX = 2.0
 
 
 @dataclass(slots=True)
@@ -275,7 +279,7 @@ class Continuation:
                             (b"X-Request-Id", new_request_id()),
                         ),
                     )
-                    if resp.status < 400 and resp.content_type == _EVENT_STREAM:
+                    if resp.status < 400 and resp.content_type == EVENT_STREAM:
                         opened = True
                         return endpoint, resp
                     raw = await resp.read()
@@ -314,7 +318,7 @@ class Continuation:
                 f"{resp.status}",
                 status=resp.status,
             )
-            if resp.status not in _RETRY_STATUSES:
+            if resp.status not in RETRY_STATUSES:
                 # The engine refused the continuation itself: another would too.
                 raise error
             last_error = error
@@ -351,7 +355,7 @@ class Continuation:
         """A replica to continue on, waiting (with keep-alive comments) while there is
         none; the replicas `tried` are skipped until the first pause, since a replica
         that failed once (a stale connection) may serve again."""
-        pause = _RECHECK_FIRST
+        pause = RECHECK_FIRST
         next_comment = self._clock() + self._keepalive
         activation: asyncio.Future[None] | None = None
         try:
@@ -385,7 +389,7 @@ class Continuation:
                     )
                     next_comment = now + self._keepalive
                 await asyncio.sleep(min(pause, max(deadline - now, 0.0), next_comment - now))
-                pause = min(pause * 2, _RECHECK_MAX)
+                pause = min(pause * 2, RECHECK_MAX)
                 tried.clear()
                 if activation is not None and activation.done():
                     # Its failure (the model cannot start) shows as the deadline's error.

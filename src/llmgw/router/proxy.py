@@ -94,6 +94,10 @@ from llmgw.router.saturation import Saturation
 from llmgw.router.scoring import RouteRequest
 from llmgw.router.sse import NativeRelay, SSERelay
 from llmgw.router.upstream import (
+    EVENT_STREAM,
+    RECHECK_FIRST,
+    RECHECK_MAX,
+    RETRY_STATUSES,
     ConnectFailed,
     Disconnected,
     Response,
@@ -108,16 +112,9 @@ Send = Callable[[Message], Awaitable[None]]
 
 log = logging.getLogger("llmgw.router.proxy")
 
-_RETRY_STATUSES = frozenset({429, 502, 503, 504})
 # Failures that mean the engine is gone, not busy: worth waiting for a replacement.
 _ENGINE_GONE = frozenset({"connect", "disconnect", "abandoned"})
-# Pauses between looks at the pool while only replicas that just failed are in
-# it: the control plane takes a dead engine's replica out within moments, and a
-# replica that failed once (a stale pooled connection) is tried again soon.
-_RECHECK_FIRST = 0.25
-_RECHECK_MAX = 2.0
 _JSON = b"application/json"
-_EVENT_STREAM = b"text/event-stream"
 # A client's W3C trace context, passed to the engine when this gateway does not trace.
 _TRACE_CONTEXT = frozenset({b"traceparent", b"tracestate"})
 
@@ -385,7 +382,7 @@ class Proxy:
         health checks and did not just fail this request (`failed`, forgotten after
         each pause). With none in the pool, the activator starts one and waits.
         Raises ModelUnavailable (the activator's reason, or the deadline)."""
-        pause = _RECHECK_FIRST
+        pause = RECHECK_FIRST
         activated = False
         while True:
             now = self._clock()
@@ -413,7 +410,7 @@ class Proxy:
                 activated = True
             else:
                 await asyncio.sleep(min(pause, deadline - now))
-                pause = min(pause * 2, _RECHECK_MAX)
+                pause = min(pause * 2, RECHECK_MAX)
                 activated = False
             failed = frozenset()
 
@@ -643,7 +640,7 @@ class Proxy:
                         resp = await self._post(endpoint, req, request_id)
                         if resp.status >= 400:
                             raise await self._engine_error(endpoint, resp)
-                        streaming = req.stream and resp.content_type == _EVENT_STREAM
+                        streaming = req.stream and resp.content_type == EVENT_STREAM
                         # For a stream the first chunk is the first byte; otherwise the body.
                         data = await (resp.next_chunk() if streaming else resp.read())
                         if streaming and timing is not None:
@@ -782,7 +779,7 @@ class Proxy:
             engine_error_message(resp.status, raw), status=resp.status, raw_body=raw
         )
         kind = f"status_{resp.status}"
-        if resp.status in _RETRY_STATUSES:
+        if resp.status in RETRY_STATUSES:
             return _Retryable(error, kind, counts_as_failure=resp.status != 429)
         self._metrics.upstream_errors.labels(endpoint.id, kind).inc()
         if resp.status >= 500:

@@ -33,6 +33,14 @@ from urllib.parse import urlsplit
 
 import httptools
 
+# Engine answers that another replica may serve instead.
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+EVENT_STREAM = b"text/event-stream"
+# Pauses between looks at the pool while only replicas that just failed are in
+# it: the control plane takes a dead engine's replica out within moments, and a
+# replica that failed once (a stale pooled connection) is tried again soon.
+RECHECK_FIRST = 0.25
+RECHECK_MAX = 2.0
 _HIGH_WATER = 256 * 1024  # buffered body bytes before reading from the engine pauses
 
 
