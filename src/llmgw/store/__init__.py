@@ -64,6 +64,7 @@ from llmgw.store.pki import (
     TokenUnusable,
 )
 from llmgw.store.placements import PlacementRepository, StoredPlacement
+from llmgw.store.rollouts import RolloutRepository, StoredHalt
 from llmgw.store.store import Store, open_store, upgrade
 from llmgw.store.urls import store_url
 from llmgw.store.usage import UsageRepository
@@ -74,6 +75,8 @@ __all__ = [
     "KEY_SCOPES",
     "MAX_MODEL_CHARS",
     "AdminSession",
+    "RolloutRepository",
+    "StoredHalt",
     "AlreadyExists",
     "Ambiguous",
     "ApiKey",

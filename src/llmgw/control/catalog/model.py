@@ -116,6 +116,10 @@ class CatalogModel:
     max_in_flight: int | None = None
     # The model's own routing scorer weights (None: the server's router.routing.scorers).
     routing: ScorerWeights | None = None
+    # A rollout starts up to `max_surge` new replicas beyond the wanted count and leaves
+    # at most `max_unavailable` fewer Ready than wanted (see `reconciler.rollout`).
+    max_surge: int = 1
+    max_unavailable: int = 0
 
     @property
     def names(self) -> tuple[str, ...]:

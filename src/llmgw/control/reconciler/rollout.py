@@ -1,0 +1,137 @@
+"""Rollouts: replacing a model's replicas with a changed spec, surge first, one step at a time.
+
+A pure planner beside `plan()`. A replica is *outdated* when what it runs (its
+`ShardSpec`: engine, engine arguments, weights, GPU count, parallel sizes, GPU
+memory share, nodes, the profile's environment) matches none of its model's
+profiles any more; `runs_current` says so. A model with outdated replicas is
+rolling, and `step` decides, from what serves now, what happens next:
+
+- Stops: an outdated replica that is not Ready serves nothing and is drained at
+  once; a Ready one is drained only while the Ready replicas (new and old)
+  stay at or above `wanted - max_unavailable` without it. Oldest first.
+- Starts: replicas of the new spec while fewer than `wanted` run it, and no
+  more than `wanted + max_surge` run in all.
+
+So with the defaults (surge 1, unavailable 0) one new replica starts, becomes
+Ready, then one old one drains, and so on; the model never has fewer Ready
+replicas than wanted. Changes that leave what runs alone (aliases, limits,
+keep-alive, load targets, timeouts of the agent) make no replica outdated, so
+they apply in place. The rollout ends when no replica is outdated.
+
+A halted rollout (a replica of the new spec failed: see the controller) is not
+planned here: `plan` keeps the old replicas as they are and starts no new ones
+for the surge.
+
+Not guaranteed: that a replica started before the change and still pending
+(not reported yet) is replaced at once; pending starts count as new ones, and
+once reported an outdated one is replaced like any other. Placement
+constraints that do not change the launch (GPU kind, memory per GPU, labels)
+apply to new replicas only and do not roll the running ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from llmgw.control.catalog.model import CatalogModel, Profile
+from llmgw.control.inventory.model import Node, Shard, ShardSpec
+
+
+def runs_current(model: CatalogModel, spec: ShardSpec | None) -> bool:
+    """Whether a replica with `spec` runs what one of `model`'s profiles would start now.
+
+    A replica whose spec is unknown is taken as current: nothing says otherwise,
+    and restarting it on a guess would cost a load for nothing.
+    """
+    if spec is None:
+        return True
+    return any(_same_launch(model, profile, spec) for profile in model.profiles)
+
+
+def spec_key(model: CatalogModel) -> str:
+    """A short digest of what `model`'s replicas run (the fields `runs_current` compares):
+    equal for two versions of a model exactly when neither rolls the other's replicas."""
+    launch = [
+        model.weights,
+        [
+            [
+                p.engine,
+                list(p.engine_args),
+                p.gpus,
+                p.tensor_parallel,
+                p.pipeline_parallel,
+                p.gpu_memory_utilization,
+                p.nodes,
+                sorted(p.env.items()),
+            ]
+            for p in model.profiles
+        ],
+    ]
+    return hashlib.sha256(json.dumps(launch).encode()).hexdigest()[:16]
+
+
+def _same_launch(model: CatalogModel, profile: Profile, spec: ShardSpec) -> bool:
+    return (
+        spec.engine == profile.engine
+        and spec.weights == model.weights
+        and spec.engine_args == profile.engine_args
+        and len(spec.gpu_indices) == profile.gpus
+        and spec.tensor_parallel_size == profile.tensor_parallel
+        and spec.pipeline_parallel_size == profile.pipeline_parallel
+        and spec.gpu_memory_utilization == profile.gpu_memory_utilization
+        and spec.nodes == profile.nodes
+        # A multi-node rank's environment adds its network's variables to the profile's.
+        and all(spec.env.get(key) == value for key, value in profile.env.items())
+        and (profile.nodes > 1 or len(spec.env) == len(profile.env))
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What a rolling model does next: the outdated replicas to drain, the new ones to start."""
+
+    stops: tuple[tuple[Node, Shard], ...]
+    starts: int
+    # For people: e.g. "2 of 3 replicas run the new spec; 1 new replica Ready ...".
+    detail: str
+
+
+def step(
+    *,
+    wanted: int,
+    max_surge: int,
+    max_unavailable: int,
+    current: Sequence[tuple[Node, Shard]],
+    current_pending: int,
+    outdated: Sequence[tuple[Node, Shard]],
+) -> Step:
+    """The next step of a rollout; see the module docstring.
+
+    `current`: serving replicas that run the new spec; `current_pending`: starts
+    not reported yet (they run the new spec); `outdated`: serving replicas that
+    run an old one. Replicas on disconnected nodes are never stopped here.
+    """
+    wanted = max(wanted, 0)
+    current_ready = sum(s.state == "ready" for _, s in current)
+    old_ready = sum(s.state == "ready" for _, s in outdated)
+    budget = current_ready + old_ready - max(wanted - max_unavailable, 0)
+    stops: list[tuple[Node, Shard]] = []
+    for node, shard in sorted(outdated, key=lambda ns: (ns[1].since, ns[1].id)):
+        if not node.connected:
+            continue
+        if shard.state != "ready":
+            stops.append((node, shard))
+        elif budget > 0:
+            stops.append((node, shard))
+            budget -= 1
+    new = len(current) + current_pending
+    total = new + len(outdated) - len(stops)
+    starts = max(0, min(wanted - new, wanted + max_surge - total))
+    detail = (
+        f"{new} of {wanted} replica{'' if wanted == 1 else 's'} run the new spec "
+        f"({current_ready} Ready), {len(outdated)} the old one ({old_ready} Ready)"
+    )
+    return Step(stops=tuple(stops), starts=starts, detail=detail)
