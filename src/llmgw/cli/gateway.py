@@ -516,6 +516,7 @@ async def _serve(
         router_load=lambda: load_report.models(),  # noqa: PLW0108
         tracer=control_tracer,
         activation_metrics=ActivationMetrics(registry=registry),
+        rollouts=store.rollouts,
     )
     CertificateMetrics(registry=registry, sources=_certificates(cfg, pki))
     routing = cfg.router.routing

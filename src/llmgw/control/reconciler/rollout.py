@@ -31,12 +31,13 @@ apply to new replicas only and do not roll the running ones.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from llmgw.control.catalog.model import CatalogModel, Profile
+from llmgw.control.catalog.model import CatalogModel, Profile, launch_key
+
+# Re-exported: the reconciler keys stopped rollouts by it.
+spec_key = launch_key
 from llmgw.control.inventory.model import Node, Shard, ShardSpec
 
 
@@ -49,28 +50,6 @@ def runs_current(model: CatalogModel, spec: ShardSpec | None) -> bool:
     if spec is None:
         return True
     return any(_same_launch(model, profile, spec) for profile in model.profiles)
-
-
-def spec_key(model: CatalogModel) -> str:
-    """A short digest of what `model`'s replicas run (the fields `runs_current` compares):
-    equal for two versions of a model exactly when neither rolls the other's replicas."""
-    launch = [
-        model.weights,
-        [
-            [
-                p.engine,
-                list(p.engine_args),
-                p.gpus,
-                p.tensor_parallel,
-                p.pipeline_parallel,
-                p.gpu_memory_utilization,
-                p.nodes,
-                sorted(p.env.items()),
-            ]
-            for p in model.profiles
-        ],
-    ]
-    return hashlib.sha256(json.dumps(launch).encode()).hexdigest()[:16]
 
 
 def _same_launch(model: CatalogModel, profile: Profile, spec: ShardSpec) -> bool:
