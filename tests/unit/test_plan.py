@@ -23,6 +23,8 @@ from llmgw.control.reconciler import (
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 GIB = 1 << 30
 H100 = "NVIDIA H100 80GB HBM3"
+LAUNCH_ARGS = ("--max-model-len", "8192")
+LAUNCH_ENV = {"VLLM_LOGGING_LEVEL": "INFO"}
 
 
 def make_gpus(count: int) -> tuple[Gpu, ...]:
@@ -38,6 +40,7 @@ def make_shard(
     state: ShardState = "ready",
     age: int = 0,
 ) -> Shard:
+    # What `make_model`'s profile starts (a shard running anything else is rolled).
     spec = ShardSpec(
         shard_id=shard_id,
         model=model,
@@ -45,6 +48,10 @@ def make_shard(
         weights=f"org/{model}",
         gpu_indices=gpus,
         port=port,
+        engine_args=LAUNCH_ARGS,
+        env=LAUNCH_ENV,
+        tensor_parallel_size=max(1, len(gpus)),
+        gpu_memory_utilization=0.85,
     )
     return Shard(
         id=shard_id,
@@ -100,8 +107,8 @@ def make_model(
     profile = Profile(
         name=f"tp{gpus}",
         engine="vllm",
-        engine_args=("--max-model-len", "8192"),
-        env={"VLLM_LOGGING_LEVEL": "INFO"},
+        engine_args=LAUNCH_ARGS,
+        env=LAUNCH_ENV,
         gpus=gpus,
         gpu_memory_utilization=0.85,
     )
