@@ -216,6 +216,7 @@ class Controller:
         tracer: Tracer | None = None,
         activation_metrics: ActivationMetrics | None = None,
         rollouts: RolloutLedger | None = None,
+        routed: Callable[[str], bool] | None = None,
     ) -> None:
         """`router_load` reads this server's router's load signals by model name (or
         alias), for the load targets. `startup_grace`: for this long after `run()`
@@ -230,7 +231,10 @@ class Controller:
         network multi-node ranks talk over (`control.mgmt_interface`; see `mgmt`).
         `tracer`: spans for reconciles that act and activations (default: none).
         `rollouts`: where stopped rollouts are kept, so the next leader keeps them
-        stopped (default: in this process only)."""
+        stopped (default: in this process only). `routed(replica_id)`: whether this
+        server's router routes to a Ready replica (it checks each one it is given
+        first); a rollout drains an old replica only once its replacement is routed to
+        (default: Ready is enough)."""
         self._tracer = tracer or NoOpTracer()
         self._activation_metrics = activation_metrics
         self._catalog = catalog
@@ -281,6 +285,7 @@ class Controller:
         self._served: set[str] = set()
         self._events: deque[Event] = deque(maxlen=MAX_EVENTS)
         self._rollouts = rollouts
+        self._routed = routed
         # Per model: its stopped rollout, and where a rollout under way stands.
         self._halts: dict[str, Halt] = {}
         self._rolling: dict[str, str] = {}
@@ -368,6 +373,7 @@ class Controller:
                 pending=tuple(self._pending.values()),
                 stopping=frozenset(self._stopping),
                 settling=now < self._adopt_until,
+                routed=self._routed_ids(nodes),
             ),
             policy=self._policy,
             new_shard_id=self._new_shard_id,
@@ -411,6 +417,17 @@ class Controller:
         if starts:
             # One write records them all (a multi-node replica's shards together).
             self._spawn(self._record_and_start(starts), f"start {len(starts)} shard(s)")
+
+    def _routed_ids(self, nodes: Sequence[Node]) -> frozenset[str] | None:
+        """The Ready replicas this server's router routes to (None: not known here)."""
+        if self._routed is None:
+            return None
+        return frozenset(
+            shard.id
+            for node in nodes
+            for shard in node.shards.values()
+            if shard.state == "ready" and self._routed(shard.id)
+        )
 
     def _note_rolling(self, rolling: Mapping[str, str]) -> None:
         """A `rollout` event when a model's replicas start being replaced, and when the

@@ -136,6 +136,7 @@ def plan(
                 current=[ns for ns in have.serving if ns[1].id not in old_ids],
                 current_pending=have.pending,
                 outdated=outdated,
+                routed=actual.routed,
             )
             rolling[name] = moves.detail
             stops += [

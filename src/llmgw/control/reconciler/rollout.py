@@ -86,22 +86,30 @@ def step(
     current: Sequence[tuple[Node, Shard]],
     current_pending: int,
     outdated: Sequence[tuple[Node, Shard]],
+    routed: frozenset[str] | None = None,
 ) -> Step:
     """The next step of a rollout; see the module docstring.
 
     `current`: serving replicas that run the new spec; `current_pending`: starts
     not reported yet (they run the new spec); `outdated`: serving replicas that
     run an old one. Replicas on disconnected nodes are never stopped here.
+    `routed`: the replicas the router sends requests to (None: every Ready one); a
+    Ready replica counts as Ready here only once it is routed to, so an old one never
+    leaves the router before its replacement is in it.
     """
     wanted = max(wanted, 0)
-    current_ready = sum(s.state == "ready" for _, s in current)
-    old_ready = sum(s.state == "ready" for _, s in outdated)
+
+    def ready(shard: Shard) -> bool:
+        return shard.state == "ready" and (routed is None or shard.id in routed)
+
+    current_ready = sum(ready(s) for _, s in current)
+    old_ready = sum(ready(s) for _, s in outdated)
     budget = current_ready + old_ready - max(wanted - max_unavailable, 0)
     stops: list[tuple[Node, Shard]] = []
     for node, shard in sorted(outdated, key=lambda ns: (ns[1].since, ns[1].id)):
         if not node.connected:
             continue
-        if shard.state != "ready":
+        if not ready(shard):
             stops.append((node, shard))
         elif budget > 0:
             stops.append((node, shard))

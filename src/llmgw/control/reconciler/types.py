@@ -62,6 +62,8 @@ class Actual:
     # A new leader's first moments (agents still registering): a multi-node replica
     # missing a rank that nothing says is gone is waited for rather than stopped.
     settling: bool = False
+    # The Ready replicas the router routes to (None: all); a rollout counts only these.
+    routed: frozenset[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
