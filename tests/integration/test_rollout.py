@@ -56,9 +56,9 @@ def spec(*args: str, **fields: Any) -> dict[str, Any]:
 
 
 def status(server: Server) -> dict[str, Any]:
-    answer: dict[str, Any] = httpx.get(
-        server.admin + "/admin/api/models/roll", timeout=10
-    ).json()["status"]
+    answer: dict[str, Any] = httpx.get(server.admin + "/admin/api/models/roll", timeout=10).json()[
+        "status"
+    ]
     return answer
 
 
@@ -242,8 +242,10 @@ def test_a_rollout_under_load_fails_no_request_and_a_failing_one_stops_and_undoe
             )
             assert changed.status_code == 200, changed.text
             halted = wait_for(
-                lambda: (status(server)["rollout"] or {}).get("state") == "halted"
-                and status(server)["rollout"],
+                lambda: (
+                    (status(server)["rollout"] or {}).get("state") == "halted"
+                    and status(server)["rollout"]
+                ),
                 "the rollout to stop",
             )
             sent = len(load.tokens)
@@ -297,11 +299,15 @@ def test_rollout_commands_refuse_what_they_cannot_do(tmp_path: Path) -> None:
     try:
         added = httpx.post(server.admin + "/admin/api/models", json=spec(), timeout=10)
         assert added.status_code == 201, added.text
-        never = httpx.post(server.admin + "/admin/api/models/roll/rollout/undo", json={}, timeout=10)
+        never = httpx.post(
+            server.admin + "/admin/api/models/roll/rollout/undo", json={}, timeout=10
+        )
         assert never.status_code == 409, never.text
         assert never.json()["error"]["code"] == "nothing_to_undo"
         assert "no earlier spec to go back to" in never.json()["error"]["message"]
-        config = httpx.post(server.admin + "/admin/api/models/fixed/rollout/undo", json={}, timeout=10)
+        config = httpx.post(
+            server.admin + "/admin/api/models/fixed/rollout/undo", json={}, timeout=10
+        )
         assert config.status_code == 409, config.text
         assert config.json()["error"]["code"] == "model_read_only"
         missing = cli(server, "models", "rollout", "status", "nope")

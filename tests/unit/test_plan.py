@@ -629,7 +629,9 @@ def test_a_change_to_what_runs_rolls_surge_first_and_never_below_the_wanted_read
             break
         # Surge 1: never more than one new replica on its way at a time.
         assert len(starts(result)) <= 1
-        kept = {k: v for k, v in node.shards.items() if k not in {s.shard_id for s in stops(result)}}
+        kept = {
+            k: v for k, v in node.shards.items() if k not in {s.shard_id for s in stops(result)}
+        }
         # New replicas load in one turn and are Ready the next.
         kept = {
             k: dataclasses.replace(v, state="ready") if v.state == "loading" else v
@@ -643,8 +645,10 @@ def test_a_change_to_what_runs_rolls_surge_first_and_never_below_the_wanted_read
         raise AssertionError("the rollout did not end in 20 turns")
     assert min(seen_ready) >= 3
     assert len(node.shards) == 3
-    assert all(s.spec is not None and s.spec.engine_args == new.profiles[0].engine_args
-               for s in node.shards.values())
+    assert all(
+        s.spec is not None and s.spec.engine_args == new.profiles[0].engine_args
+        for s in node.shards.values()
+    )
     assert all(s.state == "ready" for s in node.shards.values())
 
 
@@ -668,14 +672,13 @@ def test_once_a_new_replica_is_ready_the_oldest_old_one_drains() -> None:
     ]
     fresh = make_shard("new-0", "llama", gpus=(3,), port=20003)
     fresh = dataclasses.replace(
-        fresh, spec=dataclasses.replace(fresh.spec, engine_args=("--max-model-len", "4096"))  # type: ignore[arg-type]
+        fresh,
+        spec=dataclasses.replace(fresh.spec, engine_args=("--max-model-len", "4096")),  # type: ignore[arg-type]
     )
 
     result = run([Desired(new, 3)], [make_node("node-a", gpus=8, shards=[*shards, fresh])])
 
-    assert [(s.shard_id, s.reason, s.drain) for s in stops(result)] == [
-        ("old-2", "rollout", True)
-    ]
+    assert [(s.shard_id, s.reason, s.drain) for s in stops(result)] == [("old-2", "rollout", True)]
     assert len(starts(result)) == 1
 
 

@@ -42,10 +42,7 @@ from llmgw.cli.storeopts import JsonOption, print_json, render_table
 
 models_app = typer.Typer(
     name="models",
-    help=(
-        "See and change the model catalog: list, show, add, remove, explain, activate, "
-        "rollout."
-    ),
+    help=("See and change the model catalog: list, show, add, remove, explain, activate, rollout."),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -30,9 +30,9 @@ from llmgw.store.models import utc_now
 from llmgw.store.nodeids import NodeIdentityRepository
 from llmgw.store.pki import PkiRepository
 from llmgw.store.placements import PlacementRepository
+from llmgw.store.rollouts import RolloutRepository
 from llmgw.store.urls import describe, normalize_url
 from llmgw.store.usage import UsageRepository
-from llmgw.store.rollouts import RolloutRepository
 from llmgw.store.users import SessionRepository, UserRepository
 
 

@@ -299,9 +299,7 @@ class Catalog:
             ) from exc
         # Aliases and limits stay as they are now; only what runs goes back.
         current = self._models[canonical]
-        restored = dataclasses.replace(
-            current, weights=earlier.weights, profiles=earlier.profiles
-        )
+        restored = dataclasses.replace(current, weights=earlier.weights, profiles=earlier.profiles)
         return await self.replace(canonical, restored)
 
     async def remove(self, name: str) -> CatalogModel:

@@ -62,8 +62,8 @@ from dataclasses import dataclass, field
 
 from llmgw.control.catalog.model import CatalogModel
 from llmgw.control.inventory.model import Node, Shard, ShardSpec
-from llmgw.control.reconciler.mgmt import MgmtAddress, mgmt_address, rank_env
 from llmgw.control.reconciler import rollout
+from llmgw.control.reconciler.mgmt import MgmtAddress, mgmt_address, rank_env
 from llmgw.control.reconciler.placement import DEFAULT_FILTERS, Filter, Fleet, explain
 from llmgw.control.reconciler.rollout import runs_current
 from llmgw.control.reconciler.types import (
@@ -163,9 +163,7 @@ def plan(
         for name, have in sorted(replicas.items())
         if have.in_doubt
     }
-    return Plan(
-        actions=(*stops, *starts), unplaced=unplaced, in_doubt=in_doubt, rolling=rolling
-    )
+    return Plan(actions=(*stops, *starts), unplaced=unplaced, in_doubt=in_doubt, rolling=rolling)
 
 
 def _count(actual: Actual, replicas: dict[str, _Replicas]) -> list[Stop]:

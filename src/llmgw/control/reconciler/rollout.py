@@ -35,10 +35,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from llmgw.control.catalog.model import CatalogModel, Profile, launch_key
+from llmgw.control.inventory.model import Node, Shard, ShardSpec
 
 # Re-exported: the reconciler keys stopped rollouts by it.
 spec_key = launch_key
-from llmgw.control.inventory.model import Node, Shard, ShardSpec
 
 
 def runs_current(model: CatalogModel, spec: ShardSpec | None) -> bool:
