@@ -13,8 +13,8 @@ the router's healthy endpoints for the model. In order:
    every replica ends with the new arguments and replies have 5 tokens;
 3. a spec whose engine exits at once (`--max-running 0` is refused by the
    sim) stops the rollout after its first replica, the three replicas of the
-   previous spec serve on, and `models show`, `models rollout status` and the
-   events say why;
+   previous spec serve on, and `models show`, `models rollout status`, the
+   dashboard's model page and the events say why;
 4. `llmgw models rollout undo` puts the previous spec back: the stop is over
    and the replicas that served all along are current again, so nothing restarts.
 """
@@ -272,6 +272,10 @@ def test_a_rollout_under_load_fails_no_request_and_a_failing_one_stops_and_undoe
             e["kind"] == "rollout" and e["message"].startswith("rollout stopped")
             for e in events(server)
         )
+        page = httpx.get(server.admin + "/admin/models/roll", timeout=10)
+        assert page.status_code == 200, page.text
+        assert "Rollout stopped: replica" in page.text, page.text
+        assert page.text.count(">old spec<") == 3, page.text
 
         # 4. Undo: the previous spec is back, and the replicas that served are current.
         undone = cli(server, "models", "rollout", "undo", "roll")
@@ -325,4 +329,83 @@ def test_rollout_commands_refuse_what_they_cannot_do(tmp_path: Path) -> None:
         print(server.proc.output())
         raise
     finally:
+        server.proc.stop()
+
+
+def config_with(args: str) -> str:
+    return (
+        CONFIG
+        + "  - name: cfg\n    weights: none\n    min_replicas: 2\n    max_replicas: 2\n"
+        + "    keep_alive: -1\n"
+        + f"    profiles: [{{name: sim, engine: sim, gpus: 1, engine_args: [--zero-delay, {args}]}}]\n"
+    )
+
+
+def test_a_config_file_change_rolls_the_adopted_replicas_after_a_restart(tmp_path: Path) -> None:
+    # The config file is read at start-up: the restarted server adopts the replicas of
+    # the old arguments (their engines outlive the agent's stream) and rolls them.
+    config = tmp_path / "llmgw.yaml"
+    config.write_text(config_with("--output-tokens, '3'"))
+    agent_port = free_port()
+    low = free_port_block(6)
+    args = ("--agent-listen", f"127.0.0.1:{agent_port}", "--config", str(config))
+    server = Server(*args, data_dir=tmp_path / "data")
+    agent = Proc(
+        llmgw(
+            "agent", "--server", f"127.0.0.1:{agent_port}", "--node-id", "node-c",
+            "--gpus", "3x24GiB", "--weights-dir", str(tmp_path / "weights"),
+            "--port-range", f"{low}-{low + 5}",
+        )
+    )  # fmt: skip
+    servers = [server]
+
+    def cfg_status() -> dict[str, Any]:
+        answer: dict[str, Any] = httpx.get(
+            server.admin + "/admin/api/models/cfg", timeout=10
+        ).json()["status"]
+        return answer
+
+    def all_ready(args: list[str]) -> bool:
+        now = cfg_status()
+        ready = [r for r in now["replicas"] if r["state"] == "ready"]
+        return (
+            len(now["replicas"]) == 2
+            and len(ready) == 2
+            and all(r["engine_args"] == args for r in ready)
+            and now["rollout"] is None
+        )
+
+    try:
+        wait_for(lambda: all_ready(["--zero-delay", "--output-tokens", "3"]), "two replicas", 90)
+        first = {r["id"] for r in cfg_status()["replicas"]}
+        server.proc.stop()
+        config.write_text(config_with("--output-tokens, '5'"))
+        server = Server(*args, data_dir=tmp_path / "data")
+        servers.append(server)
+        wait_for(
+            lambda: {r["id"] for r in cfg_status()["replicas"] if r["state"] == "ready"} >= first,
+            "the restarted server to adopt the replicas",
+        )
+        with Load(server.url, model="cfg") as load:
+            wait_for(lambda: all_ready(["--zero-delay", "--output-tokens", "5"]), "the roll", 120)
+            sent = len(load.tokens)
+            wait_for(lambda: len(load.tokens) >= sent + 10, "requests after the roll")
+        assert load.failures == [], load.failures[:5]
+        assert load.tokens[-10:] == [5] * 10
+        assert not {r["id"] for r in cfg_status()["replicas"]} & first
+        stops = [
+            e["message"]
+            for e in httpx.get(
+                f"{server.admin}/admin/api/events", params={"model": "cfg"}, timeout=10
+            ).json()["events"]
+            if e["kind"] == "stop"
+        ]
+        assert len(stops) == 2 and all("previous spec" in m for m in stops), stops
+    except BaseException:
+        for each in servers:
+            print(each.proc.output())
+        print(agent.output())
+        raise
+    finally:
+        agent.stop()
         server.proc.stop()

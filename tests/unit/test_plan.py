@@ -715,3 +715,19 @@ def test_a_change_that_leaves_what_runs_alone_restarts_nothing() -> None:
 
     assert result.actions == ()
     assert result.rolling == {}
+
+
+def test_old_replicas_not_ready_yet_are_kept_while_too_few_are_ready() -> None:
+    # A new leader adopts replicas of the previous spec before they are routed to:
+    # they are not stopped for a spec that has no Ready replica yet.
+    old = make_model("llama")
+    new = with_args(old, "--max-model-len", "4096")
+    shards = [
+        make_shard(f"old-{i}", "llama", gpus=(i,), port=20000 + i, state="loading")
+        for i in range(2)
+    ]
+
+    result = run([Desired(new, 2)], [make_node("node-a", gpus=8, shards=shards)])
+
+    assert stops(result) == []
+    assert len(starts(result)) == 1

@@ -6,8 +6,10 @@ memory share, nodes, the profile's environment) matches none of its model's
 profiles any more; `runs_current` says so. A model with outdated replicas is
 rolling, and `step` decides, from what serves now, what happens next:
 
-- Stops: an outdated replica that is not Ready serves nothing and is drained at
-  once; a Ready one is drained only while the Ready replicas (new and old)
+- Stops: an outdated replica that is not Ready (or not routed to yet) serves
+  nothing and is drained while the Ready replicas already reach `wanted -
+  max_unavailable` (below that it may be one just adopted by a new leader, soon
+  Ready); a Ready one is drained only while the Ready replicas (new and old)
   stay at or above `wanted - max_unavailable` without it. Oldest first.
 - Starts: replicas of the new spec while fewer than `wanted` run it, and no
   more than `wanted + max_surge` run in all.
@@ -110,7 +112,10 @@ def step(
         if not node.connected:
             continue
         if not ready(shard):
-            stops.append((node, shard))
+            # Serving nothing yet; but it may be an old replica just adopted or not yet
+            # checked by the router, so it goes only while the Ready ones suffice.
+            if budget >= 0:
+                stops.append((node, shard))
         elif budget > 0:
             stops.append((node, shard))
             budget -= 1
