@@ -15,6 +15,7 @@ the router's healthy endpoints for the model. In order:
    sim) stops the rollout after its first replica, the three replicas of the
    previous spec serve on, and `models show`, `models rollout status`, the
    dashboard's model page and the events say why;
+   A restarted server (same store) adopts them and keeps the rollout stopped;
 4. `llmgw models rollout undo` puts the previous spec back: the stop is over
    and the replicas that served all along are current again, so nothing restarts.
 """
@@ -167,13 +168,13 @@ class Watch:
 def test_a_rollout_under_load_fails_no_request_and_a_failing_one_stops_and_undoes(
     tmp_path: Path,
 ) -> None:
-    (tmp_path / "llmgw.yaml").write_text(CONFIG)
+    config = tmp_path / "llmgw.yaml"
+    config.write_text(CONFIG)
     agent_port = free_port()
     low = free_port_block(8)
-    server = Server(
-        "--agent-listen", f"127.0.0.1:{agent_port}", "--config", str(tmp_path / "llmgw.yaml"),
-        data_dir=tmp_path / "data",
-    )  # fmt: skip
+    server_args = ("--agent-listen", f"127.0.0.1:{agent_port}", "--config", str(config))
+    server = Server(*server_args, data_dir=tmp_path / "data")
+    servers = [server]
     agent = Proc(
         llmgw(
             "agent", "--server", f"127.0.0.1:{agent_port}", "--node-id", "node-r",
@@ -277,6 +278,20 @@ def test_a_rollout_under_load_fails_no_request_and_a_failing_one_stops_and_undoe
         assert "Rollout stopped: replica" in page.text, page.text
         assert page.text.count(">old spec<") == 3, page.text
 
+        # The stop is kept in the store: a restarted control plane keeps it stopped.
+        server.proc.stop()
+        server = Server(*server_args, data_dir=tmp_path / "data")
+        servers.append(server)
+        wait_for(
+            lambda: {r["id"] for r in replicas(server) if r["state"] == "ready"} == second,
+            "the restarted server to adopt the replicas of the previous spec",
+        )
+        assert (status(server)["rollout"] or {}).get("state") == "halted", status(server)
+        with Load(server.url) as load:
+            wait_for(lambda: len(load.tokens) >= 10, "requests through the restarted server")
+        assert load.failures == [], load.failures[:5]
+        assert [e for e in events(server) if e["kind"] == "start"] == []
+
         # 4. Undo: the previous spec is back, and the replicas that served are current.
         undone = cli(server, "models", "rollout", "undo", "roll")
         assert undone.returncode == 0, undone.stderr
@@ -289,7 +304,8 @@ def test_a_rollout_under_load_fails_no_request_and_a_failing_one_stops_and_undoe
         again = cli(server, "models", "rollout", "status", "roll")
         assert "rollout:  none" in again.stdout, again.stdout
     except BaseException:
-        print(server.proc.output())
+        for each in servers:
+            print(each.proc.output())
         print(agent.output())
         raise
     finally:
