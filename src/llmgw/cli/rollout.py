@@ -11,7 +11,7 @@ Not guaranteed: a stable text layout; scripts should use `--json`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -23,6 +23,10 @@ from llmgw.cli.adminclient import (
     resolve_admin,
 )
 from llmgw.cli.storeopts import JsonOption, print_json, render_table
+
+ModelArgument = Annotated[
+    str, typer.Argument(help="The model's name or an alias, as `llmgw models list` shows.")
+]
 
 rollout_app = typer.Typer(
     name="rollout",
@@ -74,7 +78,7 @@ def rollout_text(answer: dict[str, Any]) -> str:
 
 @rollout_app.command("status")
 def status(
-    name: str = typer.Argument(help="The model's name or an alias."),
+    name: ModelArgument,
     json_out: JsonOption = False,
     admin: AdminOption = None,
     admin_key: AdminKeyOption = None,
@@ -94,7 +98,7 @@ def status(
 
 @rollout_app.command("undo")
 def undo(
-    name: str = typer.Argument(help="The model's name or an alias."),
+    name: ModelArgument,
     json_out: JsonOption = False,
     admin: AdminOption = None,
     admin_key: AdminKeyOption = None,

@@ -28,7 +28,11 @@ Not guaranteed: that a replica started before the change and still pending
 (not reported yet) is replaced at once; pending starts count as new ones, and
 once reported an outdated one is replaced like any other. Placement
 constraints that do not change the launch (GPU kind, memory per GPU, labels)
-apply to new replicas only and do not roll the running ones.
+apply to new replicas only and do not roll the running ones. Where a rollout
+stands is known to the leader, which plans it; a standby's admin API shows none.
+An old replica drains once its replacement is routed to by the leader's router;
+other servers' routers check the new replica on their own and may add it a
+moment later.
 """
 
 from __future__ import annotations
