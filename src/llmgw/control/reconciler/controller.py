@@ -26,6 +26,12 @@ next reconcile places it again). A shard that ended takes its record with it,
 and so does a node the operator removed. Only recorded shards reach the
 inventory (the agent service refuses the others), so only they are published.
 
+A change to what a model's replicas run rolls them (`rollout`, inside `plan`):
+new replicas first, old ones drain once new ones are Ready and routed to. A
+replica of the new spec that fails stops the rollout (a `Halt`, kept in the
+store through `RolloutLedger` so the next leader keeps it stopped); the old
+replicas serve on until the spec changes again (an undo, a fix).
+
 With a tracer, a reconcile step that acted is a span, with a child per start,
 stop and drain and its result; an activation is a trace of its own (events when
 a replica is placed and each state it reports: starting, downloading, loading,
@@ -66,7 +72,7 @@ from opentelemetry.trace import (
 from llmgw.control.agentsvc.dispatcher import Dispatcher
 from llmgw.control.agentsvc.errors import AgentServiceError, CommandFailed
 from llmgw.control.catalog.model import CatalogModel
-from llmgw.control.inventory import Change, Node, Shard, ShardSpec
+from llmgw.control.inventory import Change, Node, Shard
 from llmgw.control.placements import Placement, PlacementError
 from llmgw.control.reconciler.autoscale import LoadSignals, replicas_for_load
 from llmgw.control.reconciler.demand import DemandBook
@@ -79,12 +85,12 @@ from llmgw.control.reconciler.errors import (
     Unplaceable,
 )
 from llmgw.control.reconciler.plan import explain, plan
-from llmgw.control.reconciler.rollout import runs_current, spec_key
+from llmgw.control.reconciler.rollbook import RolloutBook, RolloutLedger
+from llmgw.control.reconciler.rollout import runs_current
 from llmgw.control.reconciler.state import (
     EndpointPublisher,
     Event,
     Failure,
-    Halt,
     ModelState,
     ReadyEndpoint,
     Rollout,
@@ -101,7 +107,7 @@ from llmgw.control.reconciler.types import (
 )
 from llmgw.lifecycle import wait_for_event
 from llmgw.metrics.activations import ActivationMetrics
-from llmgw.store import ModelLoad, StoredHalt, StoreError
+from llmgw.store import ModelLoad
 
 log = logging.getLogger("llmgw.control.reconciler")
 
@@ -139,16 +145,6 @@ class PlacementLedger(Protocol):
     def forget(self, shard_ids: Iterable[str], /) -> None: ...
 
     def forget_node(self, node_id: str, /) -> None: ...
-
-
-class RolloutLedger(Protocol):
-    """Where stopped rollouts are kept across leaders; the store's `RolloutRepository`."""
-
-    async def list(self) -> list[StoredHalt]: ...
-
-    async def halt(self, model: str, spec_key: str, reason: str, /) -> StoredHalt: ...
-
-    async def clear(self, model: str, /) -> bool: ...
 
 
 class InventoryView(Protocol):
@@ -284,11 +280,13 @@ class Controller:
         # Shards that reported ready (a later failure is a crash in service).
         self._served: set[str] = set()
         self._events: deque[Event] = deque(maxlen=MAX_EVENTS)
-        self._rollouts = rollouts
         self._routed = routed
-        # Per model: its stopped rollout, and where a rollout under way stands.
-        self._halts: dict[str, Halt] = {}
-        self._rolling: dict[str, str] = {}
+        self._rollout_book = RolloutBook(
+            ledger=rollouts,
+            event=lambda model, message: self._event("rollout", model, "", message),
+            spawn=self._spawn,
+            wall_clock=wall_clock,
+        )
 
     # ---- the loop ----
 
@@ -297,11 +295,7 @@ class Controller:
         cancelled with it. `expected`: replica ids per model that were Ready under
         the previous leader; they are adopted when their nodes report them."""
         self._new_term(expected or {})
-        if self._rollouts is not None:
-            self._halts = {
-                h.model: Halt(h.model, h.spec_key, h.reason, h.halted_at)
-                for h in await self._rollouts.list()
-            }
+        await self._rollout_book.read()
         unsubscribe = (
             self._inventory.subscribe(self._on_inventory),
             self._catalog.subscribe(self._wake.set),
@@ -380,7 +374,7 @@ class Controller:
             mgmt_interface=self._mgmt_interface,
         )
         self._note_unplaced(result.unplaced, now)
-        self._note_rolling(result.rolling)
+        self._rollout_book.planned(result.rolling)
         self._unplaced = dict(result.unplaced)
         self._in_doubt = dict(result.in_doubt)
         doubted = frozenset(i for ids in result.in_doubt.values() for i in ids)
@@ -429,82 +423,10 @@ class Controller:
             if shard.state == "ready" and self._routed(shard.id)
         )
 
-    def _note_rolling(self, rolling: Mapping[str, str]) -> None:
-        """A `rollout` event when a model's replicas start being replaced, and when the
-        last old one is gone."""
-        for name, detail in rolling.items():
-            if name not in self._rolling:
-                message = f"rolling out a new spec: {detail}"
-                log.info("model %s: %s", name, message)
-                self._event("rollout", name, "", message)
-        for name in [n for n in self._rolling if n not in rolling]:
-            if name not in self._halts:
-                self._event("rollout", name, "", "rollout done: every replica runs the new spec")
-                log.info("model %s: rollout done", name)
-        self._rolling = dict(rolling)
-
-    def _halt_rollout(self, model: str, shard_id: str, spec: ShardSpec | None, why: str) -> None:
-        """A replica of the new spec failed while old ones serve: stop the rollout there."""
-        current = self._catalog.get(model)
-        if current is None or model not in self._rolling or not runs_current(current, spec):
-            return
-        key = spec_key(current)
-        if model in self._halts and self._halts[model].spec_key == key:
-            return
-        reason = (
-            f"replica {shard_id} of the new spec failed ({why}); the old replicas keep "
-            f"serving. Undo with `llmgw models rollout undo {model}`, or fix the spec with "
-            "`llmgw models add --replace`"
-        )
-        self._halts[model] = Halt(model, key, reason, self._wall_clock())
-        log.warning("model %s: rollout stopped: %s", model, reason)
-        self._event("rollout", model, "", f"rollout stopped: {reason}")
-        if self._rollouts is not None:
-            self._spawn(self._keep_halt(model, key, reason), f"record halt {model}")
-
-    async def _keep_halt(self, model: str, key: str, reason: str) -> None:
-        assert self._rollouts is not None
-        try:
-            await self._rollouts.halt(model, key, reason)
-        except StoreError as exc:
-            log.warning(
-                "model %s: the stopped rollout could not be recorded (%s); this leader keeps "
-                "it stopped, a new one would try the new spec again",
-                model,
-                exc,
-            )
-
-    async def _drop_halt(self, model: str) -> None:
-        assert self._rollouts is not None
-        try:
-            await self._rollouts.clear(model)
-        except StoreError as exc:
-            log.warning("model %s: a stale stopped rollout stays recorded (%s)", model, exc)
-
-    def _halted(self, model: CatalogModel) -> bool:
-        """Whether the model's rollout is stopped; a halt of another spec is dropped."""
-        halt = self._halts.get(model.name)
-        if halt is None:
-            return False
-        if halt.spec_key == spec_key(model):
-            return True
-        del self._halts[model.name]
-        self._event("rollout", model.name, "", "the spec changed: the stopped rollout is over")
-        if self._rollouts is not None:
-            self._spawn(self._drop_halt(model.name), f"clear halt {model.name}")
-        return False
-
     def rollout(self, name: str) -> Rollout | None:
         """Where the model's rollout stands; None when every replica runs its spec."""
         model = self._catalog.get(name)
-        if model is None:
-            return None
-        halt = self._halts.get(model.name)
-        if halt is not None and halt.spec_key == spec_key(model):
-            return Rollout("halted", self._rolling.get(model.name, ""), halt.reason)
-        if model.name in self._rolling:
-            return Rollout("rolling", self._rolling[model.name])
-        return None
+        return None if model is None else self._rollout_book.state(model)
 
     def _note_unplaced(self, unplaced: Mapping[str, Explanation], now: float) -> None:
         """An `unplaceable` event when a model becomes unplaceable, and again when the
@@ -568,7 +490,7 @@ class Controller:
             hold=model.name in self._expected or (health is not None and now < health.retry_at),
             avoid_nodes=frozenset(health.avoid) if health is not None else frozenset(),
             avoid_ports=frozenset(health.avoid_ports) if health is not None else frozenset(),
-            halted=self._halted(model),
+            halted=self._rollout_book.halted(model),
         )
 
     def _canonical_load(self) -> dict[str, ModelLoad]:
@@ -762,7 +684,9 @@ class Controller:
             self._failed(
                 action.model, action.node_id, spec.shard_id, exc.message, (), None, spec.port
             )
-            self._halt_rollout(action.model, spec.shard_id, spec, exc.message)
+            self._rollout_book.failed(
+                self._catalog.get(action.model), spec.shard_id, spec, exc.message
+            )
         finally:
             span.end()
             self._placements.settled(spec.shard_id, refused=refused)
@@ -890,7 +814,7 @@ class Controller:
                 port,
                 in_service=in_service,
             )
-            self._halt_rollout(name, shard.id, shard.spec, message)
+            self._rollout_book.failed(model, shard.id, shard.spec, message)
         if shard.state in ("failed", "stopped"):
             self._served.discard(shard.id)
 
