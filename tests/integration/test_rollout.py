@@ -22,6 +22,7 @@ the router's healthy endpoints for the model. In order:
 
 from __future__ import annotations
 
+import json
 import subprocess
 import threading
 import time
@@ -206,15 +207,15 @@ def test_a_rollout_under_load_fails_no_request_and_a_failing_one_stops_and_undoe
         assert status(server)["rollout"] is None
         assert len([e for e in events(server) if e["kind"] == "start"]) == 3
 
-        # 2. New arguments: rolled under load, surge first.
+        # 2. New arguments (`llmgw models add --replace`): rolled under load, surge first.
+        changed_file = tmp_path / "roll.json"
+        changed_file.write_text(
+            json.dumps(spec("--output-tokens", "5", aliases=["roll-alias"], keep_alive="1h"))
+        )
         with Load(server.url) as load, Watch(server) as watch:
             wait_for(lambda: len(load.tokens) >= 20, "requests to flow")
-            changed = httpx.put(
-                server.admin + "/admin/api/models/roll",
-                json=spec("--output-tokens", "5", aliases=["roll-alias"], keep_alive="1h"),
-                timeout=10,
-            )
-            assert changed.status_code == 200, changed.text
+            replaced = cli(server, "models", "add", "--replace", "--file", str(changed_file))
+            assert replaced.returncode == 0, replaced.stderr
             wait_for(
                 lambda: (status(server)["rollout"] or {}).get("state") == "rolling",
                 "the rollout to begin",
