@@ -17,8 +17,9 @@ rolling, and `step` decides, from what serves now, what happens next:
 So with the defaults (surge 1, unavailable 0) one new replica starts, becomes
 Ready, then one old one drains, and so on; the model never has fewer Ready
 replicas than wanted. Changes that leave what runs alone (aliases, limits,
-keep-alive, load targets, timeouts of the agent) make no replica outdated, so
-they apply in place. The rollout ends when no replica is outdated.
+keep-alive, load targets) make no replica outdated, so they apply in place; the
+agent's timeouts (load, health, drain grace) restart nothing either and apply to
+replicas started afterwards. The rollout ends when no replica is outdated.
 
 A halted rollout (a replica of the new spec failed: see the controller) is not
 planned here: `plan` keeps the old replicas as they are and starts no new ones
