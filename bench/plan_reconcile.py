@@ -13,6 +13,9 @@ one core for these cases:
   and nothing is stopped yet.
 - drain, replacements ready: the replacements run and are ready; the
   draining node's shards are stopped.
+- rollout of every model: every model's engine arguments change; the first
+  step starts one new replica per model (surge 1) and stops nothing; once
+  those are ready, the next drains one old replica per model.
 - overcommitted: every model wants 4x its replicas; what does not fit gets
   its explanation (every node's reason), which costs more than placing.
 - explain(): the dry run for one model on the steady fleet.
@@ -158,8 +161,10 @@ def make_models(count: int, rng: random.Random, multi_node: int = 0) -> list[Des
     return desired
 
 
-def shard_ids() -> Callable[[str], str]:
-    counter = iter(range(1_000_000_000))
+def shard_ids(first: int = 0) -> Callable[[str], str]:
+    """Shard ids as the controller would name them; `first` keeps a later plan's new
+    shards apart from those an earlier one placed."""
+    counter = iter(range(first, 1_000_000_000))
     return lambda model: f"{model}-{next(counter):06d}"
 
 
@@ -243,9 +248,15 @@ def run(
     shards_wanted = sum(d.replicas * d.model.profiles[0].nodes for d in desired)
     rows: list[Row] = []
 
-    def timed(case: str, policy: PlacementPolicy, want: Sequence[Desired], actual: Actual) -> Plan:
+    def timed(
+        case: str,
+        policy: PlacementPolicy,
+        want: Sequence[Desired],
+        actual: Actual,
+        first_id: int = 0,
+    ) -> Plan:
         result, times = measure(
-            lambda: plan(want, actual, policy=policy, new_shard_id=shard_ids()), repeat
+            lambda: plan(want, actual, policy=policy, new_shard_id=shard_ids(first_id)), repeat
         )
         rows.append(row(case, policy, result, times))
         print(f"{case} ({policy}): best {min(times) * 1000:.1f} ms", file=sys.stderr)
@@ -320,6 +331,43 @@ def run(
     check(
         all(isinstance(a, Stop) for a in done.actions) and stopped == old_shards,
         "the draining node's replicas (every rank) stop once their replacements are ready",
+    )
+
+    # Every model's engine arguments change at once: each rolls, surge first.
+    rolled = [
+        replace(
+            d,
+            model=replace(
+                d.model,
+                profiles=tuple(
+                    replace(p, engine_args=(*p.engine_args, "--rolled")) for p in d.model.profiles
+                ),
+            ),
+        )
+        for d in desired
+    ]
+    roll = timed(
+        "rollout of every model, first step",
+        "pack",
+        rolled,
+        Actual(nodes=steady_nodes),
+        first_id=100_000,
+    )
+    check(
+        len(roll.rolling) == len(desired)
+        and all(isinstance(a, Start) for a in roll.actions)
+        and len(replicas(roll.actions)) == len(desired),
+        "a rollout of every model starts one new replica each (surge 1) and stops nothing",
+    )
+    surged = apply(
+        steady_nodes, [a for a in roll.actions if isinstance(a, Start)], since=2 * len(placed)
+    )
+    step = timed("rollout of every model, new replicas ready", "pack", rolled, Actual(nodes=surged))
+    step_stops = [a for a in step.actions if isinstance(a, Stop)]
+    check(
+        all(a.reason == "rollout" for a in step_stops)
+        and {a.model for a in step_stops} == {d.model.name for d in desired},
+        "once the new replicas are ready, an old replica of every model drains",
     )
 
     more = [replace(d, replicas=d.replicas * 4) for d in desired]

@@ -22,6 +22,7 @@ from llmgw.control.catalog import (
     ModelExists,
     NameTaken,
     NoStore,
+    NothingToUndo,
     ReadOnlyModel,
     UnknownModel,
     model_to_dict,
@@ -376,3 +377,42 @@ async def test_without_a_store_writes_are_refused() -> None:
         await catalog.remove("gemma")
     with pytest.raises(UnknownModel):
         await catalog.replace("llama", make("llama"))
+
+
+def with_args(name: str, *args: str, **fields: Any) -> CatalogModel:
+    profile = {"name": "tp1", "engine": "vllm", "gpus": 1, "engine_args": list(args)}
+    return make(name, profiles=[profile], **fields)
+
+
+async def test_undo_puts_the_previous_spec_back_and_survives_a_restart(
+    catalog: Catalog, second_store: Store
+) -> None:
+    await catalog.add(with_args("llama", "--max-model-len", "8192"))
+    assert catalog.previous("llama") is None
+    await catalog.replace("llama", with_args("llama", "--max-model-len", "4096"))
+    # A change that leaves what runs alone keeps the spec to go back to.
+    await catalog.replace("llama", with_args("llama", "--max-model-len", "4096", aliases=["l3"]))
+    earlier = catalog.previous("l3")
+    assert earlier is not None and earlier.profiles[0].engine_args == ("--max-model-len", "8192")
+    restarted = Catalog(repo=second_store.catalog, config_models=[], config_file=None)
+    assert await restarted.load() == []
+    assert restarted.previous("llama") == earlier
+
+    undone = await restarted.undo("l3")
+
+    assert undone.profiles[0].engine_args == ("--max-model-len", "8192")
+    assert undone.aliases == ("l3",)  # only what runs goes back
+    assert restarted.get("llama") == undone
+    # A second undo goes forward again.
+    again = await restarted.undo("llama")
+    assert again.profiles[0].engine_args == ("--max-model-len", "4096")
+
+
+async def test_undo_refuses_what_it_cannot_undo(catalog: Catalog) -> None:
+    await catalog.add(make("llama"))
+    with pytest.raises(NothingToUndo, match="no earlier spec to go back to"):
+        await catalog.undo("llama")
+    with pytest.raises(ReadOnlyModel, match="change or remove it there"):
+        await catalog.undo("gemma-3")
+    with pytest.raises(UnknownModel):
+        await catalog.undo("missing")

@@ -563,3 +563,29 @@ def test_a_config_file_model_becomes_a_catalog_model(tmp_path: Path) -> None:
     (entry,) = cfg.models
     built = model_from_config(entry, source="config")
     assert (built.name, built.keep_alive, built.profiles[0].name) == ("tiny", 600.0, "llamacpp")
+
+
+# ---- rollout settings ----
+
+
+def test_rollout_settings_default_to_one_at_a_time_and_read_back() -> None:
+    assert (parse_model(model()).max_surge, parse_model(model()).max_unavailable) == (1, 0)
+    assert "rollout" not in model_to_dict(parse_model(model()))
+    wide = parse_model(model(rollout={"max_surge": 2, "max_unavailable": 1}))
+    assert (wide.max_surge, wide.max_unavailable) == (2, 1)
+    assert parse_model(model_to_dict(wide)) == wide
+
+
+@pytest.mark.parametrize(
+    ("value", "field", "message"),
+    [
+        ({"max_surge": 0, "max_unavailable": 0}, "rollout", "raise one of them"),
+        ({"max_surge": -1}, "rollout.max_surge", "greater than or equal to 0"),
+        ({"max_unavailable": 1.5}, "rollout.max_unavailable", "valid integer"),
+        ({"surge": 1}, "rollout.surge", "unknown field (check its spelling"),
+    ],
+)
+def test_bad_rollout_settings_are_named(value: object, field: str, message: str) -> None:
+    error = refused(model(rollout=value))
+    assert error.field == field
+    assert message in str(error)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -23,6 +24,8 @@ from llmgw.control.reconciler import (
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 GIB = 1 << 30
 H100 = "NVIDIA H100 80GB HBM3"
+LAUNCH_ARGS = ("--max-model-len", "8192")
+LAUNCH_ENV = {"VLLM_LOGGING_LEVEL": "INFO"}
 
 
 def make_gpus(count: int) -> tuple[Gpu, ...]:
@@ -38,6 +41,7 @@ def make_shard(
     state: ShardState = "ready",
     age: int = 0,
 ) -> Shard:
+    # What `make_model`'s profile starts (a shard running anything else is rolled).
     spec = ShardSpec(
         shard_id=shard_id,
         model=model,
@@ -45,6 +49,10 @@ def make_shard(
         weights=f"org/{model}",
         gpu_indices=gpus,
         port=port,
+        engine_args=LAUNCH_ARGS,
+        env=LAUNCH_ENV,
+        tensor_parallel_size=max(1, len(gpus)),
+        gpu_memory_utilization=0.85,
     )
     return Shard(
         id=shard_id,
@@ -100,8 +108,8 @@ def make_model(
     profile = Profile(
         name=f"tp{gpus}",
         engine="vllm",
-        engine_args=("--max-model-len", "8192"),
-        env={"VLLM_LOGGING_LEVEL": "INFO"},
+        engine_args=LAUNCH_ARGS,
+        env=LAUNCH_ENV,
         gpus=gpus,
         gpu_memory_utilization=0.85,
     )
@@ -585,3 +593,141 @@ def test_when_the_returning_replica_is_not_ready_the_ready_replacement_is_kept()
 
     assert result.actions == (Stop("node-a", "a-1", "a", "scale_down", drain=True),)
     assert "keeping a-2 on node-b (ready)" in stops(result)[0].detail
+
+
+# --- rollouts ------------------------------------------------------------------------
+
+
+def with_args(model: CatalogModel, *args: str) -> CatalogModel:
+    """`model` with its profile's engine arguments replaced: a change that rolls."""
+    profile = dataclasses.replace(model.profiles[0], engine_args=args)
+    return dataclasses.replace(model, profiles=(profile,))
+
+
+def shard_of(start: Start, state: ShardState, age: int) -> Shard:
+    """The shard an agent reports for `start`."""
+    base = make_shard(start.spec.shard_id, start.model, state=state, age=age)
+    return dataclasses.replace(base, spec=start.spec)
+
+
+def test_a_change_to_what_runs_rolls_surge_first_and_never_below_the_wanted_ready() -> None:
+    old = make_model("llama")
+    new = with_args(old, "--max-model-len", "4096")
+    shards = [make_shard(f"old-{i}", "llama", gpus=(i,), port=20000 + i, age=100) for i in range(3)]
+    node = make_node("node-a", gpus=8, shards=shards)
+    counter = ids()
+    seen_ready: list[int] = []
+    for turn in range(20):
+        result = plan(
+            [Desired(new, 3)],
+            Actual(nodes=[node]),
+            policy="pack",
+            new_shard_id=counter,
+        )
+        assert all(s.reason == "rollout" for s in stops(result))
+        if not result.actions and not result.rolling:
+            break
+        # Surge 1: never more than one new replica on its way at a time.
+        assert len(starts(result)) <= 1
+        kept = {
+            k: v for k, v in node.shards.items() if k not in {s.shard_id for s in stops(result)}
+        }
+        # New replicas load in one turn and are Ready the next.
+        kept = {
+            k: dataclasses.replace(v, state="ready") if v.state == "loading" else v
+            for k, v in kept.items()
+        }
+        for start in starts(result):
+            kept[start.spec.shard_id] = shard_of(start, "loading", -turn)
+        node = dataclasses.replace(node, shards=kept)
+        seen_ready.append(sum(s.state == "ready" for s in node.shards.values()))
+    else:
+        raise AssertionError("the rollout did not end in 20 turns")
+    assert min(seen_ready) >= 3
+    assert len(node.shards) == 3
+    assert all(
+        s.spec is not None and s.spec.engine_args == new.profiles[0].engine_args
+        for s in node.shards.values()
+    )
+    assert all(s.state == "ready" for s in node.shards.values())
+
+
+def test_the_first_step_starts_one_new_replica_and_stops_nothing() -> None:
+    old = make_model("llama")
+    new = with_args(old, "--max-model-len", "4096")
+    shards = [make_shard(f"old-{i}", "llama", gpus=(i,), port=20000 + i) for i in range(3)]
+
+    result = run([Desired(new, 3)], [make_node("node-a", gpus=8, shards=shards)])
+
+    assert stops(result) == []
+    assert [s.spec.engine_args for s in starts(result)] == [("--max-model-len", "4096")]
+    assert "0 of 3 replicas run the new spec" in result.rolling["llama"]
+
+
+def test_once_a_new_replica_is_ready_the_oldest_old_one_drains() -> None:
+    old = make_model("llama")
+    new = with_args(old, "--max-model-len", "4096")
+    shards = [
+        make_shard(f"old-{i}", "llama", gpus=(i,), port=20000 + i, age=10 + i) for i in range(3)
+    ]
+    fresh = make_shard("new-0", "llama", gpus=(3,), port=20003)
+    fresh = dataclasses.replace(
+        fresh,
+        spec=dataclasses.replace(fresh.spec, engine_args=("--max-model-len", "4096")),  # type: ignore[arg-type]
+    )
+
+    result = run([Desired(new, 3)], [make_node("node-a", gpus=8, shards=[*shards, fresh])])
+
+    assert [(s.shard_id, s.reason, s.drain) for s in stops(result)] == [("old-2", "rollout", True)]
+    assert len(starts(result)) == 1
+
+
+def test_max_unavailable_lets_an_old_replica_go_before_a_new_one_is_ready() -> None:
+    old = make_model("llama")
+    new = dataclasses.replace(
+        with_args(old, "--max-model-len", "4096"), max_surge=0, max_unavailable=1
+    )
+    shards = [make_shard(f"old-{i}", "llama", gpus=(i,), port=20000 + i) for i in range(3)]
+
+    result = run([Desired(new, 3)], [make_node("node-a", gpus=8, shards=shards)])
+
+    assert len(stops(result)) == 1
+    assert len(starts(result)) == 1
+
+
+def test_a_halted_rollout_keeps_the_old_replicas_and_starts_nothing_new() -> None:
+    old = make_model("llama")
+    new = with_args(old, "--max-model-len", "4096")
+    shards = [make_shard(f"old-{i}", "llama", gpus=(i,), port=20000 + i) for i in range(3)]
+
+    result = run([Desired(new, 3, halted=True)], [make_node("node-a", gpus=8, shards=shards)])
+
+    assert result.actions == ()
+    assert result.rolling == {}
+
+
+def test_a_change_that_leaves_what_runs_alone_restarts_nothing() -> None:
+    old = make_model("llama")
+    new = dataclasses.replace(old, aliases=("l3",), keep_alive=-1, max_replicas=5)
+    shards = [make_shard(f"old-{i}", "llama", gpus=(i,), port=20000 + i) for i in range(3)]
+
+    result = run([Desired(new, 3)], [make_node("node-a", gpus=8, shards=shards)])
+
+    assert result.actions == ()
+    assert result.rolling == {}
+
+
+def test_old_replicas_not_ready_yet_are_kept_while_too_few_are_ready() -> None:
+    # A new leader adopts replicas of the previous spec before they are routed to:
+    # they are not stopped for a spec that has no Ready replica yet.
+    old = make_model("llama")
+    new = with_args(old, "--max-model-len", "4096")
+    shards = [
+        make_shard(f"old-{i}", "llama", gpus=(i,), port=20000 + i, state="loading")
+        for i in range(2)
+    ]
+
+    result = run([Desired(new, 2)], [make_node("node-a", gpus=8, shards=shards)])
+
+    assert stops(result) == []
+    assert len(starts(result)) == 1

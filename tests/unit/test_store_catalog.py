@@ -151,6 +151,7 @@ async def test_migration_0002_creates_the_table_and_rerunning_is_a_no_op(
             "spec": False,
             "created_at": False,
             "updated_at": False,
+            "previous_spec": True,
         }
         assert await conn.run_sync(primary_key) == ["name"]
 

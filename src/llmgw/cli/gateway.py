@@ -516,6 +516,8 @@ async def _serve(
         router_load=lambda: load_report.models(),  # noqa: PLW0108
         tracer=control_tracer,
         activation_metrics=ActivationMetrics(registry=registry),
+        rollouts=store.rollouts,
+        routed=lambda replica_id: _routed(gate, replica_id),
     )
     CertificateMetrics(registry=registry, sources=_certificates(cfg, pki))
     routing = cfg.router.routing
@@ -1005,3 +1007,9 @@ async def _serve(
             await flow_share.close()
         await upstream.close()
     log.info("stopped")
+
+
+def _routed(gate: ReachabilityGate, replica_id: str) -> bool:
+    """Whether this server's router routes to the replica: its reach check passed."""
+    reach = gate.reach(replica_id)
+    return reach is not None and reach.state == "reachable"

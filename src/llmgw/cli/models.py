@@ -37,22 +37,25 @@ from llmgw.cli.adminclient import (
     request,
     resolve_admin,
 )
+from llmgw.cli.rollout import rollout_app
 from llmgw.cli.storeopts import JsonOption, print_json, render_table
 
 models_app = typer.Typer(
     name="models",
-    help="See and change the model catalog: list, show, add, remove, explain, activate.",
+    help=("See and change the model catalog: list, show, add, remove, explain, activate, rollout."),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+models_app.add_typer(rollout_app)
 
 ModelArgument = Annotated[
     str, typer.Argument(help="The model's name or an alias, as `llmgw models list` shows.")
 ]
 
 
-def _model_path(name: str, suffix: str = "") -> str:
+def model_path(name: str, suffix: str = "") -> str:
     if not name.strip():
         fail("MODEL must not be empty", EXIT_BAD_INPUT)
     return f"/admin/api/models/{quote(name, safe='')}{suffix}"
@@ -349,6 +352,12 @@ def _show_text(model: dict[str, Any]) -> str:
     ]
     if unreachable:
         lines += ["", *unreachable]
+    rollout = status.get("rollout")
+    if isinstance(rollout, dict):
+        if rollout.get("state") == "halted":
+            lines += ["", f"rollout stopped: {rollout.get('reason')}"]
+        else:
+            lines += ["", f"rolling out a new spec: {rollout.get('step')}"]
     for key, label in (("last_failure", "last failure"), ("unplaceable", "unplaceable")):
         value = status.get(key)
         if isinstance(value, dict):
@@ -439,7 +448,7 @@ def show(
     admin_config: AdminConfigOption = None,
 ) -> None:
     """Show one model: its profiles, scaling rules and replicas."""
-    model = request("GET", resolve_admin(admin, admin_key, admin_config), _model_path(name))
+    model = request("GET", resolve_admin(admin, admin_key, admin_config), model_path(name))
     if json_out:
         print_json(model)
         return
@@ -611,7 +620,7 @@ def add(
         target = model.get("name")
         if not isinstance(target, str) or not target:
             fail(f"{prefix}the model has no name, so there is nothing to replace", EXIT_BAD_INPUT)
-        path, method = _model_path(target), "PUT"
+        path, method = model_path(target), "PUT"
     else:
         path, method = "/admin/api/models", "POST"
     answer = request(
@@ -635,7 +644,7 @@ def remove(
     admin_config: AdminConfigOption = None,
 ) -> None:
     """Remove a model added through the API; its replicas are stopped."""
-    answer = request("DELETE", resolve_admin(admin, admin_key, admin_config), _model_path(name))
+    answer = request("DELETE", resolve_admin(admin, admin_key, admin_config), model_path(name))
     if json_out:
         print_json(answer)
     elif answer.get("discarded"):
@@ -654,7 +663,7 @@ def explain(
 ) -> None:
     """Explain placement: per profile, the nodes that fit and why the others do not."""
     answer = request(
-        "GET", resolve_admin(admin, admin_key, admin_config), _model_path(name, "/placement")
+        "GET", resolve_admin(admin, admin_key, admin_config), model_path(name, "/placement")
     )
     if json_out:
         print_json(answer)
@@ -687,7 +696,7 @@ def activate(
     activate_model(
         target,
         name,
-        _model_path(name),
+        model_path(name),
         timeout=timeout,
         poll=poll_interval,
         json_out=json_out,

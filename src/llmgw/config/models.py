@@ -473,6 +473,40 @@ class ProfileConfig(_Strict):
         return value
 
 
+class ModelRollout(_Strict):
+    """How a change to what a model's replicas run is rolled out over its replicas."""
+
+    max_surge: StrictCount = Field(
+        default=1,
+        ge=0,
+        description=(
+            "Replicas of the new spec started beyond the wanted count while old ones still "
+            "serve. 1 by default: one new replica loads at a time, and the old ones keep "
+            "serving until it is Ready, so no request waits and only one replica's GPUs "
+            "are needed on top."
+        ),
+    )
+    max_unavailable: StrictCount = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Ready replicas fewer than wanted that a rollout may leave while it replaces "
+            "them. 0 by default: an old replica stops only once a new one is Ready, so "
+            "the model never serves with fewer replicas than wanted. Raise it where GPUs "
+            "are too few for a surge."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _check_progress(self) -> ModelRollout:
+        if self.max_surge == 0 and self.max_unavailable == 0:
+            raise ValueError(
+                "max_surge and max_unavailable are both 0, so a rollout could never start a "
+                "new replica nor stop an old one; raise one of them"
+            )
+        return self
+
+
 class ModelConfig(_Strict):
     """A model clients can ask for: its names, weights, profiles and scaling rules."""
 
@@ -594,6 +628,14 @@ class ModelConfig(_Strict):
         description=(
             "The model's own routing (`scorers` weights), replacing the server's "
             "`router.routing.scorers` for it. Unset by default: the server's apply."
+        ),
+    )
+    rollout: ModelRollout = Field(
+        default_factory=ModelRollout,
+        description=(
+            "How a change to what the replicas run (engine, arguments, weights, GPUs) "
+            "replaces them: max_surge new ones first, then old ones drain. By default one "
+            "at a time, never with fewer Ready replicas than wanted."
         ),
     )
     scale_down_delay: float = Field(

@@ -64,6 +64,7 @@ from llmgw.store.pki import (
     TokenUnusable,
 )
 from llmgw.store.placements import PlacementRepository, StoredPlacement
+from llmgw.store.rollouts import RolloutRepository, StoredHalt
 from llmgw.store.store import Store, open_store, upgrade
 from llmgw.store.urls import store_url
 from llmgw.store.usage import UsageRepository
@@ -105,12 +106,14 @@ __all__ = [
     "PublishedEndpoint",
     "ReplicaLoad",
     "Revocation",
+    "RolloutRepository",
     "SessionRepository",
     "StaleEpoch",
     "Store",
     "StoreError",
     "StoreUnavailable",
     "StoredCa",
+    "StoredHalt",
     "StoredJoinToken",
     "StoredModel",
     "StoredPlacement",

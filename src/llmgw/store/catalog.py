@@ -43,6 +43,8 @@ class StoredModel:
     spec: dict[str, Any]
     created_at: datetime
     updated_at: datetime
+    # The spec before the last replacement that kept one (for undo); None when none did.
+    previous: dict[str, Any] | None = None
 
 
 class CatalogRepository:
@@ -63,8 +65,18 @@ class CatalogRepository:
         async with transaction(self._engine, f"reading catalog model {name!r}") as conn:
             return await _select(conn, name)
 
-    async def put(self, name: str, spec: dict[str, Any], *, create: bool) -> StoredModel:
+    async def put(
+        self,
+        name: str,
+        spec: dict[str, Any],
+        *,
+        create: bool,
+        previous: dict[str, Any] | None = None,
+    ) -> StoredModel:
         """Store `spec` under `name`: a new row (`create`) or a replacement of one.
+
+        `previous`, on a replacement, is kept as the spec to go back to (undo); None
+        leaves the one kept before in place.
 
         `AlreadyExists` when creating a name that is stored, `NotFound` when
         replacing one that is not; either way nothing is written.
@@ -84,7 +96,11 @@ class CatalogRepository:
                     result = await conn.execute(
                         update(catalog_models)
                         .where(catalog_models.c.name == name)
-                        .values(spec=spec, updated_at=now)
+                        .values(
+                            spec=spec,
+                            updated_at=now,
+                            **({"previous_spec": previous} if previous is not None else {}),
+                        )
                     )
                     if result.rowcount == 0:
                         raise NotFound(
@@ -126,4 +142,5 @@ def _from_row(row: RowMapping) -> StoredModel:
         spec=cast("dict[str, Any]", row["spec"]),
         created_at=row["created_at"],
         updated_at=row["updated_at"],
+        previous=cast("dict[str, Any] | None", row["previous_spec"]),
     )

@@ -30,6 +30,7 @@ from llmgw.store.models import utc_now
 from llmgw.store.nodeids import NodeIdentityRepository
 from llmgw.store.pki import PkiRepository
 from llmgw.store.placements import PlacementRepository
+from llmgw.store.rollouts import RolloutRepository
 from llmgw.store.urls import describe, normalize_url
 from llmgw.store.usage import UsageRepository
 from llmgw.store.users import SessionRepository, UserRepository
@@ -49,6 +50,7 @@ class Store:
         self.pki = PkiRepository(engine=engine, clock=clock)
         self.nodeids = NodeIdentityRepository(engine=engine)
         self.placements = PlacementRepository(engine=engine, clock=clock)
+        self.rollouts = RolloutRepository(engine=engine, clock=clock)
 
     @property
     def url(self) -> str:

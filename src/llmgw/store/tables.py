@@ -171,6 +171,8 @@ catalog_models = Table(
     Column("spec", JSON, nullable=False),
     Column("created_at", UTCDateTime, nullable=False),
     Column("updated_at", UTCDateTime, nullable=False),
+    # The spec before the last replacement, for `llmgw models rollout undo` (NULL: none).
+    Column("previous_spec", JSON, nullable=True),
 )
 
 leases = Table(
@@ -400,4 +402,16 @@ placements = Table(
     # The epoch of the leader that wrote the row.
     Column("epoch", BigInteger, nullable=False),
     Column("placed_at", UTCDateTime, nullable=False),
+)
+
+rollout_halts = Table(
+    "rollout_halts",
+    metadata,
+    # A model whose rollout stopped because a replica of the new spec failed; the
+    # next leader keeps it stopped (`store.rollouts`).
+    Column("model", String(128), primary_key=True),
+    # Which spec's rollout stopped: a later change to the model starts afresh.
+    Column("spec_key", String(64), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("halted_at", UTCDateTime, nullable=False),
 )

@@ -11,7 +11,11 @@ Errors have the OpenAI-style body `{"error": {"message", "type", "param",
 "code"}}`; for an invalid model `param` is the dotted path of the field at
 fault ("profiles.0.gpus") and `code` is `invalid_model`.
 
-Not guaranteed: a model whose own name ends in "/placement" or "/activate" can
+`/admin/api/models/{name}/rollout` shows where a rollout to a changed spec
+stands (old and new replicas, the step, why it stopped); `POST .../rollout/undo`
+puts the previous spec back (409 `nothing_to_undo` when there is none).
+
+Not guaranteed: a model whose own name ends in "/placement", "/activate" or "/rollout" can
 be shown only through the list (names may contain '/', and those paths mean the
 placement and activation routes of the shorter name).
 """
@@ -33,6 +37,7 @@ from llmgw.control.catalog.errors import (
     ModelExists,
     NameTaken,
     NoStore,
+    NothingToUndo,
     ReadOnlyModel,
     UnknownModel,
 )
@@ -59,6 +64,10 @@ class ModelCatalog(Protocol):
     async def remove(self, name: str) -> CatalogModel: ...
 
     async def discard(self, name: str) -> str: ...
+
+    def previous(self, name: str) -> CatalogModel | None: ...
+
+    async def undo(self, name: str) -> CatalogModel: ...
 
 
 class ModelControl(Protocol):
@@ -90,6 +99,7 @@ _CONFLICTS: dict[type[CatalogError], str | None] = {
     NameTaken: None,
     ReadOnlyModel: "name",
     NoStore: None,
+    NothingToUndo: "name",
 }
 
 
@@ -209,6 +219,39 @@ def model_routes(*, catalog: ModelCatalog, control: ModelControl) -> list[Route]
             return _unknown(request.path_params["name"])
         return json_response(await control.activate(name))
 
+    def rollout_view(model: CatalogModel) -> dict[str, object]:
+        status = control.status(model.name)
+        replicas = status.get("replicas")
+        rows = replicas if isinstance(replicas, list) else []
+        previous = catalog.previous(model.name) if model.source == "store" else None
+        return {
+            "model": model.name,
+            "rollout": status.get("rollout"),
+            "desired_replicas": status.get("desired_replicas"),
+            "ready_replicas": status.get("ready_replicas"),
+            "new_replicas": [r for r in rows if r.get("spec") == "current"],
+            "old_replicas": [r for r in rows if r.get("spec") == "old"],
+            "max_surge": model.max_surge,
+            "max_unavailable": model.max_unavailable,
+            # What `undo` would bring back (weights and profiles), or None.
+            "previous": None
+            if previous is None
+            else {
+                "weights": previous.weights,
+                "profiles": model_to_dict(previous)["profiles"],
+            },
+        }
+
+    async def rollout_status(request: Request) -> Response:
+        model = catalog.get(request.path_params["name"])
+        if model is None:
+            return _unknown(request.path_params["name"])
+        return json_response(rollout_view(model))
+
+    async def rollout_undo(request: Request) -> Response:
+        model = await catalog.undo(request.path_params["name"])
+        return json_response(rollout_view(model))
+
     def route(path: str, handler: _Handler, method: str) -> Route:
         async def endpoint(request: Request) -> Response:
             return await guarded(request, handler)
@@ -224,6 +267,8 @@ def model_routes(*, catalog: ModelCatalog, control: ModelControl) -> list[Route]
         # must be tried first.
         route(one + "/placement", placement, "GET"),
         route(one + "/activate", activate, "POST"),
+        route(one + "/rollout/undo", rollout_undo, "POST"),
+        route(one + "/rollout", rollout_status, "GET"),
         route(one, show_model, "GET"),
         route(one, replace_model, "PUT"),
         route(one, remove_model, "DELETE"),

@@ -12,10 +12,11 @@ from llmgw.control.catalog.errors import (
     ModelExists,
     NameTaken,
     NoStore,
+    NothingToUndo,
     ReadOnlyModel,
     UnknownModel,
 )
-from llmgw.control.catalog.model import PINNED, CatalogModel, ModelSource, Profile
+from llmgw.control.catalog.model import PINNED, CatalogModel, ModelSource, Profile, launch_key
 from llmgw.control.catalog.validate import (
     check_names_free,
     model_from_config,
@@ -34,10 +35,12 @@ __all__ = [
     "ModelSource",
     "NameTaken",
     "NoStore",
+    "NothingToUndo",
     "Profile",
     "ReadOnlyModel",
     "UnknownModel",
     "check_names_free",
+    "launch_key",
     "model_from_config",
     "model_to_dict",
     "parse_model",

@@ -37,10 +37,11 @@ from llmgw.control.catalog.errors import (
     ModelExists,
     NameTaken,
     NoStore,
+    NothingToUndo,
     ReadOnlyModel,
     UnknownModel,
 )
-from llmgw.control.catalog.model import CatalogModel
+from llmgw.control.catalog.model import CatalogModel, launch_key
 from llmgw.control.catalog.validate import check_names_free, model_to_dict, parse_model
 from llmgw.store import AlreadyExists, NotFound, StoredModel
 
@@ -54,7 +55,14 @@ class CatalogStore(Protocol):
 
     async def list(self) -> builtins.list[StoredModel]: ...
 
-    async def put(self, name: str, spec: dict[str, object], *, create: bool) -> StoredModel: ...
+    async def put(
+        self,
+        name: str,
+        spec: dict[str, object],
+        *,
+        create: bool,
+        previous: dict[str, object] | None = None,
+    ) -> StoredModel: ...
 
     async def delete(self, name: str) -> bool: ...
 
@@ -81,6 +89,8 @@ class Catalog:
             self._config[model.name] = model
         self._stored: dict[str, CatalogModel] = {}
         self._skipped: dict[str, str] = {}
+        # Per stored model, its spec before the last change to what its replicas run.
+        self._previous: dict[str, dict[str, object]] = {}
         self._models: dict[str, CatalogModel] = {}
         self._index: dict[str, str] = {}
         self._listeners: list[Listener] = []
@@ -144,6 +154,11 @@ class Catalog:
                     stored[row.name] = reason
             changed = stored != self._stored
             self._stored, self._skipped = stored, skipped
+            self._previous = {
+                row.name: row.previous
+                for row in rows
+                if row.name in stored and isinstance(row.previous, dict)
+            }
             self._rebuild()
         if changed:
             self._notify()
@@ -226,15 +241,66 @@ class Catalog:
                 )
             model = dataclasses.replace(model, source="store")
             check_names_free(model, [m for m in self.models() if m.name != canonical])
+            old = self._stored.get(canonical)
+            # Kept for undo only when what runs changes: an alias or a limit changed
+            # since leaves the spec to go back to as it was.
+            previous = (
+                model_to_dict(old)
+                if old is not None and launch_key(old) != launch_key(model)
+                else None
+            )
             try:
-                await repo.put(canonical, model_to_dict(model), create=False)
+                await repo.put(canonical, model_to_dict(model), create=False, previous=previous)
             except NotFound as exc:
                 raise UnknownModel(canonical) from exc
+            if previous is not None:
+                self._previous[canonical] = previous
             self._stored[canonical] = model
             self._skipped.pop(canonical, None)
             self._rebuild()
         self._notify()
         return model
+
+    def previous(self, name: str) -> CatalogModel | None:
+        """The spec `undo` would go back to for a stored model (by name or alias), or None
+        (never changed in what it runs, or the kept spec no longer validates)."""
+        canonical = self._index.get(name)
+        data = self._previous.get(canonical) if canonical is not None else None
+        if data is None:
+            return None
+        try:
+            return parse_model(data, source="store")
+        except InvalidModel:
+            return None
+
+    async def undo(self, name: str) -> CatalogModel:
+        """Put a stored model's previous spec back in force; the current one becomes the
+        previous (so a second undo goes forward again). Its replicas roll back.
+
+        `UnknownModel`, `ReadOnlyModel` as `replace`; `NothingToUndo` when there is no
+        previous spec, or it no longer validates (the message says why).
+        """
+        canonical = self._index.get(name)
+        if canonical is None:
+            raise UnknownModel(name)
+        self._require_writable(canonical)
+        data = self._previous.get(canonical)
+        if data is None:
+            raise NothingToUndo(
+                f"model {canonical!r} has no earlier spec to go back to: it was not replaced "
+                "with a change to what its replicas run since it was added"
+            )
+        try:
+            earlier = parse_model(data, source="store")
+        except InvalidModel as exc:
+            raise NothingToUndo(
+                f"model {canonical!r}: its earlier spec no longer validates ({exc.message}); "
+                "replace the model with a corrected spec instead"
+            ) from exc
+        # Aliases and limits stay as they are now; only what runs goes back.
+        current = self._models[canonical]
+        restored = dataclasses.replace(current, weights=earlier.weights, profiles=earlier.profiles)
+        return await self.replace(canonical, restored)
 
     async def remove(self, name: str) -> CatalogModel:
         """Remove a stored model (by name or alias) from the store and from force.
@@ -250,6 +316,7 @@ class Catalog:
             repo = self._require_store(canonical)
             await repo.delete(canonical)
             model = self._stored.pop(canonical)
+            self._previous.pop(canonical, None)
             self._rebuild()
         self._notify()
         return model

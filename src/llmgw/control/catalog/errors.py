@@ -86,3 +86,9 @@ class NoStore(CatalogError):
     """The server has no store, so a model written now would be gone after a restart."""
 
     code = "no_store"
+
+
+class NothingToUndo(CatalogError):
+    """The model has no earlier spec to go back to (never replaced in what it runs)."""
+
+    code = "nothing_to_undo"

@@ -11,6 +11,8 @@ arguments on a real node; the agent checks the launch, the engine the load.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -116,6 +118,10 @@ class CatalogModel:
     max_in_flight: int | None = None
     # The model's own routing scorer weights (None: the server's router.routing.scorers).
     routing: ScorerWeights | None = None
+    # A rollout starts up to `max_surge` new replicas beyond the wanted count and leaves
+    # at most `max_unavailable` fewer Ready than wanted (see `reconciler.rollout`).
+    max_surge: int = 1
+    max_unavailable: int = 0
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -135,3 +141,27 @@ class CatalogModel:
     @property
     def pinned(self) -> bool:
         return self.keep_alive < 0
+
+
+def launch_key(model: CatalogModel) -> str:
+    """A short digest of what `model`'s replicas run: weights, and per profile the engine,
+    its arguments and environment, GPU count, parallel sizes, GPU memory share, nodes.
+    Two versions of a model with the same key run the same replicas, so a change
+    between them applies in place; a change of key rolls the replicas."""
+    launch = [
+        model.weights,
+        [
+            [
+                p.engine,
+                list(p.engine_args),
+                p.gpus,
+                p.tensor_parallel,
+                p.pipeline_parallel,
+                p.gpu_memory_utilization,
+                p.nodes,
+                sorted(p.env.items()),
+            ]
+            for p in model.profiles
+        ],
+    ]
+    return hashlib.sha256(json.dumps(launch).encode()).hexdigest()[:16]

@@ -87,6 +87,8 @@ def model_from_config(cfg: ModelConfig, *, source: ModelSource) -> CatalogModel:
         scale_down_delay=cfg.scale_down_delay,
         max_in_flight=cfg.max_in_flight,
         routing=cfg.routing.scorers if cfg.routing is not None else None,
+        max_surge=cfg.rollout.max_surge,
+        max_unavailable=cfg.rollout.max_unavailable,
     )
     for index, profile in enumerate(model.profiles):
         _check_engine(model, index, profile)
@@ -165,6 +167,16 @@ def model_to_dict(model: CatalogModel) -> dict[str, Any]:
         **(
             {"routing": {"scorers": model.routing.model_dump()}}
             if model.routing is not None
+            else {}
+        ),
+        **(
+            {
+                "rollout": {
+                    "max_surge": model.max_surge,
+                    "max_unavailable": model.max_unavailable,
+                }
+            }
+            if (model.max_surge, model.max_unavailable) != (1, 0)
             else {}
         ),
     }

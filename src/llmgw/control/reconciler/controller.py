@@ -26,6 +26,12 @@ next reconcile places it again). A shard that ended takes its record with it,
 and so does a node the operator removed. Only recorded shards reach the
 inventory (the agent service refuses the others), so only they are published.
 
+A change to what a model's replicas run rolls them (`rollout`, inside `plan`):
+new replicas first, old ones drain once new ones are Ready and routed to. A
+replica of the new spec that fails stops the rollout (a `Halt`, kept in the
+store through `RolloutLedger` so the next leader keeps it stopped); the old
+replicas serve on until the spec changes again (an undo, a fix).
+
 With a tracer, a reconcile step that acted is a span, with a child per start,
 stop and drain and its result; an activation is a trace of its own (events when
 a replica is placed and each state it reports: starting, downloading, loading,
@@ -79,12 +85,15 @@ from llmgw.control.reconciler.errors import (
     Unplaceable,
 )
 from llmgw.control.reconciler.plan import explain, plan
+from llmgw.control.reconciler.rollbook import RolloutBook, RolloutLedger
+from llmgw.control.reconciler.rollout import runs_current
 from llmgw.control.reconciler.state import (
     EndpointPublisher,
     Event,
     Failure,
     ModelState,
     ReadyEndpoint,
+    Rollout,
     routable,
 )
 from llmgw.control.reconciler.types import (
@@ -202,6 +211,8 @@ class Controller:
         router_load: Callable[[], Mapping[str, ModelLoad]] | None = None,
         tracer: Tracer | None = None,
         activation_metrics: ActivationMetrics | None = None,
+        rollouts: RolloutLedger | None = None,
+        routed: Callable[[str], bool] | None = None,
     ) -> None:
         """`router_load` reads this server's router's load signals by model name (or
         alias), for the load targets. `startup_grace`: for this long after `run()`
@@ -214,7 +225,12 @@ class Controller:
         `abandon(ids)` is told once about replicas whose node stopped answering (this
         server's router moves requests still waiting on them). `mgmt_interface`: the
         network multi-node ranks talk over (`control.mgmt_interface`; see `mgmt`).
-        `tracer`: spans for reconciles that act and activations (default: none)."""
+        `tracer`: spans for reconciles that act and activations (default: none).
+        `rollouts`: where stopped rollouts are kept, so the next leader keeps them
+        stopped (default: in this process only). `routed(replica_id)`: whether this
+        server's router routes to a Ready replica (it checks each one it is given
+        first); a rollout drains an old replica only once its replacement is routed to
+        (default: Ready is enough)."""
         self._tracer = tracer or NoOpTracer()
         self._activation_metrics = activation_metrics
         self._catalog = catalog
@@ -264,6 +280,13 @@ class Controller:
         # Shards that reported ready (a later failure is a crash in service).
         self._served: set[str] = set()
         self._events: deque[Event] = deque(maxlen=MAX_EVENTS)
+        self._routed = routed
+        self._rollout_book = RolloutBook(
+            ledger=rollouts,
+            event=lambda model, message: self._event("rollout", model, "", message),
+            spawn=self._spawn,
+            wall_clock=wall_clock,
+        )
 
     # ---- the loop ----
 
@@ -272,6 +295,7 @@ class Controller:
         cancelled with it. `expected`: replica ids per model that were Ready under
         the previous leader; they are adopted when their nodes report them."""
         self._new_term(expected or {})
+        await self._rollout_book.read()
         unsubscribe = (
             self._inventory.subscribe(self._on_inventory),
             self._catalog.subscribe(self._wake.set),
@@ -343,12 +367,14 @@ class Controller:
                 pending=tuple(self._pending.values()),
                 stopping=frozenset(self._stopping),
                 settling=now < self._adopt_until,
+                routed=self._routed_ids(nodes),
             ),
             policy=self._policy,
             new_shard_id=self._new_shard_id,
             mgmt_interface=self._mgmt_interface,
         )
         self._note_unplaced(result.unplaced, now)
+        self._rollout_book.planned(result.rolling)
         self._unplaced = dict(result.unplaced)
         self._in_doubt = dict(result.in_doubt)
         doubted = frozenset(i for ids in result.in_doubt.values() for i in ids)
@@ -385,6 +411,22 @@ class Controller:
         if starts:
             # One write records them all (a multi-node replica's shards together).
             self._spawn(self._record_and_start(starts), f"start {len(starts)} shard(s)")
+
+    def _routed_ids(self, nodes: Sequence[Node]) -> frozenset[str] | None:
+        """The Ready replicas this server's router routes to (None: not known here)."""
+        if self._routed is None:
+            return None
+        return frozenset(
+            shard.id
+            for node in nodes
+            for shard in node.shards.values()
+            if shard.state == "ready" and self._routed(shard.id)
+        )
+
+    def rollout(self, name: str) -> Rollout | None:
+        """Where the model's rollout stands; None when every replica runs its spec."""
+        model = self._catalog.get(name)
+        return None if model is None else self._rollout_book.state(model)
 
     def _note_unplaced(self, unplaced: Mapping[str, Explanation], now: float) -> None:
         """An `unplaceable` event when a model becomes unplaceable, and again when the
@@ -448,6 +490,7 @@ class Controller:
             hold=model.name in self._expected or (health is not None and now < health.retry_at),
             avoid_nodes=frozenset(health.avoid) if health is not None else frozenset(),
             avoid_ports=frozenset(health.avoid_ports) if health is not None else frozenset(),
+            halted=self._rollout_book.halted(model),
         )
 
     def _canonical_load(self) -> dict[str, ModelLoad]:
@@ -641,6 +684,9 @@ class Controller:
             self._failed(
                 action.model, action.node_id, spec.shard_id, exc.message, (), None, spec.port
             )
+            self._rollout_book.failed(
+                self._catalog.get(action.model), spec.shard_id, spec, exc.message
+            )
         finally:
             span.end()
             self._placements.settled(spec.shard_id, refused=refused)
@@ -663,6 +709,7 @@ class Controller:
             "node_draining": "its node is draining and a replacement is ready",
             "not_in_catalog": "its model is no longer in the catalog",
             "gang_broken": "another shard of its multi-node replica is gone",
+            "rollout": "it runs the model's previous spec, and enough new replicas are Ready",
         }[action.reason]
         message = f"stopping replica {action.shard_id} on node {action.node_id}: {why}"
         if action.detail:
@@ -767,6 +814,7 @@ class Controller:
                 port,
                 in_service=in_service,
             )
+            self._rollout_book.failed(model, shard.id, shard.spec, message)
         if shard.state in ("failed", "stopped"):
             self._served.discard(shard.id)
 
@@ -1127,6 +1175,10 @@ class Controller:
             retry_in=max(0.0, health.retry_at - now) if health is not None else 0.0,
             unplaced=self._unplaced.get(model.name),
             activating=model.name in self._activations,
+            rollout=self.rollout(model.name),
+            outdated=frozenset(
+                s.id for _, s in replicas if s.holds_gpus and not runs_current(model, s.spec)
+            ),
         )
 
 

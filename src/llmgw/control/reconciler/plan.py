@@ -31,6 +31,10 @@ A pure function of its inputs: same input, same actions in the same order
   This is also how a node that comes back after its replicas were replaced
   loses the surplus: the Ready one is kept, and of two Ready ones the older.
   Each such stop's `detail` says which replicas are kept and why.
+- Rollout: a model some of whose replicas run a spec the catalog no longer
+  has is rolled (`rollout.step`: new replicas first, old ones drain once new
+  ones are Ready) instead of scaled down, unless its rollout is halted
+  (`Desired.halted`); then the old replicas keep serving and count as usual.
 - Clean up: shards of models no longer wanted are drained; shards that have
   already stopped or failed get a stop so that the agent forgets them.
 
@@ -58,8 +62,10 @@ from dataclasses import dataclass, field
 
 from llmgw.control.catalog.model import CatalogModel
 from llmgw.control.inventory.model import Node, Shard, ShardSpec
+from llmgw.control.reconciler import rollout
 from llmgw.control.reconciler.mgmt import MgmtAddress, mgmt_address, rank_env
 from llmgw.control.reconciler.placement import DEFAULT_FILTERS, Filter, Fleet, explain
+from llmgw.control.reconciler.rollout import runs_current
 from llmgw.control.reconciler.types import (
     Actual,
     Desired,
@@ -116,12 +122,33 @@ def plan(
     replicas = {name: _Replicas() for name in wanted}
     stops = _count(actual, replicas)
     short: list[tuple[Desired, int]] = []
+    rolling: dict[str, str] = {}
     for name in sorted(wanted):
         want, have = wanted[name], replicas[name]
         stops += _drain(want, have)
-        stops += _scale_down(want, have)
-        if not want.hold and have.count < want.replicas:
-            short.append((want, want.replicas - have.count))
+        outdated = [ns for ns in have.serving if not runs_current(want.model, ns[1].spec)]
+        old_ids = {shard.id for _, shard in outdated}
+        if outdated and not want.halted:
+            moves = rollout.step(
+                wanted=want.replicas,
+                max_surge=want.model.max_surge,
+                max_unavailable=want.model.max_unavailable,
+                current=[ns for ns in have.serving if ns[1].id not in old_ids],
+                current_pending=have.pending,
+                outdated=outdated,
+                routed=actual.routed,
+            )
+            rolling[name] = moves.detail
+            stops += [
+                _stop(node, shard, "rollout", drain=True, detail=moves.detail)
+                for node, shard in moves.stops
+            ]
+            missing = moves.starts
+        else:
+            stops += _scale_down(want, have)
+            missing = want.replicas - have.count
+        if not want.hold and missing > 0:
+            short.append((want, missing))
     stops = _with_followers(stops, replicas)
     fleet = Fleet(
         actual.nodes, actual.pending, policy=policy, filters=filters, mgmt_interface=mgmt_interface
@@ -136,7 +163,7 @@ def plan(
         for name, have in sorted(replicas.items())
         if have.in_doubt
     }
-    return Plan(actions=(*stops, *starts), unplaced=unplaced, in_doubt=in_doubt)
+    return Plan(actions=(*stops, *starts), unplaced=unplaced, in_doubt=in_doubt, rolling=rolling)
 
 
 def _count(actual: Actual, replicas: dict[str, _Replicas]) -> list[Stop]:

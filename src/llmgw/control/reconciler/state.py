@@ -50,6 +50,30 @@ class EndpointPublisher(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class Halt:
+    """A rollout stopped because a replica of the new spec failed; kept in the store.
+
+    `spec_key` names the spec whose rollout stopped (`rollout.spec_key`): a new
+    change to the model starts a new rollout, and the halt no longer applies.
+    """
+
+    model: str
+    spec_key: str
+    reason: str
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Rollout:
+    """Where a model's rollout stands: `rolling` (replicas being replaced, `step` says
+    how far) or `halted` (a new replica failed, `reason` says how; old ones serve)."""
+
+    state: str
+    step: str
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Failure:
     """A replica that did not make it: where, why, and the engine's last words."""
 
@@ -151,6 +175,10 @@ class ModelState:
     activating: bool
     # The load signals for the model's load targets (see `autoscale`).
     load: LoadSignals = NO_LOAD
+    # The model's rollout, when one is under way or halted (None: every replica is current).
+    rollout: Rollout | None = None
+    # Replicas that run a spec the catalog no longer has (being replaced, or kept by a halt).
+    outdated: frozenset[str] = frozenset()
 
     @property
     def state(self) -> str:

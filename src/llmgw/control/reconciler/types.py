@@ -29,7 +29,9 @@ class Desired:
     now (stops still happen). `avoid_nodes`: nodes where it failed recently;
     placed there only when no other node fits. `avoid_ports`: (node, port)
     pairs where a start failed recently (say another program holds the port);
-    another free port of that node is used when there is one.
+    another free port of that node is used when there is one. `halted`: a
+    replica of the model's current spec failed while older ones served; the
+    rollout stops there (old replicas keep serving) until an operator acts.
     """
 
     model: CatalogModel
@@ -37,6 +39,8 @@ class Desired:
     hold: bool = False
     avoid_nodes: frozenset[str] = frozenset()
     avoid_ports: frozenset[tuple[str, int]] = frozenset()
+    # A rollout of the model's current spec failed: old replicas are kept, not replaced.
+    halted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +62,8 @@ class Actual:
     # A new leader's first moments (agents still registering): a multi-node replica
     # missing a rank that nothing says is gone is waited for rather than stopped.
     settling: bool = False
+    # The Ready replicas the router routes to (None: all); a rollout counts only these.
+    routed: frozenset[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +76,9 @@ class Start:
     spec: ShardSpec
 
 
-StopReason = Literal["scale_down", "node_draining", "not_in_catalog", "ended", "gang_broken"]
+StopReason = Literal[
+    "scale_down", "node_draining", "not_in_catalog", "ended", "gang_broken", "rollout"
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +88,8 @@ class Stop:
     Reasons: `scale_down` (more replicas than wanted), `node_draining` (its
     replacement is ready), `not_in_catalog` (no model of that name any more),
     `ended` (the shard already stopped or failed: the stop makes the agent forget it),
-    `gang_broken` (another shard of its multi-node replica is gone: the rest stop too).
+    `gang_broken` (another shard of its multi-node replica is gone: the rest stop too),
+    `rollout` (it runs a spec the catalog replaced, and enough new replicas are Ready).
     `detail`: for people (events, logs), e.g. which replicas a scale down keeps;
     not part of the action's identity.
     """
@@ -197,8 +206,11 @@ class Plan:
     `unplaced` names the models still short of replicas after this plan, with
     the reason (not counting models on hold). `in_doubt` names, per model, the
     replicas on unreachable nodes that were not counted (and are being replaced).
+    `rolling` names the models whose replicas are being replaced by a new spec.
     """
 
     actions: tuple[Action, ...]
     unplaced: Mapping[str, Explanation] = field(default_factory=dict)
     in_doubt: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Models being rolled to a new spec, with where each stands (`rollout.Step.detail`).
+    rolling: Mapping[str, str] = field(default_factory=dict)

@@ -85,6 +85,9 @@ def state_view(state: ModelState, reach: Reachability | None = None) -> dict[str
                 "node_state": node.state,
                 "state": _replica_state(node, shard, state.stopping),
                 "engine": shard.engine,
+                "engine_args": list(shard.spec.engine_args) if shard.spec is not None else [],
+                # "old": it runs a spec the catalog replaced (a rollout replaces it).
+                "spec": "old" if shard.id in state.outdated else "current",
                 "endpoint_url": shard.endpoint_url or None,
                 "gpus": list(shard.gpu_indices),
                 "message": shard.message,
@@ -104,6 +107,8 @@ def state_view(state: ModelState, reach: Reachability | None = None) -> dict[str
                 "node_state": None,
                 "state": "placing",
                 "engine": p.spec.engine,
+                "engine_args": list(p.spec.engine_args),
+                "spec": "current",
                 "endpoint_url": None,
                 "gpus": list(p.spec.gpu_indices),
                 "message": "start sent to the node",
@@ -133,6 +138,13 @@ def state_view(state: ModelState, reach: Reachability | None = None) -> dict[str
         "retry_in_seconds": round(state.retry_in, 1),
         "last_failure": None if state.last_failure is None else failure_view(state.last_failure),
         "unplaceable": None if state.unplaced is None else state.unplaced.summary(),
+        "rollout": None
+        if state.rollout is None
+        else {
+            "state": state.rollout.state,
+            "step": state.rollout.step,
+            "reason": state.rollout.reason or None,
+        },
         "reachability": []
         if reach is None
         else [r.view() for r in reach.reaches(state.model.name)],
