@@ -20,7 +20,7 @@ async def test_remote_clients_need_an_admin_key(tmp_path: Path) -> None:
     try:
         await store.upgrade()
         service = KeyService(keys=store.keys, wall_clock=utc_now)
-        _, admin_secret = await service.create(name="ops", is_admin=True)
+        _, admin_secret = await service.create(name="ops", admin_role="admin")
         _, user_secret = await service.create(name="app")
         authenticator = KeyAuthenticator(keys=store.keys, clock=time.monotonic, wall_clock=utc_now)
 

@@ -1,4 +1,4 @@
-"""The portal's own pages: login and "no admin rights" (the dashboard has the rest).
+"""The portal's own pages: login and "not for your role" (the dashboard has the rest).
 
 Plain HTML with inline CSS and no scripts or external assets, so the login page
 works with the strictest Content-Security-Policy and leaks nothing to other
