@@ -113,7 +113,11 @@ async def test_null_clears_each_optional_field(api: httpx.AsyncClient) -> None:
         ({"name": None}, "name", "'name' must be a string; leave it out to keep"),
         ({"name": ""}, "name", "name must be 1 to 200 characters"),
         ({"admin": None}, "admin", "'admin' must be true or false"),
-        ({"role": "root"}, "role", "role must be admin, operator, viewer or none (a client key), got 'root'"),
+        (
+            {"role": "root"},
+            "role",
+            "role must be admin, operator, viewer or none (a client key), got 'root'",
+        ),
         ({"role": 1}, "role", "'role' must be admin, operator, viewer or null"),
         ({"role": "admin", "admin": True}, "role", "give either 'role' or 'admin'"),
         ({"expires_at": "tomorrow"}, "expires_at", "not an ISO 8601 time"),
