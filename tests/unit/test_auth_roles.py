@@ -42,6 +42,12 @@ def test_debug_and_join_tokens_are_not_for_viewers(path: str) -> None:
     assert not may("viewer", "GET", path)
 
 
+def test_a_placement_dry_run_is_a_read() -> None:
+    assert may("viewer", "POST", "/admin/api/placement/dry-run")
+    assert not may("viewer", "POST", "/admin/api/placement/dry-run/x")
+    assert not may(None, "POST", "/admin/api/placement/dry-run")
+
+
 def test_a_path_that_only_starts_like_a_guarded_one_is_not_guarded() -> None:
     # "/admin/keysmith" is not "/admin/keys"; it is an ordinary (unknown) read.
     assert may("viewer", "GET", "/admin/keysmith")

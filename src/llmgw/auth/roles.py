@@ -44,6 +44,8 @@ _OPERATOR = (
     "/admin/api/debug/",
     "/admin/api/join-tokens",
 )
+# POSTs that change nothing: where a model would go (a question sent as a body).
+_POST_READS = frozenset({"/admin/api/placement/dry-run"})
 _WHAT = {
     "admin": "admins may do everything",
     "operator": "operators run the fleet (nodes, models, activation, join tokens) but "
@@ -68,7 +70,8 @@ def may(role: AdminRole | None, method: str, path: str) -> bool:
         return False
     if role == "operator":
         return True
-    return method.upper() in _READS and not _under(path, _OPERATOR)
+    reads = method.upper() in _READS or (method.upper() == "POST" and path in _POST_READS)
+    return reads and not _under(path, _OPERATOR)
 
 
 def may_see(role: AdminRole | None, section: str) -> bool:
