@@ -294,6 +294,7 @@ def test_create_a_key_and_use_it(fleet: Fleet, page: Page) -> None:
     expect(rpm).to_have_value("100")
     rpm.fill("50")
     editor.get_by_label("Models").fill("chat-sim")
+    editor.get_by_label("Admin role").select_option("viewer")
     with page.expect_response(lambda r: r.request.method == "GET" and r.url.endswith("/keys")):
         page.evaluate("document.body.dispatchEvent(new Event('llmgw-refresh'))")
     expect(rpm).to_have_value("50")
@@ -301,9 +302,10 @@ def test_create_a_key_and_use_it(fleet: Fleet, page: Page) -> None:
     expect(page.locator("#flash")).to_contain_text("key browser-key updated")
     expect(row).to_contain_text("50 req/min")
     expect(row).to_contain_text("chat-sim")
+    expect(row).to_contain_text("viewer")
     shoot(page, "key-edited")
     (key,) = [k for k in fleet.admin_get("/admin/api/keys")["keys"] if k["name"] == "browser-key"]
-    assert (key["rpm"], key["models"]) == (50, ["chat-sim"])
+    assert (key["rpm"], key["models"], key["admin_role"]) == (50, ["chat-sim"], "viewer")
     # The secret is kept.
     kept = httpx.get(
         fleet.server.url + "/v1/models", headers={"Authorization": f"Bearer {secret}"}, timeout=10

@@ -187,7 +187,7 @@ async def test_an_edit_lowers_rpm_and_restricts_models(dash: Dash) -> None:
 async def test_emptying_a_field_clears_that_limit(dash: Dash) -> None:
     key = await team_key(dash)
     fields = await edit_form(dash, key)
-    fields["role"] = ""  # "none (calls models)"
+    fields["role"] = ""  # "none (a client key)"
     fields.update(models="", rpm="", budget_tokens="", expires_at="")  # the period is left
     answer = await save(dash, key.id, fields)
     assert answer.status_code == 200, answer.text

@@ -75,7 +75,7 @@ def _logout_form(csrf_token: str) -> str:
 
 
 def forbidden_page(*, user: str, csrf_token: str, message: str) -> HTMLResponse:
-    """For a logged-in user without admin rights: the reason and a way out, nothing else."""
+    """For a logged-in user whose role may not open this: the reason and a way out, nothing else."""
     body = (
         "<h1>llmgw admin</h1>"
         f"<p>Logged in as <strong>{escape(user)}</strong>.</p>"
