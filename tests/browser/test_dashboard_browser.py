@@ -83,9 +83,9 @@ class Fleet:
         return answer.json()
 
 
-def add_admin_user(data_dir: Path) -> None:
+def add_user(data_dir: Path, name: str, role: str) -> None:
     result = subprocess.run(
-        [*llmgw("users", "create", "alice", "--admin", "--password-stdin",
+        [*llmgw("users", "create", name, "--role", role, "--password-stdin",
                 "--data-dir", str(data_dir))],
         input=PASSWORD + "\n", capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
@@ -96,7 +96,8 @@ def add_admin_user(data_dir: Path) -> None:
 def fleet_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("dashboard-fleet")
     (tmp / "llmgw.yaml").write_text(CONTROL + MODELS)
-    add_admin_user(tmp / "data")
+    add_user(tmp / "data", "alice", "admin")
+    add_user(tmp / "data", "victor", "viewer")
     agent_port = free_port()
     server = Server(
         "--agent-listen", f"127.0.0.1:{agent_port}", "--config", str(tmp / "llmgw.yaml"),
@@ -293,6 +294,7 @@ def test_create_a_key_and_use_it(fleet: Fleet, page: Page) -> None:
     expect(rpm).to_have_value("100")
     rpm.fill("50")
     editor.get_by_label("Models").fill("chat-sim")
+    editor.get_by_label("Admin role").select_option("viewer")
     with page.expect_response(lambda r: r.request.method == "GET" and r.url.endswith("/keys")):
         page.evaluate("document.body.dispatchEvent(new Event('llmgw-refresh'))")
     expect(rpm).to_have_value("50")
@@ -300,9 +302,10 @@ def test_create_a_key_and_use_it(fleet: Fleet, page: Page) -> None:
     expect(page.locator("#flash")).to_contain_text("key browser-key updated")
     expect(row).to_contain_text("50 req/min")
     expect(row).to_contain_text("chat-sim")
+    expect(row).to_contain_text("viewer")
     shoot(page, "key-edited")
     (key,) = [k for k in fleet.admin_get("/admin/api/keys")["keys"] if k["name"] == "browser-key"]
-    assert (key["rpm"], key["models"]) == (50, ["chat-sim"])
+    assert (key["rpm"], key["models"], key["admin_role"]) == (50, ["chat-sim"], "viewer")
     # The secret is kept.
     kept = httpx.get(
         fleet.server.url + "/v1/models", headers={"Authorization": f"Bearer {secret}"}, timeout=10
@@ -336,6 +339,62 @@ def test_log_in_on_the_api_port(fleet: Fleet, browser: Browser) -> None:
         expect(page).to_have_url(re.compile(r"/admin/login$"))
         page.goto(fleet.server.url + "/admin/nodes")
         expect(page).to_have_url(re.compile(r"/admin/login$"))
+    finally:
+        context.close()
+
+
+def log_in(page: Page, fleet: Fleet, name: str) -> None:
+    page.goto(fleet.server.url + "/admin/")
+    expect(page).to_have_url(re.compile(r"/admin/login$"))
+    page.get_by_label("User name").fill(name)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    expect(page).to_have_url(re.compile(r"/admin/$"))
+
+
+def test_a_viewer_sees_the_fleet_and_no_way_to_change_it(fleet: Fleet, browser: Browser) -> None:
+    context = browser.new_context(viewport=DESKTOP)
+    try:
+        page = context.new_page()
+        log_in(page, fleet, "victor")
+        expect(page.locator("header .who")).to_contain_text("victor")
+        expect(page.locator("header .who")).to_contain_text("viewer")
+        nav = page.locator("nav")
+        expect(nav.get_by_role("link")).to_have_text(["Overview", "Nodes", "Models", "Events"])
+        expect(page.locator("#live")).to_contain_text("GPUs in use")
+
+        nav.get_by_role("link", name="Nodes").click()
+        card = page.locator('article[data-node="node-1"]')
+        expect(card).to_contain_text("node-1")
+        expect(page.get_by_role("button", name="Drain", exact=True)).to_have_count(0)
+        expect(page.get_by_role("button", name="Undrain", exact=True)).to_have_count(0)
+        shoot(page, "viewer-nodes")
+
+        page.goto(fleet.server.url + "/admin/models/chat-sim")
+        expect(page.locator("#live")).to_contain_text("sim-1gpu")
+        expect(page.get_by_role("button", name="Activate now")).to_have_count(0)
+        expect(page.get_by_role("button", name="Remove")).to_have_count(0)
+        page.goto(fleet.server.url + "/admin/models")
+        expect(page.get_by_role("button", name="Add model")).to_have_count(0)
+
+        # A drain sent anyway (as a crafted htmx request with the page's CSRF token)
+        # is refused with the role named, and the node stays as it was.
+        refused = page.evaluate(
+            """async () => {
+                const headers = JSON.parse(document.body.getAttribute("hx-headers"));
+                const answer = await fetch("/admin/nodes/node-1/drain",
+                    {method: "POST", headers: {...headers, "HX-Request": "true"}});
+                return [answer.status, await answer.text()];
+            }"""
+        )
+        assert refused[0] == 403 and "has the role viewer" in refused[1], refused
+        assert fleet.admin_get("/admin/api/nodes/node-1")["draining"] is False
+
+        keys = page.goto(fleet.server.url + "/admin/keys")
+        assert keys is not None and keys.status == 403
+        expect(page.locator("body")).to_contain_text("has the role viewer")
+        expect(page.locator("body")).not_to_contain_text("seed-key")
+        shoot(page, "viewer-keys-refused")
     finally:
         context.close()
 

@@ -402,3 +402,34 @@ def test_update_refuses_bad_and_conflicting_flags(tmp_path: Path) -> None:
     for args, wanted in cases.items():
         assert wanted in lines[args], (args, lines[args])
     assert key_rows(tmp_path) == before
+
+
+def test_a_keys_admin_role_is_set_changed_and_checked(tmp_path: Path) -> None:
+    viewer = json.loads(
+        ok("keys", "create", "--name", "watch", "--role", "viewer", "--json", data_dir=tmp_path)
+    )
+    assert (viewer["admin_role"], viewer["is_admin"]) == ("viewer", False)
+    assert "active, viewer" in ok("keys", "list", data_dir=tmp_path)
+    (row,) = key_rows(tmp_path)
+    assert (row["admin_role"], row["is_admin"]) == ("viewer", 0)
+
+    changed = json.loads(
+        ok("keys", "update", "watch", "--role", "operator", "--json", data_dir=tmp_path)
+    )
+    assert changed["admin_role"] == "operator"
+    promoted = json.loads(ok("keys", "update", "watch", "--admin", "--json", data_dir=tmp_path))
+    assert (promoted["admin_role"], key_rows(tmp_path)[0]["is_admin"]) == ("admin", 1)
+    dropped = json.loads(
+        ok("keys", "update", "watch", "--role", "none", "--json", data_dir=tmp_path)
+    )
+    assert (dropped["admin_role"], key_rows(tmp_path)[0]["is_admin"]) == (None, 0)
+
+    bad = refused("keys", "create", "--name", "x", "--role", "root", data_dir=tmp_path)
+    assert "--role must be admin, operator, viewer or none (a client key), got 'root'" in bad
+    both = refused(
+        "keys", "create", "--name", "x", "--admin", "--role", "viewer", data_dir=tmp_path
+    )
+    assert "--admin means --role admin" in both
+    twice = refused("keys", "update", "watch", "--no-admin", "--role", "viewer", data_dir=tmp_path)
+    assert "give one of the two" in twice
+    assert [r["name"] for r in key_rows(tmp_path)] == ["watch"]

@@ -57,22 +57,24 @@ def test_create_list_passwd_disable(tmp_path: Path) -> None:
         data_dir=tmp_path,
         stdin=PASSWORD + "\n",
     )
-    assert "created admin 'alice'" in out
+    assert "created admin user 'alice'" in out
     ok("users", "create", "bob", "--password-stdin", data_dir=tmp_path, stdin=PASSWORD + "-bob\n")
 
     (alice, bob) = user_rows(tmp_path)
     assert str(alice["password_hash"]).startswith("$argon2id$")
     assert PASSWORD not in str(alice["password_hash"])
     assert alice["admin"] == 1 and bob["admin"] == 0
+    assert (alice["admin_role"], bob["admin_role"]) == ("admin", None)
 
     table = ok("users", "list", data_dir=tmp_path)
-    assert table.splitlines()[0].split() == ["NAME", "ADMIN", "CREATED", "STATE"]
-    assert table.splitlines()[1].split()[:2] == ["alice", "yes"]
+    assert table.splitlines()[0].split() == ["NAME", "ROLE", "CREATED", "STATE"]
+    assert table.splitlines()[1].split()[:2] == ["alice", "admin"]
+    assert table.splitlines()[2].split()[:2] == ["bob", "none"]
     assert "argon2" not in table
     listed = json.loads(ok("users", "list", "--json", data_dir=tmp_path))
-    assert [(u["name"], u["admin"], u["disabled_at"]) for u in listed] == [
-        ("alice", True, None),
-        ("bob", False, None),
+    assert [(u["name"], u["admin"], u["role"], u["disabled_at"]) for u in listed] == [
+        ("alice", True, "admin", None),
+        ("bob", False, None, None),
     ]
     assert "password_hash" not in listed[0]
 
@@ -112,6 +114,41 @@ def test_bad_input_gets_one_error_line_and_exit_2(tmp_path: Path) -> None:
     assert "there is no user 'carol'" in refused(
         "users", "passwd", "carol", "--password-stdin", data_dir=tmp_path, stdin=PASSWORD
     )
+
+
+def test_roles_are_given_changed_and_checked(tmp_path: Path) -> None:
+    out = ok(
+        "users", "create", "vera", "--role", "viewer", "--password-stdin",
+        data_dir=tmp_path, stdin=PASSWORD + "\n",
+    )  # fmt: skip
+    assert "created viewer user 'vera'" in out
+    assert [(u["name"], u["admin_role"], u["admin"]) for u in user_rows(tmp_path)] == [
+        ("vera", "viewer", 0)
+    ]
+    assert "now has the role operator" in ok("users", "role", "vera", "operator", data_dir=tmp_path)
+    assert user_rows(tmp_path)[0]["admin_role"] == "operator"
+    assert "now has the role admin" in ok("users", "role", "vera", "admin", data_dir=tmp_path)
+    assert (user_rows(tmp_path)[0]["admin_role"], user_rows(tmp_path)[0]["admin"]) == ("admin", 1)
+    assert "now has the role none" in ok("users", "role", "vera", "none", data_dir=tmp_path)
+    assert (user_rows(tmp_path)[0]["admin_role"], user_rows(tmp_path)[0]["admin"]) == (None, 0)
+
+    bad = refused(
+        "users", "create", "root", "--role", "root", "--password-stdin",
+        data_dir=tmp_path, stdin=PASSWORD + "\n",
+    )  # fmt: skip
+    assert "role 'root' is not one of admin, operator, viewer" in bad
+    both = refused(
+        "users", "create", "ann", "--admin", "--role", "viewer", "--password-stdin",
+        data_dir=tmp_path, stdin=PASSWORD + "\n",
+    )  # fmt: skip
+    assert "--admin means --role admin" in both
+    assert "role 'king' is not one of" in refused(
+        "users", "role", "vera", "king", data_dir=tmp_path
+    )
+    assert "there is no user 'carol'" in refused(
+        "users", "role", "carol", "viewer", data_dir=tmp_path
+    )
+    assert [u["name"] for u in user_rows(tmp_path)] == ["vera"]
 
 
 def test_an_unreachable_store_exits_1(tmp_path: Path) -> None:

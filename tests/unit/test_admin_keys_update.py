@@ -51,7 +51,9 @@ async def test_each_field_is_set_and_the_others_kept(api: httpx.AsyncClient, sto
         ({"budget_tokens": 200}, {"budget_tokens": 200}),
         ({"period": "month"}, {"budget_period": "month"}),
         ({"expires_at": LATER}, {"expires_at": LATER, "state": "active"}),
-        ({"admin": True}, {"is_admin": True}),
+        ({"admin": True}, {"is_admin": True, "admin_role": "admin"}),
+        ({"role": "viewer"}, {"is_admin": False, "admin_role": "viewer"}),
+        ({"role": "operator"}, {"admin_role": "operator"}),
     ]
     expected = dict(key)
     del expected["secret"]
@@ -93,6 +95,8 @@ async def test_null_clears_each_optional_field(api: httpx.AsyncClient) -> None:
     assert (cleared["budget_tokens"], cleared["budget_period"]) == (None, None)
     assert (cleared["name"], cleared["is_admin"], cleared["state"]) == ("team-a", True, "active")
     assert (await api.patch(url, json={"admin": False})).json()["is_admin"] is False
+    assert (await api.patch(url, json={"role": "viewer"})).json()["admin_role"] == "viewer"
+    assert (await api.patch(url, json={"role": None})).json()["admin_role"] is None
 
 
 @pytest.mark.parametrize(
@@ -109,6 +113,13 @@ async def test_null_clears_each_optional_field(api: httpx.AsyncClient) -> None:
         ({"name": None}, "name", "'name' must be a string; leave it out to keep"),
         ({"name": ""}, "name", "name must be 1 to 200 characters"),
         ({"admin": None}, "admin", "'admin' must be true or false"),
+        (
+            {"role": "root"},
+            "role",
+            "role must be admin, operator, viewer or none (a client key), got 'root'",
+        ),
+        ({"role": 1}, "role", "'role' must be admin, operator, viewer or null"),
+        ({"role": "admin", "admin": True}, "role", "give either 'role' or 'admin'"),
         ({"expires_at": "tomorrow"}, "expires_at", "not an ISO 8601 time"),
         ({"expires_at": "2001-01-01T00:00:00Z"}, "expires_at", "is in the past"),
         ({"nme": "x"}, "nme", "unknown field 'nme'"),

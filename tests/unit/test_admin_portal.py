@@ -82,9 +82,9 @@ async def make_portal(
     store = await open_store(store_url(tmp_path / "data", None))
     await store.upgrade()
     users = UserService(users=store.users, passwords=Passwords(hasher=CHEAP))
-    await users.create("alice", ALICE_PW, is_admin=True)
-    await users.create("bob", BOB_PW, is_admin=False)
-    await users.create("carol", "carol's long password", is_admin=True)
+    await users.create("alice", ALICE_PW, role="admin")
+    await users.create("bob", BOB_PW, role=None)
+    await users.create("carol", "carol's long password", role="admin")
     await users.disable("carol")
     clock = Clock()
     pool = EndpointPool(policy=EjectionPolicy(3, 1.0, 30.0), clock=clock.monotonic)
@@ -282,7 +282,7 @@ async def test_a_user_without_admin_rights_sees_nothing_of_the_cluster(portal: P
         ]
         for answer in answers:
             assert answer.status_code == 403
-            assert "your account has no admin rights" in answer.text
+            assert "your account has no admin role" in answer.text
             assert "gpu1" not in answer.text and "10.0.0.1" not in answer.text
         assert answers[0].json()["error"]["code"] == "admin_required"
         assert await portal.store.keys.list() == []

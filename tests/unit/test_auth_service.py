@@ -41,7 +41,7 @@ async def test_create_returns_the_secret_and_the_store_keeps_only_its_hash(
         budget_tokens=1_000_000,
         period="month",
         expires_at=START + timedelta(days=30),
-        is_admin=True,
+        admin_role="admin",
     )
     assert secret.startswith("sk-llmgw-")
     assert key.prefix == secret[:12]
@@ -147,7 +147,7 @@ async def test_update_sets_and_clears_fields_and_keeps_the_secret(
         budget_tokens=1000,
         period="day",
         expires_at=expires,
-        is_admin=True,
+        admin_role="admin",
     )
     assert (updated.name, updated.models, updated.rpm, updated.tpm) == (
         "team-b",

@@ -103,7 +103,7 @@ async def team_key(dash: Dash, name: str = "team-a") -> ApiKey:
         budget_tokens=1000,
         period="day",
         expires_at=EXPIRY,
-        is_admin=True,
+        admin_role="admin",
     )
     return key
 
@@ -144,7 +144,7 @@ async def test_the_edit_form_is_filled_with_the_keys_current_values(dash: Dash) 
         "budget_tokens": "1000",
         "period": "day",
         "expires_at": "2030-01-01T00:00:00",
-        "admin": "on",
+        "role": "admin",
     }
     assert shown_fields(fields) == expected
     copies = {k.removeprefix("was_"): v for k, v in fields.items() if k.startswith("was_")}
@@ -153,7 +153,8 @@ async def test_the_edit_form_is_filled_with_the_keys_current_values(dash: Dash) 
     plain, _ = await dash.sources.keys.create(name="plain <b>")
     plain_fields = shown_fields(await edit_form(dash, plain))
     assert plain_fields == {"name": "plain <b>", "models": "", "rpm": "", "tpm": "",
-                            "budget_tokens": "", "period": "", "expires_at": ""}  # fmt: skip
+                            "budget_tokens": "", "period": "", "expires_at": "",
+                            "role": ""}  # fmt: skip
     # Opened outside htmx (a link in a new tab): the Keys page instead.
     direct = await dash.client.get(f"/admin/keys/{key.id}/edit", follow_redirects=False)
     assert direct.status_code == 303 and direct.headers["location"] == "/admin/keys"
@@ -186,7 +187,7 @@ async def test_an_edit_lowers_rpm_and_restricts_models(dash: Dash) -> None:
 async def test_emptying_a_field_clears_that_limit(dash: Dash) -> None:
     key = await team_key(dash)
     fields = await edit_form(dash, key)
-    del fields["admin"]  # unticked: a browser does not send the box at all
+    fields["role"] = ""  # "none (a client key)"
     fields.update(models="", rpm="", budget_tokens="", expires_at="")  # the period is left
     answer = await save(dash, key.id, fields)
     assert answer.status_code == 200, answer.text
@@ -195,12 +196,12 @@ async def test_emptying_a_field_clears_that_limit(dash: Dash) -> None:
     assert (after.models, after.rpm, after.tpm) == (None, None, 5000)
     # Clearing the budget clears its period with it.
     assert (after.budget_tokens, after.budget_period) == (None, None)
-    assert (after.expires_at, after.is_admin) == (None, False)
+    assert (after.expires_at, after.admin_role) == (None, None)
     shown = row((await dash.client.get("/admin/keys", headers=HX)).text, "team-a")
     assert "all" in shown and "5,000 tok/min" in shown and "req/min" not in shown
     assert shown_fields(await edit_form(dash, key)) == {
         "name": "team-a", "models": "", "rpm": "", "tpm": "5000",
-        "budget_tokens": "", "period": "", "expires_at": "",
+        "budget_tokens": "", "period": "", "expires_at": "", "role": "",
     }  # fmt: skip
 
 

@@ -45,8 +45,8 @@ async def site_fixture(tmp_path: Path) -> AsyncIterator[Site]:
     try:
         cheap = Passwords(hasher=PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1))
         users = UserService(users=store.users, passwords=cheap)
-        await users.create("alice", PASSWORD, is_admin=True)
-        await users.create("bob", PASSWORD, is_admin=False)
+        await users.create("alice", PASSWORD, role="admin")
+        await users.create("bob", PASSWORD, role=None)
         sources, fleet = await fleet_sources(store, nodes=3, models=4)
         admin_app = create_admin_app(
             pool=EndpointPool(policy=EjectionPolicy(3, 1.0, 30.0), clock=fleet.clock.monotonic),

@@ -40,7 +40,7 @@ async def test_a_created_key_reads_back_identically(store: Store) -> None:
             budget_tokens=5_000_000_000,
             budget_period="month",
             expires_at=expires,
-            is_admin=True,
+            admin_role="admin",
         )
     )
     assert re.fullmatch(r"key_[0-9a-f]{16}", created.id)
@@ -232,7 +232,7 @@ async def test_updating_sets_each_field_and_keeps_the_others(
         (KeyChanges(budget_tokens=20_000), {"budget_tokens": 20_000}),
         (KeyChanges(budget_period="month"), {"budget_period": "month"}),
         (KeyChanges(expires_at=expires), {"expires_at": expires}),
-        (KeyChanges(is_admin=True), {"is_admin": True}),
+        (KeyChanges(admin_role="operator"), {"admin_role": "operator"}),
     ]
     expected = key
     for changes, fields in steps:
@@ -261,7 +261,7 @@ async def test_updating_clears_each_optional_limit(store: Store, store_clock: Fa
             budget_tokens=1000,
             budget_period="month",
             expires_at=datetime(2026, 1, 1, tzinfo=UTC),
-            is_admin=True,
+            admin_role="admin",
         )
     )
     steps: list[tuple[KeyChanges, dict[str, object]]] = [
@@ -273,7 +273,7 @@ async def test_updating_clears_each_optional_limit(store: Store, store_clock: Fa
             {"budget_tokens": None, "budget_period": None},
         ),
         (KeyChanges(expires_at=None), {"expires_at": None}),
-        (KeyChanges(is_admin=False), {"is_admin": False}),
+        (KeyChanges(admin_role=None), {"admin_role": None}),
     ]
     expected = key
     for changes, fields in steps:

@@ -70,7 +70,7 @@ async def test_migrations_create_the_schema_from_empty(store_target: StoreTarget
     try:
         assert await store.revision() is None
         await store.upgrade()
-        assert await store.revision() == head_revision() == "0017"
+        assert await store.revision() == head_revision() == "0018"
         assert await store.keys.list(include_revoked=True) == []
         assert await store.usage.query() == []
     finally:
@@ -232,3 +232,51 @@ async def test_connections_are_configured(store: Store, store_target: StoreTarge
             current = (await conn.execute(text("SELECT current_schema()"))).scalar_one()
             assert current == store_target.schema
     assert store.dialect == store_target.kind
+
+
+async def test_admins_from_before_roles_become_admins_and_the_rest_get_no_role(
+    store_target: StoreTarget,
+) -> None:
+    # A store at 0015 knows only the admin flags; 0018 turns them into roles.
+    keys = [
+        {"id": kid, "name": kid, "prefix": kid, "secret_hash": digit * 64, "is_admin": admin,
+         "created_at": START, "updated_at": START, "priority": "default", "weight": 1.0}
+        for kid, digit, admin in (("key_ops", "1", True), ("key_app", "2", False))
+    ]  # fmt: skip
+    people = [
+        {"id": uid, "name": uid, "password_hash": "$argon2id$x", "admin": admin,
+         "created_at": START}
+        for uid, admin in (("usr_ann", True), ("usr_bob", False))
+    ]  # fmt: skip
+    store = await store_target.open()
+    async with raw_engine(store_target) as engine, engine.begin() as conn:
+
+        def to_0015(sync: Connection) -> None:
+            command.upgrade(alembic_config(sync), "0015")
+
+        await conn.run_sync(to_0015)
+        for row in keys:
+            await conn.execute(
+                text(
+                    "INSERT INTO api_keys (id, name, prefix, secret_hash, is_admin, created_at, "
+                    "updated_at, priority, weight) VALUES (:id, :name, :prefix, :secret_hash, "
+                    ":is_admin, :created_at, :updated_at, :priority, :weight)"
+                ),
+                row,
+            )
+        for row in people:
+            await conn.execute(
+                text(
+                    "INSERT INTO users (id, name, password_hash, admin, created_at) "
+                    "VALUES (:id, :name, :password_hash, :admin, :created_at)"
+                ),
+                row,
+            )
+    try:
+        await store.upgrade()
+        roles = {k.id: (k.admin_role, k.is_admin) for k in await store.keys.list()}
+        assert roles == {"key_ops": ("admin", True), "key_app": (None, False)}
+        users = {u.name: (u.admin_role, u.is_admin) for u in await store.users.list()}
+        assert users == {"usr_ann": ("admin", True), "usr_bob": (None, False)}
+    finally:
+        await store.close()

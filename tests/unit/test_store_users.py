@@ -29,8 +29,8 @@ async def open_session(store: Store, user_id: str, token: str, *, hours: float =
 
 
 async def test_a_created_user_reads_back_by_id_and_name(store: Store) -> None:
-    alice = await store.users.create("alice", HASH_A, is_admin=True)
-    bob = await store.users.create("bob", HASH_B, is_admin=False)
+    alice = await store.users.create("alice", HASH_A, admin_role="admin")
+    bob = await store.users.create("bob", HASH_B, admin_role=None)
 
     assert alice.id.startswith("usr_") and alice.created_at == START
     assert alice.is_admin and not alice.disabled
@@ -41,20 +41,20 @@ async def test_a_created_user_reads_back_by_id_and_name(store: Store) -> None:
 
 
 async def test_names_are_unique_even_after_disabling(store: Store) -> None:
-    await store.users.create("alice", HASH_A, is_admin=True)
+    await store.users.create("alice", HASH_A, admin_role="admin")
     with pytest.raises(AlreadyExists, match="a user named 'alice' already exists"):
-        await store.users.create("alice", HASH_B, is_admin=False)
+        await store.users.create("alice", HASH_B, admin_role=None)
     await store.users.disable("alice")
     with pytest.raises(AlreadyExists):
-        await store.users.create("alice", HASH_B, is_admin=False)
+        await store.users.create("alice", HASH_B, admin_role=None)
     assert len(await store.users.list()) == 1
 
 
 async def test_bad_values_are_refused(store: Store) -> None:
     with pytest.raises(InvalidValue, match="user name"):
-        await store.users.create("", HASH_A, is_admin=False)
+        await store.users.create("", HASH_A, admin_role=None)
     with pytest.raises(InvalidValue, match="password_hash"):
-        await store.users.create("alice", "plain text", is_admin=False)
+        await store.users.create("alice", "plain text", admin_role=None)
     with pytest.raises(InvalidValue, match="session_id"):
         await store.sessions.create(
             session_id="token-itself",
@@ -68,8 +68,8 @@ async def test_bad_values_are_refused(store: Store) -> None:
 async def test_disabling_keeps_the_first_time_and_ends_the_sessions(
     store: Store, store_clock: FakeClock
 ) -> None:
-    alice = await store.users.create("alice", HASH_A, is_admin=True)
-    bob = await store.users.create("bob", HASH_B, is_admin=True)
+    alice = await store.users.create("alice", HASH_A, admin_role="admin")
+    bob = await store.users.create("bob", HASH_B, admin_role="admin")
     await open_session(store, alice.id, "a1")
     await open_session(store, bob.id, "b1")
     first = store_clock.advance(minutes=5)
@@ -86,7 +86,7 @@ async def test_disabling_keeps_the_first_time_and_ends_the_sessions(
 
 
 async def test_setting_a_password_ends_sessions_only_when_asked(store: Store) -> None:
-    alice = await store.users.create("alice", HASH_A, is_admin=True)
+    alice = await store.users.create("alice", HASH_A, admin_role="admin")
     await open_session(store, alice.id, "a1")
 
     kept = await store.users.set_password("alice", HASH_B, end_sessions=False)
@@ -101,7 +101,7 @@ async def test_setting_a_password_ends_sessions_only_when_asked(store: Store) ->
 
 
 async def test_sessions_are_created_read_touched_and_deleted(store: Store) -> None:
-    alice = await store.users.create("alice", HASH_A, is_admin=True)
+    alice = await store.users.create("alice", HASH_A, admin_role="admin")
     await open_session(store, alice.id, "a1")
 
     session = await store.sessions.get(sid("a1"))
@@ -125,7 +125,7 @@ async def test_a_session_needs_an_existing_user(store: Store) -> None:
 
 
 async def test_expired_sessions_are_swept(store: Store) -> None:
-    alice = await store.users.create("alice", HASH_A, is_admin=True)
+    alice = await store.users.create("alice", HASH_A, admin_role="admin")
     await open_session(store, alice.id, "short", hours=1)
     await open_session(store, alice.id, "long", hours=8)
 

@@ -34,6 +34,7 @@ from llmgw.auth.errors import (
 )
 from llmgw.auth.passwords import MIN_PASSWORD_LENGTH, Passwords, PasswordsBusy, check_password
 from llmgw.auth.principal import ANONYMOUS, Principal, principal_for
+from llmgw.auth.roles import ROLE_SCOPE_KEY, check_role, may, may_see, refusal, scope_role
 from llmgw.auth.service import KeyService
 from llmgw.auth.sessions import AdminSessions, LoggedIn, session_id
 from llmgw.auth.throttle import LoginThrottle
@@ -44,6 +45,7 @@ __all__ = [
     "ANONYMOUS",
     "CURSOR_OVERLAP",
     "MIN_PASSWORD_LENGTH",
+    "ROLE_SCOPE_KEY",
     "AdminSessions",
     "AuthError",
     "AuthUnavailable",
@@ -66,10 +68,15 @@ __all__ = [
     "UserInputError",
     "UserService",
     "check_password",
+    "check_role",
     "check_user_name",
     "generate_secret",
     "hash_secret",
+    "may",
+    "may_see",
     "principal_for",
+    "refusal",
+    "scope_role",
     "secret_prefix",
     "session_id",
     "token_from_headers",

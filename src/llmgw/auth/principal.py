@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from llmgw.auth.errors import ModelNotAllowed
 from llmgw.limits import KeyLimits
-from llmgw.store import ApiKey, KeyPriority
+from llmgw.store import AdminRole, ApiKey, KeyPriority
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +48,8 @@ class Principal:
     # Whether the router explains its choice of replica (`x-llmgw-route`) to this
     # caller: the explanation tells whether any key sent a prompt prefix lately.
     may_debug: bool = False
+    # The key's role on the admin API (llmgw.auth.roles); None: a client key.
+    admin_role: AdminRole | None = None
 
     def may_use(self, model: str, names: Collection[str] = ()) -> bool:
         """True when this caller may send requests for `model`, also known as `names`
@@ -91,4 +93,5 @@ def principal_for(key: ApiKey) -> Principal:
         weight=key.weight,
         max_queue_wait=key.max_queue_wait,
         may_debug=key.is_admin or "debug" in key.scopes,
+        admin_role=key.admin_role,
     )

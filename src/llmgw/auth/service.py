@@ -3,7 +3,7 @@
 `KeyService` validates what people type (raising `KeyInputError` naming the
 field), makes the secret, and hands the store only its hash and prefix. The
 secret is returned once, by `create` and `rotate`, and kept nowhere. `update`
-changes a key's name, models, limits, expiry, admin flag or scopes and keeps its
+changes a key's name, models, limits, expiry, admin role or scopes and keeps its
 secret.
 
 Not guaranteed: that a change is visible to routers at once. Each router
@@ -18,11 +18,13 @@ import builtins
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
-from llmgw.auth.errors import KeyInputError, escape
+from llmgw.auth.errors import KeyInputError, UserInputError, escape
+from llmgw.auth.roles import check_role
 from llmgw.auth.tokens import generate_secret, hash_secret, looks_like_secret, secret_prefix
 from llmgw.store import (
     KEEP,
     KEY_SCOPES,
+    AdminRole,
     ApiKey,
     BudgetPeriod,
     Keep,
@@ -65,7 +67,7 @@ class KeyService:
         budget_tokens: int | None = None,
         period: str | None = None,
         expires_at: datetime | None = None,
-        is_admin: bool = False,
+        admin_role: str | None = None,
         priority: str = "default",
         weight: float = 1.0,
         max_queue_wait: float | None = None,
@@ -86,6 +88,7 @@ class KeyService:
         _check_weight(weight)
         _check_wait(max_queue_wait)
         key_scopes = check_scopes(scopes)
+        key_role = check_key_role(admin_role)
         secret = self._new_secret()
         key = await self._keys.create(
             NewApiKey(
@@ -98,7 +101,7 @@ class KeyService:
                 budget_tokens=budget_tokens,
                 budget_period=budget_period,
                 expires_at=expires_at,
-                is_admin=is_admin,
+                admin_role=key_role,
                 priority=key_priority,
                 weight=weight,
                 max_queue_wait=max_queue_wait,
@@ -118,7 +121,7 @@ class KeyService:
         budget_tokens: int | Keep | None = KEEP,
         period: str | Keep | None = KEEP,
         expires_at: datetime | Keep | None = KEEP,
-        is_admin: bool | Keep = KEEP,
+        admin_role: str | Keep | None = KEEP,
         priority: str | Keep = KEEP,
         weight: float | Keep = KEEP,
         max_queue_wait: float | Keep | None = KEEP,
@@ -150,6 +153,7 @@ class KeyService:
         if not isinstance(max_queue_wait, Keep):
             _check_wait(max_queue_wait)
         key_scopes = scopes if isinstance(scopes, Keep) else check_scopes(scopes)
+        key_role = admin_role if isinstance(admin_role, Keep) else check_key_role(admin_role)
         key = await self.resolve(ref)
         budget_period: BudgetPeriod | Keep | None = KEEP
         if budget_tokens is None and isinstance(period, Keep):
@@ -168,7 +172,7 @@ class KeyService:
             budget_tokens=budget_tokens,
             budget_period=budget_period,
             expires_at=expires_at,
-            is_admin=is_admin,
+            admin_role=key_role,
             priority=key_priority,
             weight=weight,
             max_queue_wait=max_queue_wait,
@@ -269,6 +273,17 @@ def check_priority(priority: str) -> KeyPriority:
     raise KeyInputError(
         "priority", f"must be interactive, default or batch, got {escape(priority)}"
     )
+
+
+def check_key_role(role: str | None) -> AdminRole | None:
+    """`role` as a key's admin role (None: a client key); `KeyInputError` naming the
+    choices for anything else."""
+    try:
+        return check_role(role)
+    except UserInputError:
+        raise KeyInputError(
+            "role", f"must be admin, operator, viewer or none (a client key), got {escape(role)}"
+        ) from None
 
 
 def check_scopes(scopes: Sequence[str]) -> tuple[KeyScope, ...]:

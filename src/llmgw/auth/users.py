@@ -1,4 +1,5 @@
-"""Managing the people who log in to the admin pages: create, list, disable, change password.
+"""Managing the people who log in to the admin pages: create, list, disable, change
+password, set role.
 
 `UserService` is what `llmgw users` uses. It checks names and passwords
 (`UserInputError` says what is wrong), hashes passwords with argon2id in a worker
@@ -17,6 +18,7 @@ import re
 
 from llmgw.auth.errors import UserInputError
 from llmgw.auth.passwords import Passwords, check_password
+from llmgw.auth.roles import check_role
 from llmgw.store import User, UserRepository
 from llmgw.store.users import MAX_USER_NAME
 
@@ -41,14 +43,21 @@ class UserService:
         self._users = users
         self._passwords = passwords
 
-    async def create(self, name: str, password: str, *, is_admin: bool) -> User:
-        """A new user; `UserInputError` for a bad name or a weak password,
-        `AlreadyExists` (from the store) when the name is taken."""
+    async def create(self, name: str, password: str, *, role: str | None) -> User:
+        """A new user with `role` (admin, operator, viewer; None: no admin access);
+        `UserInputError` for a bad name, role or a weak password, `AlreadyExists`
+        (from the store) when the name is taken."""
         check_user_name(name)
+        admin_role = check_role(role)
         check_password(password)
         return await self._users.create(
-            name, await self._passwords.hash(password), is_admin=is_admin
+            name, await self._passwords.hash(password), admin_role=admin_role
         )
+
+    async def set_role(self, name: str, role: str | None) -> User:
+        """Give a user another role (None: no admin access); `NotFound` for no such user.
+        The user's open sessions get the new role at their next request."""
+        return await self._users.set_role(name, check_role(role))
 
     async def set_password(self, name: str, password: str) -> User:
         """Give a user a new password and end its sessions; `NotFound` for no such user."""

@@ -34,6 +34,7 @@ def key_view(key: ApiKey, now: datetime) -> dict[str, Any]:
         "budget_period": key.budget_period,
         "expires_at": _iso(key.expires_at),
         "is_admin": key.is_admin,
+        "admin_role": key.admin_role,
         "priority": key.priority,
         "weight": key.weight,
         "max_queue_wait": key.max_queue_wait,

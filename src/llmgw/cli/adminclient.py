@@ -272,6 +272,13 @@ def _decode(response: Any, admin: Admin, url: str, prefix: str) -> Any:
             EXIT_UNREACHABLE,
             status=status,
         )
+    if status == 403 and error_code(body) == "role_not_allowed":
+        # The key is good; its role (which the message names) may not do this.
+        raise AdminError(
+            f"the admin API refused the request: {error_message(body, 'HTTP 403')}",
+            EXIT_BAD_INPUT,
+            status=status,
+        )
     if status in (401, 403):
         raise AdminError(
             f"the admin API refused the request: {error_message(body, f'HTTP {status}')} "

@@ -54,7 +54,7 @@ FLAGS = {
     "budget_tokens": "--budget-tokens",
     "period": "--period",
     "expires_at": "--expires",
-    "is_admin": "--admin",
+    "role": "--role",
     "priority": "--priority",
     "weight": "--weight",
     "max_queue_wait": "--max-queue-wait",
@@ -114,8 +114,19 @@ def create(
         ),
     ] = None,
     admin: Annotated[
-        bool, typer.Option("--admin", help="Allow the key to use the admin API.")
+        bool,
+        typer.Option("--admin", help="Allow the key everything on the admin API (--role admin)."),
     ] = False,
+    role: Annotated[
+        str | None,
+        typer.Option(
+            "--role",
+            help="The key's role on the admin API: admin (everything), operator (the fleet: "
+            "nodes, models, activation; no keys or usage) or viewer (read the fleet) "
+            "[default: none, a client key].",
+            show_default=False,
+        ),
+    ] = None,
     priority: Annotated[
         str,
         typer.Option(
@@ -151,6 +162,8 @@ def create(
     store: StoreOption = None,
 ) -> None:
     """Create an API key and print its secret, once."""
+    if admin and role not in (None, "admin"):
+        fail(f"--admin means --role admin; drop one of --admin and --role {role}")
     model_list = models.split(",") if models is not None else None
     expires_at = parse_time_or_fail("--expires", expires, future=True)
 
@@ -166,7 +179,7 @@ def create(
                 budget_tokens=budget_tokens,
                 period=period,
                 expires_at=expires_at,
-                is_admin=admin,
+                admin_role="admin" if admin else role,
                 priority=priority,
                 weight=weight,
                 max_queue_wait=max_queue_wait,
@@ -248,7 +261,17 @@ def update(
         bool | None,
         typer.Option(
             "--admin/--no-admin",
-            help="Allow the key to use the admin API, or stop allowing it.",
+            help="Give the key the role admin (everything on the admin API), or take its "
+            "role away (--role none).",
+            show_default=False,
+        ),
+    ] = None,
+    role: Annotated[
+        str | None,
+        typer.Option(
+            "--role",
+            help="The key's role on the admin API from now on: admin, operator, viewer, or "
+            "none (a client key).",
             show_default=False,
         ),
     ] = None,
@@ -291,8 +314,10 @@ def update(
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     store: StoreOption = None,
 ) -> None:
-    """Change an API key's name, models, limits, expiry, admin flag or scopes; its secret
+    """Change an API key's name, models, limits, expiry, admin role or scopes; its secret
     stays."""
+    if admin is not None and role is not None:
+        fail("--admin/--no-admin and --role both set the key's role; give one of the two")
     for given, flag, cleared, clear_flag in (
         (models is not None, "--models", all_models, "--all-models"),
         (rpm is not None, "--rpm", no_rpm, "--no-rpm"),
@@ -310,7 +335,7 @@ def update(
     ):
         if given and cleared:
             fail(f"{flag} sets what {clear_flag} clears; give one of the two")
-    given_any = (name, models, rpm, tpm, budget_tokens, period, expires, admin)
+    given_any = (name, models, rpm, tpm, budget_tokens, period, expires, admin, role)
     queueing = (priority, weight, max_queue_wait, scope)
     if all(v is None for v in (*given_any, *queueing)) and not (
         all_models
@@ -324,7 +349,7 @@ def update(
         fail(
             "nothing to change: give at least one of --name, --models/--all-models, "
             "--rpm/--no-rpm, --tpm/--no-tpm, --budget-tokens/--period/--no-budget, "
-            "--expires/--never-expires, --admin/--no-admin, --priority, --weight, "
+            "--expires/--never-expires, --role or --admin/--no-admin, --priority, --weight, "
             "--max-queue-wait/--default-queue-wait, --scope/--no-scopes"
         )
     model_list = models.split(",") if models is not None else None
@@ -343,7 +368,7 @@ def update(
                 budget_tokens=_change(budget_tokens, clear=no_budget),
                 period=_change(period, clear=no_budget),
                 expires_at=_change(expires_at, clear=never_expires),
-                is_admin=_given(admin),
+                admin_role=_role_change(admin, role),
                 priority=_given(priority),
                 weight=_given(weight),
                 max_queue_wait=_change(max_queue_wait, clear=default_queue_wait),
@@ -459,9 +484,18 @@ def _row(key: ApiKey, now: datetime) -> list[str]:
         _limits(key),
         format_time(key.expires_at, "never"),
         key_state(key, now)
-        + (", admin" if key.is_admin else "")
+        + (f", {key.admin_role}" if key.admin_role else "")
         + "".join(f", {scope}" for scope in key.scopes),
     ]
+
+
+def _role_change(admin: bool | None, role: str | None) -> str | Keep | None:
+    """The admin role an update gives the key (None: no role), or `KEEP`."""
+    if admin is not None:
+        return "admin" if admin else None
+    if role is not None:
+        return None if role == "none" else role
+    return _given(None)
 
 
 def _scopes_change(scopes: list[str] | None, *, clear: bool) -> list[str] | Keep:

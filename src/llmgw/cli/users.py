@@ -6,6 +6,10 @@ A password is never taken from the command line (it would stay in the shell
 history and in `ps`): it is asked for twice without echo, or read from the
 first line of stdin with --password-stdin.
 
+Roles (admin, operator, viewer; `llmgw.auth.roles`) decide what a user may do
+on the admin pages. These commands are not held to a role: they open the store
+itself, so whoever may run them already holds its credentials.
+
 Not guaranteed: that a running server notices at once; it re-reads the user on
 every request, so a disabled user or a changed password ends those sessions at
 their next request.
@@ -87,31 +91,79 @@ def _check_name(name: str) -> None:
         fail(str(exc))
 
 
+RoleOption = Annotated[
+    str | None,
+    typer.Option(
+        "--role",
+        help="What the user may do on the admin pages: admin (everything), operator (the "
+        "fleet: nodes, models, activation; no keys or usage), viewer (read the fleet). "
+        "Default: no role (the user can log in but sees nothing).",
+        show_default=False,
+    ),
+]
+
+
+def _chosen_role(admin: bool, role: str | None) -> str | None:
+    from llmgw.auth import UserInputError, check_role
+
+    if admin and role not in (None, "admin"):
+        fail(f"--admin means --role admin; drop one of --admin and --role {role}")
+    try:
+        return check_role("admin" if admin else role)
+    except UserInputError as exc:
+        fail(str(exc))
+
+
 @users_app.command("create")
 def create(
     name: NameArgument,
     admin: Annotated[
-        bool, typer.Option("--admin", help="Let the user see and change the cluster.")
+        bool, typer.Option("--admin", help="Let the user see and change everything (--role admin).")
     ] = False,
+    role: RoleOption = None,
     password_stdin: PasswordStdinOption = False,
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     store: StoreOption = None,
 ) -> None:
     """Create a user who can log in at /admin/login on the API port."""
     _check_name(name)
+    chosen = _chosen_role(admin, role)
     password = _read_password(password_stdin)
 
     async def action(opened: Store) -> User:
         from llmgw.auth import UserInputError
 
         try:
-            return await _service(opened).create(name, password, is_admin=admin)
+            return await _service(opened).create(name, password, role=chosen)
         except UserInputError as exc:
             raise BadInput(str(exc)) from None
 
     user = run_with_store(data_dir, store, action)
-    role = "admin" if user.is_admin else "user without admin rights"
-    typer.echo(f"created {role} {user.name!r}; log in at /admin/login on the API port")
+    what = f"{user.admin_role} user" if user.admin_role else "user without an admin role"
+    typer.echo(f"created {what} {user.name!r}; log in at /admin/login on the API port")
+
+
+@users_app.command("role")
+def set_role(
+    name: NameArgument,
+    role: Annotated[
+        str,
+        typer.Argument(
+            help="admin (everything), operator (the fleet, no keys or usage), viewer (read "
+            "the fleet) or none (no admin access)."
+        ),
+    ],
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    store: StoreOption = None,
+) -> None:
+    """Give a user another role; its open sessions get it at their next request."""
+    chosen = _chosen_role(False, role)
+
+    async def action(opened: Store) -> User:
+        return await _service(opened).set_role(name, chosen)
+
+    user = run_with_store(data_dir, store, action)
+    typer.echo(f"user {user.name!r} now has the role {user.admin_role or 'none'}")
 
 
 @users_app.command("list")
@@ -133,6 +185,7 @@ def list_users(
                     "id": u.id,
                     "name": u.name,
                     "admin": u.is_admin,
+                    "role": u.admin_role,
                     "created_at": iso(u.created_at),
                     "disabled_at": iso(u.disabled_at),
                 }
@@ -146,13 +199,13 @@ def list_users(
     rows = [
         [
             u.name,
-            "yes" if u.is_admin else "no",
+            u.admin_role or "none",
             format_time(u.created_at),
             f"disabled {format_time(u.disabled_at)}" if u.disabled else "active",
         ]
         for u in users
     ]
-    typer.echo(render_table(["NAME", "ADMIN", "CREATED", "STATE"], rows))
+    typer.echo(render_table(["NAME", "ROLE", "CREATED", "STATE"], rows))
 
 
 @users_app.command("disable")

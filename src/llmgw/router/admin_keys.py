@@ -3,13 +3,17 @@
 
 The same operations as `llmgw keys` and `llmgw usage`, for tools and the
 dashboard. Served on the admin listener only; `admin_guard` lets loopback
-clients in and asks everyone else for an admin key. A created or rotated key's
+clients without a key in as admins, asks everyone else for a key with an admin
+role, and lets each key do what its role may (`llmgw.auth.roles`): a key
+presented on loopback is held to its role too. A created or rotated key's
 secret is in that one response and nowhere else. `PATCH /admin/api/keys/{ref}`
 takes any of the fields `POST /admin/api/keys` takes: a field left out stays
 as it is, a field sent as `null` is cleared (models: every model; rpm, tpm,
 budget_tokens: no limit; expires_at: never; scopes: none). `scopes` lists what a
 key may do besides calling models: `debug` (the router explains its choice of
-replica to the key, as it does to admin keys).
+replica to the key, as it does to admin keys). `role` is the key's role on the
+admin API: admin, operator, viewer, or null for a client key (`admin: true` is
+the older way to say role admin).
 Not guaranteed: pagination; the lists are whole, except request records (the
 latest `limit`, 100 by default and 1000 at most; narrow them with since/until).
 """
@@ -27,7 +31,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from llmgw.auth import Authenticator, AuthError, KeyInputError, KeyService, token_from_headers
+from llmgw.auth import (
+    ROLE_SCOPE_KEY,
+    Authenticator,
+    AuthError,
+    KeyInputError,
+    KeyService,
+    may,
+    refusal,
+    token_from_headers,
+)
 from llmgw.auth.views import key_view
 from llmgw.router.errors import error_body
 from llmgw.store import (
@@ -60,6 +73,7 @@ _CREATE_FIELDS = {
     "period",
     "expires_at",
     "admin",
+    "role",
     "priority",
     "weight",
     "max_queue_wait",
@@ -146,10 +160,34 @@ def _models(value: object) -> list[str] | None:
     return value
 
 
-def _admin(value: object) -> bool:
+def _admin(value: object) -> str | None:
     if not isinstance(value, bool):
         raise AdminInputError("'admin' must be true or false", param="admin")
+    return "admin" if value else None
+
+
+def _role_value(value: object) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise AdminInputError(
+            "'role' must be admin, operator, viewer or null (a client key)", param="role"
+        )
     return value
+
+
+def _role(body: dict[str, Any]) -> str | Keep | None:
+    """The key's admin role from `role`, or from the older `admin` flag (true: admin,
+    false: none); `KEEP` when neither is given."""
+    if "role" in body and "admin" in body:
+        raise AdminInputError(
+            "give either 'role' or 'admin' (true is the role admin), not both", param="role"
+        )
+    if "admin" in body:
+        return _admin(body["admin"])
+    return _given(body, "role", _role_value)
+
+
+def _keep_none(value: T | Keep | None) -> T | None:
+    return None if isinstance(value, Keep) else value
 
 
 def _period(value: object) -> str | None:
@@ -261,7 +299,7 @@ def key_routes(
                 budget_tokens=_int("budget_tokens", body.get("budget_tokens")),
                 period=_period(body.get("period")),
                 expires_at=_time("expires_at", body.get("expires_at")),
-                is_admin=_admin(body.get("admin", False)),
+                admin_role=_keep_none(_role(body)),
                 priority=_priority(body.get("priority", "default")),
                 weight=_weight(body.get("weight", 1.0)),
                 max_queue_wait=_seconds("max_queue_wait", body.get("max_queue_wait")),
@@ -296,7 +334,7 @@ def key_routes(
                 budget_tokens=_given(body, "budget_tokens", partial(_int, "budget_tokens")),
                 period=_given(body, "period", _period),
                 expires_at=_given(body, "expires_at", partial(_time, "expires_at")),
-                is_admin=_given(body, "admin", _admin),
+                admin_role=_role(body),
                 priority=_given(body, "priority", _priority),
                 weight=_given(body, "weight", _weight),
                 max_queue_wait=_given(body, "max_queue_wait", partial(_seconds, "max_queue_wait")),
@@ -382,29 +420,47 @@ def _is_loopback(scope: Scope) -> bool:
 
 
 def admin_guard(app: ASGIApp, *, authenticator: Authenticator) -> ASGIApp:
-    """Loopback clients pass; others need `Authorization: Bearer <admin key>`."""
+    """Loopback clients without a key pass as admins; a request with a key (from
+    anywhere) passes when the key's role may make it, and carries that role in the
+    scope (`ROLE_SCOPE_KEY`) for the dashboard."""
 
     async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or _is_loopback(scope):
+        if scope["type"] != "http":
             await app(scope, receive, send)
             return
         headers = dict(scope["headers"])
         token = token_from_headers(headers.get(b"authorization"), headers.get(b"x-api-key"))
+        if token is None and _is_loopback(scope):
+            await app(scope, receive, send)
+            return
         try:
             principal = await authenticator.authenticate(token)
         except AuthError as exc:
             response = _error(exc.status, exc.message, exc.type, exc.code)
         else:
-            if principal.is_admin:
+            role, method, path = principal.admin_role, scope["method"], scope["path"]
+            if principal.key_id is None and _is_loopback(scope):
+                # Auth mode open: there are no keys to hold a loopback caller to.
+                role = "admin"
+            if role is not None and may(role, method, path):
+                scope[ROLE_SCOPE_KEY] = role
                 await app(scope, receive, send)
                 return
-            response = _error(
-                403,
-                "the admin API needs an admin key (llmgw keys create --admin) "
-                "when called from another host",
-                "permission_error",
-                "admin_required",
-            )
+            if role is None:
+                response = _error(
+                    403,
+                    f"API key {principal.name!r} has no admin role: the admin API needs a key "
+                    "with one (llmgw keys create --role admin|operator|viewer)",
+                    "permission_error",
+                    "admin_required",
+                )
+            else:
+                response = _error(
+                    403,
+                    refusal(f"API key {principal.name!r}", role, method, path),
+                    "permission_error",
+                    "role_not_allowed",
+                )
         await response(scope, receive, send)
 
     return guarded

@@ -33,9 +33,11 @@ from llmgw.store.leadership import (
     ReplicaLoad,
 )
 from llmgw.store.models import (
+    ADMIN_ROLES,
     KEEP,
     KEY_SCOPES,
     MAX_MODEL_CHARS,
+    AdminRole,
     ApiKey,
     BudgetPeriod,
     Keep,
@@ -71,9 +73,11 @@ from llmgw.store.usage import UsageRepository
 from llmgw.store.users import AdminSession, SessionRepository, User, UserRepository
 
 __all__ = [
+    "ADMIN_ROLES",
     "KEEP",
     "KEY_SCOPES",
     "MAX_MODEL_CHARS",
+    "AdminRole",
     "AdminSession",
     "AlreadyExists",
     "Ambiguous",

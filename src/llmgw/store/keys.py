@@ -34,9 +34,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from llmgw.store.engine import transaction
 from llmgw.store.errors import Ambiguous, Conflict, InvalidValue, NotFound
 from llmgw.store.models import (
+    ADMIN_ROLES,
     BUDGET_PERIODS,
     KEY_PRIORITIES,
     KEY_SCOPES,
+    AdminRole,
     ApiKey,
     BudgetPeriod,
     Keep,
@@ -92,7 +94,7 @@ class KeyRepository:
             budget_tokens=spec.budget_tokens,
             budget_period=spec.budget_period,
             expires_at=spec.expires_at,
-            is_admin=spec.is_admin,
+            admin_role=spec.admin_role,
             priority=spec.priority,
             weight=spec.weight,
             max_queue_wait=spec.max_queue_wait,
@@ -317,6 +319,15 @@ def _validate(spec: NewApiKey) -> None:
     require_aware("expires_at", spec.expires_at)
     _validate_queueing(spec.priority, spec.weight, spec.max_queue_wait)
     _validate_scopes(spec.scopes)
+    _validate_role(spec.admin_role)
+
+
+def _validate_role(role: object) -> None:
+    if isinstance(role, str) and role not in ADMIN_ROLES:
+        raise InvalidValue(
+            f"admin_role takes {', '.join(ADMIN_ROLES)}, got {role!r}; leave it unset for a "
+            "key without admin access"
+        )
 
 
 def _validate_scopes(scopes: object) -> None:
@@ -345,7 +356,7 @@ def _validate_changes(changes: KeyChanges) -> None:
     if not changed:
         raise InvalidValue(
             "a key update must change at least one of name, models, rpm, tpm, "
-            "budget_tokens, budget_period, expires_at, is_admin, priority, weight, "
+            "budget_tokens, budget_period, expires_at, admin_role, priority, weight, "
             "max_queue_wait or scopes"
         )
     if isinstance(changes.name, str) and (not changes.name or len(changes.name) > _MAX_NAME):
@@ -363,6 +374,7 @@ def _validate_changes(changes: KeyChanges) -> None:
         require_aware("expires_at", changes.expires_at)
     _validate_queueing(changes.priority, changes.weight, changes.max_queue_wait)
     _validate_scopes(changes.scopes)
+    _validate_role(changes.admin_role)
 
 
 def _apply(key: ApiKey, changes: KeyChanges, *, now: datetime) -> ApiKey:
@@ -376,7 +388,7 @@ def _apply(key: ApiKey, changes: KeyChanges, *, now: datetime) -> ApiKey:
         budget_tokens=_pick(changes.budget_tokens, key.budget_tokens),
         budget_period=_pick(changes.budget_period, key.budget_period),
         expires_at=_pick(changes.expires_at, key.expires_at),
-        is_admin=_pick(changes.is_admin, key.is_admin),
+        admin_role=_pick(changes.admin_role, key.admin_role),
         priority=_pick(changes.priority, key.priority),
         weight=_pick(changes.weight, key.weight),
         max_queue_wait=_pick(changes.max_queue_wait, key.max_queue_wait),
@@ -402,7 +414,10 @@ def _pick(new: T | Keep, old: T) -> T:
 
 def _changed_columns(after: ApiKey, changes: KeyChanges) -> dict[str, Any]:
     row = _to_row(after)
-    return {field: row[field] for field in (*changes.changed(), "updated_at")}
+    columns = {field: row[field] for field in (*changes.changed(), "updated_at")}
+    if "admin_role" in columns:
+        columns["is_admin"] = row["is_admin"]
+    return columns
 
 
 def _validate_secret(prefix: str, secret_hash: str) -> None:
@@ -429,7 +444,9 @@ def _to_row(key: ApiKey) -> dict[str, Any]:
         "budget_tokens": key.budget_tokens,
         "budget_period": key.budget_period,
         "expires_at": key.expires_at,
+        # is_admin is kept for readers of the table that predate roles.
         "is_admin": key.is_admin,
+        "admin_role": key.admin_role,
         "created_at": key.created_at,
         "updated_at": key.updated_at,
         "revoked_at": key.revoked_at,
@@ -453,7 +470,7 @@ def _from_row(row: RowMapping) -> ApiKey:
         budget_tokens=row["budget_tokens"],
         budget_period=cast("BudgetPeriod | None", row["budget_period"]),
         expires_at=row["expires_at"],
-        is_admin=bool(row["is_admin"]),
+        admin_role=cast("AdminRole | None", row["admin_role"]),
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         revoked_at=row["revoked_at"],

@@ -24,6 +24,11 @@ KeyPriority = Literal["interactive", "default", "batch"]
 # of replica (`x-llmgw-route`), which tells whether any key sent a prompt lately.
 KeyScope = Literal["debug"]
 KEY_SCOPES: tuple[KeyScope, ...] = ("debug",)
+# What a user or an admin API key may do on the admin surface (llmgw.auth.roles):
+# `admin` everything, `operator` the fleet (drain, models, activation, join tokens)
+# but no keys, users or usage, `viewer` read the fleet only. None: no admin access.
+AdminRole = Literal["admin", "operator", "viewer"]
+ADMIN_ROLES: tuple[AdminRole, ...] = ("admin", "operator", "viewer")
 # The longest model name a usage record holds; the router refuses requests naming
 # a longer one, so every request it records fits.
 MAX_MODEL_CHARS = 256
@@ -70,7 +75,7 @@ class NewApiKey:
     budget_tokens: int | None = None
     budget_period: BudgetPeriod | None = None
     expires_at: datetime | None = None
-    is_admin: bool = False
+    admin_role: AdminRole | None = None
     priority: KeyPriority = "default"
     weight: float = 1.0
     max_queue_wait: float | None = None
@@ -110,7 +115,7 @@ class KeyChanges:
     budget_tokens: int | Keep | None = KEEP
     budget_period: BudgetPeriod | Keep | None = KEEP
     expires_at: datetime | Keep | None = KEEP
-    is_admin: bool | Keep = KEEP
+    admin_role: AdminRole | Keep | None = KEEP
     priority: KeyPriority | Keep = KEEP
     weight: float | Keep = KEEP
     max_queue_wait: float | Keep | None = KEEP
@@ -140,7 +145,8 @@ class ApiKey:
     budget_tokens: int | None
     budget_period: BudgetPeriod | None
     expires_at: datetime | None
-    is_admin: bool
+    # The key's role on the admin API; None: a client key, no admin access.
+    admin_role: AdminRole | None
     created_at: datetime
     updated_at: datetime
     revoked_at: datetime | None
@@ -154,6 +160,11 @@ class ApiKey:
     @property
     def revoked(self) -> bool:
         return self.revoked_at is not None
+
+    @property
+    def is_admin(self) -> bool:
+        """Whether the key has the `admin` role (may do everything)."""
+        return self.admin_role == "admin"
 
     def is_active(self, now: datetime) -> bool:
         """Not revoked and not expired at `now`."""

@@ -97,6 +97,8 @@ api_keys = Table(
     Column("budget_period", String(8), nullable=True),
     Column("expires_at", UTCDateTime, nullable=True),
     Column("is_admin", Boolean, nullable=False),
+    # admin, operator or viewer (llmgw.auth.roles); NULL: a client key.
+    Column("admin_role", String(16), nullable=True),
     Column("created_at", UTCDateTime, nullable=False),
     Column("updated_at", UTCDateTime, nullable=False, index=True),
     Column("revoked_at", UTCDateTime, nullable=True),
@@ -264,6 +266,8 @@ users = Table(
     Column("admin", Boolean, nullable=False),
     Column("created_at", UTCDateTime, nullable=False),
     Column("disabled_at", UTCDateTime, nullable=True),
+    # admin, operator or viewer (llmgw.auth.roles); NULL: may log in but see nothing.
+    Column("admin_role", String(16), nullable=True),
 )
 
 admin_sessions = Table(

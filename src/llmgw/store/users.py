@@ -24,7 +24,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import RowMapping, Select, delete, select, update
 from sqlalchemy.exc import IntegrityError
@@ -32,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from llmgw.store.engine import transaction
 from llmgw.store.errors import AlreadyExists, InvalidValue, NotFound
-from llmgw.store.models import require_aware
+from llmgw.store.models import ADMIN_ROLES, AdminRole, require_aware
 from llmgw.store.tables import admin_sessions, users
 
 MAX_USER_NAME = 64
@@ -54,13 +54,19 @@ class User:
     id: str
     name: str
     password_hash: str
-    is_admin: bool
+    # What the user may do on the admin pages; None: log in, see nothing.
+    admin_role: AdminRole | None
     created_at: datetime
     disabled_at: datetime | None
 
     @property
     def disabled(self) -> bool:
         return self.disabled_at is not None
+
+    @property
+    def is_admin(self) -> bool:
+        """Whether the user has the `admin` role (may do everything)."""
+        return self.admin_role == "admin"
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,15 +95,16 @@ class UserRepository:
         self._clock = clock
         self._new_id = new_id
 
-    async def create(self, name: str, password_hash: str, *, is_admin: bool) -> User:
+    async def create(self, name: str, password_hash: str, *, admin_role: AdminRole | None) -> User:
         """Store a new user; `AlreadyExists` when the name is taken (disabled users too)."""
         _check_name(name)
         _check_hash(password_hash)
+        _check_role(admin_role)
         user = User(
             id=self._new_id(),
             name=name,
             password_hash=password_hash,
-            is_admin=is_admin,
+            admin_role=admin_role,
             created_at=self._clock(),
             disabled_at=None,
         )
@@ -145,6 +152,21 @@ class UserRepository:
             user = await _select_user(conn, select(users).where(users.c.id == user.id))
         assert user is not None
         return user
+
+    async def set_role(self, name: str, admin_role: AdminRole | None) -> User:
+        """Give a user another role (None: no admin access); `NotFound` when there is no
+        such user. Sessions stay: each request reads the user's role afresh."""
+        _check_role(admin_role)
+        async with transaction(self._engine, f"setting the role of {name!r}") as conn:
+            user = await _select_user(conn, select(users).where(users.c.name == name))
+            if user is None:
+                raise NotFound(f"there is no user {name!r}; {_LIST_HINT}")
+            await conn.execute(
+                update(users)
+                .where(users.c.id == user.id)
+                .values(admin_role=admin_role, admin=admin_role == "admin")
+            )
+        return dataclasses.replace(user, admin_role=admin_role)
 
     async def set_password(self, name: str, password_hash: str, *, end_sessions: bool) -> User:
         """Replace a user's password hash; `NotFound` when there is no such user.
@@ -258,6 +280,13 @@ def _check_name(name: str) -> None:
         raise InvalidValue(f"user name must be 1 to {MAX_USER_NAME} characters, got {name!r}")
 
 
+def _check_role(role: object) -> None:
+    if role is not None and role not in ADMIN_ROLES:
+        raise InvalidValue(
+            f"a user's role must be one of {', '.join(ADMIN_ROLES)} or none, got {role!r}"
+        )
+
+
 def _check_hash(password_hash: str) -> None:
     if not password_hash.startswith("$") or len(password_hash) > _MAX_HASH:
         raise InvalidValue("password_hash must be a password hash encoding such as $argon2id$...")
@@ -273,7 +302,9 @@ def _user_row(user: User) -> dict[str, Any]:
         "id": user.id,
         "name": user.name,
         "password_hash": user.password_hash,
+        # `admin` is kept for readers of the table that predate roles.
         "admin": user.is_admin,
+        "admin_role": user.admin_role,
         "created_at": user.created_at,
         "disabled_at": user.disabled_at,
     }
@@ -284,7 +315,7 @@ def _user(row: RowMapping) -> User:
         id=row["id"],
         name=row["name"],
         password_hash=row["password_hash"],
-        is_admin=bool(row["admin"]),
+        admin_role=cast("AdminRole | None", row["admin_role"]),
         created_at=row["created_at"],
         disabled_at=row["disabled_at"],
     )

@@ -196,7 +196,7 @@ class Actions:
             budget_tokens=form_int(form, "budget_tokens"),
             period=form.get("period") or None,
             expires_at=form_expiry(form.get("expires_at", "")),
-            is_admin=form.get("admin") == "on",
+            admin_role=form.get("role", "").strip() or None,
         )
         return self.notice(f"key {key.name} created", secret=secret)
 
@@ -220,7 +220,7 @@ class Actions:
             budget_tokens=edits.budget_tokens,
             period=edits.period,
             expires_at=edits.expires_at,
-            is_admin=edits.is_admin,
+            admin_role=edits.admin_role,
         )
         return self.notice(f"key {key.name} updated; routers apply it within a few seconds")
 

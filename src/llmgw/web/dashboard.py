@@ -20,6 +20,11 @@ every `refresh_seconds`) gets only the page's live part. Pages carry no
 inline script or style, so the Content-Security-Policy allows scripts and
 styles from this origin only.
 
+Each page shows only what the caller's role may do (`llmgw.auth.roles`): the
+nav leaves out pages the role may not open, and a viewer gets no drain,
+activate, add or edit controls. The guard in front (the portal, or the admin
+listener's key check) refuses the requests themselves.
+
 Not guaranteed: pages that stay correct when the admin app is mounted under
 another prefix; the paths above are absolute.
 """
@@ -34,6 +39,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from llmgw.auth import may, may_see, scope_role
 from llmgw.auth.views import key_view
 from llmgw.store import StoreError
 from llmgw.web import views
@@ -126,7 +132,13 @@ class Dashboard:
         if live_url is None:
             query = request.url.query
             live_url = request.url.path + (f"?{query}" if query else "")
-        context = {**context, "live_url": live_url, "refresh_ms": self._refresh_ms}
+        role = scope_role(request.scope)
+        context = {
+            **context,
+            "live_url": live_url,
+            "refresh_ms": self._refresh_ms,
+            "can_change": may_see(role, "changes"),
+        }
         if is_htmx(request):
             body = self.renderer.render(f"live/{template}.html", context)
         else:
@@ -136,7 +148,7 @@ class Dashboard:
                     **context,
                     "title": title,
                     "heading": context.get("heading", title),
-                    "nav": NAV,
+                    "nav": [item for item in NAV if may(role, "GET", item[1])],
                     "active": name,
                     "user": portal_user(request),
                     "assets": {
@@ -160,7 +172,8 @@ class Dashboard:
         the versions it shows, only the cards that changed (see `nodes_page`)."""
         params = request.query_params
         q = clean_filter(params.get("q"))
-        view = nodes_view(self.renderer, self.sources.nodes(), q)
+        can_change = may_see(scope_role(request.scope), "changes")
+        view = nodes_view(self.renderer, self.sources.nodes(), q, can_change=can_change)
         versions = params.getlist("v")
         if versions and is_htmx(request):
             body = node_changes(self.renderer, view, known_versions(versions))

@@ -19,6 +19,8 @@ from urllib.parse import parse_qs, urlsplit
 import orjson
 from starlette.responses import Response
 
+from llmgw.store import AdminRole
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -37,10 +39,12 @@ NO_STORE: Mapping[str, str] = MappingProxyType({"cache-control": "no-store"})
 
 @dataclass(frozen=True, slots=True)
 class PortalUser:
-    """The admin a request came through the portal for, and their session's CSRF token."""
+    """The user a request came through the portal for, their session's CSRF token and
+    their role."""
 
     name: str
     csrf_token: str
+    role: AdminRole | None = None
 
 
 class BodyTooLarge(Exception):

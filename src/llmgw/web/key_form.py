@@ -67,7 +67,7 @@ def form_values(key: ApiKey) -> dict[str, str]:
         "budget_tokens": _text(key.budget_tokens),
         "period": key.budget_period or "",
         "expires_at": f"{expires.astimezone(UTC):%Y-%m-%dT%H:%M:%S}" if expires else "",
-        "admin": "on" if key.is_admin else "",
+        "role": key.admin_role or "",
     }
 
 
@@ -91,7 +91,7 @@ class KeyEdits:
     budget_tokens: int | Keep | None = KEEP
     period: str | Keep | None = KEEP
     expires_at: datetime | Keep | None = KEEP
-    is_admin: bool | Keep = KEEP
+    admin_role: str | Keep | None = KEEP
 
     def changed(self) -> list[str]:
         """The names of the fields to change."""
@@ -109,7 +109,7 @@ class KeyFields:
     budget_tokens: int | None
     period: str | None
     expires_at: datetime | None
-    is_admin: bool
+    admin_role: str | None
 
     @classmethod
     def of(cls, key: ApiKey) -> KeyFields:
@@ -123,7 +123,7 @@ class KeyFields:
             budget_tokens=key.budget_tokens,
             period=key.budget_period,
             expires_at=expires,
-            is_admin=key.is_admin,
+            admin_role=key.admin_role,
         )
 
     @classmethod
@@ -140,7 +140,7 @@ class KeyFields:
             budget_tokens=form_int(form, prefix + "budget_tokens"),
             period=form.get(prefix + "period", "").strip() or None,
             expires_at=form_expiry(form.get(prefix + "expires_at", ""), prefix + "expires_at"),
-            is_admin=form.get(prefix + "admin") == "on",
+            admin_role=form.get(prefix + "role", "").strip() or None,
         )
 
     @classmethod
@@ -162,7 +162,7 @@ class KeyFields:
                 budget_tokens=self.budget_tokens,
                 period=self.period,
                 expires_at=self.expires_at,
-                is_admin=self.is_admin,
+                admin_role=self.admin_role,
             )
         was = shown if shown is not None else now
         return KeyEdits(
@@ -173,5 +173,5 @@ class KeyFields:
             budget_tokens=_changed(self.budget_tokens, now.budget_tokens, was.budget_tokens),
             period=_changed(self.period, now.period, was.period),
             expires_at=_changed(self.expires_at, now.expires_at, was.expires_at),
-            is_admin=_changed(self.is_admin, now.is_admin, was.is_admin),
+            admin_role=_changed(self.admin_role, now.admin_role, was.admin_role),
         )

@@ -93,12 +93,13 @@ class NodesView:
     cards: list[Part]
 
 
-def nodes_view(renderer: Renderer, nodes: Sequence[Json], q: str) -> NodesView:
-    """Every card that matches `q`, rendered, and the summary over them."""
+def nodes_view(renderer: Renderer, nodes: Sequence[Json], q: str, *, can_change: bool) -> NodesView:
+    """Every card that matches `q`, rendered (with drain buttons when `can_change`),
+    and the summary over them."""
     shown = filter_nodes(nodes, q)
     cards = []
     for node in node_cards(shown):
-        html = renderer.render("node_card.html", {"node": _card(node)})
+        html = renderer.render("node_card.html", {"node": _card(node), "can_change": can_change})
         cards.append(Part(str(node["id"]), Markup(html), _version(html)))
     summary_html = renderer.render(
         "node_summary.html",

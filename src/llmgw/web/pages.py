@@ -1,4 +1,4 @@
-"""The portal's own pages: login and "no admin rights" (the dashboard has the rest).
+"""The portal's own pages: login and "not for your role" (the dashboard has the rest).
 
 Plain HTML with inline CSS and no scripts or external assets, so the login page
 works with the strictest Content-Security-Policy and leaks nothing to other
@@ -75,7 +75,7 @@ def _logout_form(csrf_token: str) -> str:
 
 
 def forbidden_page(*, user: str, csrf_token: str, message: str) -> HTMLResponse:
-    """For a logged-in user without admin rights: the reason and a way out, nothing else."""
+    """For a logged-in user whose role may not open this: the reason and a way out, nothing else."""
     body = (
         "<h1>llmgw admin</h1>"
         f"<p>Logged in as <strong>{escape(user)}</strong>.</p>"

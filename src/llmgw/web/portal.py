@@ -2,26 +2,29 @@
 
 The admin listener (loopback) serves the admin API, `/metrics` and debug
 endpoints to whoever reaches it. On the client-facing port only this portal
-answers under `/admin`, and only to logged-in admins:
+answers under `/admin`, and only to logged-in users with an admin role, each
+held to what the role may do (`llmgw.auth.roles`):
 
     GET  /admin/login        the login form
     POST /admin/login        username + password -> session cookie, 303 to /admin/
     POST /admin/logout       ends the session (CSRF-checked), 303 to /admin/login
     GET  /admin/api/session  who is logged in, and the CSRF token (any user)
-    *    /admin/api/...      passed unchanged to the admin app (admins, CSRF-checked)
+    *    /admin/api/...      passed unchanged to the admin app (by role, CSRF-checked)
     *    /admin/, dashboard  the dashboard's pages, actions and static files
                              (`llmgw.web.dashboard.is_dashboard_path`), likewise
 
-Requests passed on carry the logged-in admin and the session's CSRF token in
-the ASGI scope (`PORTAL_USER`), so the dashboard can show who is logged in and
-put the token into its pages for htmx to send back. Nothing else of the admin
-app (its `/metrics`, `/healthz`, `/readyz`, debug paths) is reachable through
-here. A request without a valid session gets a 303 to the login page
-(browsers), a 401 with `HX-Redirect` to it (the dashboard's own refreshes, so a
-page whose session ended goes to the login), or a 401 (API clients); a user
-without admin rights gets 403 and no cluster data. POST, PUT, PATCH and DELETE
-need the session's CSRF token in `X-CSRF-Token` (or a `csrf_token` form field);
-the cookie alone, which a browser attaches by itself, is never enough.
+Requests passed on carry the logged-in user, their role and the session's CSRF
+token in the ASGI scope (`PORTAL_USER`, `ROLE_SCOPE_KEY`), so the dashboard can
+show who is logged in and what their role may do, and put the token into its
+pages for htmx to send back. Nothing else of the admin app (its `/metrics`,
+`/healthz`, `/readyz`, debug paths) is reachable through here. A request
+without a valid session gets a 303 to the login page (browsers), a 401 with
+`HX-Redirect` to it (the dashboard's own refreshes, so a page whose session
+ended goes to the login), or a 401 (API clients); a user without an admin role
+gets 403 and no cluster data, and a user whose role may not do what is asked
+gets 403 naming the role. POST, PUT, PATCH and DELETE need the session's CSRF
+token in `X-CSRF-Token` (or a `csrf_token` form field); the cookie alone, which
+a browser attaches by itself, is never enough.
 
 Repeated failed logins slow the answers down (`LoginThrottle`); the wait is
 injected (`sleep`) so tests do not wait for real. Passwords are checked in the
@@ -46,12 +49,15 @@ from html import escape
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from llmgw.auth import (
+    ROLE_SCOPE_KEY,
     AdminSessions,
     LoggedIn,
     LoginFailed,
     LoginThrottle,
     Passwords,
     PasswordsBusy,
+    may,
+    refusal,
 )
 from llmgw.store import SessionRepository, StoreError, UserRepository
 from llmgw.web.dashboard import is_dashboard_path
@@ -87,7 +93,7 @@ LOGOUT = "/admin/logout"
 HOME = "/admin/"
 SESSION_API = "/admin/api/session"
 API_PREFIX = "/admin/api/"
-NOT_ADMIN = "your account has no admin rights"
+NOT_ADMIN = "your account has no admin role; ask an admin to give it one (llmgw users role)"
 # Username + password, URL-encoded: far more than any real login needs.
 LOGIN_BODY_LIMIT = 16 * 1024
 # Seconds a login refused because the password pool is full is told to wait.
@@ -153,6 +159,7 @@ class AdminPortal:
             )
         if isinstance(outcome, _Forward):
             scope[PORTAL_USER] = outcome.user
+            scope[ROLE_SCOPE_KEY] = outcome.user.role
             await self._admin_app(scope, outcome.receive, send)
         else:
             await outcome(scope, receive, send)
@@ -184,14 +191,15 @@ class AdminPortal:
             if method not in _READ:
                 return _not_allowed(method, path, "GET")
             return json_response(_session_view(logged_in))
-        if not logged_in.user.is_admin:
-            return self._not_admin(scope, headers, logged_in)
+        role = logged_in.user.admin_role
+        if not may(role, method, path):
+            return self._not_allowed(scope, headers, logged_in, method, path)
         if method in _UNSAFE:
             passed, receive = await _csrf_check(receive, headers, logged_in.session.csrf_token)
             if not passed:
                 return _csrf_failed(headers)
         if path == HOME or path.startswith(API_PREFIX) or is_dashboard_path(path):
-            user = PortalUser(logged_in.user.name, logged_in.session.csrf_token)
+            user = PortalUser(logged_in.user.name, logged_in.session.csrf_token, role)
             return _Forward(receive, user)
         return _not_found(method, path)
 
@@ -283,14 +291,31 @@ class AdminPortal:
             response.headers.append("set-cookie", cleared_cookie(secure=self._secure))
         return response
 
-    def _not_admin(self, scope: Scope, headers: dict[str, str], logged_in: LoggedIn) -> Response:
+    def _not_allowed(
+        self,
+        scope: Scope,
+        headers: dict[str, str],
+        logged_in: LoggedIn,
+        method: str,
+        path: str,
+    ) -> Response:
+        role = logged_in.user.admin_role
+        message = NOT_ADMIN if role is None else refusal("your account", role, method, path)
+        code = "admin_required" if role is None else "role_not_allowed"
+        if headers.get("hx-request") == "true":
+            # Shown where the dashboard puts an action's answer.
+            return HTMLResponse(
+                f'<div class="notice error" role="alert">{escape(message)}</div>',
+                status_code=403,
+                headers=NO_STORE,
+            )
         if wants_html(scope, headers):
             return forbidden_page(
                 user=logged_in.user.name,
                 csrf_token=logged_in.session.csrf_token,
-                message=NOT_ADMIN,
+                message=message,
             )
-        return error_response(403, NOT_ADMIN, "permission_error", "admin_required")
+        return error_response(403, message, "permission_error", code)
 
 
 def create_admin_portal(
@@ -352,6 +377,7 @@ def _session_view(logged_in: LoggedIn) -> dict[str, object]:
     return {
         "user": logged_in.user.name,
         "admin": logged_in.user.is_admin,
+        "role": logged_in.user.admin_role,
         "csrf_token": session.csrf_token,
         "created_at": session.created_at.isoformat(),
         "expires_at": session.expires_at.isoformat(),

@@ -58,7 +58,7 @@ class KeyManager(Protocol):
         budget_tokens: int | None = None,
         period: str | None = None,
         expires_at: datetime | None = None,
-        is_admin: bool = False,
+        admin_role: str | None = None,
     ) -> tuple[ApiKey, str]: ...
 
     async def resolve(self, ref: str) -> ApiKey: ...
@@ -74,7 +74,7 @@ class KeyManager(Protocol):
         budget_tokens: int | Keep | None = KEEP,
         period: str | Keep | None = KEEP,
         expires_at: datetime | Keep | None = KEEP,
-        is_admin: bool | Keep = KEEP,
+        admin_role: str | Keep | None = KEEP,
     ) -> ApiKey: ...
 
     async def revoke(self, ref: str) -> ApiKey: ...
