@@ -3,10 +3,12 @@
 A real `llmgw server` with one pinned sim model, a real agent (engines left
 running on exit, the production default), and a steady trickle of chat
 requests through the router while the agent is SIGKILLed and restarted, then
-SIGTERMed and restarted. Every request must succeed, the replica must stay the
-same process (same pid, no reload), and no failure may be recorded. (While
-the agent's stream is down the control plane keeps its replicas out of the
-routers, so requests wait for the agent to come back rather than fail.)
+SIGTERMed and restarted, each time 1.5 s later (a service manager's restart
+delay). Every request must succeed, and go on succeeding while no agent runs:
+the control plane keeps a replica in the routers while its agent's stream is
+closed (engines outlive their agent), so the router keeps serving it. The
+replica must stay the same process (same pid, no reload), and nothing may be
+started, drained or recorded as failed.
 """
 
 from __future__ import annotations
@@ -112,10 +114,18 @@ def test_restarting_the_agent_under_load_loses_no_request(tmp_path: Path) -> Non
                 else:
                     agent.popen.terminate()
                 agent.popen.wait(30)
+                gone = time.monotonic()
                 if how == "SIGTERM":
                     assert agent.popen.returncode == 0, agent.output()
                     assert "leaving 1 engine running" in agent.output()
-                # Restarted at once, as a service manager would.
+                # With no agent, requests are still served by the same engine (they
+                # would wait for the agent to come back if the replica left the router).
+                sent = load.sent
+                wait_for(lambda s=sent: load.sent >= s + 10, f"requests with the agent {how}ed")
+                assert not node(server)["connected"]
+                assert load.failures == [], load.failures[:5]
+                # Restarted 1.5 s later, as a service manager with a restart delay would.
+                time.sleep(max(0.0, 1.5 - (time.monotonic() - gone)))
                 agent = Proc(argv, env=env)
                 agents.append(agent)
                 wait_for(
@@ -139,8 +149,9 @@ def test_restarting_the_agent_under_load_loses_no_request(tmp_path: Path) -> Non
             f"{server.admin}/admin/api/events", params={"model": "steady"}, timeout=10
         ).json()["events"]
         assert not [e for e in events if e["kind"] == "failed"], events
-        # One start ever: the restarts reloaded nothing.
+        # One start ever, and no stop: the restarts reloaded and drained nothing.
         assert len([e for e in events if e["kind"] == "start"]) == 1, events
+        assert not [e for e in events if e["kind"] == "stop"], events
     except BaseException:
         print(server.proc.output())
         for proc in agents:
