@@ -117,11 +117,14 @@ def records(data_dir: Path) -> dict[str, tuple[int, int, int, int]]:
     return seen
 
 
-def write_config(path: Path, sims: dict[str, str], *, engine: str | None, extra: str = "") -> Path:
+def write_config(
+    path: Path, sims: dict[str, str], *, engine: str | None, extra: str = "", fields: str = ""
+) -> Path:
+    """Endpoints of model m1 (`fields`: more of each endpoint's, e.g. its `apis`)."""
     lines = ["endpoints:"]
     for name, url in sims.items():
         declared = f", engine: {engine}" if engine else ""
-        lines.append(f"  - {{id: {name}, url: '{url}', models: [m1]{declared}}}")
+        lines.append(f"  - {{id: {name}, url: '{url}', models: [m1]{declared}{fields}}}")
     path.write_text("\n".join(lines) + "\n" + extra)
     return path
 
@@ -519,3 +522,146 @@ def sim_pids(port: str) -> list[int]:
         ):
             pids.append(int(entry.name))
     return pids
+
+
+def events_of(server: Server, path: str, body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """POST a stream of another API and read it to its end: its request id, and every
+    event's data (with the event's name as `_event`), comments left out."""
+    found: list[dict[str, Any]] = []
+    with (
+        httpx.Client(timeout=httpx.Timeout(120.0)) as client,
+        client.stream("POST", server.url + path, json={**body, "stream": True}) as resp,
+    ):
+        assert resp.status_code == 200, resp.read()
+        request_id = resp.headers["x-request-id"]
+        event = "message"
+        for line in resp.iter_lines():
+            if line.startswith("event:"):
+                event = line[len("event:") :].strip()
+            elif line.startswith("data:"):
+                found.append({**orjson.loads(line[len("data:") :]), "_event": event})
+    return request_id, found
+
+
+@pytest.fixture(scope="module")
+def native_breaking(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """Three counting sims serving Messages and Responses natively, all breaking every
+    generation after 4 tokens."""
+    flags = ("--zero-delay", "--break-after-tokens", "4", "--native-apis", "messages,responses")
+    sims = [Sim("--text", "sequence", *flags, model="m1") for _ in range(3)]
+    tmp = tmp_path_factory.mktemp("native")
+    config = write_config(
+        tmp / "llmgw.yaml",
+        {f"n{i}": s.url for i, s in enumerate(sims)},
+        engine="sim",
+        fields=", apis: {messages: native, responses: native}",
+    )
+    server = Server("--config", str(config))
+    yield server
+    server.proc.stop()
+    for sim in sims:
+        sim.proc.stop()
+
+
+def test_a_native_messages_stream_is_continued_in_its_own_events(native_breaking: Server) -> None:
+    server = native_breaking
+    body = {"model": "m1", "max_tokens": 12, "messages": MESSAGES}
+    request_id, events = events_of(server, "/v1/messages", body)
+    kinds = [e["type"] for e in events]
+    # One message, one text block: the continuations go on in block 0 of the same message.
+    assert kinds[0] == "message_start" and kinds.count("message_start") == 1, kinds
+    assert kinds.count("content_block_start") == 1 and kinds.count("content_block_stop") == 1
+    assert kinds[-2:] == ["message_delta", "message_stop"], kinds
+    assert "error" not in kinds
+    deltas = [e for e in events if e["type"] == "content_block_delta"]
+    assert {e["index"] for e in deltas} == {0}
+    assert "".join(e["delta"]["text"] for e in deltas).split() == words(12)
+    end = events[-2]
+    assert end["delta"]["stop_reason"] == "max_tokens"
+    assert end["usage"]["output_tokens"] == 12
+
+    def recorded() -> tuple[int, int, int, int] | None:
+        return records(server.data_dir).get(request_id)
+
+    status, prompt, completion, continued = wait_for(recorded, "the stream's usage record")
+    assert (status, completion, continued) == (200, 12, 2)
+    assert end["usage"]["input_tokens"] == prompt
+
+
+def test_a_native_messages_stream_read_by_the_anthropic_sdk(native_breaking: Server) -> None:
+    with (
+        anthropic.Anthropic(base_url=native_breaking.url, api_key="x", max_retries=0) as client,
+        client.messages.stream(model="m1", max_tokens=12, messages=MESSAGES) as events,
+    ):
+        text = "".join(events.text_stream)
+        final = events.get_final_message()
+    assert text.split() == words(12)
+    [block] = final.content
+    assert block.type == "text" and block.text.split() == words(12)
+    assert (final.stop_reason, final.usage.output_tokens) == ("max_tokens", 12)
+
+
+def test_a_native_responses_stream_is_continued_in_its_own_events(
+    native_breaking: Server,
+) -> None:
+    server = native_breaking
+    body = {"model": "m1", "input": "Count.", "max_output_tokens": 12}
+    request_id, events = events_of(server, "/v1/responses", body)
+    kinds = [e["type"] for e in events]
+    assert kinds.count("response.created") == 1 and kinds[-1] == "response.incomplete", kinds
+    assert "error" not in kinds
+    # The event numbering goes on without a gap or a repeat, in one message item.
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert kinds.count("response.output_item.added") == 1
+    assert kinds.count("response.content_part.added") == 1
+    [item_id] = {e["item_id"] for e in events if "item_id" in e}
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert text.split() == words(12)
+    final = events[-1]["response"]
+    assert final["id"] == events[0]["response"]["id"]
+    [message] = final["output"]
+    assert message["id"] == item_id
+    assert message["content"][0]["text"].split() == words(12)
+    assert final["usage"]["output_tokens"] == 12
+
+    def recorded() -> tuple[int, int, int, int] | None:
+        return records(server.data_dir).get(request_id)
+
+    status, prompt, completion, continued = wait_for(recorded, "the stream's usage record")
+    assert (status, completion, continued) == (200, 12, 2)
+    assert final["usage"]["input_tokens"] == prompt
+
+
+def test_a_native_responses_stream_read_by_the_openai_sdk(native_breaking: Server) -> None:
+    with openai.OpenAI(base_url=native_breaking.url + "/v1", api_key="x", max_retries=0) as client:
+        events = list(
+            client.responses.create(model="m1", input="Count.", max_output_tokens=12, stream=True)
+        )
+    final = events[-1]
+    assert final.type == "response.incomplete"
+    assert final.response.output_text.split() == words(12)
+
+
+def test_a_native_stream_with_a_tool_call_ends_with_the_api_s_error_event(
+    native_breaking: Server,
+) -> None:
+    # A half-written tool call is not continued: the stream ends as before, in the
+    # API's own error event.
+    tool = {"name": "count", "input_schema": {"type": "object", "properties": {}}}
+    body = {
+        "model": "m1",
+        "max_tokens": 12,
+        "messages": MESSAGES,
+        "tools": [tool],
+        "tool_choice": {"type": "tool", "name": "count"},
+    }
+    request_id, events = events_of(native_breaking, "/v1/messages", body)
+    kinds = [e["type"] for e in events]
+    assert kinds == ["message_start", "content_block_start", "error"], kinds
+    assert events[-1]["error"]["type"] == "api_error"
+    assert "failed mid-stream" in events[-1]["error"]["message"]
+
+    def recorded() -> tuple[int, int, int, int] | None:
+        return records(native_breaking.data_dir).get(request_id)
+
+    assert wait_for(recorded, "the stream's usage record")[3] == 0
