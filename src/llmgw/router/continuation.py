@@ -276,7 +276,7 @@ class Continuation:
     @staticmethod
     def _resumed(req: ParsedRequest, endpoint: Endpoint, splice: Splice) -> Resumed:
         prompt = splice.prompt_tokens(req.prompt_tokens_estimate())
-        return Resumed(endpoint.id, prompt, splice.tokens, splice.continued)
+        return Resumed(endpoint.id, prompt, splice.completion_tokens(), splice.continued)
 
     async def _open(
         self,
@@ -485,10 +485,11 @@ class Continuation:
         # A native stream's translation ends with the usage: it always gets it.
         if req.client_wants_usage or req.served_natively:
             prompt = splice.prompt_tokens(req.prompt_tokens_estimate())
+            completion = splice.completion_tokens()
             usage = {
                 "prompt_tokens": prompt,
-                "completion_tokens": splice.tokens,
-                "total_tokens": prompt + splice.tokens,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
             }
             tail = (
                 b"data: " + orjson.dumps({**splice.head, "choices": [], "usage": usage}) + b"\n\n"
