@@ -8,11 +8,16 @@ delay). Every request must succeed, and go on succeeding while no agent runs:
 the control plane keeps a replica in the routers while its agent's stream is
 closed (engines outlive their agent), so the router keeps serving it. The
 replica must stay the same process (same pid, no reload), and nothing may be
-started, drained or recorded as failed.
+started, drained or recorded as failed. An agent that stays away past
+`unreachable_after` gets its replica replaced on another node; back, the surplus
+drained is the replacement, not the engine it adopts (which served longest).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -20,6 +25,7 @@ from typing import Any
 
 import httpx
 from procs import Proc, Server, free_port, free_port_block, llmgw, wait_for
+from streams import sim_pids
 
 CONFIG = (
     "control: {heartbeat_interval: 0.3, unreachable_after: 15, lost_after: 30, "
@@ -215,3 +221,97 @@ def _alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+SURPLUS_CONFIG = (
+    "control: {heartbeat_interval: 0.3, unreachable_after: 1.5, lost_after: 60, "
+    "reconcile_interval: 0.5, retry_base: 1, retry_max: 4, activation_timeout: 60, "
+    "stop_grace: 5}\n"
+    "router: {health: {interval: 0.5}}\n"
+    "models:\n"
+    "  - name: steady\n    weights: none\n    min_replicas: 1\n    max_replicas: 1\n"
+    "    keep_alive: -1\n"
+    "    profiles: [{name: sim, engine: sim, gpus: 1, engine_args: [--zero-delay]}]\n"
+)
+
+
+def replicas(server: Server) -> list[dict[str, Any]]:
+    """Every node's replicas of `steady` that hold their GPU, with their node."""
+    nodes = httpx.get(server.admin + "/admin/api/nodes", timeout=10).json()["nodes"]
+    return [
+        {**s, "node": n["id"]}
+        for n in nodes
+        for s in n["shards"]
+        if s["state"] not in ("stopped", "failed")
+    ]
+
+
+def test_an_agent_back_after_its_replica_was_replaced_keeps_the_one_that_served_longest(
+    tmp_path: Path,
+) -> None:
+    # The agent of the node serving `steady` stays away past unreachable_after: a
+    # replacement starts on the other node. Back, it adopts its engine, which looks
+    # new to it ("ready since now"); the surplus drained must be the replacement.
+    (tmp_path / "llmgw.yaml").write_text(SURPLUS_CONFIG)
+    agent_port = free_port()
+    server = Server(
+        "--agent-listen", f"127.0.0.1:{agent_port}", "--config", str(tmp_path / "llmgw.yaml"),
+        data_dir=tmp_path / "data",
+    )  # fmt: skip
+    env = {"LLMGW_AGENT_STOP_ENGINES_ON_EXIT": "0"}
+    argvs: dict[str, list[str]] = {}
+    agents: dict[str, Proc] = {}
+    lows: list[int] = []
+    try:
+        for name in ("node-r", "node-s"):
+            low = free_port_block(5)
+            lows.append(low)
+            argvs[name] = llmgw(
+                "agent", "--server", f"127.0.0.1:{agent_port}", "--node-id", name,
+                "--gpus", "1x24GiB", "--weights-dir", str(tmp_path / name / "w"),
+                "--state-dir", str(tmp_path / name / "s"), "--port-range", f"{low}-{low + 4}",
+                "--adopt-grace", "60",
+            )  # fmt: skip
+            agents[name] = Proc(argvs[name], env=env)
+
+        def one_ready() -> dict[str, Any] | None:
+            ready = [r for r in replicas(server) if r["state"] == "ready"]
+            return ready[0] if len(ready) == 1 else None
+
+        first = wait_for(one_ready, "the replica to be ready", within=120)
+        home, other = first["node"], ({"node-r", "node-s"} - {first["node"]}).pop()
+        agents[home].popen.kill()
+        agents[home].popen.wait(30)
+
+        def replaced() -> bool:
+            return any(r["node"] == other and r["state"] == "ready" for r in replicas(server))
+
+        wait_for(replaced, "a replacement to be ready on the other node", within=120)
+        agents[home] = Proc(argvs[home], env=env)
+
+        def settled() -> list[dict[str, Any]] | None:
+            left = replicas(server)
+            return left if len(left) == 1 and left[0]["state"] == "ready" else None
+
+        [kept] = wait_for(settled, "the surplus to be drained", within=120)
+        assert (kept["id"], kept["pid"]) == (first["id"], first["pid"]), kept
+        events = httpx.get(
+            f"{server.admin}/admin/api/events", params={"model": "steady"}, timeout=10
+        ).json()["events"]
+        stops = [e["message"] for e in events if e["kind"] == "stop"]
+        assert any(f"keeping {first['id']}" in m for m in stops), stops
+    except BaseException:
+        print(server.proc.output())
+        for name, proc in agents.items():
+            print(f"--- agent {name}\n{proc.output()}")
+        raise
+    finally:
+        for proc in agents.values():
+            proc.stop()
+        server.proc.stop()
+        # Engines outlive their agents: stop those the agents started.
+        for low in lows:
+            for port in range(low, low + 5):
+                for pid in sim_pids(str(port)):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
