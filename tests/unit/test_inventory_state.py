@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -289,3 +290,20 @@ def test_an_older_repeated_status_does_not_undo_a_newer_one(inventory: Inventory
     )
     assert kept.state == "ready"
     assert inventory.node("node-a").shards["s1"].state == "ready"
+
+
+def test_an_engine_adopted_by_a_restarted_agent_keeps_its_age(inventory: Inventory) -> None:
+    inventory.register(registration(shards=(ready_shard("llama-0"),)))
+    inventory.disconnected("node-a")
+    # The new agent adopts the same engine process and says "ready since now".
+    adopted = replace(ready_shard("llama-0"), since=EPOCH + timedelta(seconds=90))
+    node = inventory.register(registration(shards=(adopted,)))
+    assert node.shards["llama-0"].since == EPOCH
+    again = inventory.shard_status("node-a", replace(adopted, message="adopted"))
+    assert again.since == EPOCH
+
+    # Another process behind the same shard id (or another state) is new.
+    moved = replace(adopted, pid=5151)
+    assert inventory.shard_status("node-a", moved).since == EPOCH + timedelta(seconds=90)
+    loading = replace(moved, state="loading", since=EPOCH + timedelta(seconds=95))
+    assert inventory.shard_status("node-a", loading).since == EPOCH + timedelta(seconds=95)

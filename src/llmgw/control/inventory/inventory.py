@@ -316,6 +316,17 @@ class Inventory:
     def _shard(report: ShardReport, previous: Shard | None, wall: datetime) -> Shard:
         spec = report.spec if report.spec is not None else (previous.spec if previous else None)
         engine = spec.engine if spec is not None else (previous.engine if previous else "")
+        since = report.since if report.since is not None else wall
+        if (
+            previous is not None
+            and previous.state == report.state
+            and previous.pid == report.pid
+            and previous.endpoint_url == report.endpoint_url
+        ):
+            # The same engine process in the same state, reported again: a restarted
+            # agent adopting it says "since now". It is as old as before, and of two
+            # Ready replicas the one that served longest is the one a surplus keeps.
+            since = min(since, previous.since)
         return Shard(
             id=report.shard_id,
             model=report.model or (previous.model if previous else ""),
@@ -327,5 +338,5 @@ class Inventory:
             output_tail=report.output_tail,
             exit_code=report.exit_code,
             spec=spec,
-            since=report.since if report.since is not None else wall,
+            since=since,
         )

@@ -10,9 +10,11 @@ once on every inventory or catalog change and every activation.
 
 It also publishes Ready replicas to the router (through `EndpointPublisher`)
 and takes them out *before* a stop is sent, and at once when their node is in
-doubt (its agent's stream closed, or heartbeats missed): requests then wait as
-in an activation, while a replacement starts elsewhere once the node has missed
-its heartbeats (see `plan`). It keeps the failure history that
+doubt (heartbeats missed): requests then wait as in an activation, while a
+replacement starts elsewhere (see `plan`). A node whose agent's stream merely
+closed keeps its replicas in the routers (`state.routable`): engines outlive
+their agent, and the routers' health checks and connect errors take out one
+whose engine is really gone. It keeps the failure history that
 drives exponential backoff (retrying on another node where one fits), and
 answers activations: concurrent requests for a model share one start. A
 failure refuses waiting requests at once (with the engine's output) only when
@@ -858,8 +860,8 @@ class Controller:
     def _publish(self, nodes: Sequence[Node]) -> None:
         ready: dict[str, list[ReadyEndpoint]] = {}
         for node in nodes:
-            # A node in doubt (stream closed, heartbeats missed) may be gone with
-            # its engines: requests wait for a replica rather than try it.
+            # A node in doubt (heartbeats missed) may be gone with its engines:
+            # requests wait for a replica rather than try it.
             if not routable(node):
                 continue
             for shard in node.shards.values():
@@ -1199,8 +1201,8 @@ def _node_message(change: Change, node: Node) -> str:
         )
     if change.kind == "node_disconnected":
         return (
-            "the agent's stream closed: its replicas leave the routers until it reconnects; "
-            "they are replaced elsewhere if its heartbeats run out"
+            "the agent's stream closed: its replicas keep serving while the routers reach "
+            "them; they leave the routers and are replaced elsewhere if its heartbeats run out"
         )
     if change.kind == "node_draining":
         if node.draining:
