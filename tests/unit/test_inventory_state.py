@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -289,3 +290,16 @@ def test_an_older_repeated_status_does_not_undo_a_newer_one(inventory: Inventory
     )
     assert kept.state == "ready"
     assert inventory.node("node-a").shards["s1"].state == "ready"
+
+
+def test_a_node_snapshot_carries_every_field_and_its_own_shard_dict(inventory: Inventory) -> None:
+    """`Node.copy` is written field by field (for speed): a field added to `Node` and
+    forgotten there fails here."""
+    spec = ShardSpec(shard_id="s1", model="m", engine="sim", weights="w", gpu_indices=(0,))
+    report = ShardReport("s1", "m", "ready", spec=spec)
+    original = inventory.register(registration(shards=(report,)))
+    snapshot = original.copy()
+    for f in dataclasses.fields(original):
+        assert getattr(snapshot, f.name) == getattr(original, f.name), f.name
+    snapshot.shards.pop("s1")
+    assert "s1" in original.shards
