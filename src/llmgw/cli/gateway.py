@@ -61,6 +61,7 @@ from llmgw.control.agentsvc import (
     AgentListenerError,
     AgentServicer,
     NodeRemoval,
+    RegistrationPacer,
     run_sweeper,
     serve_agents,
 )
@@ -488,6 +489,12 @@ async def _serve(
         reserved_names=await reserved_node_names(cfg, pki),
         wall_clock=utc_now,
         tracer=control_tracer,
+        pacer=RegistrationPacer(
+            rate=cfg.control.registrations_per_second,
+            burst=cfg.control.registration_burst,
+            clock=clock,
+            rng=random.Random(),
+        ),
     )
     control = cfg.control
     controller = Controller(

@@ -1,7 +1,8 @@
 """The gRPC AgentService: agents' streams, reports into the inventory, commands down.
 
 `AgentServicer` implements `Dispatcher`; `serve_agents` starts its listener;
-`run_sweeper` ages silent nodes; `NodeRemoval` removes a node for good.
+`run_sweeper` ages silent nodes; `RegistrationPacer` paces registration storms;
+`NodeRemoval` removes a node for good.
 """
 
 from llmgw.control.agentsvc.dispatcher import Dispatcher, ShardSpec
@@ -13,6 +14,7 @@ from llmgw.control.agentsvc.errors import (
     CommandTimeout,
     NodeNotConnected,
 )
+from llmgw.control.agentsvc.pacing import RegistrationPacer
 from llmgw.control.agentsvc.removal import NodeRemoval, Removed
 from llmgw.control.agentsvc.server import AgentListener, run_sweeper, serve_agents
 from llmgw.control.agentsvc.servicer import AgentServicer, NodeReports
@@ -29,6 +31,7 @@ __all__ = [
     "NodeNotConnected",
     "NodeRemoval",
     "NodeReports",
+    "RegistrationPacer",
     "Removed",
     "ShardSpec",
     "run_sweeper",
