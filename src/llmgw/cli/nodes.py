@@ -202,7 +202,7 @@ LIST_PAGE = 500
 
 
 def _fetch_nodes(
-    target: Admin, *, limit: int | None, after: str | None, state: str | None, words: str
+    target: Admin, *, limit: int | None, after: str | None, state: str | None, words: str | None
 ) -> tuple[list[dict[str, Any]], int, str | None]:
     """The nodes asked for, page by page: (nodes, how many match, where the next would start)."""
     nodes: list[dict[str, Any]] = []
@@ -237,11 +237,11 @@ def list_nodes(
         ),
     ] = None,
     words: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--filter", "-q", help="Only nodes whose id, host, state or labels (zone=a) match."
         ),
-    ] = "",
+    ] = None,
     admin: AdminOption = None,
     admin_key: AdminKeyOption = None,
     admin_config: AdminConfigOption = None,
