@@ -65,9 +65,7 @@ async def test_pages_of_cards_in_id_order_with_links_between_them(
     # Past the last page: the last; an unreadable page: the first.
     beyond = (await client.get("/admin/nodes", params={"page": "99"})).text
     assert cards(beyond) == ids(range(200, 250))
-    assert cards((await client.get("/admin/nodes", params={"page": "two"})).text) == ids(
-        range(100)
-    )
+    assert cards((await client.get("/admin/nodes", params={"page": "two"})).text) == ids(range(100))
 
 
 async def test_the_filter_applies_before_paging(client: httpx.AsyncClient) -> None:
