@@ -167,7 +167,13 @@ class Dashboard:
         the versions it shows, only the cards that changed (see `nodes_page`)."""
         params = request.query_params
         q = clean_filter(params.get("q"))
-        view = nodes_view(self.renderer, self.sources.nodes(), q, clean_page(params.get("page")))
+        view = nodes_view(
+            self.renderer,
+            self.sources.node_briefs(),
+            q,
+            clean_page(params.get("page")),
+            views=self.sources.node_views,
+        )
         versions = params.getlist("v")
         if versions and is_htmx(request):
             body = node_changes(self.renderer, view, known_versions(versions))

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
@@ -108,14 +108,24 @@ class NodesView:
     cards: list[Part]
 
 
-def nodes_view(renderer: Renderer, nodes: Sequence[Json], q: str, page: int = 1) -> NodesView:
+def nodes_view(
+    renderer: Renderer,
+    nodes: Sequence[Json],
+    q: str,
+    page: int = 1,
+    views: Callable[[Sequence[str]], list[Json]] | None = None,
+) -> NodesView:
     """The cards on page `page` of those that match `q`, rendered, and the summary over
-    every match. A page past the last shows the last."""
+    every match. A page past the last shows the last. `nodes` need only what the filter
+    and the summary read (id, hostname, state, draining, labels, fabric) when `views`
+    gives the full views of the nodes on the page."""
     shown = sorted(filter_nodes(nodes, q), key=lambda n: str(n["id"]))
     pages = max(1, -(-len(shown) // PAGE_SIZE))
     page = min(page, pages)
     first = (page - 1) * PAGE_SIZE
     on_page = shown[first : first + PAGE_SIZE]
+    if views is not None:
+        on_page = views([str(n["id"]) for n in on_page])
     cards = []
     for node in node_cards(on_page):
         html = renderer.render("node_card.html", {"node": _card(node)})
@@ -130,7 +140,7 @@ def nodes_view(renderer: Renderer, nodes: Sequence[Json], q: str, page: int = 1)
             "page": page,
             "pages": pages,
             "first": first + 1,
-            "last": first + len(on_page),
+            "last": first + min(PAGE_SIZE, len(shown) - first),
         },
     )
     summary = Part(SUMMARY_ID, Markup(summary_html), _version(summary_html))
