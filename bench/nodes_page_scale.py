@@ -121,8 +121,7 @@ async def run(nodes: int, repeat: int, data_dir: Path) -> str:
                 rows.append((label, times, len(response.content)))
     finally:
         await store.close()
-    with open("/proc/loadavg") as f:
-        load = " ".join(f.read().split()[:3])
+    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])  # a tiny proc file
     lines = [
         f"## Nodes page and node list at {nodes:,} nodes x 8 GPUs",
         "",
