@@ -64,6 +64,7 @@ from pathlib import Path
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from llmgw.agent.refusal import retry_after
 from llmgw.proto import agent_pb2, agent_pb2_grpc
 
 HOST = "127.0.0.1"
@@ -368,6 +369,9 @@ class Fleet:
     per_channel: int
     channels: list[grpc.aio.Channel] = field(default_factory=list)
     registered: int = 0
+    # Registers the server told to come back later (a paced storm), and the longest wait.
+    deferred: int = 0
+    longest_wait: float = 0.0
     all_registered: asyncio.Event = field(default_factory=asyncio.Event)
     registration_seconds: float = math.nan
     interval: float = math.nan
@@ -396,12 +400,29 @@ class Fleet:
         for i in range(self.agents):
             self._tasks.append(asyncio.create_task(self._agent(i, stubs[i // self.per_channel])))
 
+    async def _connect(
+        self, index: int, stub: agent_pb2_grpc.AgentServiceStub
+    ) -> tuple[Call, object]:
+        """Open the stream and register, coming back when a busy server says to (as
+        `llmgw agent` does); the stream and the server's first answer."""
+        while True:
+            call: Call = stub.Connect()
+            self._calls.append(call)
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                await call.write(agent_pb2.AgentMessage(register=register_message(index)))
+            try:
+                return call, await call.read()
+            except grpc.aio.AioRpcError as exc:
+                wait = retry_after(exc.trailing_metadata())
+                if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or wait is None:
+                    raise
+            self.deferred += 1
+            self.longest_wait = max(self.longest_wait, wait)
+            await asyncio.sleep(wait)
+
     async def _agent(self, index: int, stub: agent_pb2_grpc.AgentServiceStub) -> None:
-        call: Call = stub.Connect()
-        self._calls.append(call)
         try:
-            await call.write(agent_pb2.AgentMessage(register=register_message(index)))
-            reply: object = await call.read()
+            call, reply = await self._connect(index, stub)
             if not isinstance(reply, agent_pb2.ServerMessage) or not reply.HasField("registered"):
                 raise BenchError(f"agent {index}: expected Registered, got {reply!r}")
             interval = reply.registered.heartbeat_interval_seconds
@@ -478,6 +499,7 @@ class Row:
     errors: list[str]
 
     attempts: int = 1
+    deferred: int = 0  # Registers told to come back later (a paced storm)
 
     @property
     def ok(self) -> bool:
@@ -570,6 +592,7 @@ async def run_row(agents: int, window: float, args: argparse.Namespace, pin: boo
             late_p99=_pct(fleet.late, 0.99),
             late_max=max(fleet.late, default=math.nan),
             errors=list(fleet.errors),
+            deferred=fleet.deferred,
         )
     finally:
         await fleet.close()
@@ -653,8 +676,8 @@ def render(rows: list[Row], args: argparse.Namespace, pinned: bool, command: str
         "once; the window starts one interval after the last registration.",
         "",
         "| agents | interval | heartbeats/s | server CPU % | RSS MiB | handling p50 / p99 µs "
-        "| registration | nodes ready |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| registration | told to come back | nodes ready |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         mark = " †" if r.disturbed(pinned) else ""
@@ -662,7 +685,7 @@ def render(rows: list[Row], args: argparse.Namespace, pinned: bool, command: str
             f"| {r.agents:,}{mark} | {r.interval:g} s | {r.beats / r.window:,.1f} "
             f"| {100 * r.server_cpu / r.window:.1f} | {r.rss / MIB:.0f} "
             f"| {_us(r.heartbeat_p50)} / {_us(r.heartbeat_p99)} "
-            f"| {r.registration_seconds:.2f} s | {_ready(r)} |"
+            f"| {r.registration_seconds:.2f} s | {r.deferred:,} | {_ready(r)} |"
         )
     lines += [
         "",
@@ -701,7 +724,10 @@ def render(rows: list[Row], args: argparse.Namespace, pinned: bool, command: str
         "100, 150, 200, 300, 500 µs, …) as `histogram_quantile` does; register handling is "
         "every registration of the run.",
         "- Registration: from the first `Register` sent to the last `Registered` received, all "
-        "agents at once over already-connected channels. Nodes ready: `GET /admin/api/nodes` "
+        "agents at once over already-connected channels; an agent the server told to come "
+        "back later (RESOURCE_EXHAUSTED, `llmgw-retry-after-ms`) waits as told and registers "
+        "again, as `llmgw agent` does (told to come back: how many times). "
+        "Nodes ready: `GET /admin/api/nodes` "
         f"after the window (unreachable after {3 * args.interval:g} s without a heartbeat).",
         "- Send lateness: how late this process sent heartbeats against their schedule; low "
         "values mean the agents' side did not limit the rate. Other load: each core's busy "
