@@ -2,9 +2,10 @@
 
 `AgentServicer` implements `Dispatcher`; `serve_agents` starts its listener;
 `run_sweeper` ages silent nodes; `RegistrationPacer` paces registration storms;
-`NodeRemoval` removes a node for good.
+`NodeRemoval` removes a node for good; `ClaimBatcher` writes node-id claims in batches.
 """
 
+from llmgw.control.agentsvc.claims import ClaimBatcher
 from llmgw.control.agentsvc.dispatcher import Dispatcher, ShardSpec
 from llmgw.control.agentsvc.errors import (
     AgentListenerError,
@@ -25,6 +26,7 @@ __all__ = [
     "AgentServiceError",
     "AgentServicer",
     "BadAgentMessage",
+    "ClaimBatcher",
     "CommandFailed",
     "CommandTimeout",
     "Dispatcher",
