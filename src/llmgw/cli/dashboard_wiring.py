@@ -163,7 +163,7 @@ def dashboard_sources(
                 "labels": n.labels,
                 "fabric": n.fabric,
             }
-            for n in inventory.nodes()
+            for n in inventory.briefs()
         ]
 
     def node_views(ids: Sequence[str]) -> list[Json]:

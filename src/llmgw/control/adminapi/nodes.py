@@ -62,7 +62,7 @@ from llmgw.control.agentsvc.errors import (
 )
 from llmgw.control.agentsvc.removal import DEFAULT_REASON, Removed
 from llmgw.control.inventory.errors import UnknownNode
-from llmgw.control.inventory.model import Node
+from llmgw.control.inventory.model import Node, NodeBrief
 from llmgw.store import StoreError
 from llmgw.store.nodeids import MAX_REASON
 
@@ -90,6 +90,8 @@ class NodeDirectory(Protocol):
 
     def nodes(self) -> Sequence[Node]: ...
 
+    def briefs(self) -> Sequence[NodeBrief]: ...
+
     def node(self, node_id: str) -> Node: ...
 
     def set_draining(self, node_id: str, draining: bool) -> Node: ...
@@ -104,7 +106,7 @@ def _in_state(state: str, draining: bool, wanted: str | None) -> bool:
     return wanted is None or (draining if wanted == "draining" else state == wanted)
 
 
-def _node_matches(node: Node, query: PageQuery) -> bool:
+def _node_matches(node: NodeBrief, query: PageQuery) -> bool:
     if not _in_state(node.state, node.draining, query.state):
         return False
     if not query.words:
@@ -243,29 +245,31 @@ def node_routes(
             found = await leader_nodes(source)
             if isinstance(found, Response):
                 return found
-            views = take_page(
+            leader = take_page(
                 found,
                 key=lambda v: str(v["id"]),
                 query=query,
                 matches=lambda v: _view_matches(v, query),
             )
             return json_response(
-                {"nodes": views.items, "total": views.total, "next_after": views.next_after}
+                {"nodes": leader.items, "total": leader.total, "next_after": leader.next_after}
             )
-        # Filter and page the nodes first: a view is built only for the page.
+        # Filter and page on the briefs first: a node is copied and viewed only
+        # when it is on the page.
         page = take_page(
-            inventory.nodes(),
+            inventory.briefs(),
             key=lambda n: n.id,
             query=query,
             matches=lambda n: _node_matches(n, query),
         )
-        return json_response(
-            {
-                "nodes": [node_view(n, inventory.heartbeat_age(n)) for n in page.items],
-                "total": page.total,
-                "next_after": page.next_after,
-            }
-        )
+        views = []
+        for brief in page.items:
+            try:
+                node = inventory.node(brief.id)
+            except UnknownNode:
+                continue  # removed since the briefs were read
+            views.append(node_view(node, inventory.heartbeat_age(node)))
+        return json_response({"nodes": views, "total": page.total, "next_after": page.next_after})
 
     async def show_node(request: Request) -> Response:
         if (source := standby()) is not None:

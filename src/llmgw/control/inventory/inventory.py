@@ -29,6 +29,7 @@ from llmgw.control.inventory.model import (
     Gpu,
     GpuUsage,
     Node,
+    NodeBrief,
     NodeRegistration,
     NodeState,
     Shard,
@@ -295,6 +296,14 @@ class Inventory:
     def nodes(self) -> list[Node]:
         """Snapshots of every known node, by id."""
         return [self._nodes[k].copy() for k in sorted(self._nodes)]
+
+    def briefs(self) -> list[NodeBrief]:
+        """What lists filter, count and page on, for every node, by id: no GPUs or
+        shards are copied (a fleet of 10,000 nodes is listed a page at a time)."""
+        return [
+            NodeBrief(n.id, n.hostname, n.state, n.draining, n.labels, n.fabric)
+            for n in (self._nodes[k] for k in sorted(self._nodes))
+        ]
 
     def node(self, node_id: str) -> Node:
         """A snapshot of one node; raises `UnknownNode`."""

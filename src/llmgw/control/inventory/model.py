@@ -171,6 +171,19 @@ class Shard:
         return self.state not in TERMINAL_SHARD_STATES
 
 
+@dataclass(frozen=True, slots=True)
+class NodeBrief:
+    """What a list filters and pages nodes on (`Inventory.briefs`); the labels are the
+    node's own mappings, which the inventory replaces, never changes in place."""
+
+    id: str
+    hostname: str
+    state: NodeState
+    draining: bool
+    labels: Mapping[str, str]
+    fabric: Mapping[str, str]
+
+
 @dataclass(slots=True)
 class Node:
     """A machine running an agent, as the inventory knows it.
