@@ -412,9 +412,11 @@ class Fleet:
                 await call.write(agent_pb2.AgentMessage(register=register_message(index)))
             try:
                 return call, await call.read()
-            except grpc.aio.AioRpcError as exc:
-                wait = retry_after(exc.trailing_metadata())
-                if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or wait is None:
+            except grpc.aio.AioRpcError:
+                # The call's own status: a read racing the server's refusal may
+                # raise INTERNAL where the status says RESOURCE_EXHAUSTED.
+                wait = retry_after(await call.trailing_metadata())
+                if await call.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or wait is None:
                     raise
             self.deferred += 1
             self.longest_wait = max(self.longest_wait, wait)

@@ -334,8 +334,10 @@ class Connection:
                 address, f"no Registered answer within {timeout:g}s", timed_out=True
             ) from exc
         except grpc.aio.AioRpcError as exc:
+            # The call's own status, as for the write: a read racing the server's
+            # refusal may raise INTERNAL where the status says why.
             raise self._refused(
-                address, exc.code(), exc.details(), exc.trailing_metadata()
+                address, await call.code(), await call.details(), await call.trailing_metadata()
             ) from exc
         if not isinstance(answer, agent_pb2.ServerMessage):
             raise ConnectError(address, "the server ended the stream without answering Register")
