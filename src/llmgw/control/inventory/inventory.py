@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
@@ -181,16 +181,21 @@ class Inventory:
         node.last_heartbeat = now
         node.last_heartbeat_at = self._wall_clock()
         if gpus:
+            # Built directly, not with `dataclasses.replace` (which inspects the class
+            # on every call): 10,000 nodes x 8 GPUs every interval.
             usage = {u.index: u for u in gpus}
             node.gpus = tuple(
-                replace(
-                    g,
-                    utilization=usage[g.index].utilization,
-                    memory_used=usage[g.index].memory_used,
-                    memory_free=usage[g.index].memory_free,
+                g
+                if (u := usage.get(g.index)) is None
+                else Gpu(
+                    g.index,
+                    g.uuid,
+                    g.name,
+                    g.memory_total,
+                    u.memory_free,
+                    u.utilization,
+                    u.memory_used,
                 )
-                if g.index in usage
-                else g
                 for g in node.gpus
             )
         if node.state != "ready":
