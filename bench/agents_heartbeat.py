@@ -57,6 +57,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,6 +139,7 @@ class Server:
         self._dir = Path(tempfile.mkdtemp(prefix="llmgw-agents-bench-"))
         self.admin_port = _free_port()
         self.agent_port = _free_port()
+        self.api_port = _free_port()
         self.log = self._dir / "server.log"
         config = self._dir / "server.yaml"
         # Unreachable after 3 missed beats, lost after 12: the ratios of the defaults.
@@ -156,7 +158,7 @@ class Server:
             sys.executable, "-m", "llmgw", "server",
             "--config", str(config),
             "--endpoint", "x=http://127.0.0.1:1=m",
-            "--listen", f"{HOST}:{_free_port()}",
+            "--listen", f"{HOST}:{self.api_port}",
             "--admin-listen", f"{HOST}:{self.admin_port}",
             "--agent-listen", f"{HOST}:{self.agent_port}",
             "--data-dir", str(self._dir / "data"),
@@ -225,6 +227,45 @@ class Server:
             else:
                 path.unlink()
         self._dir.rmdir()
+
+
+class ApiProbe:
+    """GET /healthz on the API port, one after another over one keep-alive connection,
+    in a thread, while running; the latencies are kept (what a client sees during a storm)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.latencies: list[float] = []
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> ApiProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        conn = http.client.HTTPConnection(HOST, self.port, timeout=30)
+        try:
+            while not self._stop.is_set():
+                started = time.perf_counter()
+                try:
+                    conn.request("GET", "/healthz")
+                    conn.getresponse().read()
+                except (OSError, http.client.HTTPException):
+                    self.errors += 1
+                    conn.close()
+                    conn = http.client.HTTPConnection(HOST, self.port, timeout=30)
+                    continue
+                self.latencies.append(time.perf_counter() - started)
+                # About 50 probes a second: a client's steady trickle, not a load.
+                self._stop.wait(0.02)
+        finally:
+            conn.close()
 
 
 def core_busy_seconds() -> dict[int, float]:
@@ -502,6 +543,11 @@ class Row:
 
     attempts: int = 1
     deferred: int = 0  # Registers told to come back later (a paced storm)
+    # GET /healthz on the API port: p50 before the storm, p50 / p99 during it, failures.
+    api_idle_p50: float = math.nan
+    api_storm_p50: float = math.nan
+    api_storm_p99: float = math.nan
+    api_failed: int = 0
 
     @property
     def ok(self) -> bool:
@@ -536,17 +582,27 @@ async def run_row(agents: int, window: float, args: argparse.Namespace, pin: boo
         await server.wait_ready()
         idle_rss = server.rss()
         await fleet.connect()
+        with ApiProbe(server.api_port) as idle_probe:
+            await asyncio.sleep(2.0)
         say(f"{agents} agents: registering over {len(fleet.channels)} channels")
         fleet.start()
         try:
-            async with asyncio.timeout(REGISTER_TIMEOUT):
-                await fleet.all_registered.wait()
+            with ApiProbe(server.api_port) as storm_probe:
+                async with asyncio.timeout(REGISTER_TIMEOUT):
+                    await fleet.all_registered.wait()
         except TimeoutError:
             raise BenchError(
                 f"only {fleet.registered} of {agents} agents registered within "
                 f"{REGISTER_TIMEOUT:g} s; first errors: {fleet.errors[:3]}",
                 server.tail(),
             ) from None
+        api_idle = _pct(idle_probe.latencies, 0.5)
+        api_storm = _pct(storm_probe.latencies, 0.5)
+        say(
+            f"{agents} agents: API port /healthz p50 {api_idle * 1e3:.2f} ms idle, "
+            f"{api_storm * 1e3:.2f} ms during the storm ({len(storm_probe.latencies)} probes, "
+            f"{storm_probe.errors} failed)"
+        )
         say(
             f"{agents} agents: registered in {fleet.registration_seconds:.2f} s; "
             f"settling for one interval ({fleet.interval:g} s)"
@@ -595,6 +651,10 @@ async def run_row(agents: int, window: float, args: argparse.Namespace, pin: boo
             late_max=max(fleet.late, default=math.nan),
             errors=list(fleet.errors),
             deferred=fleet.deferred,
+            api_idle_p50=api_idle,
+            api_storm_p50=api_storm,
+            api_storm_p99=_pct(storm_probe.latencies, 0.99),
+            api_failed=idle_probe.errors + storm_probe.errors,
         )
     finally:
         await fleet.close()
@@ -748,6 +808,23 @@ def render(rows: list[Row], args: argparse.Namespace, pinned: bool, command: str
                 f"{b.agents:,} agent rows (their CPU difference over their rate "
                 f"difference, which cancels the server's idle work): {_us(cpu / rate)} µs."
             )
+    lines += [
+        "",
+        "| agents | API port /healthz p50 idle ms | p50 / p99 during the storm ms "
+        "| added p50 ms | probes failed |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.agents:,} | {r.api_idle_p50 * 1e3:.2f} | {r.api_storm_p50 * 1e3:.2f} / "
+            f"{r.api_storm_p99 * 1e3:.2f} | {(r.api_storm_p50 - r.api_idle_p50) * 1e3:.2f} "
+            f"| {r.api_failed} |"
+        )
+    lines.append(
+        "- API port: `GET /healthz` on the API listener about 50 times a second over one "
+        "keep-alive connection, for 2 s before the storm and from the first Register to the "
+        "last Registered."
+    )
     failed = [e for r in rows for e in r.errors[:3]]
     if failed:
         lines += ["", "Errors (first 3 per row):", *(f"- {e}" for e in failed)]

@@ -27,7 +27,7 @@ any message is read: a standby answers with why it refuses (naming the
 leader), and the stream ends UNAVAILABLE with that text and the trailing
 metadata `llmgw-refused: standby`, so the agent tries its next server. Then
 the `pacer` (see `pacing.py`): in a registration storm, a stream beyond the
-pace ends RESOURCE_EXHAUSTED with `llmgw-refused: busy` and
+pace ends, once its first message is read, RESOURCE_EXHAUSTED with `llmgw-refused: busy` and
 `llmgw-retry-after-ms`, and the agent comes back after that delay. With
 `require_identity` (mTLS on), the Register's node id must be one of the names
 on the agent's client certificate; otherwise the attempt is logged and the
@@ -280,8 +280,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 refusal,
                 trailing_metadata=((REFUSED_METADATA_KEY, REFUSED_STANDBY),),
             )
-        await self._pace(context)
         first = await _next(context)
+        # After reading the Register: refused before its write completed, the agent
+        # may see only INTERNAL, without the delay to come back after.
+        await self._pace(context)
         if first is None:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -310,7 +312,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
 
     async def _pace(self, context: Context) -> None:
         """Tell the agent to come back later when registrations arrive faster than
-        the pacer takes them; before reading the Register, so that costs nothing."""
+        the pacer takes them; before the Register is decoded or checked, so a
+        deferral costs only reading it."""
         wait = None if self._pacer is None else self._pacer.take()
         if wait is None or self._pacer is None:
             return
