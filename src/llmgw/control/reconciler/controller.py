@@ -53,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Container, Coroutine, Iterable, Mapping, Sequence
@@ -74,7 +75,7 @@ from opentelemetry.trace import (
 from llmgw.control.agentsvc.dispatcher import Dispatcher
 from llmgw.control.agentsvc.errors import AgentServiceError, CommandFailed
 from llmgw.control.catalog.model import CatalogModel
-from llmgw.control.inventory import Change, Node, Shard
+from llmgw.control.inventory import Change, Node, Shard, UnknownNode
 from llmgw.control.placements import Placement, PlacementError
 from llmgw.control.reconciler.autoscale import LoadSignals, replicas_for_load
 from llmgw.control.reconciler.demand import DemandBook
@@ -120,6 +121,10 @@ UNPLACEABLE_RETRY_AFTER = 30
 # (reasons can name free memory that moves with every heartbeat).
 UNPLACEABLE_REPEAT_SECONDS = 10.0
 MAX_EVENTS = 500
+# After a step, wait this many times its duration before the next (see `_coalesce`),
+# never longer than MAX_COALESCE_S: 0.1 s at most added to an activation's wait.
+STEP_SHARE = 3.0
+MAX_COALESCE_S = 0.1
 # The end of a failed start's message to API clients, which are not told why
 # (the reason and engine output stay with operators).
 _ASK_OPERATOR = (
@@ -151,6 +156,8 @@ class PlacementLedger(Protocol):
 
 class InventoryView(Protocol):
     def nodes(self) -> list[Node]: ...
+
+    def node(self, node_id: str, /) -> Node: ...
 
     def subscribe(self, listener: Callable[[Change], None]) -> Callable[[], None]: ...
 
@@ -307,8 +314,12 @@ class Controller:
         try:
             while True:
                 self._wake.clear()
+                # The step's own cost, not the injected clock: it sizes the pause.
+                started = time.perf_counter()
                 self.step()
+                took = time.perf_counter() - started
                 await wait_for_event(self._wake, self._interval)
+                await self._coalesce(took)
         finally:
             for undo in unsubscribe:
                 undo()
@@ -328,6 +339,20 @@ class Controller:
                     # Nobody may be waiting any more; do not log it as unretrieved.
                     activation.future.exception()
             self._activations.clear()
+
+    async def _coalesce(self, took: float) -> None:
+        """After a step that took `took` seconds, let wakes pile up for `STEP_SHARE`
+        times as long before the next one.
+
+        Every report wakes the loop; in a storm (thousands of nodes registering at
+        once) a step per wake would spend the event loop on whole-fleet plans and
+        starve the streams and the API. Waiting in proportion to the step's own cost
+        bounds the reconciler's share of the loop at 1 / (1 + STEP_SHARE) and folds
+        the wakes of that time into one step; on a small fleet a step takes
+        milliseconds, so the delay is too."""
+        pause = min(STEP_SHARE * took, MAX_COALESCE_S)
+        if pause > 0:
+            await asyncio.sleep(pause)
 
     def _new_term(self, expected: Mapping[str, Iterable[str]]) -> None:
         self._pending.clear()
@@ -770,10 +795,12 @@ class Controller:
         self._wake.set()
 
     def _find_node(self, node_id: str) -> Node | None:
-        for node in self._inventory.nodes():
-            if node.id == node_id:
-                return node
-        return None
+        # One node by id: every report calls this, so copying the whole fleet
+        # here made a storm of registrations quadratic.
+        try:
+            return self._inventory.node(node_id)
+        except UnknownNode:
+            return None
 
     def _find_shard(self, node_id: str, shard_id: str) -> Shard | None:
         node = self._find_node(node_id)
