@@ -179,18 +179,15 @@ class Dashboard:
         the versions it shows, only the cards that changed (see `nodes_page`)."""
         params = request.query_params
         q = clean_filter(params.get("q"))
-<<<<<<< HEAD
         can_change = may_see(scope_role(request.scope), "changes")
-        view = nodes_view(self.renderer, self.sources.nodes(), q, can_change=can_change)
-=======
         view = nodes_view(
             self.renderer,
             self.sources.node_briefs(),
             q,
             clean_page(params.get("page")),
             views=self.sources.node_views,
+            can_change=can_change,
         )
->>>>>>> fleet10k
         versions = params.getlist("v")
         if versions and is_htmx(request):
             body = node_changes(self.renderer, view, known_versions(versions))

@@ -108,26 +108,20 @@ class NodesView:
     cards: list[Part]
 
 
-<<<<<<< HEAD
-def nodes_view(renderer: Renderer, nodes: Sequence[Json], q: str, *, can_change: bool) -> NodesView:
-    """Every card that matches `q`, rendered (with drain buttons when `can_change`),
-    and the summary over them."""
-    shown = filter_nodes(nodes, q)
-    cards = []
-    for node in node_cards(shown):
-        html = renderer.render("node_card.html", {"node": _card(node), "can_change": can_change})
-=======
 def nodes_view(
     renderer: Renderer,
     nodes: Sequence[Json],
     q: str,
     page: int = 1,
     views: Callable[[Sequence[str]], list[Json]] | None = None,
+    *,
+    can_change: bool,
 ) -> NodesView:
-    """The cards on page `page` of those that match `q`, rendered, and the summary over
-    every match. A page past the last shows the last. `nodes` need only what the filter
-    and the summary read (id, hostname, state, draining, labels, fabric) when `views`
-    gives the full views of the nodes on the page."""
+    """The cards on page `page` of those that match `q`, rendered (with drain buttons
+    when `can_change`), and the summary over every match. A page past the last shows
+    the last. `nodes` need only what the filter and the summary read (id, hostname,
+    state, draining, labels, fabric) when `views` gives the full views of the nodes on
+    the page."""
     shown = sorted(filter_nodes(nodes, q), key=lambda n: str(n["id"]))
     pages = max(1, -(-len(shown) // PAGE_SIZE))
     page = min(page, pages)
@@ -137,8 +131,7 @@ def nodes_view(
         on_page = views([str(n["id"]) for n in on_page])
     cards = []
     for node in node_cards(on_page):
-        html = renderer.render("node_card.html", {"node": _card(node)})
->>>>>>> fleet10k
+        html = renderer.render("node_card.html", {"node": _card(node), "can_change": can_change})
         cards.append(Part(str(node["id"]), Markup(html), _version(html)))
     summary_html = renderer.render(
         "node_summary.html",

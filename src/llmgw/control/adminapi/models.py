@@ -11,18 +11,14 @@ Errors have the OpenAI-style body `{"error": {"message", "type", "param",
 "code"}}`; for an invalid model `param` is the dotted path of the field at
 fault ("profiles.0.gpus") and `code` is `invalid_model`.
 
-<<<<<<< HEAD
 `/admin/api/models/{name}/rollout` shows where a rollout to a changed spec
 stands (old and new replicas, the step, why it stopped); `POST .../rollout/undo`
 puts the previous spec back (409 `nothing_to_undo` when there is none).
 
-Not guaranteed: a model whose own name ends in "/placement", "/activate" or "/rollout" can
-=======
 `GET /admin/api/models` pages and filters on the server (`?limit=`, `?after=`,
 `?q=` over names and aliases; see `paging`).
 
-Not guaranteed: a model whose own name ends in "/placement" or "/activate" can
->>>>>>> fleet10k
+Not guaranteed: a model whose own name ends in "/placement", "/activate" or "/rollout" can
 be shown only through the list (names may contain '/', and those paths mean the
 placement and activation routes of the shorter name).
 """
