@@ -337,9 +337,7 @@ class Continuation:
                         headers += tuple(trace_headers())
                     else:
                         headers += tuple(client_trace_headers(req.headers))
-                    resp = await self._upstream.request(
-                        b"POST", endpoint.url, path, body, headers
-                    )
+                    resp = await self._upstream.request(b"POST", endpoint.url, path, body, headers)
                     if resp.status < 400 and resp.content_type == EVENT_STREAM:
                         opened = True
                         return endpoint, resp
@@ -529,7 +527,9 @@ class Continuation:
         return None
 
 
-def _describe(span: Span, splice: Splice, outcome: tuple[Endpoint, str | None] | RouterError) -> None:
+def _describe(
+    span: Span, splice: Splice, outcome: tuple[Endpoint, str | None] | RouterError
+) -> None:
     """A continuation span's result: the replica that took it, the tokens the client
     has now, and how it ended (`llmgw.continuation.broken`: the cause of its own
     failure)."""
