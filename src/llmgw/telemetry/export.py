@@ -1,7 +1,7 @@
 """The span export process: span records from the gateway's pipe, sent with the SDK's OTLP exporter.
 
 `python -m llmgw.telemetry.export ENDPOINT SERVICE` reads frames from stdin (a
-4-byte length, then a marshalled list of `llmgw.telemetry.spans.Record`s),
+4-byte length, then `llmgw.telemetry.spans.Record`s marshalled one after the other),
 rebuilds each as the SDK's `ReadableSpan` and exports them with the official
 `OTLPSpanExporter` (OTLP/HTTP, protobuf), in batches of OTEL_BSP_MAX_EXPORT_BATCH_SIZE.
 The standard variables it reads are the SDK's (OTEL_RESOURCE_ATTRIBUTES,
@@ -16,6 +16,7 @@ this process logs it and goes on).
 
 from __future__ import annotations
 
+import io
 import logging
 import marshal
 import os
@@ -50,7 +51,10 @@ def frames(stream: IO[bytes]) -> Iterator[list[Record]]:
         data = stream.read(size)
         if len(data) < size:
             return
-        records: list[Record] = marshal.loads(data)
+        buffer = io.BytesIO(data)
+        records: list[Record] = []
+        while buffer.tell() < size:
+            records.append(marshal.load(buffer))
         yield records
 
 

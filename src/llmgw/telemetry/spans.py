@@ -57,7 +57,8 @@ _PLAIN = (str, bool, int, float)
 _UNSET = StatusCode.UNSET.value
 _OK = StatusCode.OK.value
 _ERROR = StatusCode.ERROR.value
-# A frame on the pipe to the export process: a 4-byte length, then a marshalled list.
+# A frame on the pipe to the export process: a 4-byte length, then marshalled records
+# one after the other.
 FRAME = struct.Struct(">I")
 
 # One recorded span as the export process reads it (marshal: plain values only).
@@ -102,7 +103,10 @@ class SpanSink:
         batch: int,
         max_queue: int,
     ) -> None:
-        self._spans: list[Record] = []
+        # Each span marshalled when it ends: bytes are not tracked by the garbage
+        # collector, where thousands of live tuples and dicts held for a second
+        # made every full collection longer and more frequent (bench/RESULTS.md).
+        self._spans: list[bytes] = []
         self._batch = batch
         self._max_queue = max_queue
         self._delay = delay
@@ -124,6 +128,7 @@ class SpanSink:
         return self._proc.pid
 
     def add(self, record: Record) -> None:
+        """Queue one finished span (marshalled now)."""
         spans = self._spans
         if len(spans) >= self._max_queue:
             self.dropped += 1
@@ -136,7 +141,7 @@ class SpanSink:
                     self._max_queue,
                 )
             return
-        spans.append(record)
+        spans.append(marshal.dumps(record))
         if len(spans) == self._batch:
             self._wake.set()
 
@@ -156,7 +161,7 @@ class SpanSink:
             self.dropped += len(spans)
             return
         for start in range(0, len(spans), self._batch):
-            data = marshal.dumps(spans[start : start + self._batch])
+            data = b"".join(spans[start : start + self._batch])
             try:
                 pipe.write(FRAME.pack(len(data)) + data)
                 pipe.flush()
@@ -196,7 +201,10 @@ class SpanSink:
 
 
 class RecordedSpan(Span):
-    """A sampled span: its data in slots until it ends, then one record for the sink."""
+    """A sampled span: its data in slots until it ends, then one record for the sink.
+
+    Its `SpanContext` is built only when asked for (a child under it, a `traceparent`,
+    a log line): a span nobody asks about (auth, route) never builds one."""
 
     __slots__ = (
         "_attributes",
@@ -204,14 +212,19 @@ class RecordedSpan(Span):
         "_description",
         "_ended",
         "_events",
+        "_flags",
         "_kind",
         "_links",
         "_name",
-        "_parent",
+        "_parent_id",
+        "_parent_remote",
         "_scope",
         "_sink",
+        "_span_id",
         "_start",
+        "_state",
         "_status",
+        "_trace_id",
     )
 
     def __init__(
@@ -219,8 +232,12 @@ class RecordedSpan(Span):
         sink: SpanSink,
         scope: str,
         name: str,
-        context: SpanContext,
-        parent: SpanContext | None,
+        trace_id: int,
+        span_id: int,
+        flags: TraceFlags,
+        state: TraceState | None,
+        parent_id: int,
+        parent_remote: bool,
         kind: SpanKind,
         start: int,
         attributes: dict[str, Any],
@@ -229,8 +246,13 @@ class RecordedSpan(Span):
         self._sink = sink
         self._scope = scope
         self._name = name
-        self._context = context
-        self._parent = parent
+        self._trace_id = trace_id
+        self._span_id = span_id
+        self._flags = flags
+        self._state = state
+        self._context: SpanContext | None = None
+        self._parent_id = parent_id
+        self._parent_remote = parent_remote
         self._kind = kind
         self._start = start
         self._attributes = attributes
@@ -241,7 +263,16 @@ class RecordedSpan(Span):
         self._ended = False
 
     def get_span_context(self) -> SpanContext:
-        return self._context
+        context = self._context
+        if context is None:
+            context = self._context = SpanContext(
+                self._trace_id,
+                self._span_id,
+                is_remote=False,
+                trace_flags=self._flags,
+                trace_state=self._state,
+            )
+        return context
 
     def is_recording(self) -> bool:
         return not self._ended
@@ -309,17 +340,17 @@ class RecordedSpan(Span):
         if self._ended:
             return
         self._ended = True
-        context, parent = self._context, self._parent
+        state = self._state
         self._sink.add(
             (
                 self._scope,
                 self._name,
-                context.trace_id,
-                context.span_id,
-                int(context.trace_flags),
-                context.trace_state.to_header() if context.trace_state else "",
-                0 if parent is None else parent.span_id,
-                parent is not None and parent.is_remote,
+                self._trace_id,
+                self._span_id,
+                int(self._flags),
+                state.to_header() if state else "",
+                self._parent_id,
+                self._parent_remote,
                 self._kind.value,
                 self._start,
                 end_time or time.time_ns(),
@@ -395,9 +426,28 @@ class RecordTracer(Tracer):
         record_exception: bool = True,
         set_status_on_exception: bool = True,
     ) -> Span:
-        parent: SpanContext | None = get_current_span(context).get_span_context()
-        assert parent is not None
         ids = self._ids
+        current = get_current_span(context)
+        if type(current) is RecordedSpan and self._parent_based:
+            # The common case, a child of a local recorded span: no sampler, no
+            # SpanContext of the parent built.
+            return RecordedSpan(
+                self._sink,
+                self._scope,
+                name,
+                current._trace_id,
+                ids.generate_span_id(),
+                current._flags,
+                current._state,
+                current._span_id,
+                False,
+                kind,
+                start_time or time.time_ns(),
+                _clean(attributes),
+                [_link(link.context, link.attributes) for link in links] if links else None,
+            )
+        parent: SpanContext | None = current.get_span_context()
+        assert parent is not None
         if parent.is_valid:
             trace_id = parent.trace_id
         else:
@@ -418,11 +468,13 @@ class RecordTracer(Tracer):
                 flags = TraceFlags(flags | TraceFlags.RANDOM_TRACE_ID)
             state = result.trace_state
             extra = result.attributes
-        span_context = SpanContext(
-            trace_id, ids.generate_span_id(), is_remote=False, trace_flags=flags, trace_state=state
-        )
+        span_id = ids.generate_span_id()
         if not flags.sampled:
-            return NonRecordingSpan(span_context)
+            return NonRecordingSpan(
+                SpanContext(
+                    trace_id, span_id, is_remote=False, trace_flags=flags, trace_state=state
+                )
+            )
         found = _clean(attributes)
         if extra:
             found.update(_clean(extra))
@@ -430,8 +482,12 @@ class RecordTracer(Tracer):
             self._sink,
             self._scope,
             name,
-            span_context,
-            parent,
+            trace_id,
+            span_id,
+            flags,
+            state,
+            0 if parent is None else parent.span_id,
+            parent is not None and parent.is_remote,
             kind,
             start_time or time.time_ns(),
             found,
