@@ -559,9 +559,14 @@ class Proxy:
         tried: list[Endpoint],
         route: RouteRequest,
     ) -> Endpoint | None:
-        with tracer.start_as_current_span("llmgw.route") as span:
-            span.set_attribute("llmgw.model", route.model)
-            span.set_attribute("llmgw.route.candidates", len(endpoints) - len(tried))
+        # Not the current span: nothing under it makes spans or reads the context.
+        with tracer.start_span(
+            "llmgw.route",
+            attributes={
+                "llmgw.model": route.model,
+                "llmgw.route.candidates": len(endpoints) - len(tried),
+            },
+        ) as span:
             route.chosen_scores = {}
             endpoint = self._balancer.pick(endpoints, tried, route)
             if endpoint is None:

@@ -57,6 +57,8 @@ _PLAIN = (str, bool, int, float)
 _UNSET = StatusCode.UNSET.value
 _OK = StatusCode.OK.value
 _ERROR = StatusCode.ERROR.value
+# `RecordedSpan._as_current` flags.
+_CURRENT, _END, _RECORD, _SET_STATUS = 1, 2, 4, 8
 # A frame on the pipe to the export process: a 4-byte length, then marshalled records
 # one after the other.
 FRAME = struct.Struct(">I")
@@ -207,6 +209,7 @@ class RecordedSpan(Span):
     a log line): a span nobody asks about (auth, route) never builds one."""
 
     __slots__ = (
+        "_as_current",
         "_attributes",
         "_context",
         "_description",
@@ -224,6 +227,7 @@ class RecordedSpan(Span):
         "_start",
         "_state",
         "_status",
+        "_token",
         "_trace_id",
     )
 
@@ -261,6 +265,38 @@ class RecordedSpan(Span):
         self._status = _UNSET
         self._description: str | None = None
         self._ended = False
+        # `start_as_current_span`'s options (_CURRENT | ...); 0: a plain `with span`.
+        self._as_current = 0
+        self._token: object = None
+
+    def __enter__(self) -> RecordedSpan:
+        if self._as_current:
+            self._token = otel_context.attach(set_span_in_context(self))
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        options = self._as_current
+        if not options:
+            self.end()
+            return
+        # As the SDK's `use_span`.
+        try:
+            if exc_val is not None and not self._ended:
+                if options & _RECORD:
+                    self.record_exception(exc_val, escaped=True)
+                if options & _SET_STATUS:
+                    self.set_status(
+                        Status(StatusCode.ERROR, f"{type(exc_val).__name__}: {exc_val}")
+                    )
+        finally:
+            otel_context.detach(self._token)  # type: ignore[arg-type]
+            if options & _END:
+                self.end()
 
     def get_span_context(self) -> SpanContext:
         context = self._context
@@ -506,8 +542,17 @@ class RecordTracer(Tracer):
         set_status_on_exception: bool = True,
         end_on_exit: bool = True,
     ) -> AbstractContextManager[Span]:
-        # A class, not the API's generator-based context manager: half the cost.
+        # Not the API's generator-based context manager: half the cost. A recorded
+        # span is its own (no object more for the garbage collector to track).
         span = self.start_span(name, context, kind, attributes, links, start_time)
+        if type(span) is RecordedSpan:
+            span._as_current = (
+                _CURRENT
+                | (_END if end_on_exit else 0)
+                | (_RECORD if record_exception else 0)
+                | (_SET_STATUS if set_status_on_exception else 0)
+            )
+            return span
         return _Current(span, end_on_exit, record_exception, set_status_on_exception)
 
 
