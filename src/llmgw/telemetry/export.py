@@ -7,7 +7,8 @@ rebuilds each as the SDK's `ReadableSpan` and exports them with the official
 The standard variables it reads are the SDK's (OTEL_RESOURCE_ATTRIBUTES,
 OTEL_EXPORTER_OTLP_HEADERS, _TIMEOUT, _COMPRESSION, ...): it inherits the
 gateway's environment. Encoding and sending happen here, not in the process
-that serves requests. It ends when its stdin does, after sending what it read.
+that serves requests, at the lowest CPU priority (nice 19). It ends when its
+stdin does, after sending what it read.
 
 Not guaranteed: delivery. A collector that refuses or is down loses those
 batches (the exporter retries with backoff within its timeout, then gives up;
@@ -123,6 +124,9 @@ def main(argv: list[str]) -> int:
     # Ctrl-C reaches the whole process group: the gateway decides when this ends
     # (by closing stdin), so that what it sent last is exported.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The lowest priority: exporting takes only CPU that serving does not want (on a
+    # busy host spans wait in the gateway's queue, and are dropped when it is full).
+    os.nice(19)
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
