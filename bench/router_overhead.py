@@ -1755,14 +1755,17 @@ def run_tracing(
         + ".",
         "",
         "Where B's time goes: the gateway makes its spans with llmgw's own tracer on the "
-        "OpenTelemetry API (`llmgw.telemetry.spans`: the SDK's sampler and ids, a span a "
-        "slotted object, one tuple of plain values when it ends, ~10-15 µs a span measured "
-        "alone) and a thread writes them in batches (marshal) to the export process, where "
-        "the SDK's `ReadableSpan` and OTLP exporter encode and send them (the *export µs/req* "
-        "columns). Before, the SDK made each span (40-60 µs: attribute checks, locks, its "
-        "span processor) and its batch processor encoded them (30-70 µs a span) in the "
-        "gateway's own interpreter: 0.29x of A at c=64. At 1% (C) an unsampled request "
-        "pays one sampling decision and a non-recording server span with its `traceparent`.",
+        "OpenTelemetry API (`llmgw.telemetry.spans`: the SDK's sampler and ids; a span is a "
+        "slotted object, marshalled when it ends) and a thread writes them in batches to the "
+        "export process, where the SDK's `ReadableSpan` and OTLP exporter encode and send "
+        "them at nice 19 (the *export µs/req* columns, on core 1). Measured alone "
+        "(CPU time, `time.thread_time`), a request's four spans cost ~16 µs this way "
+        "against ~84 µs with the SDK's own tracer, and the SDK's encoding (30-150 µs a span) "
+        "no longer runs in the gateway. That does not account for all of B's extra CPU per "
+        "request over A, nor for C's (1% sampled, almost no spans): the rest of the "
+        "tracing-on request path (context extraction, the sampler, the non-recording "
+        "server span and its `traceparent`, the observed `send`) costs more here than "
+        "those parts measured alone, and was not pinned down on this shared machine.",
         "",
         "### Target",
         "",
