@@ -169,6 +169,8 @@ class SpanSink:
                 pipe.flush()
             except (BrokenPipeError, ValueError, OSError) as exc:
                 self._pipe = None
+                with suppress(OSError):
+                    pipe.close()
                 self.dropped += len(spans) - start
                 log.error(
                     "tracing: the span export process (pid %d) is gone (%s, exit status "
