@@ -1550,8 +1550,9 @@ def _concurrencies(text: str) -> tuple[int, ...]:
 
 # --- tracing off vs on --------------------------------------------------------------
 
-# The SDK's batch processor, sized so that every span of this load is exported (its
-# defaults, a 2,048-span queue, would drop most of them here and flatter tracing).
+# The span queue and batches (the SDK's OTEL_BSP_* variables, which llmgw's span sink
+# reads), sized so that every span of this load is exported (the defaults, a 2,048-span
+# queue, would drop most of them here and flatter tracing).
 TRACING_ENV = {
     "OTEL_BSP_MAX_QUEUE_SIZE": "262144",
     "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "4096",
