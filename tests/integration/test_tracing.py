@@ -8,8 +8,11 @@ exports with the official protos; the test reads the traces: the request's spans
 and their parents, their attributes, the `traceparent` the engine received, the
 activation's own trace and the links both ways, an agent's registration, and
 that no prompt text and no key secret appears in any span or log line.
-Not covered: continuation (a stream resumed on another replica), which does not
-exist yet.
+
+A stream whose engine breaks off mid-answer (sims that fail every generation after
+a few tokens) is continued on the other replica: each continuation is a span of
+the request's trace, under its server span, with the cause, the replicas and the
+tokens, and the engine that continued it was sent that span as its parent.
 """
 
 from __future__ import annotations
@@ -344,3 +347,94 @@ def test_a_request_that_waited_in_the_queue_has_a_span_for_its_wait(
         holder.join(timeout=60)
         server.proc.stop()
         sim.proc.stop()
+
+
+def test_a_continued_stream_has_a_span_for_each_continuation(
+    tmp_path: Path, receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+    # Counting sims that break every generation after 4 tokens: 12 tokens take the
+    # first answer and two continuations, one on each replica in turn.
+    sims = {
+        name: procs.Sim(
+            "--text", "sequence", "--zero-delay", "--break-after-tokens", "4", model="m1"
+        )
+        for name in ("s0", "s1")
+    }
+    config = tmp_path / "llmgw.yaml"
+    config.write_text(
+        f"telemetry: {{otlp_endpoint: '{receiver.url}', access_log: true}}\n"
+        "endpoints:\n"
+        + "".join(
+            f"  - {{id: {name}, url: '{sim.url}', models: [m1], engine: sim}}\n"
+            for name, sim in sims.items()
+        )
+    )
+    server = Server("--config", str(config), "--log-format", "json")
+    try:
+        with httpx.stream(
+            "POST",
+            server.url + "/v1/chat/completions",
+            headers={"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"},
+            json={
+                "model": "m1",
+                "messages": [{"role": "user", "content": PROMPT}],
+                "max_tokens": 12,
+                "stream": True,
+            },
+            timeout=120,
+        ) as response:
+            text = response.read().decode()
+        assert response.status_code == 200, text
+        assert "data: [DONE]" in text and "event: error" not in text
+        first = response.headers["x-llmgw-replica"]
+
+        def request_spans() -> list[ReceivedSpan] | None:
+            mine = [s for s in receiver.spans() if s.trace_id == CLIENT_TRACE]
+            names = [s.name for s in mine]
+            done = "POST /v1/chat/completions" in names and names.count("llmgw.continuation") == 2
+            return mine if done else None
+
+        mine = procs.wait_for(request_spans, "the continued request's spans", 60)
+        root = _one(mine, "POST /v1/chat/completions")
+        assert root.parent_id == CLIENT_SPAN
+        assert root.attributes["http.response.status_code"] == 200
+        upstream = _one(mine, "llmgw.upstream")
+        assert upstream.attributes["llmgw.replica"] == first
+        continuations = sorted(
+            (s for s in mine if s.name == "llmgw.continuation"),
+            key=lambda s: s.attributes["llmgw.continuation.attempt"],
+        )
+        other = "s1" if first == "s0" else "s0"
+        # Each continuation is the request's child (not the broken attempt's), in turn.
+        for span, attempt, broke_on, took_over, before in (
+            (continuations[0], 1, first, other, 4),
+            (continuations[1], 2, other, first, 8),
+        ):
+            assert span.parent_id == root.span_id
+            assert span.span.kind == span.span.SPAN_KIND_CLIENT
+            assert span.attributes["llmgw.continuation.attempt"] == attempt
+            assert span.attributes["llmgw.continuation.cause"] == "disconnect"
+            assert span.attributes["llmgw.continuation.from"] == broke_on
+            assert span.attributes["llmgw.replica"] == took_over
+            assert span.attributes["llmgw.continuation.tokens_before"] == before
+            assert span.attributes["llmgw.continuation.tokens_after"] == before + 4
+        # The first continuation broke off too; the second ended the answer.
+        assert continuations[0].attributes["llmgw.continuation.broken"] == "disconnect"
+        assert continuations[0].span.status.code == continuations[0].span.status.STATUS_CODE_ERROR
+        assert "llmgw.continuation.broken" not in continuations[1].attributes
+        assert continuations[1].span.status.code != continuations[1].span.status.STATUS_CODE_ERROR
+        # The replica that continued last was sent its continuation's span as parent.
+        last = sims[first].stats()["last_request"]
+        assert isinstance(last, dict)
+        assert last["traceparent"] == f"00-{CLIENT_TRACE}-{continuations[1].span_id}-01"
+        for span in receiver.spans():
+            assert "Zorbulax" not in span.text(), span.name
+    finally:
+        server.proc.stop()
+        for sim in sims.values():
+            sim.proc.stop()
+    server_log = _json_lines(server.proc.output())
+    assert any(e["logger"] == "llmgw.router.continuation" for e in server_log), server_log
+    for entry in server_log:
+        assert "Zorbulax" not in json.dumps(entry), entry

@@ -5,12 +5,17 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+from otlp_receiver import OtlpReceiver
+from procs import wait_for
 
 from llmgw.config import ConfigError, TelemetryConfig, load_server_config
 from llmgw.router.access_log import AccessLog
@@ -163,3 +168,73 @@ def test_the_access_log_samples_successes_and_always_writes_errors(
 def test_only_the_trace_context_of_a_clients_headers_is_passed_on() -> None:
     headers = [(b"authorization", b"Bearer sk-x"), (b"traceparent", b"00-a-b-01")]
     assert client_trace_headers(headers) == [(b"traceparent", b"00-a-b-01")]
+
+
+def test_spans_reach_the_collector_through_the_export_process_with_all_they_say() -> None:
+    with OtlpReceiver() as receiver:
+        tracing = build_tracing(
+            TelemetryConfig(otlp_endpoint=receiver.url),
+            service="llmgw-test",
+            env={"OTEL_BSP_SCHEDULE_DELAY": "50"},
+        )
+        assert tracing is not None
+        tracer = tracing.tracer("llmgw.test")
+        other = SpanContext(0xABC, 0xDEF, is_remote=False, trace_flags=TraceFlags(1))
+        try:
+            with tracer.start_as_current_span(
+                "root", kind=SpanKind.SERVER, attributes={"n": 3, "on": True, "ids": ["a", "b"]}
+            ) as root:
+                root.set_attribute("ratio", 0.5)
+                root.add_link(other, {"why": "activation"})
+                with pytest.raises(ValueError), tracer.start_as_current_span("child") as child:
+                    child.add_event("placed", {"node": "n1"})
+                    raise ValueError("no room")
+                # Not the current span: a span started now is the root's child, not its.
+                tracer.start_span("sibling").end()
+        finally:
+            tracing.shutdown()
+        spans = {s.name: s for s in receiver.spans()}
+    assert set(spans) == {"root", "child", "sibling"}
+    root_span, child_span = spans["root"], spans["child"]
+    assert {s.service for s in spans.values()} == {"llmgw-test"}
+    assert {s.scope for s in spans.values()} == {"llmgw.test"}
+    assert root_span.parent_id == ""
+    assert root_span.span.kind == root_span.span.SPAN_KIND_SERVER
+    assert root_span.attributes == {"n": 3, "on": True, "ids": ["a", "b"], "ratio": 0.5}
+    assert root_span.links() == [(f"{0xABC:032x}", f"{0xDEF:016x}")]
+    for name in ("child", "sibling"):
+        assert spans[name].parent_id == root_span.span_id
+        assert spans[name].trace_id == root_span.trace_id
+    # An exception leaving a current span: recorded, and the span's status says so.
+    assert child_span.events() == ["placed", "exception"]
+    assert child_span.span.status.code == child_span.span.status.STATUS_CODE_ERROR
+    assert child_span.span.status.message == "ValueError: no room"
+    assert root_span.span.start_time_unix_nano <= child_span.span.start_time_unix_nano
+    assert child_span.span.end_time_unix_nano <= root_span.span.end_time_unix_nano
+
+
+def test_spans_are_dropped_not_requests_when_the_export_process_is_gone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tracing = build_tracing(
+        TelemetryConfig(otlp_endpoint="http://127.0.0.1:9"),
+        service="llmgw-test",
+        env={"OTEL_BSP_SCHEDULE_DELAY": "50"},
+    )
+    assert tracing is not None
+    pid = tracing.sink.pid
+    os.kill(pid, signal.SIGKILL)
+
+    def dead() -> bool:  # exited (its end of the pipe closed), not yet reaped
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+    wait_for(dead, "the export process to exit", 30)
+    tracer = tracing.tracer("llmgw.test")
+    with caplog.at_level(logging.WARNING, logger="llmgw.telemetry"):
+        for _ in range(3):
+            with tracer.start_as_current_span("lost"):
+                pass
+        tracing.shutdown()
+    assert tracing.sink.dropped == 3
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("export process" in m and "spans are dropped" in m for m in messages), messages

@@ -650,6 +650,7 @@ async def _serve(
         keepalive=control.activation_keepalive,
         wait_limit=control.activation_timeout,
         activator=activator,
+        tracer=router_tracer,
     )
     proxy = Proxy(
         queue=request_queue,

@@ -47,6 +47,12 @@ translation on any replica that continues chat, going on in the same message
 (id, block index, item id, event numbering) and ending with the API's own
 closing events and usage.
 
+With a tracer (tracing on), each continuation is a client span,
+`llmgw.continuation`, a child of the request's server span: why the stream broke
+(`llmgw.continuation.cause`), the replica it broke on and the one that took it
+over, the tokens the client had before and after, and how it ended; the engine is
+sent that span as its parent (`traceparent`).
+
 Not guaranteed: that an engine continues mid-word exactly as it would have
 (Hugging Face chat templates strip a continued message's trailing whitespace,
 and the text is tokenized anew); that a sampled (temperature > 0) answer reads
@@ -62,6 +68,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer, use_span
 
 from llmgw.config.continuation import ContinuationConfig
 from llmgw.engines import continues_of
@@ -96,6 +104,7 @@ from llmgw.router.upstream import (
     Upstream,
     UpstreamError,
 )
+from llmgw.telemetry.propagation import client_trace_headers, trace_headers
 
 Message = MutableMapping[str, Any]
 Send = Callable[[Message], Awaitable[None]]
@@ -139,10 +148,13 @@ class Continuation:
         keepalive: float,
         wait_limit: float,
         activator: Activator | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         """`first_byte` and `idle` are the upstream deadlines of each continuation;
         `keepalive` the seconds between SSE comments while no replica can take it, and
-        `wait_limit` how long it waits for one at most (the activation timeout)."""
+        `wait_limit` how long it waits for one at most (the activation timeout).
+        `tracer`: a span for each continuation (None: tracing off)."""
+        self._tracer = tracer
         self._pool = pool
         self._balancer = balancer
         self._upstream = upstream
@@ -186,12 +198,14 @@ class Continuation:
         cause: str,
         failed: Endpoint,
         total_deadline: float,
+        trace_parent: Context | None = None,
     ) -> Resumed | None:
         """Continue the stream whose engine `failed` (`cause`: disconnect, timeout_idle,
-        abandoned)
-        after the client was `sent` those events. None when it cannot be continued (the
-        caller ends it with the error event); otherwise the stream is ended here, with
-        the rest of the answer or, when no continuation succeeds, the error event."""
+        abandoned) after the client was `sent` those events. None when it cannot be
+        continued (the caller ends it with the error event); otherwise the stream is
+        ended here, with the rest of the answer or, when no continuation succeeds, the
+        error event. `trace_parent`: the request's trace context (its server span),
+        the parent of each continuation's span when the request is traced."""
         if not self._can_continue(req):
             return None
         native = req.native if req.served_natively else None
@@ -235,24 +249,22 @@ class Continuation:
                 attempts,
                 self._config.max_attempts,
             )
-            try:
-                endpoint, resp = await self._open(req, body, send, tried, total_deadline)
-            except RouterError as exc:
-                await send(
-                    {"type": "http.response.body", "body": error_event(exc), "more_body": False}
-                )
+            span = self._span(trace_parent, cause, last, splice.tokens, attempts)
+            if span is None:
+                outcome = await self._continue_once(req, body, send, splice, tried, total_deadline)
+            else:
+                with use_span(span, end_on_exit=True):
+                    outcome = await self._continue_once(
+                        req, body, send, splice, tried, total_deadline
+                    )
+                    _describe(span, splice, outcome)
+            if isinstance(outcome, RouterError):
                 return self._resumed(req, last, splice)
-            last = endpoint
-            splice.begin()
-            endpoint.in_flight += 1
-            try:
-                broken = await self._relay(req, send, resp, endpoint, splice, total_deadline)
-            finally:
-                endpoint.in_flight -= 1
+            last, broken = outcome
             if broken is None:
-                return self._resumed(req, endpoint, splice)
+                return self._resumed(req, last, splice)
             cause = broken
-            tried = {endpoint.id}
+            tried = {last.id}
         error = EngineUnreachable(
             f"engine of endpoint '{last.id}' failed mid-stream and the answer could not be "
             f"continued after {attempts} continuation(s) "
@@ -260,6 +272,53 @@ class Continuation:
         )
         await send({"type": "http.response.body", "body": error_event(error), "more_body": False})
         return self._resumed(req, last, splice)
+
+    async def _continue_once(
+        self,
+        req: ParsedRequest,
+        body: bytes,
+        send: Send,
+        splice: Splice,
+        tried: set[str],
+        total_deadline: float,
+    ) -> tuple[Endpoint, str | None] | RouterError:
+        """One continuation: the replica that took it and the cause of its own failure
+        (None: the stream ended well); or the RouterError that ended the stream when no
+        replica took it (its error event was sent)."""
+        try:
+            endpoint, resp = await self._open(req, body, send, tried, total_deadline)
+        except RouterError as exc:
+            await send({"type": "http.response.body", "body": error_event(exc), "more_body": False})
+            return exc
+        splice.begin()
+        endpoint.in_flight += 1
+        try:
+            broken = await self._relay(req, send, resp, endpoint, splice, total_deadline)
+        finally:
+            endpoint.in_flight -= 1
+        return endpoint, broken
+
+    def _span(
+        self, parent: Context | None, cause: str, failed: Endpoint, tokens: int, attempt: int
+    ) -> Span | None:
+        """A continuation's span under the request's server span; None when the request
+        is not traced."""
+        tracer = self._tracer
+        if tracer is None or parent is None:
+            return None
+        return tracer.start_span(
+            "llmgw.continuation",
+            context=parent,
+            kind=SpanKind.CLIENT,
+            attributes={
+                "llmgw.continuation.cause": cause,
+                "llmgw.continuation.from": failed.id,
+                "llmgw.continuation.tokens_before": tokens,
+                "llmgw.continuation.attempt": attempt,
+            },
+            record_exception=False,
+            set_status_on_exception=False,
+        )
 
     def _count(self, model: str, endpoint: str, splice: Splice, usage: dict[str, Any]) -> None:
         """A continuation's usage: into the splice, and the engine's tokens into metrics."""
@@ -297,16 +356,16 @@ class Continuation:
             opened = False
             try:
                 async with asyncio.timeout_at(min(self._clock() + self._first_byte, deadline)):
-                    resp = await self._upstream.request(
-                        b"POST",
-                        endpoint.url,
-                        path,
-                        body,
-                        (
-                            (b"Content-Type", b"application/json"),
-                            (b"X-Request-Id", new_request_id()),
-                        ),
+                    headers: tuple[tuple[bytes, bytes], ...] = (
+                        (b"Content-Type", b"application/json"),
+                        (b"X-Request-Id", new_request_id()),
                     )
+                    if self._tracer is not None:
+                        # The current span is the continuation's (when traced).
+                        headers += tuple(trace_headers())
+                    else:
+                        headers += tuple(client_trace_headers(req.headers))
+                    resp = await self._upstream.request(b"POST", endpoint.url, path, body, headers)
                     if resp.status < 400 and resp.content_type == EVENT_STREAM:
                         opened = True
                         return endpoint, resp
@@ -496,3 +555,21 @@ class Continuation:
             )
         await send({"type": "http.response.body", "body": tail + _DONE, "more_body": False})
         return None
+
+
+def _describe(
+    span: Span, splice: Splice, outcome: tuple[Endpoint, str | None] | RouterError
+) -> None:
+    """A continuation span's result: the replica that took it, the tokens the client
+    has now, and how it ended (`llmgw.continuation.broken`: the cause of its own
+    failure)."""
+    span.set_attribute("llmgw.continuation.tokens_after", splice.tokens)
+    if isinstance(outcome, RouterError):
+        span.set_attribute("http.response.status_code", outcome.status)
+        span.set_status(StatusCode.ERROR, outcome.message)
+        return
+    endpoint, broken = outcome
+    span.set_attribute("llmgw.replica", endpoint.id)
+    if broken is not None:
+        span.set_attribute("llmgw.continuation.broken", broken)
+        span.set_status(StatusCode.ERROR, f"the continuation broke off too ({broken})")

@@ -43,7 +43,8 @@ API and the dashboard show it too).
 With a tracer (tracing on), the request's trace gets a span for its wait in
 the queue, for the wait for an activation (linked to the activation's own trace
 by the control plane), for each routing choice (the chosen replica and its
-scores) and for each attempt at an engine (replica, retry reason, TTFT, tokens);
+scores), for each attempt at an engine (replica, retry reason, TTFT, tokens) and
+for each continuation of a stream that broke (made by the `Continuation`);
 each attempt sends the engine a `traceparent` naming its span, so an engine that
 traces (vLLM with an OTLP endpoint) joins the trace. Without a tracer, a client's
 own `traceparent`/`tracestate` go to the engine as they came.
@@ -65,6 +66,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry.context import Context, get_current
 from opentelemetry.trace import SpanKind, StatusCode, Tracer, get_current_span
 
 from llmgw.config import RouterConfig
@@ -487,7 +489,9 @@ class Proxy:
                 self._metrics.retries.labels(req.model).inc()
             tried.append(endpoint)
             endpoint.in_flight += 1
-            timing = _Timing(sent=self._clock())
+            timing = _Timing(
+                sent=self._clock(), trace_parent=None if tracer is None else get_current()
+            )
             try:
                 if tracer is None:
                     outcome = await self._attempt(
@@ -555,9 +559,14 @@ class Proxy:
         tried: list[Endpoint],
         route: RouteRequest,
     ) -> Endpoint | None:
-        with tracer.start_as_current_span("llmgw.route") as span:
-            span.set_attribute("llmgw.model", route.model)
-            span.set_attribute("llmgw.route.candidates", len(endpoints) - len(tried))
+        # Not the current span: nothing under it makes spans or reads the context.
+        with tracer.start_span(
+            "llmgw.route",
+            attributes={
+                "llmgw.model": route.model,
+                "llmgw.route.candidates": len(endpoints) - len(tried),
+            },
+        ) as span:
             route.chosen_scores = {}
             endpoint = self._balancer.pick(endpoints, tried, route)
             if endpoint is None:
@@ -698,6 +707,7 @@ class Proxy:
                     total_deadline,
                     start,
                     extra_headers,
+                    None if timing is None else timing.trace_parent,
                 )
             else:
                 outcome = await self._send_whole(
@@ -816,6 +826,7 @@ class Proxy:
         total_deadline: float,
         start: float,
         extra_headers: list[tuple[bytes, bytes]],
+        trace_parent: Context | None,
     ) -> Outcome:
         clock = self._clock
         idle = self._idle
@@ -865,8 +876,9 @@ class Proxy:
                 self._pool.first_byte_done(watch)
                 if watch.abandoned and phase == "idle":
                     return await self._abandoned(
-                        endpoint, req, request_id, send, relay, sent, total_deadline, resp, ttft
-                    )
+                        endpoint, req, request_id, send, relay, sent, total_deadline, resp, ttft,
+                        trace_parent,
+                    )  # fmt: skip
             endpoint.record_failure(f"stream exceeded the {phase} deadline")
             log.warning(
                 "request %s to %s: the stream of endpoint %s at %s exceeded the %s deadline",
@@ -879,8 +891,9 @@ class Proxy:
             )
             if phase == "idle" and sent is not None:
                 resumed = await self._continue(
-                    req, send, relay, sent, endpoint, "timeout_idle", total_deadline, resp, ttft
-                )
+                    req, send, relay, sent, endpoint, "timeout_idle", total_deadline, resp, ttft,
+                    trace_parent,
+                )  # fmt: skip
                 if resumed is not None:
                     return resumed
             await self._end_stream_with_error(
@@ -910,8 +923,9 @@ class Proxy:
             )
             if sent is not None:
                 resumed = await self._continue(
-                    req, send, relay, sent, endpoint, "disconnect", total_deadline, resp, ttft
-                )
+                    req, send, relay, sent, endpoint, "disconnect", total_deadline, resp, ttft,
+                    trace_parent,
+                )  # fmt: skip
                 if resumed is not None:
                     return resumed
             await self._end_stream_with_error(
@@ -946,6 +960,7 @@ class Proxy:
         total_deadline: float,
         resp: Response,
         ttft: float,
+        trace_parent: Context | None,
     ) -> Outcome:
         """A continuable stream whose node stopped answering (the control plane
         abandoned its endpoint): continued elsewhere, or ended with the error event."""
@@ -958,8 +973,9 @@ class Proxy:
             extra=_log_context(request_id, req.model, endpoint.id),
         )
         resumed = await self._continue(
-            req, send, relay, sent or [], endpoint, "abandoned", total_deadline, resp, ttft
-        )
+            req, send, relay, sent or [], endpoint, "abandoned", total_deadline, resp, ttft,
+            trace_parent,
+        )  # fmt: skip
         if resumed is not None:
             return resumed
         await self._end_stream_with_error(
@@ -985,8 +1001,11 @@ class Proxy:
         total_deadline: float,
         resp: Response,
         ttft: float,
+        trace_parent: Context | None,
     ) -> Outcome | None:
-        """Hand a broken stream to the continuation; None when it cannot go on."""
+        """Hand a broken stream to the continuation; None when it cannot go on.
+        `trace_parent`: the request's trace context when it is traced (the parent of
+        the continuation's spans)."""
         assert self._continuation is not None
         # A half-written event was never relayed: the continuation regenerates it.
         relay.abandon()
@@ -997,6 +1016,7 @@ class Proxy:
             cause=cause,
             failed=endpoint,
             total_deadline=total_deadline,
+            trace_parent=trace_parent,
         )
         if resumed is None:
             return None
@@ -1093,6 +1113,9 @@ class _Timing:
 
     sent: float
     first_byte: float | None = None
+    # The request's trace context (its server span) when it is traced: a continuation's
+    # spans are children of the request, not of the attempt that broke.
+    trace_parent: Context | None = None
 
 
 async def _send_error_event(send: Send, error: RouterError) -> None:
