@@ -52,6 +52,7 @@ from llmgw.engines.routes import EMBEDDINGS, ENGINE_ROUTES
 from llmgw.metrics.routing import RoutingMetrics
 from llmgw.router.endpoints import Endpoint
 from llmgw.router.requests import ParsedRequest
+from llmgw.router.versions import choose_version, conversation_key, narrow, versions_of
 from llmgw.router.scoring import RouteRequest, Scorer
 from llmgw.router.scoring.blocks import prompt_blocks
 from llmgw.router.scoring.load import KVScorer, LoadBook, LoadScorer, RecentPicks
@@ -179,7 +180,12 @@ class Balancer:
                 max_bytes=self._routing.max_prompt_bytes,
             )
         return RouteRequest(
-            model=req.model, blocks=blocks, head_blocks=head, session=session, explain=explain
+            model=req.model,
+            blocks=blocks,
+            head_blocks=head,
+            session=session,
+            explain=explain,
+            conversation=conversation_key(req.body, session),
         )
 
     def pick(
@@ -190,6 +196,8 @@ class Balancer:
     ) -> Endpoint | None:
         now = self._clock()
         candidates = [ep for ep in endpoints if ep not in exclude and ep.available(now)]
+        if route is not None and candidates:
+            candidates = self._version(route, endpoints, candidates)
         count = len(candidates)
         if count == 0:
             return None
@@ -207,6 +215,22 @@ class Balancer:
         if not active:
             return candidates[0] if len(candidates) == 1 else self._two_choices(candidates)
         return self._best(route, candidates, active)
+
+    def _version(
+        self, route: RouteRequest, endpoints: Sequence[Endpoint], candidates: list[Endpoint]
+    ) -> list[Endpoint]:
+        """A model with a canary: the candidates of the version the request's
+        conversation goes to (`router.versions`), chosen once per request."""
+        if not route.version:
+            weights = versions_of(endpoints)
+            if len(weights) < 2:
+                return candidates
+            key = route.conversation
+            if key is None:
+                # Nothing names a conversation: a fresh one each time, by weight.
+                key = f"random:{self._rng.random()}"
+            route.version = choose_version(key, weights)
+        return narrow(candidates, route.version)
 
     def _best(
         self,

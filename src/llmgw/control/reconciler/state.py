@@ -35,6 +35,10 @@ class ReadyEndpoint:
     url: str
     engine: str = ""
     engine_args: tuple[str, ...] = ()
+    # For a model with a canary: the version this replica runs and that version's
+    # weight ("" and 0 for a model with one version).
+    version: str = ""
+    weight: int = 0
 
 
 class EndpointPublisher(Protocol):

@@ -34,6 +34,10 @@ class RouteRequest:
     head_blocks: int = 0
     session: str | None = None
     explain: bool = False
+    # What names the request's conversation, for a canary's split (`router.versions`).
+    conversation: str | None = None
+    # The model version chosen at the first pick ("" until then, or without a canary).
+    version: str = ""
     # Filled in by the balancer at each pick: "prefix=0.82 load=0.30 -> ep-3".
     explanation: str = ""
     # Per scorer name, the chosen endpoint's score at the last pick.
