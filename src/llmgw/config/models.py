@@ -512,8 +512,9 @@ class ModelVersion(_Strict):
     the canary (the second) what its replicas run instead of the model's own spec."""
 
     name: str = Field(
+        max_length=64,
         description=(
-            "The version's name, e.g. 'stable' or 'v2': usage records and the "
+            "The version's name (at most 64 characters), e.g. 'stable' or 'v2': usage records and the "
             "`version` label of the request metrics carry it. Required."
         ),
     )
