@@ -514,8 +514,8 @@ class ModelVersion(_Strict):
     name: str = Field(
         max_length=64,
         description=(
-            "The version's name (at most 64 characters), e.g. 'stable' or 'v2': usage records and the "
-            "`version` label of the request metrics carry it. Required."
+            "The version's name (at most 64 characters), e.g. 'stable' or 'v2': usage "
+            "records and the `version` label of the request metrics carry it. Required."
         ),
     )
     weight: StrictCount = Field(

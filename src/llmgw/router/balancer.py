@@ -52,7 +52,6 @@ from llmgw.engines.routes import EMBEDDINGS, ENGINE_ROUTES
 from llmgw.metrics.routing import RoutingMetrics
 from llmgw.router.endpoints import Endpoint
 from llmgw.router.requests import ParsedRequest
-from llmgw.router.versions import choose_version, conversation_key, narrow, versions_of
 from llmgw.router.scoring import RouteRequest, Scorer
 from llmgw.router.scoring.blocks import prompt_blocks
 from llmgw.router.scoring.load import KVScorer, LoadBook, LoadScorer, RecentPicks
@@ -60,6 +59,7 @@ from llmgw.router.scoring.prefix import PrefixIndex, PrefixScorer
 from llmgw.router.scoring.rendezvous import RendezvousScorer
 from llmgw.router.scoring.session import SessionScorer
 from llmgw.router.scoring.ttft import TtftPredictor
+from llmgw.router.versions import choose_version, conversation_key, narrow, versions_of
 
 # Requests that leave nothing in an engine's prefix cache: their prompts are not
 # hashed, so a tokenizer call never makes a replica look warm for that prompt.

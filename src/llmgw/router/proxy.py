@@ -935,9 +935,7 @@ class Proxy:
         await send({"type": "http.response.body", "body": tail, "more_body": False})
         prompt, completion = self._record_usage(series, relay.usage)
         series.latency.observe(clock() - start)
-        return Outcome(
-            resp.status, endpoint.id, prompt, completion, ttft, version=endpoint.version
-        )
+        return Outcome(resp.status, endpoint.id, prompt, completion, ttft, version=endpoint.version)
 
     async def _abandoned(
         self,

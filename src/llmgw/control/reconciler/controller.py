@@ -1181,6 +1181,7 @@ class Controller:
         self, model: CatalogModel, replicas: list[tuple[Node, Shard]], now: float
     ) -> ModelState:
         pending = [p for p in self._pending.values() if p.spec.model == model.name]
+        canary = canary_model(model)
         health = self._health.get(model.name)
         return ModelState(
             model=model,
@@ -1198,8 +1199,18 @@ class Controller:
             activating=model.name in self._activations,
             rollout=self.rollout(model.name),
             outdated=frozenset(
-                s.id for _, s in replicas if s.holds_gpus and not runs_current(model, s.spec)
+                s.id
+                for _, s in replicas
+                if s.holds_gpus
+                and not runs_current(model, s.spec)
+                and (canary is None or not runs_current(canary, s.spec))
             ),
+            versions={
+                **{s.id: self._version_of(model.name, s.spec) for _, s in replicas},
+                **{p.spec.shard_id: self._version_of(model.name, p.spec) for p in pending},
+            }
+            if canary is not None
+            else {},
         )
 
 

@@ -6,8 +6,8 @@ without reaching into the controller.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
@@ -183,6 +183,8 @@ class ModelState:
     rollout: Rollout | None = None
     # Replicas that run a spec the catalog no longer has (being replaced, or kept by a halt).
     outdated: frozenset[str] = frozenset()
+    # A model with a canary: the version each replica (and start in flight) runs, by id.
+    versions: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def state(self) -> str:
