@@ -169,8 +169,9 @@ class Balancer:
             user = req.body.get("user")
             if isinstance(user, str) and user:
                 session = "user:" + user
-            elif key_id is not None and self._routing.session_from_key:
-                session = "key:" + key_id
+        named = session
+        if session is None and key_id is not None and self._routing.session_from_key:
+            session = "key:" + key_id
         blocks: list[int] = []
         head = 0
         if req.path not in _UNCACHED and self._scorers:
@@ -185,7 +186,8 @@ class Balancer:
             head_blocks=head,
             session=session,
             explain=explain,
-            conversation=conversation_key(req.body, session),
+            body=req.body,
+            named_session=named,
         )
 
     def pick(
@@ -225,7 +227,7 @@ class Balancer:
             weights = versions_of(endpoints)
             if len(weights) < 2:
                 return candidates
-            key = route.conversation
+            key = conversation_key(route.body, route.named_session)
             if key is None:
                 # Nothing names a conversation: a fresh one each time, by weight.
                 key = f"random:{self._rng.random()}"
