@@ -177,6 +177,13 @@ def test_a_canary_splits_by_weight_and_is_promoted_and_aborted_without_a_failed_
         assert "stable: weight 90, the spec above" in shown.stdout, shown.stdout
         assert "canary: weight 10" in shown.stdout, shown.stdout
         assert "--output-tokens 5" in shown.stdout, shown.stdout
+        page = httpx.get(server.admin + "/admin/models/can", timeout=10)
+        assert page.status_code == 200, page.text
+        assert page.text.count(">version canary<") == 1, page.text
+        assert page.text.count(">version stable<") == 2, page.text
+        told = cli(server, "models", "rollout", "status", "can")
+        assert told.returncode == 0, told.stderr
+        assert "canary:   canary (weight 10) beside stable (weight 90); 1 canary" in told.stdout
 
         # 2. The split: by conversation, near the weights; conversations and sessions stay.
         with httpx.Client(timeout=30) as client:
