@@ -1269,7 +1269,9 @@ def _with_version(model: CatalogModel, endpoints: Iterable[ReadyEndpoint]) -> li
     """
     canary = model.canary
     if canary is None:
-        return [dataclasses.replace(e, version="", weight=0) for e in endpoints]
+        return [
+            e if not e.version else dataclasses.replace(e, version="", weight=0) for e in endpoints
+        ]
     own = {(p.engine, p.engine_args) for p in model.profiles}
     theirs = {(p.engine, p.engine_args) for p in canary.profiles} - own
     weights = {canary.name: canary.weight, canary.stable_name: canary.stable_weight}
