@@ -57,6 +57,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +65,7 @@ from pathlib import Path
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from llmgw.agent.refusal import retry_after
 from llmgw.proto import agent_pb2, agent_pb2_grpc
 
 HOST = "127.0.0.1"
@@ -137,6 +139,7 @@ class Server:
         self._dir = Path(tempfile.mkdtemp(prefix="llmgw-agents-bench-"))
         self.admin_port = _free_port()
         self.agent_port = _free_port()
+        self.api_port = _free_port()
         self.log = self._dir / "server.log"
         config = self._dir / "server.yaml"
         # Unreachable after 3 missed beats, lost after 12: the ratios of the defaults.
@@ -155,7 +158,7 @@ class Server:
             sys.executable, "-m", "llmgw", "server",
             "--config", str(config),
             "--endpoint", "x=http://127.0.0.1:1=m",
-            "--listen", f"{HOST}:{_free_port()}",
+            "--listen", f"{HOST}:{self.api_port}",
             "--admin-listen", f"{HOST}:{self.admin_port}",
             "--agent-listen", f"{HOST}:{self.agent_port}",
             "--data-dir", str(self._dir / "data"),
@@ -224,6 +227,45 @@ class Server:
             else:
                 path.unlink()
         self._dir.rmdir()
+
+
+class ApiProbe:
+    """GET /healthz on the API port, one after another over one keep-alive connection,
+    in a thread, while running; the latencies are kept (what a client sees during a storm)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.latencies: list[float] = []
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> ApiProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        conn = http.client.HTTPConnection(HOST, self.port, timeout=30)
+        try:
+            while not self._stop.is_set():
+                started = time.perf_counter()
+                try:
+                    conn.request("GET", "/healthz")
+                    conn.getresponse().read()
+                except (OSError, http.client.HTTPException):
+                    self.errors += 1
+                    conn.close()
+                    conn = http.client.HTTPConnection(HOST, self.port, timeout=30)
+                    continue
+                self.latencies.append(time.perf_counter() - started)
+                # About 50 probes a second: a client's steady trickle, not a load.
+                self._stop.wait(0.02)
+        finally:
+            conn.close()
 
 
 def core_busy_seconds() -> dict[int, float]:
@@ -368,6 +410,9 @@ class Fleet:
     per_channel: int
     channels: list[grpc.aio.Channel] = field(default_factory=list)
     registered: int = 0
+    # Registers the server told to come back later (a paced storm), and the longest wait.
+    deferred: int = 0
+    longest_wait: float = 0.0
     all_registered: asyncio.Event = field(default_factory=asyncio.Event)
     registration_seconds: float = math.nan
     interval: float = math.nan
@@ -396,12 +441,31 @@ class Fleet:
         for i in range(self.agents):
             self._tasks.append(asyncio.create_task(self._agent(i, stubs[i // self.per_channel])))
 
+    async def _connect(
+        self, index: int, stub: agent_pb2_grpc.AgentServiceStub
+    ) -> tuple[Call, object]:
+        """Open the stream and register, coming back when a busy server says to (as
+        `llmgw agent` does); the stream and the server's first answer."""
+        while True:
+            call: Call = stub.Connect()
+            self._calls.append(call)
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                await call.write(agent_pb2.AgentMessage(register=register_message(index)))
+            try:
+                return call, await call.read()
+            except grpc.aio.AioRpcError:
+                # The call's own status: a read racing the server's refusal may
+                # raise INTERNAL where the status says RESOURCE_EXHAUSTED.
+                wait = retry_after(await call.trailing_metadata())
+                if await call.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or wait is None:
+                    raise
+            self.deferred += 1
+            self.longest_wait = max(self.longest_wait, wait)
+            await asyncio.sleep(wait)
+
     async def _agent(self, index: int, stub: agent_pb2_grpc.AgentServiceStub) -> None:
-        call: Call = stub.Connect()
-        self._calls.append(call)
         try:
-            await call.write(agent_pb2.AgentMessage(register=register_message(index)))
-            reply: object = await call.read()
+            call, reply = await self._connect(index, stub)
             if not isinstance(reply, agent_pb2.ServerMessage) or not reply.HasField("registered"):
                 raise BenchError(f"agent {index}: expected Registered, got {reply!r}")
             interval = reply.registered.heartbeat_interval_seconds
@@ -478,6 +542,12 @@ class Row:
     errors: list[str]
 
     attempts: int = 1
+    deferred: int = 0  # Registers told to come back later (a paced storm)
+    # GET /healthz on the API port: p50 before the storm, p50 / p99 during it, failures.
+    api_idle_p50: float = math.nan
+    api_storm_p50: float = math.nan
+    api_storm_p99: float = math.nan
+    api_failed: int = 0
 
     @property
     def ok(self) -> bool:
@@ -512,17 +582,27 @@ async def run_row(agents: int, window: float, args: argparse.Namespace, pin: boo
         await server.wait_ready()
         idle_rss = server.rss()
         await fleet.connect()
+        with ApiProbe(server.api_port) as idle_probe:
+            await asyncio.sleep(2.0)
         say(f"{agents} agents: registering over {len(fleet.channels)} channels")
         fleet.start()
         try:
-            async with asyncio.timeout(REGISTER_TIMEOUT):
-                await fleet.all_registered.wait()
+            with ApiProbe(server.api_port) as storm_probe:
+                async with asyncio.timeout(REGISTER_TIMEOUT):
+                    await fleet.all_registered.wait()
         except TimeoutError:
             raise BenchError(
                 f"only {fleet.registered} of {agents} agents registered within "
                 f"{REGISTER_TIMEOUT:g} s; first errors: {fleet.errors[:3]}",
                 server.tail(),
             ) from None
+        api_idle = _pct(idle_probe.latencies, 0.5)
+        api_storm = _pct(storm_probe.latencies, 0.5)
+        say(
+            f"{agents} agents: API port /healthz p50 {api_idle * 1e3:.2f} ms idle, "
+            f"{api_storm * 1e3:.2f} ms during the storm ({len(storm_probe.latencies)} probes, "
+            f"{storm_probe.errors} failed)"
+        )
         say(
             f"{agents} agents: registered in {fleet.registration_seconds:.2f} s; "
             f"settling for one interval ({fleet.interval:g} s)"
@@ -570,6 +650,11 @@ async def run_row(agents: int, window: float, args: argparse.Namespace, pin: boo
             late_p99=_pct(fleet.late, 0.99),
             late_max=max(fleet.late, default=math.nan),
             errors=list(fleet.errors),
+            deferred=fleet.deferred,
+            api_idle_p50=api_idle,
+            api_storm_p50=api_storm,
+            api_storm_p99=_pct(storm_probe.latencies, 0.99),
+            api_failed=idle_probe.errors + storm_probe.errors,
         )
     finally:
         await fleet.close()
@@ -653,8 +738,8 @@ def render(rows: list[Row], args: argparse.Namespace, pinned: bool, command: str
         "once; the window starts one interval after the last registration.",
         "",
         "| agents | interval | heartbeats/s | server CPU % | RSS MiB | handling p50 / p99 µs "
-        "| registration | nodes ready |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| registration | told to come back | nodes ready |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         mark = " †" if r.disturbed(pinned) else ""
@@ -662,7 +747,7 @@ def render(rows: list[Row], args: argparse.Namespace, pinned: bool, command: str
             f"| {r.agents:,}{mark} | {r.interval:g} s | {r.beats / r.window:,.1f} "
             f"| {100 * r.server_cpu / r.window:.1f} | {r.rss / MIB:.0f} "
             f"| {_us(r.heartbeat_p50)} / {_us(r.heartbeat_p99)} "
-            f"| {r.registration_seconds:.2f} s | {_ready(r)} |"
+            f"| {r.registration_seconds:.2f} s | {r.deferred:,} | {_ready(r)} |"
         )
     lines += [
         "",
@@ -701,7 +786,10 @@ def render(rows: list[Row], args: argparse.Namespace, pinned: bool, command: str
         "100, 150, 200, 300, 500 µs, …) as `histogram_quantile` does; register handling is "
         "every registration of the run.",
         "- Registration: from the first `Register` sent to the last `Registered` received, all "
-        "agents at once over already-connected channels. Nodes ready: `GET /admin/api/nodes` "
+        "agents at once over already-connected channels; an agent the server told to come "
+        "back later (RESOURCE_EXHAUSTED, `llmgw-retry-after-ms`) waits as told and registers "
+        "again, as `llmgw agent` does (told to come back: how many times). "
+        "Nodes ready: `GET /admin/api/nodes` "
         f"after the window (unreachable after {3 * args.interval:g} s without a heartbeat).",
         "- Send lateness: how late this process sent heartbeats against their schedule; low "
         "values mean the agents' side did not limit the rate. Other load: each core's busy "
@@ -720,6 +808,23 @@ def render(rows: list[Row], args: argparse.Namespace, pinned: bool, command: str
                 f"{b.agents:,} agent rows (their CPU difference over their rate "
                 f"difference, which cancels the server's idle work): {_us(cpu / rate)} µs."
             )
+    lines += [
+        "",
+        "| agents | API port /healthz p50 idle ms | p50 / p99 during the storm ms "
+        "| added p50 ms | probes failed |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.agents:,} | {r.api_idle_p50 * 1e3:.2f} | {r.api_storm_p50 * 1e3:.2f} / "
+            f"{r.api_storm_p99 * 1e3:.2f} | {(r.api_storm_p50 - r.api_idle_p50) * 1e3:.2f} "
+            f"| {r.api_failed} |"
+        )
+    lines.append(
+        "- API port: `GET /healthz` on the API listener about 50 times a second over one "
+        "keep-alive connection, for 2 s before the storm and from the first Register to the "
+        "last Registered."
+    )
     failed = [e for r in rows for e in r.errors[:3]]
     if failed:
         lines += ["", "Errors (first 3 per row):", *(f"- {e}" for e in failed)]

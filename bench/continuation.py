@@ -12,8 +12,13 @@ The target (from the issue): at most a fresh request's TTFT + 100 ms when anothe
 replica is Ready. Each run also checks the spliced text: ` w1 ... w200`, no gap, no
 repeat.
 
-Run: `.venv/bin/python bench/continuation.py [--runs 5]`. Writes the `continuation`
-section of bench/RESULTS.md unless `--no-write`.
+With `--api messages` the streams are Anthropic Messages streams the sims serve
+natively (`--native-apis messages`, as vLLM does): the router reads back the
+Messages events it relayed and continues as chat through the Messages translation.
+
+Run: `.venv/bin/python bench/continuation.py [--runs 5] [--api messages]`. Writes the
+`continuation` (or `continuation-messages`) section of bench/RESULTS.md unless
+`--no-write`.
 
 Not guaranteed: the same numbers on a loaded machine (both sides of the comparison
 pay for it alike); the 50 ms token gap keeps a token already on its way at the kill
@@ -53,12 +58,16 @@ BODY = {
 }
 
 
+PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages"}
+
+
 def start_sim(port: int) -> Proc:
     proc = Proc(
         llmgw(
             "sim",
             *("--host", "127.0.0.1", "--port", str(port), "--model", "m1"),
             *("--text", "sequence", "--itl", str(ITL), "--itl-per-running", "0"),
+            *("--native-apis", "messages"),
         )
     )
     proc.wait_http(f"http://127.0.0.1:{port}/sim/stats")
@@ -66,9 +75,12 @@ def start_sim(port: int) -> Proc:
 
 
 def tokens_of(line: str) -> str:
+    """The text a line of a chat or Messages stream adds."""
     if not line.startswith("data: ") or line == "data: [DONE]":
         return ""
     chunk = orjson.loads(line[len("data: ") :])
+    if chunk.get("type") == "content_block_delta":
+        return str(chunk["delta"].get("text") or "")
     return "".join((c.get("delta") or {}).get("content") or "" for c in chunk.get("choices", []))
 
 
@@ -108,8 +120,10 @@ def killed_stream(client: httpx.Client, url: str, sims: dict[str, Proc]) -> tupl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--api", choices=sorted(PATHS), default="chat")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
+    native = ", apis: {messages: native}" if args.api == "messages" else ""
 
     ports = {name: free_port() for name in ("a", "b", "c")}
     sims = {name: start_sim(port) for name, port in ports.items()}
@@ -117,7 +131,7 @@ def main() -> None:
     config.write_text(
         "router: {health: {interval: 0.5}}\nendpoints:\n"
         + "".join(
-            f"  - {{id: {n}, url: 'http://127.0.0.1:{p}', models: [m1], engine: sim}}\n"
+            f"  - {{id: {n}, url: 'http://127.0.0.1:{p}', models: [m1], engine: sim{native}}}\n"
             for n, p in ports.items()
         )
     )
@@ -125,7 +139,7 @@ def main() -> None:
     rows: list[tuple[int, float, float, str, bool]] = []
     try:
         with httpx.Client(timeout=120) as client:
-            url = server.url + "/v1/chat/completions"
+            url = server.url + PATHS[args.api]
             fresh_ttft(client, url)  # warm the router's connections
             for run in range(1, args.runs + 1):
                 ttft = statistics.median(fresh_ttft(client, url) for _ in range(3))
@@ -151,13 +165,20 @@ def main() -> None:
             proc.stop()
 
     extra = [(gap - ttft) * 1000 for _, ttft, gap, _, _ in rows]
+    title = "## Continuation: from an engine's death to the next token on the client"
+    option = ""
+    if args.api == "messages":
+        title += " (Messages, served natively)"
+        option = " --api messages"
     lines = [
-        "## Continuation: from an engine's death to the next token on the client",
+        title,
         "",
-        f"Command: `.venv/bin/python bench/continuation.py --runs {args.runs}`",
+        f"Command: `.venv/bin/python bench/continuation.py --runs {args.runs}{option}`",
         f"({os.cpu_count()} cores, Python {platform.python_version()}, one server, three "
         f"`llmgw sim --text sequence --itl {ITL}` replicas, one stream of {TOKENS} tokens "
-        f"per run; its replica SIGKILLed after {KILL_AFTER} tokens).",
+        f"per run; its replica SIGKILLed after {KILL_AFTER} tokens; "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
+        f"{os.getloadavg()[0]:.1f} at the end: a machine shared with other work).",
         "",
         "| run | fresh TTFT (ms, median of 3) | kill to next token (ms) | difference (ms) "
         "| text whole |",
@@ -177,7 +198,7 @@ def main() -> None:
     body = "\n".join(lines)
     print(body)
     if not args.no_write:
-        write_section("continuation", body)
+        write_section("continuation" if args.api == "chat" else f"continuation-{args.api}", body)
 
 
 if __name__ == "__main__":

@@ -140,3 +140,25 @@ def test_gpu_rows_fold_and_a_refresh_replaces_only_the_changed_card(
         expect(card.get_by_role("button", name="Undrain", exact=True)).to_be_visible()
     finally:
         served.drain("node-010", False)
+
+
+def test_a_big_fleet_is_shown_a_page_at_a_time(
+    tmp_path_factory: pytest.TempPathFactory, page: Page
+) -> None:
+    with ServedDashboard(
+        tmp_path_factory.mktemp("nodes-pages"), nodes=150, refresh_seconds=3600
+    ) as big:
+        page.goto(url(big))
+        cards = page.locator("article.node")
+        expect(cards).to_have_count(100)
+        expect(page.locator("#node-pages")).to_contain_text("nodes 1 to 100 of 150 (page 1 of 2)")
+        page.get_by_role("link", name="next").click()
+        expect(page).to_have_url(url(big, "?page=2"))
+        expect(cards).to_have_count(50)
+        expect(cards.first).to_have_attribute("data-node", "node-100")
+        # The page's refresh keeps it on page 2.
+        refresh_and_wait(page)
+        expect(cards).to_have_count(50)
+        page.get_by_role("link", name="previous").click()
+        expect(cards).to_have_count(100)
+        expect(cards.first).to_have_attribute("data-node", "node-000")

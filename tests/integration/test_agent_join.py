@@ -312,7 +312,7 @@ def test_insecure_agents_are_announced_loudly_and_on_the_overview(cluster: Clust
 
 @pytest.mark.timeout(300)
 # Long enough that the node cannot renew between step 1 and the early --finish.
-@pytest.mark.parametrize("cluster", [", node_cert_lifetime: 90"], indirect=True)
+@pytest.mark.parametrize("cluster", [", node_cert_lifetime: 60"], indirect=True)
 def test_the_ca_is_rotated_in_two_steps_while_a_node_keeps_working(cluster: Cluster) -> None:
     made = cluster.token()
     agent = cluster.agent("gpu-c", "--token", str(made["token"]), "--node-id", "gpu-c")

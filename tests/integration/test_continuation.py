@@ -10,118 +10,30 @@ event (a chunk read, a record written), never a sleep.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import signal
-import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anthropic
 import httpx
 import openai
-import orjson
 import pytest
 from procs import Proc, Server, Sim, free_port, free_port_block, llmgw, wait_for
-
-MESSAGES = [{"role": "user", "content": "Count, please."}]
-
-
-def words(count: int, start: int = 1) -> list[str]:
-    return [f"w{n}" for n in range(start, start + count)]
+from streams import MESSAGES, Streamed, events_of, records, sim_pids, stream, words
 
 
-@dataclass
-class Streamed:
-    """One stream as the client read it."""
-
-    status: int = 0
-    replica: str = ""
-    request_id: str = ""
-    text: str = ""
-    ids: set[str] = field(default_factory=set)
-    usage: list[dict[str, Any]] = field(default_factory=list)
-    errors: list[dict[str, Any]] = field(default_factory=list)
-    comments: list[str] = field(default_factory=list)
-    done: int = 0
-    roles: int = 0
-
-
-def stream(
-    server: Server,
-    body: dict[str, Any],
-    *,
-    path: str = "/v1/chat/completions",
-    on_tokens: Callable[[Streamed], None] | None = None,
-    after: int = 3,
-    commented: threading.Event | None = None,
-) -> Streamed:
-    """POST a stream and read it to its end; `on_tokens` is called once `after` chunks
-    with text arrived, `commented` set once an SSE comment did."""
-    out = Streamed()
-    chat = path.endswith("/chat/completions")
-    with (
-        httpx.Client(timeout=httpx.Timeout(120.0)) as client,
-        client.stream("POST", server.url + path, json={**body, "stream": True}) as resp,
-    ):
-        out.status = resp.status_code
-        out.replica = resp.headers.get("x-llmgw-replica", "")
-        out.request_id = resp.headers.get("x-request-id", "")
-        event = ""
-        for line in resp.iter_lines():
-            if line.startswith(":"):
-                out.comments.append(line)
-                if commented is not None:
-                    commented.set()
-            elif line.startswith("event:"):
-                event = line[len("event:") :].strip()
-            elif line.startswith("data:"):
-                data = line[len("data:") :].strip()
-                if data == "[DONE]":
-                    out.done += 1
-                    continue
-                chunk = orjson.loads(data)
-                if event == "error":
-                    out.errors.append(chunk)
-                    continue
-                out.ids.add(chunk.get("id", ""))
-                if chunk.get("usage") and not chunk.get("choices"):
-                    out.usage.append(chunk["usage"])
-                for choice in chunk.get("choices") or []:
-                    if chat:
-                        delta = choice.get("delta") or {}
-                        out.roles += "role" in delta
-                        out.text += delta.get("content") or ""
-                    else:
-                        out.text += choice.get("text") or ""
-                if on_tokens is not None and len(out.text.split()) == after:
-                    on_tokens(out)
-    return out
-
-
-def records(data_dir: Path) -> dict[str, tuple[int, int, int, int]]:
-    """request id -> (status, prompt tokens, completion tokens, continued) of every record."""
-    with sqlite3.connect(data_dir / "llmgw.db") as db:
-        rows = db.execute(
-            "SELECT request_id, status, prompt_tokens, completion_tokens, continued "
-            "FROM usage_records"
-        ).fetchall()
-    seen: dict[str, tuple[int, int, int, int]] = {}
-    for request_id, status, prompt, completion, continued in rows:
-        assert request_id not in seen, f"two usage records for request {request_id}"
-        seen[request_id] = (int(status), int(prompt), int(completion), int(continued or 0))
-    return seen
-
-
-def write_config(path: Path, sims: dict[str, str], *, engine: str | None, extra: str = "") -> Path:
+def write_config(
+    path: Path, sims: dict[str, str], *, engine: str | None, extra: str = "", fields: str = ""
+) -> Path:
+    """Endpoints of model m1 (`fields`: more of each endpoint's, e.g. its `apis`)."""
     lines = ["endpoints:"]
     for name, url in sims.items():
         declared = f", engine: {engine}" if engine else ""
-        lines.append(f"  - {{id: {name}, url: '{url}', models: [m1]{declared}}}")
+        lines.append(f"  - {{id: {name}, url: '{url}', models: [m1]{declared}{fields}}}")
     path.write_text("\n".join(lines) + "\n" + extra)
     return path
 
@@ -504,18 +416,125 @@ def test_a_placed_replica_killed_mid_stream_is_continued_on_the_other(tmp_path: 
         server.proc.stop()
 
 
-def sim_pids(port: str) -> list[int]:
-    """Processes whose command line is `llmgw sim ... --port PORT` (engines outlive agents)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"sim" in argv and any(
-            a == b"--port" and b == port.encode() for a, b in itertools.pairwise(argv)
-        ):
-            pids.append(int(entry.name))
-    return pids
+@pytest.fixture(scope="module")
+def native_breaking(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """Three counting sims serving Messages and Responses natively, all breaking every
+    generation after 4 tokens."""
+    flags = ("--zero-delay", "--break-after-tokens", "4", "--native-apis", "messages,responses")
+    sims = [Sim("--text", "sequence", *flags, model="m1") for _ in range(3)]
+    tmp = tmp_path_factory.mktemp("native")
+    config = write_config(
+        tmp / "llmgw.yaml",
+        {f"n{i}": s.url for i, s in enumerate(sims)},
+        engine="sim",
+        fields=", apis: {messages: native, responses: native}",
+    )
+    server = Server("--config", str(config))
+    yield server
+    server.proc.stop()
+    for sim in sims:
+        sim.proc.stop()
+
+
+def test_a_native_messages_stream_is_continued_in_its_own_events(native_breaking: Server) -> None:
+    server = native_breaking
+    body = {"model": "m1", "max_tokens": 12, "messages": MESSAGES}
+    request_id, events = events_of(server, "/v1/messages", body)
+    kinds = [e["type"] for e in events]
+    # One message, one text block: the continuations go on in block 0 of the same message.
+    assert kinds[0] == "message_start" and kinds.count("message_start") == 1, kinds
+    assert kinds.count("content_block_start") == 1 and kinds.count("content_block_stop") == 1
+    assert kinds[-2:] == ["message_delta", "message_stop"], kinds
+    assert "error" not in kinds
+    deltas = [e for e in events if e["type"] == "content_block_delta"]
+    assert {e["index"] for e in deltas} == {0}
+    assert "".join(e["delta"]["text"] for e in deltas).split() == words(12)
+    end = events[-2]
+    assert end["delta"]["stop_reason"] == "max_tokens"
+    assert end["usage"]["output_tokens"] == 12
+
+    def recorded() -> tuple[int, int, int, int] | None:
+        return records(server.data_dir).get(request_id)
+
+    status, prompt, completion, continued = wait_for(recorded, "the stream's usage record")
+    assert (status, completion, continued) == (200, 12, 2)
+    assert end["usage"]["input_tokens"] == prompt
+
+
+def test_a_native_messages_stream_read_by_the_anthropic_sdk(native_breaking: Server) -> None:
+    with (
+        anthropic.Anthropic(base_url=native_breaking.url, api_key="x", max_retries=0) as client,
+        client.messages.stream(model="m1", max_tokens=12, messages=MESSAGES) as events,
+    ):
+        text = "".join(events.text_stream)
+        final = events.get_final_message()
+    assert text.split() == words(12)
+    [block] = final.content
+    assert block.type == "text" and block.text.split() == words(12)
+    assert (final.stop_reason, final.usage.output_tokens) == ("max_tokens", 12)
+
+
+def test_a_native_responses_stream_is_continued_in_its_own_events(
+    native_breaking: Server,
+) -> None:
+    server = native_breaking
+    body = {"model": "m1", "input": "Count.", "max_output_tokens": 12}
+    request_id, events = events_of(server, "/v1/responses", body)
+    kinds = [e["type"] for e in events]
+    assert kinds.count("response.created") == 1 and kinds[-1] == "response.incomplete", kinds
+    assert "error" not in kinds
+    # The event numbering goes on without a gap or a repeat, in one message item.
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert kinds.count("response.output_item.added") == 1
+    assert kinds.count("response.content_part.added") == 1
+    [item_id] = {e["item_id"] for e in events if "item_id" in e}
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert text.split() == words(12)
+    final = events[-1]["response"]
+    assert final["id"] == events[0]["response"]["id"]
+    [message] = final["output"]
+    assert message["id"] == item_id
+    assert message["content"][0]["text"].split() == words(12)
+    assert final["usage"]["output_tokens"] == 12
+
+    def recorded() -> tuple[int, int, int, int] | None:
+        return records(server.data_dir).get(request_id)
+
+    status, prompt, completion, continued = wait_for(recorded, "the stream's usage record")
+    assert (status, completion, continued) == (200, 12, 2)
+    assert final["usage"]["input_tokens"] == prompt
+
+
+def test_a_native_responses_stream_read_by_the_openai_sdk(native_breaking: Server) -> None:
+    with openai.OpenAI(base_url=native_breaking.url + "/v1", api_key="x", max_retries=0) as client:
+        events = list(
+            client.responses.create(model="m1", input="Count.", max_output_tokens=12, stream=True)
+        )
+    final = events[-1]
+    assert final.type == "response.incomplete"
+    assert final.response.output_text.split() == words(12)
+
+
+def test_a_native_stream_with_a_tool_call_ends_with_the_api_s_error_event(
+    native_breaking: Server,
+) -> None:
+    # A half-written tool call is not continued: the stream ends as before, in the
+    # API's own error event.
+    tool = {"name": "count", "input_schema": {"type": "object", "properties": {}}}
+    body = {
+        "model": "m1",
+        "max_tokens": 12,
+        "messages": MESSAGES,
+        "tools": [tool],
+        "tool_choice": {"type": "tool", "name": "count"},
+    }
+    request_id, events = events_of(native_breaking, "/v1/messages", body)
+    kinds = [e["type"] for e in events]
+    assert kinds == ["message_start", "content_block_start", "error"], kinds
+    assert events[-1]["error"]["type"] == "api_error"
+    assert "failed mid-stream" in events[-1]["error"]["message"]
+
+    def recorded() -> tuple[int, int, int, int] | None:
+        return records(native_breaking.data_dir).get(request_id)
+
+    assert wait_for(recorded, "the stream's usage record")[3] == 0

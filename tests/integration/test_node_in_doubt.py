@@ -246,8 +246,9 @@ def test_a_killed_node_costs_no_request_and_its_replacement_serves(tmp_path: Pat
             for pid in engines:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-            # Out of the router at once (the agent's stream closed), before any
-            # replacement could be ready.
+            # Out of the router once its heartbeats stop (unreachable_after), before
+            # any replacement could be ready; meanwhile the router's health checks
+            # and connect errors keep requests off the dead engine.
             wait_for(lambda: first["id"] not in routed(server), "the replica to leave the router")
 
             # A stream that arrives now waits, kept alive by comments, and names

@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llmgw.control.adminapi import model_routes, node_routes
 from llmgw.control.catalog import Catalog, CatalogModel, parse_model
-from llmgw.control.inventory import Inventory, Node
+from llmgw.control.inventory import Inventory, Node, NodeBrief
 from llmgw.control.leadership import LeaderInfo, leader_routes
 from llmgw.store import ControlServer, open_store, store_url
 
@@ -144,6 +144,7 @@ class ScriptedInventory(Inventory):
         super().__init__(**kwargs)
         self.on_drain: dict[str, list[tuple[float, Step]]] = {}
         self._playing: list[list[Step]] = []
+        self._owed = 0  # a listing was read: the next moment plays when the next one starts
 
     def set_draining(self, node_id: str, draining: bool) -> Node:
         node = super().set_draining(node_id, draining)
@@ -159,12 +160,22 @@ class ScriptedInventory(Inventory):
                 self._playing.append(steps)
         return node
 
-    def nodes(self) -> list[Node]:
-        seen = super().nodes()
+    def briefs(self) -> list[NodeBrief]:
+        # The admin API's node list reads briefs, then the nodes on its page: the
+        # moment owed after a listing is played when the next listing starts, so
+        # that the listing itself still shows the state before it.
+        if self._owed:
+            self._owed = 0
+            self._play()
+        seen = super().briefs()
+        if self._playing:
+            self._owed = 1
+        return seen
+
+    def _play(self) -> None:
         if self._playing:
             for step in self._playing.pop(0):
                 step(self)
-        return seen
 
 
 class RecordHeaders:

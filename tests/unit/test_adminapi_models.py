@@ -355,3 +355,19 @@ async def test_activate(client: httpx.AsyncClient, control: RecordingControl) ->
     error = error_of(await client.post("/admin/api/models/ghost/activate"), 404)
     assert error["code"] == "model_not_found"
     assert ("activate", "ghost") not in control.calls
+
+
+async def test_the_model_list_pages_and_filters_on_the_server(client: httpx.AsyncClient) -> None:
+    for name in ("alpha", "beta", "delta"):
+        assert (await client.post("/admin/api/models", json=body(name))).status_code == 201
+    first = (await client.get("/admin/api/models", params={"limit": 2})).json()
+    assert [m["name"] for m in first["models"]] == ["alpha", "beta"]
+    assert (first["total"], first["next_after"]) == (4, "beta")
+    rest = (await client.get("/admin/api/models", params={"limit": 2, "after": "beta"})).json()
+    assert [m["name"] for m in rest["models"]] == ["delta", "gemma"]
+    assert rest["next_after"] is None
+    # Aliases are searched too: gemma is also "gemma-3".
+    found = (await client.get("/admin/api/models", params={"q": "GEMMA-3"})).json()
+    assert [m["name"] for m in found["models"]] == ["gemma"] and found["total"] == 1
+    bad = error_of(await client.get("/admin/api/models", params={"limit": "many"}), 400)
+    assert (bad["param"], bad["code"]) == ("limit", "invalid_parameter")

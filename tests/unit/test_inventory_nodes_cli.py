@@ -130,3 +130,33 @@ def test_an_unreachable_admin_api_exits_1() -> None:
     assert code == 1 and out == ""
     assert err.startswith(f"error: cannot reach the admin API at http://127.0.0.1:{port}")
     assert err.count("\n") == 1
+
+
+def test_list_walks_the_servers_pages_and_stops_at_a_limit(
+    admin_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One node per request: the two nodes take two pages.
+    monkeypatch.setattr("llmgw.cli.nodes.LIST_PAGE", 1)
+    code, out, _ = run("list", "--json", "--admin", admin_url)
+    assert code == 0
+    assert [n["id"] for n in json.loads(out)] == ["node-a", "node-b"]
+
+    code, out, _ = run("list", "--limit", "1", "--admin", admin_url)
+    assert code == 0
+    assert out.splitlines()[1].startswith("node-a")
+    assert "1 of 2 nodes shown; the next ones: llmgw nodes list --limit 1 --after node-a" in out
+    code, out, _ = run("list", "--limit", "1", "--after", "node-a", "--admin", admin_url)
+    assert code == 0 and out.splitlines()[1].startswith("node-b")
+    assert "shown" not in out
+
+
+def test_list_filters_on_the_server_and_names_a_bad_filter(admin_url: str) -> None:
+    code, out, _ = run("list", "--state", "lost", "--admin", admin_url)
+    assert (code, out.strip()) == (0, "no node matches (try without --state / --filter / --after)")
+    code, out, _ = run("list", "--filter", "node-b", "--json", "--admin", admin_url)
+    assert [n["id"] for n in json.loads(out)] == ["node-b"]
+    code, _, err = run("list", "--state", "sleepy", "--admin", admin_url)
+    assert code != 0
+    assert "state must be one of draining, lost, ready, unreachable, got 'sleepy'" in err
+    code, _, err = run("list", "--limit", "0", "--admin", admin_url)
+    assert code != 0 and "--limit" in err

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -289,3 +291,33 @@ def test_an_older_repeated_status_does_not_undo_a_newer_one(inventory: Inventory
     )
     assert kept.state == "ready"
     assert inventory.node("node-a").shards["s1"].state == "ready"
+
+
+def test_an_engine_adopted_by_a_restarted_agent_keeps_its_age(inventory: Inventory) -> None:
+    inventory.register(registration(shards=(ready_shard("llama-0"),)))
+    inventory.disconnected("node-a")
+    # The new agent adopts the same engine process and says "ready since now".
+    adopted = replace(ready_shard("llama-0"), since=EPOCH + timedelta(seconds=90))
+    node = inventory.register(registration(shards=(adopted,)))
+    assert node.shards["llama-0"].since == EPOCH
+    again = inventory.shard_status("node-a", replace(adopted, message="adopted"))
+    assert again.since == EPOCH
+
+    # Another process behind the same shard id (or another state) is new.
+    moved = replace(adopted, pid=5151)
+    assert inventory.shard_status("node-a", moved).since == EPOCH + timedelta(seconds=90)
+    loading = replace(moved, state="loading", since=EPOCH + timedelta(seconds=95))
+    assert inventory.shard_status("node-a", loading).since == EPOCH + timedelta(seconds=95)
+
+
+def test_a_node_snapshot_carries_every_field_and_its_own_shard_dict(inventory: Inventory) -> None:
+    """`Node.copy` is written field by field (for speed): a field added to `Node` and
+    forgotten there fails here."""
+    spec = ShardSpec(shard_id="s1", model="m", engine="sim", weights="w", gpu_indices=(0,))
+    report = ShardReport("s1", "m", "ready", spec=spec)
+    original = inventory.register(registration(shards=(report,)))
+    snapshot = original.copy()
+    for f in dataclasses.fields(original):
+        assert getattr(snapshot, f.name) == getattr(original, f.name), f.name
+    snapshot.shards.pop("s1")
+    assert "s1" in original.shards

@@ -147,6 +147,22 @@ def test_rewrite_keeps_the_first_answer_s_id_drops_role_usage_and_done() -> None
     assert splice.prompt_tokens(estimate=4) == 10 + 12 + (10 + 2)
 
 
+def test_a_continuation_that_reported_its_usage_counts_as_it_reported() -> None:
+    splice = read_back(chat_event(" w1") + chat_event(" w2"), chat=True)
+    assert splice is not None
+    assert splice.completion_tokens() == 2
+    # The first continuation breaks after two chunks, unreported: they are counted.
+    splice.begin()
+    splice.tokens += 2
+    assert splice.completion_tokens() == 4
+    # The second sends three chunks but reports four tokens (two came in one chunk).
+    splice.begin()
+    splice.tokens += 3
+    assert splice.completion_tokens() == 7
+    add_usage(splice, {"prompt_tokens": 20, "completion_tokens": 4})
+    assert splice.completion_tokens() == 2 + 2 + 4
+
+
 def test_continuation_settings_per_model_and_engines_that_continue() -> None:
     config = ContinuationConfig(models={"noisy": False})
     assert config.enabled_for("m") and not config.enabled_for("noisy")

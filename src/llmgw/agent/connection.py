@@ -15,6 +15,9 @@ one address that is simply "dial it again". Failures that need an operator
 refusal are logged as warnings that say what to do (`refusal.py`). A node id
 refused because another agent holds it backs off like any failed pass (never
 the short standby retry), so two agents sharing an id do not storm the server.
+A leader busy with a registration storm answers RESOURCE_EXHAUSTED with the
+delay to come back after (`llmgw-retry-after-ms`); the agent waits at least
+that long (longer when its own backoff has grown past it).
 
 With `tls` (the files, or a callable read at every dial so that a renewed
 certificate is used from the next dial on), the channel is TLS with this
@@ -57,7 +60,7 @@ from llmgw.agent.backoff import Backoff
 from llmgw.agent.errors import CommandError, ConnectError
 from llmgw.agent.feed import StatusFeed
 from llmgw.agent.hardware import Hardware
-from llmgw.agent.refusal import explain, is_standby
+from llmgw.agent.refusal import explain, is_standby, retry_after
 from llmgw.agent.settings import ConnectionSettings
 from llmgw.agent.shard import ShardReport
 from llmgw.agent.silence import SilentServers
@@ -168,6 +171,8 @@ class Connection:
         # A server refused this node's identity in the last pass (id in use,
         # revoked): a person must act, so the full backoff applies.
         self._identity_refused = False
+        # The longest wait a busy server asked for in the last pass (None: none asked).
+        self._come_back_after: float | None = None
 
     async def run(self) -> None:
         """Dial, serve, redial; returns only by cancellation."""
@@ -179,6 +184,10 @@ class Connection:
                     # most one lease TTL away, so keep the retries short. Wrapping the
                     # uniform draw into [0, 1 s) keeps a fleet's retries spread out.
                     delay %= STANDBY_RETRY_SECONDS
+                if self._come_back_after is not None and not self._identity_refused:
+                    # A busy server said when to come back (spread over its backlog);
+                    # the backoff still grows if it keeps saying so.
+                    delay = max(self._come_back_after, delay)
                 log.info("retrying the control plane in %.2fs", delay)
                 await self._sleep(delay)
 
@@ -204,6 +213,7 @@ class Connection:
         """
         count = len(self._addresses)
         self._identity_refused = False
+        self._come_back_after = None
         failures: list[str] = []  # those not already logged as a warning of their own
         rotated = [(self._first + step) % count for step in range(count)]
         # A server that just let a dial time out goes last (see `silence.py`).
@@ -324,8 +334,10 @@ class Connection:
                 address, f"no Registered answer within {timeout:g}s", timed_out=True
             ) from exc
         except grpc.aio.AioRpcError as exc:
+            # The call's own status, as for the write: a read racing the server's
+            # refusal may raise INTERNAL where the status says why.
             raise self._refused(
-                address, exc.code(), exc.details(), exc.trailing_metadata()
+                address, await call.code(), await call.details(), await call.trailing_metadata()
             ) from exc
         if not isinstance(answer, agent_pb2.ServerMessage):
             raise ConnectError(address, "the server ended the stream without answering Register")
@@ -346,6 +358,9 @@ class Connection:
         standby = is_standby(metadata)
         self._saw_standby = self._saw_standby or standby
         self._identity_refused = self._identity_refused or code in IDENTITY_REFUSALS
+        wait = retry_after(metadata)
+        if wait is not None:
+            self._come_back_after = max(wait, self._come_back_after or 0.0)
         refusal = explain(
             address,
             code,

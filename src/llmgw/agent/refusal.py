@@ -25,6 +25,11 @@ import grpc
 # server's agentsvc.servicer.REFUSED_METADATA_KEY; the two packages share no code).
 REFUSED_METADATA_KEY = "llmgw-refused"
 REFUSED_STANDBY = "standby"
+# A leader pacing a registration storm: come back after this many milliseconds.
+REFUSED_BUSY = "busy"
+RETRY_AFTER_METADATA_KEY = "llmgw-retry-after-ms"
+# The longest wait a server's answer is obeyed for (a bad value is not a day's sleep).
+MAX_RETRY_AFTER_S = 300.0
 
 _VERIFY = re.compile(r"CERTIFICATE_VERIFY_FAILED: ([^:]+)")
 TLS_FLAGS = "--tls-ca/--tls-cert/--tls-key"
@@ -47,6 +52,27 @@ def is_standby(metadata: Iterable[tuple[str, object]] | None) -> bool:
     )
 
 
+def retry_after(metadata: Iterable[tuple[str, object]] | None) -> float | None:
+    """Seconds a busy server told this agent to wait before registering again, or None
+    when the refusal was not a busy server's (or its delay is unreadable)."""
+    pairs = [(key, value) for key, value in metadata or ()]
+    if not any(
+        key == REFUSED_METADATA_KEY and value in (REFUSED_BUSY, REFUSED_BUSY.encode())
+        for key, value in pairs
+    ):
+        return None
+    for key, value in pairs:
+        if key != RETRY_AFTER_METADATA_KEY:
+            continue
+        text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+        try:
+            milliseconds = int(text)
+        except ValueError:
+            return None
+        return min(max(milliseconds, 0) / 1000, MAX_RETRY_AFTER_S)
+    return None
+
+
 def explain(
     address: str, code: grpc.StatusCode, details: str, *, tls: bool, standby: bool
 ) -> Refusal:
@@ -56,6 +82,9 @@ def explain(
     # host called "standby-1" too.
     if standby:
         return Refusal(f"{address} is a standby: {details}", notable=True)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        # A busy leader (many nodes registering at once) said when to come back.
+        return Refusal(f"the server at {address} is busy: {details}", notable=True)
     if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
         return Refusal(f"the server at {address} refused this agent: {details}", notable=True)
     if code == grpc.StatusCode.ALREADY_EXISTS:

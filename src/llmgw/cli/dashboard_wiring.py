@@ -13,7 +13,7 @@ there (a new field in a model's view) must be made here too.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -151,6 +151,34 @@ def dashboard_sources(
             return fleet.latest() or []
         return [node_view(n, inventory.heartbeat_age(n)) for n in inventory.nodes()]
 
+    def node_briefs() -> list[Json]:
+        if fleet is not None and not fleet.leading():
+            return fleet.latest() or []
+        return [
+            {
+                "id": n.id,
+                "hostname": n.hostname,
+                "state": n.state,
+                "draining": n.draining,
+                "labels": n.labels,
+                "fabric": n.fabric,
+            }
+            for n in inventory.briefs()
+        ]
+
+    def node_views(ids: Sequence[str]) -> list[Json]:
+        if fleet is not None and not fleet.leading():
+            wanted = set(ids)
+            return [v for v in fleet.latest() or [] if v.get("id") in wanted]
+        views = []
+        for node_id in ids:
+            try:
+                node = inventory.node(node_id)
+            except UnknownNode:
+                continue  # gone since the briefs were read
+            views.append(node_view(node, inventory.heartbeat_age(node)))
+        return views
+
     def set_draining(node_id: str, draining: bool) -> Json:
         if fleet is not None and not fleet.leading():
             leader = fleet.leader() or "the leader (none is known right now)"
@@ -167,6 +195,8 @@ def dashboard_sources(
 
     return DashboardSources(
         nodes=nodes,
+        node_briefs=node_briefs,
+        node_views=node_views,
         models=models.listing,
         model=models.one,
         placement=models.placement,

@@ -60,7 +60,9 @@ from llmgw.control.agentsvc import (
     AgentListener,
     AgentListenerError,
     AgentServicer,
+    ClaimBatcher,
     NodeRemoval,
+    RegistrationPacer,
     run_sweeper,
     serve_agents,
 )
@@ -482,12 +484,19 @@ async def _serve(
         registry=registry,
         require_identity=security in ("own", "cluster"),
         admission=leadership.admission,
-        identities=store.nodeids,
+        # One transaction for the node-id claims of Registers arriving together.
+        identities=ClaimBatcher(store=store.nodeids),
         # Late-bound: the controller, which keeps the events, is built next.
         record_event=lambda node_id, message: controller.note("node", node_id, message),
         reserved_names=await reserved_node_names(cfg, pki),
         wall_clock=utc_now,
         tracer=control_tracer,
+        pacer=RegistrationPacer(
+            rate=cfg.control.registrations_per_second,
+            burst=cfg.control.registration_burst,
+            clock=clock,
+            rng=random.Random(),
+        ),
     )
     control = cfg.control
     controller = Controller(

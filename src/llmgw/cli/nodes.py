@@ -18,12 +18,13 @@ from __future__ import annotations
 from collections import Counter
 from datetime import datetime
 from typing import Annotated, Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import typer
 
 from llmgw.cli.adminclient import (
     EXIT_BAD_INPUT,
+    Admin,
     AdminConfigOption,
     AdminKeyOption,
     AdminOption,
@@ -196,24 +197,75 @@ def _show_text(node: dict[str, Any]) -> str:
 # ---- commands ----
 
 
+# Nodes asked for per request: a fleet of 10,000 is listed in pages, never in one answer.
+LIST_PAGE = 500
+
+
+def _fetch_nodes(
+    target: Admin, *, limit: int | None, after: str | None, state: str | None, words: str | None
+) -> tuple[list[dict[str, Any]], int, str | None]:
+    """The nodes asked for, page by page: (nodes, how many match, where the next would start)."""
+    nodes: list[dict[str, Any]] = []
+    total = 0
+    while True:
+        want = LIST_PAGE if limit is None else min(LIST_PAGE, limit - len(nodes))
+        params = {"limit": str(want)}
+        params |= {k: v for k, v in (("after", after), ("state", state), ("q", words)) if v}
+        page = request("GET", target, f"/admin/api/nodes?{urlencode(params)}")
+        nodes += page["nodes"]
+        total = int(page["total"])
+        after = page["next_after"]
+        if after is None or (limit is not None and len(nodes) >= limit):
+            return nodes, total, after
+
+
 @nodes_app.command("list")
 def list_nodes(
     json_out: JsonOption = False,
+    limit: Annotated[
+        int | None,
+        typer.Option("--limit", min=1, help="Show at most this many nodes (default: all)."),
+    ] = None,
+    after: Annotated[
+        str | None,
+        typer.Option("--after", help="Start after this node id (the next page of a --limit)."),
+    ] = None,
+    state: Annotated[
+        str | None,
+        typer.Option(
+            "--state", help="Only nodes in this state: ready, unreachable, lost, draining."
+        ),
+    ] = None,
+    words: Annotated[
+        str | None,
+        typer.Option(
+            "--filter", "-q", help="Only nodes whose id, host, state or labels (zone=a) match."
+        ),
+    ] = None,
     admin: AdminOption = None,
     admin_key: AdminKeyOption = None,
     admin_config: AdminConfigOption = None,
 ) -> None:
-    """List the nodes: state, GPUs in use, shards, last heartbeat."""
-    nodes: list[dict[str, Any]] = request(
-        "GET", resolve_admin(admin, admin_key, admin_config), "/admin/api/nodes"
-    )["nodes"]
+    """List the nodes: state, GPUs in use, shards, last heartbeat (fetched in pages)."""
+    target = resolve_admin(admin, admin_key, admin_config)
+    nodes, total, next_after = _fetch_nodes(
+        target, limit=limit, after=after, state=state, words=words
+    )
     if json_out:
         print_json(nodes)
         return
     if not nodes:
-        typer.echo("no nodes: no agent has registered with this server since it started")
+        if state or words or after:
+            typer.echo("no node matches (try without --state / --filter / --after)")
+        else:
+            typer.echo("no nodes: no agent has registered with this server since it started")
         return
     typer.echo(_list_table(nodes))
+    if next_after is not None:
+        typer.echo(
+            f"{len(nodes)} of {total} nodes shown; the next ones: llmgw nodes list "
+            f"--limit {limit} --after {next_after}"
+        )
 
 
 @nodes_app.command("show")

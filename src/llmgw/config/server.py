@@ -399,6 +399,24 @@ class ControlConfig(_Strict):
         gt=0,
         description="Seconds between agent heartbeats; sent to every agent when it registers.",
     )
+    registrations_per_second: float = Field(
+        default=300.0,
+        gt=0,
+        description=(
+            "Agent registrations taken per second; in a storm (every node reconnecting at "
+            "once) the others are told to come back after a jittered delay instead of "
+            "queueing. 300 a second re-registers 10,000 nodes in about 35 s and leaves "
+            "the event loop time for the API on a 2-core server."
+        ),
+    )
+    registration_burst: int = Field(
+        default=100,
+        ge=1,
+        description=(
+            "Registrations taken at once before the pace applies: a restart of a small "
+            "fleet is never deferred."
+        ),
+    )
     unreachable_after: float = Field(
         default=15.0,
         gt=0,

@@ -31,12 +31,21 @@ Not continued (the stream ends with the SSE `error` event, as before): `n > 1`
 (each choice would need its own continuation, and a replica answers them
 together), `logprobs` (the continued tokens' log-probabilities would be
 computed on a prompt the client never sent, and `top_logprobs` of the splice
-point would be wrong), `echo`, prompts given as token ids, streams served
-natively in another API's events (Messages, Responses: their translations
-from chat are continued), streams that carried tool-call deltas or reasoning
-content, streams that already ended (`finish_reason`), and models or
-endpoints whose engine cannot continue (an endpoint without a declared
-`engine`: llmgw does not guess).
+point would be wrong), `echo`, prompts given as token ids, streams that
+carried tool-call deltas or reasoning content (an engine continues a final
+assistant message's text; a half-written tool call or thought would have to be
+written back in the model's own markup, which its chat template and the
+engine's tool and reasoning parsers own), streams that already ended
+(`finish_reason`), and models or endpoints whose engine cannot continue (an
+endpoint without a declared `engine`: llmgw does not guess).
+
+Messages and Responses streams are continued in their own events: one
+translated from chat is continued as chat underneath; one an engine served
+natively is read back by its API (`NativeRequest.resume`: the text of its one
+text block or message item so far) and continued through the API's
+translation on any replica that continues chat, going on in the same message
+(id, block index, item id, event numbering) and ending with the API's own
+closing events and usage.
 
 Not guaranteed: that an engine continues mid-word exactly as it would have
 (Hugging Face chat templates strip a continued message's trailing whitespace,
@@ -149,7 +158,9 @@ class Continuation:
     def continuable(self, req: ParsedRequest) -> bool:
         """Whether `req`'s stream may be continued if its engine fails mid-stream (then
         the proxy keeps what it relays, for `resume`)."""
-        if not req.stream or req.served_natively or req.path not in (CHAT, COMPLETIONS):
+        if not req.stream or req.path not in (CHAT, COMPLETIONS):
+            return False
+        if req.served_natively and (req.native is None or req.native.resume is None):
             return False
         if not self._config.enabled_for(req.model):
             return False
@@ -183,8 +194,25 @@ class Continuation:
         the rest of the answer or, when no continuation succeeds, the error event."""
         if not self._can_continue(req):
             return None
-        splice = read_back(b"".join(sent), chat=req.path == CHAT)
-        if splice is None or remaining(req.body, splice.tokens) == 0:
+        native = req.native if req.served_natively else None
+        if native is not None:
+            # The API's own events: read back by the API, continued through its translation.
+            resumable = native.resume(b"".join(sent)) if native.resume is not None else None
+            if resumable is None:
+                return None
+            splice = Splice(
+                chat=True,
+                head={"object": "chat.completion.chunk", "model": req.model},
+                text=resumable.text,
+                tokens=resumable.tokens,
+            )
+            send = resumable.wrap(send)
+        else:
+            found = read_back(b"".join(sent), chat=req.path == CHAT)
+            if found is None:
+                return None
+            splice = found
+        if remaining(req.body, splice.tokens) == 0:
             return None
         tried: set[str] = {failed.id}
         attempts = 0
@@ -248,7 +276,7 @@ class Continuation:
     @staticmethod
     def _resumed(req: ParsedRequest, endpoint: Endpoint, splice: Splice) -> Resumed:
         prompt = splice.prompt_tokens(req.prompt_tokens_estimate())
-        return Resumed(endpoint.id, prompt, splice.tokens, splice.continued)
+        return Resumed(endpoint.id, prompt, splice.completion_tokens(), splice.continued)
 
     async def _open(
         self,
@@ -454,12 +482,14 @@ class Continuation:
                 resp.close()
         endpoint.record_success()
         tail = b""
-        if req.client_wants_usage:
+        # A native stream's translation ends with the usage: it always gets it.
+        if req.client_wants_usage or req.served_natively:
             prompt = splice.prompt_tokens(req.prompt_tokens_estimate())
+            completion = splice.completion_tokens()
             usage = {
                 "prompt_tokens": prompt,
-                "completion_tokens": splice.tokens,
-                "total_tokens": prompt + splice.tokens,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
             }
             tail = (
                 b"data: " + orjson.dumps({**splice.head, "choices": [], "usage": usage}) + b"\n\n"

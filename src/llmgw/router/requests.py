@@ -12,6 +12,7 @@ ask the engine for usage.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,21 @@ _REQUIRED: dict[str, tuple[str, tuple[type, ...], str]] = {
 }
 
 
+_Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class Resumable:
+    """A natively served stream that broke off, as read back for a continuation:
+    the answer's text so far and its text deltas (`tokens`), and `wrap`, which
+    makes of the client's `send` one that turns the continuation's chat completion
+    events into the API's own events, going on from where the engine stopped."""
+
+    text: str
+    tokens: int
+    wrap: Callable[[_Send], _Send]
+
+
 @dataclass(slots=True)
 class NativeRequest:
     """A client's body in another API (`api`: "messages" or "responses"), kept as
@@ -61,6 +77,9 @@ class NativeRequest:
     path: str
     body: bytes
     required: InvalidRequest | None = None
+    # Reads back what a broken native stream sent (whole events); None when the
+    # answer cannot be continued (see `llmgw.router.continuation`).
+    resume: Callable[[bytes], Resumable | None] | None = None
 
 
 @dataclass(slots=True)

@@ -8,8 +8,11 @@ false`; completions: prompt + text; the token limits reduced), and `rewrite`
 makes the continuation's chunks look like the first answer's (its id, created and
 model; no second role chunk; usage and `[DONE]` held back).
 
-Not guaranteed: token counts are chunks that carry text, exact only for engines
-that stream one token per chunk (vLLM, SGLang, llama.cpp, the sim do).
+Not guaranteed: the tokens of the first attempt (whose engine died before it
+reported them) are chunks that carry text, exact only where the engine streamed one
+token per chunk (vLLM, SGLang, llama.cpp and the sim do, except that vLLM sends
+several in one chunk when its output backs up); a continuation that reported its
+usage counts as it reported.
 """
 
 from __future__ import annotations
@@ -34,15 +37,29 @@ class Splice:
     text: str
     tokens: int
     continued: int = 0
-    # Per continuation: the tokens of the answer it was given, and the prompt tokens
-    # its engine reported (None: it died before its usage chunk).
+    # Per continuation: the tokens of the answer it was given, and the prompt and
+    # completion tokens its engine reported (None: it died before its usage chunk).
     given: list[int] = field(default_factory=list)
     reported: list[int | None] = field(default_factory=list)
+    completed: list[int | None] = field(default_factory=list)
 
     def begin(self) -> None:
         """A continuation starts from the answer so far."""
         self.given.append(self.tokens)
         self.reported.append(None)
+        self.completed.append(None)
+
+    def completion_tokens(self) -> int:
+        """The tokens the client received: chunks with text, counted, except for each
+        continuation that reported its own count (exact, where an engine sent several
+        tokens in one chunk, as vLLM does when its output queue backs up)."""
+        if not self.given:
+            return self.tokens
+        ends = [*self.given[1:], self.tokens]
+        total = self.given[0]
+        for start, end, reported in zip(self.given, ends, self.completed, strict=True):
+            total += reported if reported is not None else end - start
+        return total
 
     def prompt_tokens(self, estimate: int) -> int:
         """Every prompt token the engines processed: the first attempt's (its engine
@@ -229,7 +246,12 @@ def _continued_choice(choices: list[Any], splice: Splice) -> list[Any] | None:
 
 
 def add_usage(splice: Splice, usage: dict[str, Any]) -> None:
-    """Keep the prompt tokens the continuation under way reported."""
+    """Keep the prompt and completion tokens the continuation under way reported."""
+    if not splice.reported:
+        return
     prompt = usage.get("prompt_tokens")
-    if splice.reported and isinstance(prompt, int) and not isinstance(prompt, bool) and prompt > 0:
+    if isinstance(prompt, int) and not isinstance(prompt, bool) and prompt > 0:
         splice.reported[-1] = prompt
+    completion = usage.get("completion_tokens")
+    if isinstance(completion, int) and not isinstance(completion, bool) and completion >= 0:
+        splice.completed[-1] = completion

@@ -57,7 +57,8 @@ class FaultSettings(BaseModel):
         ge=0,
         description="After this many tokens a generation's connection is closed without "
         "the rest of the answer, as when a proxy or the network drops it: a stream ends "
-        "mid-body (no final chunk, no [DONE]), a non-streaming answer longer than N tokens "
+        "mid-body (no final chunk, no [DONE]; natively served Messages and Responses "
+        "streams too), a non-streaming chat or completion answer longer than N tokens "
         "is cut short after its headers. None (default) never breaks.",
     )
     exit_after_tokens: int | None = Field(

@@ -9,9 +9,10 @@ headers of a stream are sent with its first token, so a slow start delays the fi
 byte of the response, headers included.
 
 Injected cuts (`break_after_tokens`, `exit_after_tokens`) apply to these chat and
-completion routes: after N tokens the connection is closed without the rest of the
-answer (a stream without its final chunk and `[DONE]`; a whole answer shorter than its
-`content-length`), or the process exits.
+completion routes, and to the natively served APIs' streams: after N tokens the
+connection is closed without the rest of the answer (a stream without its final
+chunk and `[DONE]`; a whole answer shorter than its `content-length`), or the
+process exits.
 
 Not guaranteed: a client that disconnects is only noticed while something could take
 time (any timing, a slow start or a stall). In zero-delay mode without faults the
@@ -222,10 +223,15 @@ class Inference:
         counters: ModelCounters,
         faults: FaultSettings,
         emit: Callable[[int, str], Awaitable[None]] | None,
+        send: Send | None = None,
     ) -> Sequence[str] | None:
         """Generate `request`'s tokens through the engine (each handed to `emit` as it
-        comes); None when the client left. For the other APIs' handlers (`native`)."""
+        comes); None when the client left, or when an injected cut ended a stream (its
+        body stays incomplete: the server closes the connection; with `send`, a cut at
+        0 tokens sends the stream's headers first). For the other APIs' handlers
+        (`native`); cuts apply to their streams only."""
         tokens = self.tokens(request)
+        cut = self._cut(faults) if emit is not None else None
         work = self._engine.generate(
             model=model,
             counters=counters,
@@ -234,8 +240,16 @@ class Inference:
             stall_after=faults.stall_after_tokens,
             slow_start=faults.slow_start,
             emit=emit,
+            cut_after=cut,
         )
-        if not await self.watch(receive, work, self.needs_watch(faults)):
+        try:
+            if not await self.watch(receive, work, self.needs_watch(faults)):
+                return None
+        except GenerationCut:
+            if self._exits_at(faults, cut):
+                self._faults.exit_now()
+            if cut == 0 and send is not None:
+                await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
             return None
         return tokens
 

@@ -177,7 +177,7 @@ class NativeApis:
                 )
 
         tokens = await inference.run(
-            receive, request.generation, model, counters, inference.faults.settings, emit
+            receive, request.generation, model, counters, inference.faults.settings, emit, send
         )
         if tokens is None:
             return
@@ -267,7 +267,7 @@ class NativeApis:
                 )
 
         tokens = await inference.run(
-            receive, request.generation, model, counters, inference.faults.settings, emit
+            receive, request.generation, model, counters, inference.faults.settings, emit, send
         )
         if tokens is None:
             return

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import builtins
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -128,6 +128,39 @@ class NodeIdentityRepository:
             f"claiming node id {node_id!r} lost {_CLAIM_ATTEMPTS} races in a row with other "
             "servers; the agent's next Register tries again"
         )
+
+    async def claim_many(
+        self, requests: Sequence[tuple[str, str]], *, now: datetime
+    ) -> list[Claim | InvalidValue]:
+        """Claim each `(node_id, key_hash)` as `claim` does (without labels to bind), all
+        in one transaction: a storm of Registers costs one commit, not one per node.
+
+        Answers in the order asked; an invalid node id or key hash gets its
+        `InvalidValue` and does not spoil the others. Two requests for one id are
+        applied in order (the second sees the first). A race lost with another
+        server (an id it inserted meanwhile) rolls the batch back and claims each
+        one on its own.
+        """
+        answers: list[Claim | InvalidValue | None] = []
+        valid: list[tuple[int, str, str]] = []
+        for node_id, key_hash in requests:
+            try:
+                _check_node_id(node_id)
+                _check_key_hash(key_hash)
+            except InvalidValue as exc:
+                answers.append(exc)
+                continue
+            valid.append((len(answers), node_id, key_hash))
+            answers.append(None)
+        if valid:
+            try:
+                async with transaction(self._engine, f"claiming {len(valid)} node ids") as conn:
+                    claims = [await self._claim(conn, n, k, now, None) for _, n, k in valid]
+            except (IntegrityError, Conflict):
+                claims = [await self.claim(n, k, now=now) for _, n, k in valid]
+            for (index, _, _), claim in zip(valid, claims, strict=True):
+                answers[index] = claim
+        return [a for a in answers if a is not None]
 
     async def _claim(
         self,

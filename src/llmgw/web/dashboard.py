@@ -5,7 +5,7 @@ routes), so it is served on the admin listener and, behind the login, on the
 API port through the portal:
 
     GET  /admin/                      overview: nodes, GPUs, models, replicas, charts, leader
-    GET  /admin/nodes                 nodes (filter ?q=, GPU rows folded); drain / undrain
+    GET  /admin/nodes                 nodes (?q= filter, ?page=, GPU rows folded); drain / undrain
     GET  /admin/models                models and their state; add one
     GET  /admin/models/{name}         one model: replicas, failure + output tail, placement
     GET  /admin/usage, /usage.csv     tokens and requests by key, model and hour
@@ -47,7 +47,14 @@ from llmgw.web.actions import Actions, store_status
 from llmgw.web.assets import StaticAssets
 from llmgw.web.htmx import PAGE_HEADERS, compressed, is_htmx, portal_user
 from llmgw.web.key_form import form_values
-from llmgw.web.nodes_page import clean_filter, known_versions, node_changes, nodes_view
+from llmgw.web.nodes_page import (
+    clean_filter,
+    clean_page,
+    known_versions,
+    node_changes,
+    nodes_view,
+    page_url,
+)
 from llmgw.web.render import Renderer
 from llmgw.web.sources import DashboardSources
 from llmgw.web.usage_page import (
@@ -173,7 +180,14 @@ class Dashboard:
         params = request.query_params
         q = clean_filter(params.get("q"))
         can_change = may_see(scope_role(request.scope), "changes")
-        view = nodes_view(self.renderer, self.sources.nodes(), q, can_change=can_change)
+        view = nodes_view(
+            self.renderer,
+            self.sources.node_briefs(),
+            q,
+            clean_page(params.get("page")),
+            views=self.sources.node_views,
+            can_change=can_change,
+        )
         versions = params.getlist("v")
         if versions and is_htmx(request):
             body = node_changes(self.renderer, view, known_versions(versions))
@@ -185,7 +199,7 @@ class Dashboard:
             name="nodes",
             title="Nodes",
             context={"q": q, "summary": view.summary, "cards": view.cards},
-            live_url=f"{PREFIX}/nodes" + (f"?q={quote(q)}" if q else ""),
+            live_url=page_url(f"{PREFIX}/nodes", q, view.page),
         )
 
     async def models(self, request: Request) -> Response:

@@ -13,6 +13,9 @@ seconds kept the browser busy (hundreds of ms in Chromium per refresh). So:
   and `node_changes` answers with only what differs, as htmx out-of-band swaps:
   a changed card replaced, a new one appended, a gone one deleted; nothing at
   all (None: the handler answers 204) when nothing changed.
+- A page shows at most `PAGE_SIZE` cards (in id order, `?page=N`), with links
+  to the pages before and after: a fleet of 10,000 nodes is 100 pages, not
+  10,000 cards; the summary counts every node that matches.
 - A card shows what a person acts on, not what moves on every heartbeat: the
   heartbeat's time only when the node is not ready. GPU memory and
   utilization still change a card when they move.
@@ -26,9 +29,10 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 from markupsafe import Markup
 
@@ -39,6 +43,8 @@ Json = dict[str, Any]
 SUMMARY_ID = "#summary"
 # The longest filter kept (a search box, not a query language).
 MAX_FILTER_CHARS = 200
+# Cards per page: enough to scan, few enough to render and refresh quickly.
+PAGE_SIZE = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +68,14 @@ def _words(node: Json) -> str:
 def clean_filter(text: str | None) -> str:
     """The filter as typed, trimmed and cut to `MAX_FILTER_CHARS`."""
     return " ".join((text or "").split())[:MAX_FILTER_CHARS]
+
+
+def clean_page(text: str | None) -> int:
+    """The page asked for (1 for a missing or unreadable one; pages count from 1)."""
+    try:
+        return max(1, int(text or "1"))
+    except ValueError:
+        return 1
 
 
 def filter_nodes(nodes: Iterable[Json], q: str) -> list[Json]:
@@ -89,16 +103,34 @@ class NodesView:
     """What the nodes page shows for one filter."""
 
     q: str
+    page: int
     summary: Part
     cards: list[Part]
 
 
-def nodes_view(renderer: Renderer, nodes: Sequence[Json], q: str, *, can_change: bool) -> NodesView:
-    """Every card that matches `q`, rendered (with drain buttons when `can_change`),
-    and the summary over them."""
-    shown = filter_nodes(nodes, q)
+def nodes_view(
+    renderer: Renderer,
+    nodes: Sequence[Json],
+    q: str,
+    page: int = 1,
+    views: Callable[[Sequence[str]], list[Json]] | None = None,
+    *,
+    can_change: bool,
+) -> NodesView:
+    """The cards on page `page` of those that match `q`, rendered (with drain buttons
+    when `can_change`), and the summary over every match. A page past the last shows
+    the last. `nodes` need only what the filter and the summary read (id, hostname,
+    state, draining, labels, fabric) when `views` gives the full views of the nodes on
+    the page."""
+    shown = sorted(filter_nodes(nodes, q), key=lambda n: str(n["id"]))
+    pages = max(1, -(-len(shown) // PAGE_SIZE))
+    page = min(page, pages)
+    first = (page - 1) * PAGE_SIZE
+    on_page = shown[first : first + PAGE_SIZE]
+    if views is not None:
+        on_page = views([str(n["id"]) for n in on_page])
     cards = []
-    for node in node_cards(shown):
+    for node in node_cards(on_page):
         html = renderer.render("node_card.html", {"node": _card(node), "can_change": can_change})
         cards.append(Part(str(node["id"]), Markup(html), _version(html)))
     summary_html = renderer.render(
@@ -108,10 +140,21 @@ def nodes_view(renderer: Renderer, nodes: Sequence[Json], q: str, *, can_change:
             "q": q,
             "shown": len(shown),
             "total": len(nodes),
+            "page": page,
+            "pages": pages,
+            "first": first + 1,
+            "last": first + min(PAGE_SIZE, len(shown) - first),
         },
     )
     summary = Part(SUMMARY_ID, Markup(summary_html), _version(summary_html))
-    return NodesView(q, summary, cards)
+    return NodesView(q, page, summary, cards)
+
+
+def page_url(base: str, q: str, page: int) -> str:
+    """The nodes page's address for filter `q` and page `page`."""
+    params = [("q", q)] if q else []
+    params += [("page", str(page))] if page > 1 else []
+    return base + (f"?{urlencode(params)}" if params else "")
 
 
 def known_versions(values: Iterable[str]) -> dict[str, str]:

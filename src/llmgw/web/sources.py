@@ -112,6 +112,9 @@ class DashboardSources:
 
     Reads (synchronous, cheap, in-memory):
       nodes()           GET /admin/api/nodes -> "nodes": one `node_view` per node
+      node_briefs()     what the nodes page filters and counts, per node: id, hostname,
+                        state, draining, labels, fabric (cheap: no GPUs, no shards)
+      node_views(ids)   the `node_view` of each of those nodes (unknown ids left out)
       models()          GET /admin/api/models: {"models": [view...], "skipped": [...]}
       model(name)       GET /admin/api/models/{name} (name or alias); None if unknown
       placement(name)   GET /admin/api/models/{name}/placement (`explain`)
@@ -137,6 +140,8 @@ class DashboardSources:
     """
 
     nodes: Callable[[], list[Json]]
+    node_briefs: Callable[[], list[Json]]
+    node_views: Callable[[Sequence[str]], list[Json]]
     models: Callable[[], Json]
     model: Callable[[str], Json | None]
     placement: Callable[[str], Json]

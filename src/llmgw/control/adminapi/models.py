@@ -17,6 +17,9 @@ stands (old and new replicas, the step, why it stopped, the canary); `POST
 drops the canary; `POST .../rollout/undo`
 puts the previous spec back (409 `nothing_to_undo` when there is none).
 
+`GET /admin/api/models` pages and filters on the server (`?limit=`, `?after=`,
+`?q=` over names and aliases; see `paging`).
+
 Not guaranteed: a model whose own name ends in "/placement", "/activate" or "/rollout" can
 be shown only through the list (names may contain '/', and those paths mean the
 placement and activation routes of the shorter name).
@@ -32,6 +35,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from llmgw.control.adminapi.paging import BadPageQuery, page_query, take_page, words_of
 from llmgw.control.adminapi.responses import error_response, json_response
 from llmgw.control.catalog.errors import (
     CatalogError,
@@ -167,11 +171,28 @@ def model_routes(*, catalog: ModelCatalog, control: ModelControl) -> list[Route]
         except StoreError as exc:
             return _store_error(exc)
 
-    async def list_models(_: Request) -> Response:
+    async def list_models(request: Request) -> Response:
+        try:
+            query = page_query(request.query_params)
+        except BadPageQuery as exc:
+            return error_response(400, str(exc), code="invalid_parameter", param=exc.param)
         skipped = [{"name": n, "reason": r} for n, r in catalog.skipped().items()]
+        page = take_page(
+            catalog.models(),
+            key=lambda m: m.name,
+            query=query,
+            matches=lambda m: all(w in words_of(m.name, *m.aliases) for w in query.words),
+        )
         statuses = control.statuses()
-        models = [view(m, statuses.get(m.name)) for m in catalog.models()]
-        return json_response({"models": models, "skipped": skipped})
+        models = [view(m, statuses.get(m.name)) for m in page.items]
+        return json_response(
+            {
+                "models": models,
+                "skipped": skipped,
+                "total": page.total,
+                "next_after": page.next_after,
+            }
+        )
 
     async def show_model(request: Request) -> Response:
         model = catalog.get(request.path_params["name"])

@@ -20,6 +20,9 @@ this server's inventory nor the store knows the node, 400 for a bad body, 503
 when the store cannot be reached (nothing changed) or this server runs no agent
 service.
 
+`GET /admin/api/nodes` pages and filters on the server (`?limit=`, `?after=`,
+`?state=`, `?q=`; see `paging`): a view is built only for the nodes on the page.
+
 On a standby (given `fleet`), the node list and one node are the leader's view,
 read from the store (see `leadership.fleet`), with `leader_view_at` saying when
 the leader wrote it; 503 when the store cannot be read. Drain, undrain,
@@ -42,6 +45,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from llmgw.control.adminapi.paging import (
+    BadPageQuery,
+    PageQuery,
+    page_query,
+    take_page,
+    words_of,
+)
 from llmgw.control.adminapi.responses import error_response, json_response
 from llmgw.control.adminapi.views import node_view
 from llmgw.control.agentsvc.errors import (
@@ -52,7 +62,7 @@ from llmgw.control.agentsvc.errors import (
 )
 from llmgw.control.agentsvc.removal import DEFAULT_REASON, Removed
 from llmgw.control.inventory.errors import UnknownNode
-from llmgw.control.inventory.model import Node
+from llmgw.control.inventory.model import Node, NodeBrief
 from llmgw.store import StoreError
 from llmgw.store.nodeids import MAX_REASON
 
@@ -80,11 +90,46 @@ class NodeDirectory(Protocol):
 
     def nodes(self) -> Sequence[Node]: ...
 
+    def briefs(self) -> Sequence[NodeBrief]: ...
+
     def node(self, node_id: str) -> Node: ...
 
     def set_draining(self, node_id: str, draining: bool) -> Node: ...
 
     def heartbeat_age(self, node: Node) -> float: ...
+
+
+NODE_FILTER_STATES = ("ready", "unreachable", "lost", "draining")
+
+
+def _in_state(state: str, draining: bool, wanted: str | None) -> bool:
+    return wanted is None or (draining if wanted == "draining" else state == wanted)
+
+
+def _node_matches(node: NodeBrief, query: PageQuery) -> bool:
+    if not _in_state(node.state, node.draining, query.state):
+        return False
+    if not query.words:
+        return True
+    states = [node.state, "draining"] if node.draining else [node.state]
+    text = words_of(node.id, node.hostname, *states, labels=(node.labels, node.fabric))
+    return all(w in text for w in query.words)
+
+
+def _view_matches(view: dict[str, Any], query: PageQuery) -> bool:
+    state, draining = str(view.get("state", "")), bool(view.get("draining"))
+    if not _in_state(state, draining, query.state):
+        return False
+    if not query.words:
+        return True
+    states = [state, "draining"] if draining else [state]
+    text = words_of(
+        view.get("id", ""),
+        view.get("hostname", ""),
+        *states,
+        labels=(view.get("labels"), view.get("fabric")),
+    )
+    return all(w in text for w in query.words)
 
 
 def _unknown(exc: UnknownNode) -> Response:
@@ -191,13 +236,40 @@ def node_routes(
             code="not_leader",
         )
 
-    async def list_nodes(_: Request) -> Response:
+    async def list_nodes(request: Request) -> Response:
+        try:
+            query = page_query(request.query_params, states=NODE_FILTER_STATES)
+        except BadPageQuery as exc:
+            return error_response(400, str(exc), code="invalid_parameter", param=exc.param)
         if (source := standby()) is not None:
             found = await leader_nodes(source)
-            return found if isinstance(found, Response) else json_response({"nodes": found})
-        return json_response(
-            {"nodes": [node_view(n, inventory.heartbeat_age(n)) for n in inventory.nodes()]}
+            if isinstance(found, Response):
+                return found
+            leader = take_page(
+                found,
+                key=lambda v: str(v["id"]),
+                query=query,
+                matches=lambda v: _view_matches(v, query),
+            )
+            return json_response(
+                {"nodes": leader.items, "total": leader.total, "next_after": leader.next_after}
+            )
+        # Filter and page on the briefs first: a node is copied and viewed only
+        # when it is on the page.
+        page = take_page(
+            inventory.briefs(),
+            key=lambda n: n.id,
+            query=query,
+            matches=lambda n: _node_matches(n, query),
         )
+        views = []
+        for brief in page.items:
+            try:
+                node = inventory.node(brief.id)
+            except UnknownNode:
+                continue  # removed since the briefs were read
+            views.append(node_view(node, inventory.heartbeat_age(node)))
+        return json_response({"nodes": views, "total": page.total, "next_after": page.next_after})
 
     async def show_node(request: Request) -> Response:
         if (source := standby()) is not None:

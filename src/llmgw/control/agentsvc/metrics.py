@@ -8,12 +8,14 @@ servicer's sessions when Prometheus scrapes; nothing updates it on the stream.
 `llmgw_agent_registers_total{outcome}` counts Registers by what became of them:
 accepted, reconnected (the node's older stream was closed), in_use (another
 stream holds the node id), taken (the id belongs to another certificate),
-revoked, invalid, unavailable (the store could not be asked). Refusals before
-the Register is read (a standby's, a certificate naming another node) are not
-counted here. `llmgw_agent_shard_reports_refused_total{reason}` counts shard
-reports not believed: unplaced (no placement record of that shard on that
-node), model (recorded for another model), endpoint (an engine URL that is not
-where the node is).
+revoked, invalid, unavailable (the store could not be asked), deferred (told to
+come back later: the server was taking registrations at its pace, see
+`pacing.py`). Other refusals before the Register is read (a standby's, a
+certificate naming another node) are not counted here.
+`llmgw_agent_shard_reports_refused_total{reason}` counts shard reports not
+believed: unplaced (no placement record of that shard on that node), model
+(recorded for another model), endpoint (an engine URL that is not where the
+node is).
 
 Not guaranteed: the whole cost of a message. Decoding the protobuf, the gRPC
 transport and the event loop's scheduling happen before the clock starts; the
@@ -38,6 +40,7 @@ REGISTER_OUTCOMES = (
     "revoked",
     "invalid",
     "unavailable",
+    "deferred",
 )
 REFUSED_SHARD_REASONS = ("unplaced", "model", "endpoint")
 # Handling a heartbeat is tens of microseconds; the top bucket catches a

@@ -25,7 +25,10 @@ Registers wait (up to `LOAD_WAIT_SECONDS`) until this term's records are read.
 Two gates come before a stream is served. `admission` is asked first, before
 any message is read: a standby answers with why it refuses (naming the
 leader), and the stream ends UNAVAILABLE with that text and the trailing
-metadata `llmgw-refused: standby`, so the agent tries its next server. With
+metadata `llmgw-refused: standby`, so the agent tries its next server. Then
+the `pacer` (see `pacing.py`): in a registration storm, a stream beyond the
+pace ends, once its first message is read, RESOURCE_EXHAUSTED with `llmgw-refused: busy` and
+`llmgw-retry-after-ms`, and the agent comes back after that delay. With
 `require_identity` (mTLS on), the Register's node id must be one of the names
 on the agent's client certificate; otherwise the attempt is logged and the
 stream ends PERMISSION_DENIED before the node touches the inventory. Then the
@@ -47,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
@@ -73,6 +77,7 @@ from llmgw.control.agentsvc.identity import (
     reserved_name_refusal,
 )
 from llmgw.control.agentsvc.metrics import AgentMetrics
+from llmgw.control.agentsvc.pacing import RegistrationPacer
 from llmgw.control.agentsvc.refusals import ShardRefusals
 from llmgw.control.agentsvc.session import CommandOutcome, NodeSession
 from llmgw.control.inventory.model import (
@@ -95,6 +100,9 @@ Context = grpc.aio.ServicerContext[agent_pb2.AgentMessage, agent_pb2.ServerMessa
 # server" from a transport failure without parsing the message text.
 REFUSED_METADATA_KEY = "llmgw-refused"
 REFUSED_STANDBY = "standby"
+# A registration storm: come back after the milliseconds `RETRY_AFTER_METADATA_KEY` says.
+REFUSED_BUSY = "busy"
+RETRY_AFTER_METADATA_KEY = "llmgw-retry-after-ms"
 # How long a Register waits for a new leader to read its placement records; the
 # agent's own connect timeout is longer, and it simply retries after a refusal.
 LOAD_WAIT_SECONDS = 5.0
@@ -181,8 +189,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         tracer: Tracer | None = None,
+        pacer: RegistrationPacer | None = None,
     ) -> None:
-        """`tracer`: a span per registration (default: none).
+        """`tracer`: a span per registration (default: none). `pacer`: how many
+        registrations a second are taken; the others are told when to come back
+        (default: all are taken at once).
 
         `admission()` returns None to take a stream, or the reason it is refused.
 
@@ -195,6 +206,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         shard report; a refused shard is stopped with `stop_grace` seconds' grace.
         """
         self._tracer = tracer or NoOpTracer()
+        self._pacer = pacer
         self._inventory = inventory
         self._placements = placements
         self._clock = clock
@@ -269,6 +281,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 trailing_metadata=((REFUSED_METADATA_KEY, REFUSED_STANDBY),),
             )
         first = await _next(context)
+        # After reading the Register: refused before its write completed, the agent
+        # may see only INTERNAL, without the delay to come back after.
+        await self._pace(context)
         if first is None:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -294,6 +309,26 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         finally:
             self._close(session)
+
+    async def _pace(self, context: Context) -> None:
+        """Tell the agent to come back later when registrations arrive faster than
+        the pacer takes them; before the Register is decoded or checked, so a
+        deferral costs only reading it."""
+        wait = None if self._pacer is None else self._pacer.take()
+        if wait is None or self._pacer is None:
+            return
+        if self._metrics is not None:
+            self._metrics.registered("deferred")
+        log.debug("told the agent at %s to come back in %.1f s", context.peer(), wait)
+        await context.abort(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"this server takes {self._pacer.rate:g} registrations a second and more are "
+            f"arriving (many nodes reconnecting at once); come back in {wait:.1f} s",
+            trailing_metadata=(
+                (REFUSED_METADATA_KEY, REFUSED_BUSY),
+                (RETRY_AFTER_METADATA_KEY, str(math.ceil(wait * 1000))),
+            ),
+        )
 
     async def _register(
         self, first: agent_pb2.AgentMessage, context: Context, span: Span

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, get_args
 
@@ -171,6 +171,19 @@ class Shard:
         return self.state not in TERMINAL_SHARD_STATES
 
 
+@dataclass(frozen=True, slots=True)
+class NodeBrief:
+    """What a list filters and pages nodes on (`Inventory.briefs`); the labels are the
+    node's own mappings, which the inventory replaces, never changes in place."""
+
+    id: str
+    hostname: str
+    state: NodeState
+    draining: bool
+    labels: Mapping[str, str]
+    fabric: Mapping[str, str]
+
+
 @dataclass(slots=True)
 class Node:
     """A machine running an agent, as the inventory knows it.
@@ -214,7 +227,32 @@ class Node:
 
     def copy(self) -> Node:
         """A snapshot: GPUs and shards are immutable, so only the shard dict is copied."""
-        return replace(self, shards=dict(self.shards))
+        # Field by field rather than `dataclasses.replace`, which re-inspects the
+        # class on every call: the reconciler copies every node on every step.
+        return Node(
+            self.id,
+            self.hostname,
+            self.agent_version,
+            self.gpus,
+            self.cpu_count,
+            self.memory_total,
+            self.weights_disk_free,
+            self.gpu_source,
+            self.labels,
+            self.fabric,
+            self.port_range,
+            self.weights_dir,
+            self.state,
+            self.draining,
+            self.connected,
+            self.registered_at,
+            self.last_heartbeat,
+            self.last_heartbeat_at,
+            dict(self.shards),
+            self.advertise_host,
+            self.seen_from,
+            self.interfaces,
+        )
 
     def gpus_in_use(self) -> frozenset[int]:
         """Indices of GPUs assigned to shards that may still hold them."""

@@ -10,9 +10,11 @@ once on every inventory or catalog change and every activation.
 
 It also publishes Ready replicas to the router (through `EndpointPublisher`)
 and takes them out *before* a stop is sent, and at once when their node is in
-doubt (its agent's stream closed, or heartbeats missed): requests then wait as
-in an activation, while a replacement starts elsewhere once the node has missed
-its heartbeats (see `plan`). It keeps the failure history that
+doubt (heartbeats missed): requests then wait as in an activation, while a
+replacement starts elsewhere (see `plan`). A node whose agent's stream merely
+closed keeps its replicas in the routers (`state.routable`): engines outlive
+their agent, and the routers' health checks and connect errors take out one
+whose engine is really gone. It keeps the failure history that
 drives exponential backoff (retrying on another node where one fits), and
 answers activations: concurrent requests for a model share one start. A
 failure refuses waiting requests at once (with the engine's output) only when
@@ -52,6 +54,7 @@ import asyncio
 import dataclasses
 import logging
 import math
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Container, Coroutine, Iterable, Mapping, Sequence
@@ -73,7 +76,7 @@ from opentelemetry.trace import (
 from llmgw.control.agentsvc.dispatcher import Dispatcher
 from llmgw.control.agentsvc.errors import AgentServiceError, CommandFailed
 from llmgw.control.catalog.model import CatalogModel, canary_model
-from llmgw.control.inventory import Change, Node, Shard, ShardSpec
+from llmgw.control.inventory import Change, Node, Shard, ShardSpec, UnknownNode
 from llmgw.control.placements import Placement, PlacementError
 from llmgw.control.reconciler.autoscale import LoadSignals, replicas_for_load
 from llmgw.control.reconciler.demand import DemandBook
@@ -119,6 +122,10 @@ UNPLACEABLE_RETRY_AFTER = 30
 # (reasons can name free memory that moves with every heartbeat).
 UNPLACEABLE_REPEAT_SECONDS = 10.0
 MAX_EVENTS = 500
+# After a step, wait this many times its duration before the next (see `_coalesce`),
+# never longer than MAX_COALESCE_S: 0.1 s at most added to an activation's wait.
+STEP_SHARE = 3.0
+MAX_COALESCE_S = 0.1
 # The end of a failed start's message to API clients, which are not told why
 # (the reason and engine output stay with operators).
 _ASK_OPERATOR = (
@@ -150,6 +157,8 @@ class PlacementLedger(Protocol):
 
 class InventoryView(Protocol):
     def nodes(self) -> list[Node]: ...
+
+    def node(self, node_id: str, /) -> Node: ...
 
     def subscribe(self, listener: Callable[[Change], None]) -> Callable[[], None]: ...
 
@@ -306,8 +315,12 @@ class Controller:
         try:
             while True:
                 self._wake.clear()
+                # The step's own cost, not the injected clock: it sizes the pause.
+                started = time.perf_counter()
                 self.step()
+                took = time.perf_counter() - started
                 await wait_for_event(self._wake, self._interval)
+                await self._coalesce(took)
         finally:
             for undo in unsubscribe:
                 undo()
@@ -327,6 +340,20 @@ class Controller:
                     # Nobody may be waiting any more; do not log it as unretrieved.
                     activation.future.exception()
             self._activations.clear()
+
+    async def _coalesce(self, took: float) -> None:
+        """After a step that took `took` seconds, let wakes pile up for `STEP_SHARE`
+        times as long before the next one.
+
+        Every report wakes the loop; in a storm (thousands of nodes registering at
+        once) a step per wake would spend the event loop on whole-fleet plans and
+        starve the streams and the API. Waiting in proportion to the step's own cost
+        bounds the reconciler's share of the loop at 1 / (1 + STEP_SHARE) and folds
+        the wakes of that time into one step; on a small fleet a step takes
+        milliseconds, so the delay is too."""
+        pause = min(STEP_SHARE * took, MAX_COALESCE_S)
+        if pause > 0:
+            await asyncio.sleep(pause)
 
     def _new_term(self, expected: Mapping[str, Iterable[str]]) -> None:
         self._pending.clear()
@@ -769,10 +796,12 @@ class Controller:
         self._wake.set()
 
     def _find_node(self, node_id: str) -> Node | None:
-        for node in self._inventory.nodes():
-            if node.id == node_id:
-                return node
-        return None
+        # One node by id: every report calls this, so copying the whole fleet
+        # here made a storm of registrations quadratic.
+        try:
+            return self._inventory.node(node_id)
+        except UnknownNode:
+            return None
 
     def _find_shard(self, node_id: str, shard_id: str) -> Shard | None:
         node = self._find_node(node_id)
@@ -859,8 +888,8 @@ class Controller:
     def _publish(self, nodes: Sequence[Node]) -> None:
         ready: dict[str, list[ReadyEndpoint]] = {}
         for node in nodes:
-            # A node in doubt (stream closed, heartbeats missed) may be gone with
-            # its engines: requests wait for a replica rather than try it.
+            # A node in doubt (heartbeats missed) may be gone with its engines:
+            # requests wait for a replica rather than try it.
             if not routable(node):
                 continue
             for shard in node.shards.values():
@@ -1231,8 +1260,8 @@ def _node_message(change: Change, node: Node) -> str:
         )
     if change.kind == "node_disconnected":
         return (
-            "the agent's stream closed: its replicas leave the routers until it reconnects; "
-            "they are replaced elsewhere if its heartbeats run out"
+            "the agent's stream closed: its replicas keep serving while the routers reach "
+            "them; they leave the routers and are replaced elsewhere if its heartbeats run out"
         )
     if change.kind == "node_draining":
         if node.draining:

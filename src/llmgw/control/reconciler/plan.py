@@ -15,7 +15,7 @@ A pure function of its inputs: same input, same actions in the same order
   whose stream merely closed, with heartbeats still recent, is not in doubt
   here: an agent restarting comes back within seconds, and a replacement
   started elsewhere for every agent restart would load weights for nothing.
-  (Its replicas do leave the routers at once; see the controller.)
+  (Its replicas stay in the routers too; see `state.routable`.)
 - Starts: a model with fewer replicas off draining nodes than wanted, and not
   on hold, gets the missing ones placed one at a time by `Fleet.place`, so two
   starts never share a GPU or port. Models are placed largest first (GPUs of

@@ -19,9 +19,13 @@ from llmgw.control.reconciler.types import Explanation, Pending
 
 def routable(node: Node) -> bool:
     """Whether the router may send requests to this node's Ready replicas: it is
-    ready (heartbeats on time) and its agent's stream is open. A node in doubt may
-    be gone with its engines, and a request waits better than it fails."""
-    return node.state == "ready" and node.connected
+    ready (heartbeats on time). A node whose heartbeats stopped may be gone with its
+    engines, and a request waits better than it fails. Its agent's stream being
+    closed is not enough: engines outlive their agent, and an agent restarting (an
+    upgrade) comes back within seconds; meanwhile the routers' own health checks
+    and requests take a replica whose engine is really gone out of their choice
+    (a connect error moves the request to another replica)."""
+    return node.state == "ready"
 
 
 @dataclass(frozen=True, slots=True)

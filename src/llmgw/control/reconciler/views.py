@@ -198,8 +198,9 @@ def _reach_view(reach: Reachability | None, replica_id: str) -> dict[str, object
 
 def _replica_state(node: Node, shard: Shard, stopping: frozenset[str]) -> str:
     """The shard's state, except where what the node last said no longer holds:
-    `lost`, or `in_doubt` (its node stopped answering or its agent's stream closed;
-    out of the routers, kept in case the node comes back)."""
+    `lost`, or `in_doubt` (its node stopped answering: out of the routers, kept in
+    case the node comes back). A node whose agent's stream merely closed keeps its
+    replicas' states: they go on serving (see `state.routable`)."""
     if node.state == "lost" and shard.holds_gpus:
         return "lost"
     if shard.id in stopping:

@@ -20,6 +20,7 @@ engine reports it (vLLM's `stop_reason`); otherwise a stop is `end_turn`.
 from __future__ import annotations
 
 import secrets
+from functools import partial
 from typing import Any
 
 import orjson
@@ -27,10 +28,10 @@ import orjson
 from llmgw.router.apis import Send
 from llmgw.router.apis.messages_request import stop_sequences, translate_request
 from llmgw.router.apis.native import with_native
-from llmgw.router.apis.relay import TranslatingSend, error_message
-from llmgw.router.apis.sse_events import format_event
+from llmgw.router.apis.relay import ResumedSend, TranslatingSend, error_message, loads
+from llmgw.router.apis.sse_events import SSEEvents, format_event
 from llmgw.router.errors import RouterError
-from llmgw.router.requests import ParsedRequest
+from llmgw.router.requests import ParsedRequest, Resumable
 
 # Anthropic's error type for each status (https://docs.anthropic.com/en/api/errors).
 _ERROR_TYPES = {
@@ -163,6 +164,14 @@ class MessageStream:
         self._matched: Any = None
         self._usage: Any = None
         self.ended = False
+
+    def resume_at(self, block: int | None) -> None:
+        """Go on from a stream another engine began: its `message_start` went out,
+        and so did the text block numbered `block` (None: no block yet)."""
+        self._started = True
+        if block is not None:
+            self._block = _Block(block, "text")
+            self._next_index = block + 1
 
     def start(self) -> bytes:
         self._started = True
@@ -305,12 +314,66 @@ class _Translation:
         return MessageStream(req.model, stop_sequences(req), req.prompt_tokens_estimate())
 
 
+def resume_stream(req: ParsedRequest, sent: bytes) -> Resumable | None:
+    """A natively served Messages stream that broke off after `sent` (whole events),
+    read back for a continuation: its text so far, and a `send` that goes on in
+    Anthropic's events (the same message, the same text block). None when it
+    cannot be continued: no `message_start` yet, a block other than one text block
+    (thinking, tool use: see `llmgw.router.continuation`), an error, or an end."""
+    text: list[str] = []
+    started = False
+    block: int | None = None
+    estimate = req.prompt_tokens_estimate()
+    for name, data in SSEEvents().feed(sent):
+        if name in ("comment", "ping"):
+            continue
+        event = loads(data)
+        if event is None:
+            return None
+        kind = event.get("type")
+        if kind == "message_start" and not started:
+            started = True
+            usage = (event.get("message") or {}).get("usage") or {}
+            reported = usage.get("input_tokens") if isinstance(usage, dict) else None
+            if isinstance(reported, int) and not isinstance(reported, bool) and reported > 0:
+                estimate = reported
+        elif kind == "content_block_start" and started and block is None:
+            content = event.get("content_block") or {}
+            index = event.get("index")
+            if not isinstance(content, dict) or content.get("type") != "text":
+                return None
+            if not isinstance(index, int) or isinstance(index, bool):
+                return None
+            block = index
+        elif kind == "content_block_delta" and block is not None and event.get("index") == block:
+            delta = event.get("delta") or {}
+            piece = delta.get("text") if isinstance(delta, dict) else None
+            if not isinstance(piece, str) or delta.get("type") != "text_delta":
+                return None
+            if piece:
+                text.append(piece)
+        else:
+            return None
+    if not started:
+        return None
+    stream = MessageStream(req.model, stop_sequences(req), estimate)
+    stream.resume_at(block)
+    return Resumable(
+        text="".join(text), tokens=len(text), wrap=lambda send: ResumedSend(stream, send)
+    )
+
+
 class MessagesApi:
     """`/v1/messages`: passed through to engines that serve it natively, translated
-    into `/v1/chat/completions` for the others (`native.with_native`)."""
+    into `/v1/chat/completions` for the others (`native.with_native`); a native
+    stream that breaks off is continued through the translation (`resume_stream`)."""
 
     def parse(self, raw: bytes) -> ParsedRequest:
-        return with_native("messages", "/v1/messages", raw, translate_request)
+        req = with_native("messages", "/v1/messages", raw, translate_request)
+        native = req.native
+        if native is not None and native.required is None:
+            native.resume = partial(resume_stream, req)
+        return req
 
     def responder(self, req: ParsedRequest, send: Send) -> Send:
         return TranslatingSend(_Translation(req), send, req)

@@ -145,26 +145,52 @@ class TranslatingSend:
 
     async def _send_events(self, message: Message) -> None:
         assert self._events is not None and self._stream is not None
-        stream = self._stream
-        more = message.get("more_body", False)
-        out = b""
-        for name, data in self._events.feed(message.get("body", b"")):
-            if name == "comment":
-                out += data + b"\n\n"
-            elif name == "error":
-                parsed = loads(data) or {}
-                inner = parsed.get("error")
-                out += stream.error(inner if isinstance(inner, dict) else {"message": str(data)})
-                stream.ended = True
-            elif stream.ended:
-                continue
-            elif data == b"[DONE]":
-                out += stream.end()
-            else:
-                chunk = loads(data)
-                if chunk is not None:
-                    out += stream.chunk(chunk)
-        if not more and not stream.ended:
+        await _send_translated(self._events, self._stream, self._send, message)
+
+
+class ResumedSend:
+    """The `send` of a continuation of a natively served stream: the continuation's
+    chat completion events become the API's events through `stream`, a translation
+    that starts where the engine's own stream broke off (its answer's ids, its open
+    block or item, its event numbering)."""
+
+    __slots__ = ("_events", "_send", "_stream")
+
+    def __init__(self, stream: StreamTranslation, send: Send) -> None:
+        self._stream = stream
+        self._send = send
+        self._events = SSEEvents()
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] != "http.response.body":
+            await self._send(message)
+            return
+        await _send_translated(self._events, self._stream, self._send, message)
+
+
+async def _send_translated(
+    events: SSEEvents, stream: StreamTranslation, send: Send, message: Message
+) -> None:
+    """Send a body message of chat completion events as the API's events."""
+    more = message.get("more_body", False)
+    out = b""
+    for name, data in events.feed(message.get("body", b"")):
+        if name == "comment":
+            out += data + b"\n\n"
+        elif name == "error":
+            parsed = loads(data) or {}
+            inner = parsed.get("error")
+            out += stream.error(inner if isinstance(inner, dict) else {"message": str(data)})
+            stream.ended = True
+        elif stream.ended:
+            continue
+        elif data == b"[DONE]":
             out += stream.end()
-        if out or not more:
-            await self._send({"type": "http.response.body", "body": out, "more_body": more})
+        else:
+            chunk = loads(data)
+            if chunk is not None:
+                out += stream.chunk(chunk)
+    if not more and not stream.ended:
+        out += stream.end()
+    if out or not more:
+        await send({"type": "http.response.body", "body": out, "more_body": more})

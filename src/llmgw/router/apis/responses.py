@@ -23,17 +23,18 @@ from __future__ import annotations
 
 import secrets
 import time
+from functools import partial
 from typing import Any
 
 import orjson
 
 from llmgw.router.apis import Send
 from llmgw.router.apis.native import with_native
-from llmgw.router.apis.relay import TranslatingSend
+from llmgw.router.apis.relay import ResumedSend, TranslatingSend, loads
 from llmgw.router.apis.responses_request import TranslatedRequest, translate_request
-from llmgw.router.apis.sse_events import format_event
+from llmgw.router.apis.sse_events import SSEEvents, format_event
 from llmgw.router.errors import RouterError, error_body, is_openai_error
-from llmgw.router.requests import ParsedRequest
+from llmgw.router.requests import ParsedRequest, Resumable
 
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
@@ -195,6 +196,16 @@ class ResponseStream:
         self._finish: Any = None
         self._usage: Any = None
         self.ended = False
+
+    def resume_at(self, seq: int, item: tuple[str, str] | None) -> None:
+        """Go on from a stream another engine began: its events up to number `seq`
+        went out, and so did the message item `item` (its id and text so far; None:
+        no item yet) with its text part."""
+        self._started = True
+        self._seq = seq + 1
+        if item is not None:
+            self._item = _Item("message", 0)
+            self._item.id, self._item.text = item
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self._seq, **fields}
@@ -360,12 +371,80 @@ class _Translation:
         return ResponseStream(self._shape)
 
 
+def resume_stream(req: ParsedRequest, sent: bytes) -> Resumable | None:
+    """A natively served Responses stream that broke off after `sent` (whole events),
+    read back for a continuation: its text so far, and a `send` that goes on in the
+    Responses events (the same response id, message item and event numbering).
+    None when it cannot be continued: no `response.created` yet, an item other than
+    one message with one text part (reasoning, function calls: see
+    `llmgw.router.continuation`), an error, or an end."""
+    shape = ResponseShape(req, req.client_body if isinstance(req, TranslatedRequest) else {})
+    text: list[str] = []
+    created = False
+    item: str | None = None
+    part = False
+    seq = -1
+    for name, data in SSEEvents().feed(sent):
+        if name == "comment":
+            continue
+        event = loads(data)
+        if event is None:
+            return None
+        number = event.get("sequence_number")
+        if isinstance(number, int) and not isinstance(number, bool):
+            seq = max(seq, number)
+        kind = event.get("type")
+        if kind == "response.created" and not created:
+            response = event.get("response") or {}
+            if not isinstance(response, dict) or not isinstance(response.get("id"), str):
+                return None
+            created = True
+            shape.id = response["id"]
+            if isinstance(response.get("created_at"), int):
+                shape.created = response["created_at"]
+        elif kind == "response.in_progress" and created:
+            continue
+        elif kind == "response.output_item.added" and created and item is None:
+            added = event.get("item") or {}
+            if not isinstance(added, dict) or added.get("type") != "message":
+                return None
+            if event.get("output_index") != 0 or not isinstance(added.get("id"), str):
+                return None
+            item = added["id"]
+        elif kind == "response.content_part.added" and item is not None and not part:
+            found = event.get("part") or {}
+            if not isinstance(found, dict) or found.get("type") != "output_text":
+                return None
+            if event.get("item_id") != item or event.get("content_index") != 0:
+                return None
+            part = True
+        elif kind == "response.output_text.delta" and part and event.get("item_id") == item:
+            piece = event.get("delta")
+            if not isinstance(piece, str):
+                return None
+            if piece:
+                text.append(piece)
+        else:
+            return None
+    if not created or (item is not None and not part):
+        return None
+    stream = ResponseStream(shape)
+    so_far = "".join(text)
+    stream.resume_at(seq, None if item is None else (item, so_far))
+    return Resumable(text=so_far, tokens=len(text), wrap=lambda send: ResumedSend(stream, send))
+
+
 class ResponsesApi:
     """`/v1/responses`: passed through to engines that serve it natively, translated
-    into `/v1/chat/completions` for the others (`native.with_native`)."""
+    into `/v1/chat/completions` for the others (`native.with_native`); a native
+    stream that breaks off is continued through the translation (`resume_stream`)."""
 
     def parse(self, raw: bytes) -> ParsedRequest:
-        return with_native("responses", "/v1/responses", raw, translate_request)
+        req = with_native("responses", "/v1/responses", raw, translate_request)
+        native = req.native
+        if native is not None and native.required is None:
+            native.resume = partial(resume_stream, req)
+        return req
 
     def responder(self, req: ParsedRequest, send: Send) -> Send:
         body = req.client_body if isinstance(req, TranslatedRequest) else {}

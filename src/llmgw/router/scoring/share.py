@@ -194,7 +194,7 @@ class PrefixShare:
                     continue
                 self._apply(message["data"], apply)
         finally:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis 8.2
 
     def _apply(self, data: object, apply: Apply) -> None:
         if not isinstance(data, bytes):
