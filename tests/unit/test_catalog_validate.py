@@ -589,3 +589,74 @@ def test_bad_rollout_settings_are_named(value: object, field: str, message: str)
     error = refused(model(rollout=value))
     assert error.field == field
     assert message in str(error)
+
+
+# ---- a canary (versions) ----
+
+CANARY = [
+    {"name": "stable", "weight": 90},
+    {
+        "name": "v2",
+        "weight": 10,
+        "profiles": [{"engine": "vllm", "gpus": 1, "engine_args": ["--x"]}],
+    },
+]
+
+
+def test_a_canary_is_read_with_the_models_own_spec_as_its_stable_version_and_reads_back() -> None:
+    parsed = parse_model(model(versions=CANARY))
+    assert parsed.canary is not None
+    assert (parsed.canary.name, parsed.canary.weight) == ("v2", 10)
+    assert (parsed.canary.stable_name, parsed.canary.stable_weight) == ("stable", 90)
+    # Unset canary weights are the model's; the canary's profile is its own.
+    assert parsed.canary.weights == parsed.weights
+    assert parsed.canary.profiles[0].engine_args == ("--x",)
+    assert parse_model(model_to_dict(parsed)) == parsed
+    assert "versions" not in model_to_dict(parse_model(model()))
+
+
+@pytest.mark.parametrize(
+    ("versions", "field", "message"),
+    [
+        (CANARY[:1], "versions", "a canary has exactly two"),
+        ([*CANARY, CANARY[1]], "versions", "a canary has exactly two"),
+        ([{**CANARY[0], "weights": "x"}, CANARY[1]], "versions", "is the model's own spec"),
+        ([CANARY[0], {"name": "v2", "weight": 10}], "versions", "sets neither weights nor"),
+        ([CANARY[0], {**CANARY[1], "name": "stable"}], "versions", "give each its own name"),
+        ([CANARY[0], {**CANARY[1], "weight": 100}], "versions.1.weight", "less than or equal"),
+        ([CANARY[0], {**CANARY[1], "name": "no spaces"}], "versions.1.name", "not a version"),
+        (
+            [CANARY[0], {**CANARY[1], "profiles": [{"engine": "vllm", "gpus": 1}]}],
+            "versions.1",
+            "could not be told apart",
+        ),
+        (
+            [CANARY[0], {**CANARY[1], "profiles": [{"engine": "sglang", "gpus": 0}]}],
+            "versions.1.profiles.0.gpus",
+            "needs at least 1 GPU",
+        ),
+    ],
+)
+def test_bad_versions_are_named(versions: object, field: str, message: str) -> None:
+    error = refused(model(versions=versions))
+    assert error.field == field, error
+    assert message in str(error)
+
+
+def test_a_bad_canary_in_the_config_file_names_the_file_and_the_field(tmp_path: Path) -> None:
+    path = tmp_path / "llmgw.yaml"
+    path.write_text(
+        "models:\n"
+        "  - name: llama\n"
+        "    weights: /m/llama\n"
+        "    profiles: [{engine: vllm, gpus: 1}]\n"
+        "    versions:\n"
+        "      - {name: stable, weight: 90}\n"
+        "      - {name: v2, weight: 0, weights: /m/llama-2}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_server_config(path, {})
+    assert any(
+        line.startswith(f"{path}: models[0].versions[1].weight: ")
+        for line in str(info.value).splitlines()
+    ), str(info.value)

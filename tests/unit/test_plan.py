@@ -7,7 +7,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
-from llmgw.control.catalog.model import CatalogModel, Profile
+from llmgw.control.catalog.model import Canary, CatalogModel, Profile
 from llmgw.control.inventory.model import Gpu, Node, NodeState, Shard, ShardSpec, ShardState
 from llmgw.control.reconciler import (
     Action,
@@ -731,3 +731,69 @@ def test_old_replicas_not_ready_yet_are_kept_while_too_few_are_ready() -> None:
 
     assert stops(result) == []
     assert len(starts(result)) == 1
+
+
+# --- canaries ------------------------------------------------------------------------
+
+
+def with_canary(model: CatalogModel, weight: int, *args: str) -> CatalogModel:
+    """`model` with a canary whose profile runs `args`, at `weight` against 100 - weight."""
+    canary = with_args(model, *args)
+    return dataclasses.replace(
+        model,
+        canary=Canary(
+            name="v2",
+            weight=weight,
+            stable_name="v1",
+            stable_weight=100 - weight,
+            weights=canary.weights,
+            profiles=canary.profiles,
+        ),
+    )
+
+
+def test_a_canary_gets_its_share_of_the_replicas_by_weight_and_at_least_one() -> None:
+    for wanted, weight, canaries in ((1, 10, 1), (3, 10, 1), (10, 10, 1), (10, 30, 3), (4, 50, 2)):
+        llama = with_canary(make_model("llama"), weight, "--canary")
+        result = run([Desired(llama, wanted)], [make_node("node-a", gpus=16)])
+        args = [s.spec.engine_args for s in starts(result)]
+        assert args.count(("--canary",)) == canaries, (wanted, weight, args)
+        assert args.count(LAUNCH_ARGS) == max(1, wanted - canaries), (wanted, weight, args)
+
+
+def test_a_canary_and_its_model_keep_their_replicas_and_plan_nothing_when_complete() -> None:
+    llama = with_canary(make_model("llama"), 10, "--canary")
+    first = run([Desired(llama, 3)], [make_node("node-a", gpus=8)])
+    node = make_node("node-a", gpus=8, shards=[shard_of(s, "ready", 10) for s in starts(first)])
+
+    assert run([Desired(llama, 3)], [node]).actions == ()
+    # Pending starts count for their own version.
+    pending = [Pending(s.node_id, s.spec) for s in starts(first)]
+    assert run([Desired(llama, 3)], [make_node("node-a", gpus=8)], pending=pending).actions == ()
+
+
+def test_abort_drains_the_canary_once_the_model_has_its_replicas_and_promote_rolls() -> None:
+    plain = make_model("llama")
+    llama = with_canary(plain, 10, "--canary")
+    first = run([Desired(llama, 3)], [make_node("node-a", gpus=8)])
+    node = make_node("node-a", gpus=8, shards=[shard_of(s, "ready", 10) for s in starts(first)])
+    canary_ids = [s.spec.shard_id for s in starts(first) if s.spec.engine_args == ("--canary",)]
+
+    # Abort: the canary's replica is outdated; one of the model's own starts first.
+    aborted = run([Desired(plain, 3)], [node])
+    assert stops(aborted) == []
+    assert [s.spec.engine_args for s in starts(aborted)] == [LAUNCH_ARGS]
+    replaced = dataclasses.replace(
+        node,
+        shards={**node.shards, "new": shard_of(starts(aborted)[0], "ready", 0)},
+    )
+    after = run([Desired(plain, 3)], [replaced])
+    assert [(s.shard_id, s.reason) for s in stops(after)] == [(canary_ids[0], "rollout")]
+    assert starts(after) == []
+
+    # Promote: the canary's spec is the model's; the others roll to it, surge first.
+    promoted = with_args(plain, "--canary")
+    rolled = run([Desired(promoted, 3)], [node])
+    assert stops(rolled) == []
+    assert [s.spec.engine_args for s in starts(rolled)] == [("--canary",)]
+    assert "llama" in rolled.rolling

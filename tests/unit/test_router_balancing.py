@@ -13,6 +13,7 @@ from llmgw.router.endpoints import (
     EndpointSpec,
     publish_static,
 )
+from llmgw.router.scoring import RouteRequest
 
 
 class FakeClock:
@@ -109,3 +110,47 @@ def test_pool_keeps_endpoint_state_across_updates_and_forgets_removed() -> None:
     pool.remove_model("m1")
     pool.remove_model("m2")
     assert pool.endpoints() == [] and pool.models() == []
+
+
+def versioned(clock: FakeClock) -> list[Endpoint]:
+    """Two endpoints of a model's own version (weight 90) and one of its canary (10)."""
+    policy = EjectionPolicy(failure_threshold=1, base=1.0, maximum=8.0)
+    return [
+        Endpoint(
+            EndpointSpec(name, f"http://{name}", ("m",), version=version, weight=weight),
+            policy=policy,
+            clock=clock,
+        )
+        for name, version, weight in (("s1", "v1", 90), ("s2", "v1", 90), ("c1", "v2", 10))
+    ]
+
+
+def test_a_canary_takes_its_share_of_conversations_and_each_keeps_its_version() -> None:
+    clock = FakeClock()
+    eps = versioned(clock)
+    balancer = Balancer(clock=clock, rng=random.Random(3))
+
+    def version_of(conversation: int) -> str:
+        body = {"messages": [{"role": "user", "content": f"conversation {conversation}"}]}
+        picked = balancer.pick(eps, (), RouteRequest(model="m", blocks=[], body=body))
+        assert picked is not None
+        return picked.version
+
+    firsts = [version_of(i) for i in range(1000)]
+    assert 0.07 <= firsts.count("v2") / 1000 <= 0.13, firsts.count("v2")
+    assert [version_of(i) for i in range(1000)] == firsts
+
+
+def test_a_request_goes_to_the_other_version_when_its_own_has_no_endpoint_left() -> None:
+    clock = FakeClock()
+    eps = versioned(clock)
+    balancer = Balancer(clock=clock, rng=random.Random(3))
+    route = RouteRequest(model="m", blocks=[], named_session="s")
+    first = balancer.pick(eps, (), route)
+    assert first is not None
+    own = [ep for ep in eps if ep.version == first.version]
+    other = balancer.pick(eps, own, route)
+    assert other is not None and other.version != first.version
+    # A model without versions is routed as before.
+    plain = make(2, clock)
+    assert balancer.pick(plain, (), RouteRequest(model="m", blocks=[])) in plain

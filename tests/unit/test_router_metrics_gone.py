@@ -64,8 +64,10 @@ async def test_a_gone_endpoints_series_leave_metrics_and_totals_stay() -> None:
     _serve(metrics, "llama", "r-2", 200)
     after = await _scrape(registry)
     assert _lines_naming(after, "r-1") == []
-    assert 'llmgw_requests_total{endpoint="r-2",model="llama",status="200"} 1.0' in after
-    assert 'llmgw_requests_total{endpoint="none",model="llama",status="503"} 1.0' in after
+    assert 'llmgw_requests_total{endpoint="r-2",model="llama",status="200",version=""} 1.0' in after
+    assert (
+        'llmgw_requests_total{endpoint="none",model="llama",status="503",version=""} 1.0' in after
+    )
     totals = metrics.totals()
     assert (totals.requests, totals.errors) == (4.0, 2.0)
     assert (totals.ttft_sum, totals.ttft_count) == (pytest.approx(0.15), 3.0)

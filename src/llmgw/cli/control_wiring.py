@@ -75,6 +75,8 @@ def replica_spec(endpoint: ReadyEndpoint, names: tuple[str, ...]) -> EndpointSpe
         engine=endpoint.engine,
         routes=routes,
         native_apis=native,
+        version=endpoint.version,
+        weight=endpoint.weight,
     )
 
 

@@ -322,19 +322,34 @@ def _show_text(model: dict[str, Any]) -> str:
             lines.append(f"     env:     {_pairs(p['env'])}")
         if p["gpu_memory_utilization"]:
             lines.append(f"     memory:  {p['gpu_memory_utilization']:g} of each GPU")
+    versions = model.get("versions")
+    if isinstance(versions, list) and len(versions) == 2:
+        stable, canary = versions
+        lines += [
+            "",
+            "versions (new conversations split by weight):",
+            f"  {stable['name']}: weight {stable['weight']}, the spec above",
+            f"  {canary['name']}: weight {canary['weight']}, weights {canary['weights']}",
+        ]
+        for index, p in enumerate(canary["profiles"]):
+            args = " ".join(p["engine_args"]) or "-"
+            lines.append(f"     {index + 1}. {p['name']}: {p['engine']}, args: {args}")
     replicas = status.get("replicas")
     if isinstance(replicas, list) and replicas:
+        versioned = any(r.get("version") for r in replicas)
         rows = [
             [
                 str(r.get("id", "-")),
                 str(r.get("node", "-")),
                 str(r.get("state", "-")),
+                *([str(r.get("version") or "-")] if versioned else []),
                 ",".join(str(g) for g in r.get("gpus") or []) or "-",
                 str(r.get("endpoint_url") or "-"),
             ]
             for r in replicas
         ]
-        table = render_table(["REPLICA", "NODE", "STATE", "GPUS", "ENDPOINT"], rows)
+        heads = ["REPLICA", "NODE", "STATE", *(["VERSION"] if versioned else []), "GPUS"]
+        table = render_table([*heads, "ENDPOINT"], rows)
         lines += ["", "replicas:", *("  " + line for line in table.splitlines())]
         # A multi-node replica's row is its rank 0's; its shards by rank follow.
         for r in replicas:

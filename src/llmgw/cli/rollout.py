@@ -1,10 +1,13 @@
-"""`llmgw models rollout`: where a model's rollout to a changed spec stands, and undo.
+"""`llmgw models rollout`: where a model's rollout to a changed spec stands, undo, and a
+canary's promote or abort.
 
 A rollout starts by itself when a change to a model (`llmgw models add --replace`,
 the admin API) changes what its replicas run; these commands show it and take
 it back. `status` lists the replicas of the new spec and of the old one and the
 step; `undo` puts the previous spec (weights and profiles) back, and the
-replicas roll back the same way. Exit codes as `llmgw models`.
+replicas roll back the same way. `promote` makes a canary's spec (`versions:`)
+the model's own (its other replicas roll to it); `abort` drops the canary (its
+replicas drain). Exit codes as `llmgw models`.
 
 Not guaranteed: a stable text layout; scripts should use `--json`.
 """
@@ -30,7 +33,7 @@ ModelArgument = Annotated[
 
 rollout_app = typer.Typer(
     name="rollout",
-    help="See a model's rollout to a changed spec, or undo it.",
+    help="See a model's rollout to a changed spec, undo it, or promote or abort a canary.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -66,6 +69,14 @@ def rollout_text(answer: dict[str, Any]) -> str:
     if rows:
         table = render_table(["SPEC", "REPLICA", "NODE", "STATE", "ARGS"], rows)
         lines += ["", *table.splitlines()]
+    canary = answer.get("canary")
+    if isinstance(canary, dict):
+        lines += [
+            "",
+            f"canary:   {canary.get('name')} (weight {canary.get('weight')}) beside "
+            f"{canary.get('stable')} (weight {canary.get('stable_weight')}); "
+            f"{len(canary.get('replicas') or [])} canary replica(s)",
+        ]
     previous = answer.get("previous")
     if isinstance(previous, dict):
         profiles = ", ".join(
@@ -114,4 +125,48 @@ def undo(
         print_json(answer)
         return
     typer.echo(f"model {answer['model']} is back on its previous spec; its replicas roll back")
+    typer.echo(rollout_text(answer))
+
+
+@rollout_app.command("promote")
+def promote(
+    name: ModelArgument,
+    json_out: JsonOption = False,
+    admin: AdminOption = None,
+    admin_key: AdminKeyOption = None,
+    admin_config: AdminConfigOption = None,
+) -> None:
+    """Make the model's canary its spec: every new conversation goes to it, and the
+    other replicas roll to it one by one."""
+    from llmgw.cli.models import model_path
+
+    answer = request(
+        "POST", resolve_admin(admin, admin_key, admin_config), model_path(name, "/rollout/promote")
+    )
+    if json_out:
+        print_json(answer)
+        return
+    typer.echo(f"model {answer['model']}: the canary is its spec now; its other replicas roll")
+    typer.echo(rollout_text(answer))
+
+
+@rollout_app.command("abort")
+def abort(
+    name: ModelArgument,
+    json_out: JsonOption = False,
+    admin: AdminOption = None,
+    admin_key: AdminKeyOption = None,
+    admin_config: AdminConfigOption = None,
+) -> None:
+    """Drop the model's canary: new conversations all go to its own spec, and the canary's
+    replicas drain."""
+    from llmgw.cli.models import model_path
+
+    answer = request(
+        "POST", resolve_admin(admin, admin_key, admin_config), model_path(name, "/rollout/abort")
+    )
+    if json_out:
+        print_json(answer)
+        return
+    typer.echo(f"model {answer['model']}: the canary is dropped; its replicas drain")
     typer.echo(rollout_text(answer))

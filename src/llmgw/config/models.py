@@ -507,6 +507,50 @@ class ModelRollout(_Strict):
         return self
 
 
+class ModelVersion(_Strict):
+    """One of a canary's two versions: its name, its share of new conversations, and for
+    the canary (the second) what its replicas run instead of the model's own spec."""
+
+    name: str = Field(
+        max_length=64,
+        description=(
+            "The version's name (at most 64 characters), e.g. 'stable' or 'v2': usage "
+            "records and the `version` label of the request metrics carry it. Required."
+        ),
+    )
+    weight: StrictCount = Field(
+        ge=1,
+        le=99,
+        description=(
+            "The version's share of new conversations, against the other version's "
+            "weight (90 and 10: about one new conversation in ten goes to the canary). "
+            "Required: there is no sensible split to guess."
+        ),
+    )
+    weights: str | None = Field(
+        default=None,
+        description=(
+            "The canary's weights (local path, GGUF file or hub id). Unset: the model's. "
+            "Only on the second version; the first is the model's own spec."
+        ),
+    )
+    profiles: list[ProfileConfig] | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "The canary's profiles. Unset: the model's. Only on the second version; the "
+            "first is the model's own spec."
+        ),
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(f"{value!r} is not a version name: {_NAME_RULE}")
+        return value
+
+
 class ModelConfig(_Strict):
     """A model clients can ask for: its names, weights, profiles and scaling rules."""
 
@@ -638,6 +682,15 @@ class ModelConfig(_Strict):
             "at a time, never with fewer Ready replicas than wanted."
         ),
     )
+    versions: list[ModelVersion] | None = Field(
+        default=None,
+        description=(
+            "A canary: two versions with weights. The first is the model's own spec, the "
+            "second names what its canary replicas run (`weights`, `profiles`); new "
+            "conversations split between them by weight, sessions stay on theirs. Unset "
+            "by default: one version. End it with `llmgw models rollout promote` or `abort`."
+        ),
+    )
     scale_down_delay: float = Field(
         default=60.0,
         description=(
@@ -694,6 +747,38 @@ class ModelConfig(_Strict):
                     "a name is named after its engine)",
                 )
             first[profile.name] = index
+        return value
+
+    @field_validator("versions")
+    @classmethod
+    def _check_versions(
+        cls, value: list[ModelVersion] | None, info: ValidationInfo
+    ) -> list[ModelVersion] | None:
+        if value is None:
+            return None
+        where = scope(model=info.data.get("name"))
+        if len(value) != 2:
+            _raise(
+                where,
+                f"versions has {len(value)} entries; a canary has exactly two (the model's "
+                "own spec first, the canary second); remove `versions` for one version",
+            )
+        first, second = value
+        if first.weights is not None or first.profiles is not None:
+            _raise(
+                where,
+                f"versions[0] ({first.name!r}) sets weights or profiles; the first version "
+                "is the model's own spec: set those on the model, and the canary's on "
+                "versions[1]",
+            )
+        if second.weights is None and second.profiles is None:
+            _raise(
+                where,
+                f"versions[1] ({second.name!r}) sets neither weights nor profiles, so it "
+                "would run what versions[0] runs; give the canary's weights or profiles",
+            )
+        if first.name == second.name:
+            _raise(where, f"both versions are named {first.name!r}; give each its own name")
         return value
 
     @field_validator("max_replicas")

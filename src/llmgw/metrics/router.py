@@ -110,8 +110,9 @@ class RouterMetrics:
         registry.register(self._endpoint_collector)
         self.requests = Counter(
             "llmgw_requests",
-            "Requests answered, by model, endpoint ('none' when none was reached) and status.",
-            ["model", "endpoint", "status"],
+            "Requests answered, by model, endpoint ('none' when none was reached), status "
+            "and model version (a canary's or the model's own; empty for a model without).",
+            ["model", "endpoint", "status", "version"],
             registry=registry,
         )
         self.latency = Histogram(
@@ -182,7 +183,7 @@ class RouterMetrics:
             registry=registry,
         )
         self._series: dict[tuple[str, str], RequestSeries] = {}
-        self.request_counter = RequestCounter(self.requests)
+        self.request_counter = RequestCounter(self.requests, versioned=True)
         self.route_counter = RequestCounter(self.route_requests)
         # What the series of removed endpoints had counted, so totals() stays monotonic.
         self._retired = RouterTotals(0.0, 0.0, 0.0, 0.0)
@@ -294,17 +295,20 @@ class RequestCounter:
     """`llmgw_requests` (or `llmgw_route_requests`) with its labelled children cached
     (statuses are few): labels (model, endpoint, status) or (route, model, status)."""
 
-    __slots__ = ("_children", "_counter")
+    __slots__ = ("_children", "_counter", "_versioned")
 
-    def __init__(self, counter: Counter) -> None:
+    def __init__(self, counter: Counter, *, versioned: bool = False) -> None:
         self._counter = counter
-        self._children: dict[tuple[str, str, int], Counter] = {}
+        # Whether the counter has a fourth label, the model version.
+        self._versioned = versioned
+        self._children: dict[tuple[str, str, int, str], Counter] = {}
 
-    def inc(self, model: str, endpoint: str, status: int) -> None:
-        key = (model, endpoint, status)
+    def inc(self, model: str, endpoint: str, status: int, version: str = "") -> None:
+        key = (model, endpoint, status, version)
         child = self._children.get(key)
         if child is None:
-            child = self._children[key] = self._counter.labels(model, endpoint, str(status))
+            values = (model, endpoint, str(status), *((version,) if self._versioned else ()))
+            child = self._children[key] = self._counter.labels(*values)
         child.inc()
 
     def forget(self, endpoints: set[str]) -> None:

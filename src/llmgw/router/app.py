@@ -486,7 +486,7 @@ class RouterApp:
             self._record(req, principal, request_id, start, exc.status, exc.endpoint_id, None, path)
             raise
         else:
-            self._count(path, model, outcome.endpoint, outcome.status)
+            self._count(path, model, outcome.endpoint, outcome.status, outcome.version)
             if exchange is not None:
                 # As the usage record says: 499 for a client that went away first.
                 exchange.status = outcome.status
@@ -513,8 +513,8 @@ class RouterApp:
                 span.set_attribute("llmgw.refused", exc.reason)
                 raise
 
-    def _count(self, route: str, model: str, endpoint: str, status: int) -> None:
-        self._metrics.request_counter.inc(model, endpoint, status)
+    def _count(self, route: str, model: str, endpoint: str, status: int, version: str = "") -> None:
+        self._metrics.request_counter.inc(model, endpoint, status, version)
         self._metrics.route_counter.inc(route, model, status)
 
     async def _proxy_watching_disconnect(
@@ -600,6 +600,7 @@ class RouterApp:
                 queue_ms=outcome.queued * 1000.0 if outcome else 0.0,
                 route=route,
                 continued=outcome.continued if outcome else 0,
+                version=outcome.version if outcome else "",
             )
         )
 

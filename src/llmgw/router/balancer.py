@@ -59,6 +59,7 @@ from llmgw.router.scoring.prefix import PrefixIndex, PrefixScorer
 from llmgw.router.scoring.rendezvous import RendezvousScorer
 from llmgw.router.scoring.session import SessionScorer
 from llmgw.router.scoring.ttft import TtftPredictor
+from llmgw.router.versions import choose_version, conversation_key, narrow, versions_of
 
 # Requests that leave nothing in an engine's prefix cache: their prompts are not
 # hashed, so a tokenizer call never makes a replica look warm for that prompt.
@@ -168,8 +169,9 @@ class Balancer:
             user = req.body.get("user")
             if isinstance(user, str) and user:
                 session = "user:" + user
-            elif key_id is not None and self._routing.session_from_key:
-                session = "key:" + key_id
+        named = session
+        if session is None and key_id is not None and self._routing.session_from_key:
+            session = "key:" + key_id
         blocks: list[int] = []
         head = 0
         if req.path not in _UNCACHED and self._scorers:
@@ -179,7 +181,13 @@ class Balancer:
                 max_bytes=self._routing.max_prompt_bytes,
             )
         return RouteRequest(
-            model=req.model, blocks=blocks, head_blocks=head, session=session, explain=explain
+            model=req.model,
+            blocks=blocks,
+            head_blocks=head,
+            session=session,
+            explain=explain,
+            body=req.body,
+            named_session=named,
         )
 
     def pick(
@@ -190,6 +198,8 @@ class Balancer:
     ) -> Endpoint | None:
         now = self._clock()
         candidates = [ep for ep in endpoints if ep not in exclude and ep.available(now)]
+        if route is not None and candidates:
+            candidates = self._version(route, endpoints, candidates)
         count = len(candidates)
         if count == 0:
             return None
@@ -207,6 +217,22 @@ class Balancer:
         if not active:
             return candidates[0] if len(candidates) == 1 else self._two_choices(candidates)
         return self._best(route, candidates, active)
+
+    def _version(
+        self, route: RouteRequest, endpoints: Sequence[Endpoint], candidates: list[Endpoint]
+    ) -> list[Endpoint]:
+        """A model with a canary: the candidates of the version the request's
+        conversation goes to (`router.versions`), chosen once per request."""
+        if not route.version:
+            weights = versions_of(endpoints)
+            if len(weights) < 2:
+                return candidates
+            key = conversation_key(route.body, route.named_session)
+            if key is None:
+                # Nothing names a conversation: a fresh one each time, by weight.
+                key = f"random:{self._rng.random()}"
+            route.version = choose_version(key, weights)
+        return narrow(candidates, route.version)
 
     def _best(
         self,

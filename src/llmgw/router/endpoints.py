@@ -46,6 +46,10 @@ class EndpointSpec:
     # The client APIs (besides chat completions) the engine serves natively:
     # "messages", "responses". Requests of the others are translated.
     native_apis: frozenset[str] = frozenset()
+    # A model with a canary: the version this replica runs, and the version's weight
+    # (its share of new conversations against the other's); "" and 0 otherwise.
+    version: str = ""
+    weight: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +79,8 @@ class Endpoint:
         "routes",
         "stream_usage",
         "url",
+        "version",
+        "weight",
     )
 
     def __init__(
@@ -87,6 +93,8 @@ class Endpoint:
         self.engine = spec.engine
         self.routes = _routes(spec)
         self.native_apis = spec.native_apis
+        self.version = spec.version
+        self.weight = spec.weight
         self._policy = policy
         self._clock = clock
         self.in_flight = 0
@@ -141,12 +149,15 @@ class Endpoint:
         self.engine = spec.engine
         self.routes = _routes(spec)
         self.native_apis = spec.native_apis
+        self.version = spec.version
+        self.weight = spec.weight
 
     def describe(self, now: float) -> dict[str, object]:
         """The endpoint as the admin API shows it."""
         return {
             "id": self.id,
             "url": self.url,
+            **({"version": self.version} if self.version else {}),
             "models": list(self.models),
             "engine": self.engine or None,
             "routes": sorted(self.routes) if self.routes is not None else None,

@@ -156,6 +156,8 @@ class Outcome:
     queued: float = 0.0
     # Times its stream was continued on another replica.
     continued: int = 0
+    # The model version its endpoint runs (a canary's or the model's own; "" without one).
+    version: str = ""
 
 
 class Proxy:
@@ -781,7 +783,7 @@ class Proxy:
             }
         )
         await send({"type": "http.response.body", "body": body, "more_body": False})
-        return Outcome(resp.status, endpoint.id, prompt, completion)
+        return Outcome(resp.status, endpoint.id, prompt, completion, version=endpoint.version)
 
     async def _engine_error(self, endpoint: Endpoint, resp: Response) -> RouterError | _Retryable:
         raw = self._without_address(await resp.read(), endpoint)
@@ -947,7 +949,7 @@ class Proxy:
         await send({"type": "http.response.body", "body": tail, "more_body": False})
         prompt, completion = self._record_usage(series, relay.usage)
         series.latency.observe(clock() - start)
-        return Outcome(resp.status, endpoint.id, prompt, completion, ttft)
+        return Outcome(resp.status, endpoint.id, prompt, completion, ttft, version=endpoint.version)
 
     async def _abandoned(
         self,
@@ -1028,6 +1030,7 @@ class Proxy:
             resumed.completion_tokens,
             ttft,
             continued=resumed.continued,
+            version=endpoint.version,
         )
 
     @staticmethod
@@ -1035,7 +1038,7 @@ class Proxy:
         endpoint: Endpoint, resp: Response, relay: SSERelay | NativeRelay, ttft: float
     ) -> Outcome:
         """A stream cut short: the completion tokens relayed so far, when counted."""
-        return Outcome(resp.status, endpoint.id, 0, relay.counted, ttft)
+        return Outcome(resp.status, endpoint.id, 0, relay.counted, ttft, version=endpoint.version)
 
     async def _end_stream_with_error(
         self,

@@ -200,6 +200,8 @@ class UsageRecord:
     route: str = ""
     # Times a stream was continued on another replica after its engine failed mid-stream.
     continued: int = 0
+    # The model version that answered, for a model with a canary ("" otherwise).
+    version: str = ""
 
 
 @dataclass(frozen=True, slots=True)

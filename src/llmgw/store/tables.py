@@ -136,6 +136,7 @@ usage_records = Table(
     Column("queue_ms", Float, nullable=True),
     Column("route", String(64), nullable=True),
     Column("continued", Integer, nullable=True),
+    Column("version", String(64), nullable=True),
 )
 
 

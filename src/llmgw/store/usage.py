@@ -72,6 +72,8 @@ _REQUEST_ID_CHARS = 200
 _KEY_ID_CHARS = 32
 _ENDPOINT_CHARS = 200
 _ROUTE_CHARS = 64
+# A version name (`versions[].name`), as its column holds it.
+_VERSION_CHARS = 64
 _MAX_INT = 2**31 - 1  # status and token counts are 32-bit integers on PostgreSQL
 _SUMMED = ("requests", "errors", "prompt_tokens", "completion_tokens", "latency_ms_sum")
 _DIMENSION_OF = {"key_id": "key", "model": "model"}
@@ -248,6 +250,7 @@ def _record(row: Any) -> UsageRecord:
         queue_ms=float(row["queue_ms"] or 0.0),
         route=row["route"] or "",
         continued=int(row["continued"] or 0),
+        version=row["version"] or "",
     )
 
 
@@ -333,6 +336,7 @@ def _check_record(r: UsageRecord) -> None:
         ("model", r.model, MAX_MODEL_CHARS),
         ("endpoint", r.endpoint, _ENDPOINT_CHARS),
         ("route", r.route, _ROUTE_CHARS),
+        ("version", r.version, _VERSION_CHARS),
     ):
         problem = _string_problem(value, limit)
         if problem is not None:
@@ -405,6 +409,7 @@ def _raw_row(r: UsageRecord) -> dict[str, Any]:
         "queue_ms": r.queue_ms,
         "route": r.route or None,
         "continued": r.continued or None,
+        "version": r.version or None,
     }
 
 

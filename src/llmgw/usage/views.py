@@ -52,4 +52,5 @@ def usage_record_view(record: UsageRecord, names: Mapping[str, str]) -> dict[str
         "ttft_ms": None if record.ttft_ms is None else round(record.ttft_ms, 3),
         "queue_ms": round(record.queue_ms, 3),
         "continued": record.continued,
+        "version": record.version or None,
     }

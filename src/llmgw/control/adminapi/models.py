@@ -12,7 +12,9 @@ Errors have the OpenAI-style body `{"error": {"message", "type", "param",
 fault ("profiles.0.gpus") and `code` is `invalid_model`.
 
 `/admin/api/models/{name}/rollout` shows where a rollout to a changed spec
-stands (old and new replicas, the step, why it stopped); `POST .../rollout/undo`
+stands (old and new replicas, the step, why it stopped, the canary); `POST
+.../rollout/promote` makes a canary's spec the model's, `POST .../rollout/abort`
+drops the canary; `POST .../rollout/undo`
 puts the previous spec back (409 `nothing_to_undo` when there is none).
 
 `GET /admin/api/models` pages and filters on the server (`?limit=`, `?after=`,
@@ -40,6 +42,7 @@ from llmgw.control.catalog.errors import (
     InvalidModel,
     ModelExists,
     NameTaken,
+    NoCanary,
     NoStore,
     NothingToUndo,
     ReadOnlyModel,
@@ -73,6 +76,10 @@ class ModelCatalog(Protocol):
 
     async def undo(self, name: str) -> CatalogModel: ...
 
+    async def promote(self, name: str) -> CatalogModel: ...
+
+    async def abort(self, name: str) -> CatalogModel: ...
+
 
 class ModelControl(Protocol):
     """What the routes need of the reconciler: live state, placement and activation."""
@@ -104,6 +111,7 @@ _CONFLICTS: dict[type[CatalogError], str | None] = {
     ReadOnlyModel: "name",
     NoStore: None,
     NothingToUndo: "name",
+    NoCanary: "name",
 }
 
 
@@ -254,6 +262,16 @@ def model_routes(*, catalog: ModelCatalog, control: ModelControl) -> list[Route]
             "old_replicas": [r for r in rows if r.get("spec") == "old"],
             "max_surge": model.max_surge,
             "max_unavailable": model.max_unavailable,
+            # The canary beside the model's own spec (None without one), with its replicas.
+            "canary": None
+            if model.canary is None
+            else {
+                "name": model.canary.name,
+                "weight": model.canary.weight,
+                "stable": model.canary.stable_name,
+                "stable_weight": model.canary.stable_weight,
+                "replicas": [r for r in rows if r.get("version") == model.canary.name],
+            },
             # What `undo` would bring back (weights and profiles), or None.
             "previous": None
             if previous is None
@@ -273,6 +291,14 @@ def model_routes(*, catalog: ModelCatalog, control: ModelControl) -> list[Route]
         model = await catalog.undo(request.path_params["name"])
         return json_response(rollout_view(model))
 
+    async def rollout_promote(request: Request) -> Response:
+        model = await catalog.promote(request.path_params["name"])
+        return json_response(rollout_view(model))
+
+    async def rollout_abort(request: Request) -> Response:
+        model = await catalog.abort(request.path_params["name"])
+        return json_response(rollout_view(model))
+
     def route(path: str, handler: _Handler, method: str) -> Route:
         async def endpoint(request: Request) -> Response:
             return await guarded(request, handler)
@@ -289,6 +315,8 @@ def model_routes(*, catalog: ModelCatalog, control: ModelControl) -> list[Route]
         route(one + "/placement", placement, "GET"),
         route(one + "/activate", activate, "POST"),
         route(one + "/rollout/undo", rollout_undo, "POST"),
+        route(one + "/rollout/promote", rollout_promote, "POST"),
+        route(one + "/rollout/abort", rollout_abort, "POST"),
         route(one + "/rollout", rollout_status, "GET"),
         route(one, show_model, "GET"),
         route(one, replace_model, "PUT"),

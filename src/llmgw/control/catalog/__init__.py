@@ -11,12 +11,21 @@ from llmgw.control.catalog.errors import (
     InvalidModel,
     ModelExists,
     NameTaken,
+    NoCanary,
     NoStore,
     NothingToUndo,
     ReadOnlyModel,
     UnknownModel,
 )
-from llmgw.control.catalog.model import PINNED, CatalogModel, ModelSource, Profile, launch_key
+from llmgw.control.catalog.model import (
+    PINNED,
+    Canary,
+    CatalogModel,
+    ModelSource,
+    Profile,
+    canary_model,
+    launch_key,
+)
 from llmgw.control.catalog.validate import (
     check_names_free,
     model_from_config,
@@ -26,6 +35,7 @@ from llmgw.control.catalog.validate import (
 
 __all__ = [
     "PINNED",
+    "Canary",
     "Catalog",
     "CatalogError",
     "CatalogModel",
@@ -34,11 +44,13 @@ __all__ = [
     "ModelExists",
     "ModelSource",
     "NameTaken",
+    "NoCanary",
     "NoStore",
     "NothingToUndo",
     "Profile",
     "ReadOnlyModel",
     "UnknownModel",
+    "canary_model",
     "check_names_free",
     "launch_key",
     "model_from_config",

@@ -36,12 +36,13 @@ from llmgw.control.catalog.errors import (
     InvalidModel,
     ModelExists,
     NameTaken,
+    NoCanary,
     NoStore,
     NothingToUndo,
     ReadOnlyModel,
     UnknownModel,
 )
-from llmgw.control.catalog.model import CatalogModel, launch_key
+from llmgw.control.catalog.model import CatalogModel, canary_model, launch_key
 from llmgw.control.catalog.validate import check_names_free, model_to_dict, parse_model
 from llmgw.store import AlreadyExists, NotFound, StoredModel
 
@@ -301,6 +302,39 @@ class Catalog:
         current = self._models[canonical]
         restored = dataclasses.replace(current, weights=earlier.weights, profiles=earlier.profiles)
         return await self.replace(canonical, restored)
+
+    async def promote(self, name: str) -> CatalogModel:
+        """End a stored model's canary by making the canary's spec the model's own: its
+        stable replicas then roll to it (surge first), its canary replicas stay.
+
+        `UnknownModel`, `ReadOnlyModel` as `replace`; `NoCanary` when it has none.
+        """
+        current = self._canary_of(name)
+        canary = canary_model(current)
+        assert canary is not None
+        return await self.replace(current.name, canary)
+
+    async def abort(self, name: str) -> CatalogModel:
+        """End a stored model's canary by dropping it: its canary replicas drain once the
+        stable ones suffice, and new conversations all go to the model's own spec.
+
+        `UnknownModel`, `ReadOnlyModel` as `replace`; `NoCanary` when it has none.
+        """
+        current = self._canary_of(name)
+        return await self.replace(current.name, dataclasses.replace(current, canary=None))
+
+    def _canary_of(self, name: str) -> CatalogModel:
+        canonical = self._index.get(name)
+        if canonical is None:
+            raise UnknownModel(name)
+        self._require_writable(canonical)
+        current = self._models[canonical]
+        if current.canary is None:
+            raise NoCanary(
+                f"model {canonical!r} has no canary to promote or abort; give it one with "
+                "`versions:` (`llmgw models add --replace`)"
+            )
+        return current
 
     async def remove(self, name: str) -> CatalogModel:
         """Remove a stored model (by name or alias) from the store and from force.

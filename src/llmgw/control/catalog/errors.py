@@ -92,3 +92,9 @@ class NothingToUndo(CatalogError):
     """The model has no earlier spec to go back to (never replaced in what it runs)."""
 
     code = "nothing_to_undo"
+
+
+class NoCanary(CatalogError):
+    """The model has no canary (`versions:`) to promote or abort."""
+
+    code = "no_canary"

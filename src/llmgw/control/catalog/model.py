@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from llmgw.config.routing import ScorerWeights
@@ -122,6 +122,8 @@ class CatalogModel:
     # at most `max_unavailable` fewer Ready than wanted (see `reconciler.rollout`).
     max_surge: int = 1
     max_unavailable: int = 0
+    # A canary beside the model's own spec (the stable version), or None.
+    canary: Canary | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -141,6 +143,29 @@ class CatalogModel:
     @property
     def pinned(self) -> bool:
         return self.keep_alive < 0
+
+
+@dataclass(frozen=True, slots=True)
+class Canary:
+    """A model's second version: what its canary replicas run and its share of new
+    conversations (`weight` against `stable_weight`). The model's own spec is the
+    stable version, named `stable_name`."""
+
+    name: str
+    weight: int
+    stable_name: str
+    stable_weight: int
+    weights: str
+    profiles: tuple[Profile, ...]
+
+
+def canary_model(model: CatalogModel) -> CatalogModel | None:
+    """The model as its canary replicas run it (the canary's weights and profiles), or
+    None when it has no canary."""
+    canary = model.canary
+    if canary is None:
+        return None
+    return replace(model, weights=canary.weights, profiles=canary.profiles, canary=None)
 
 
 def launch_key(model: CatalogModel) -> str:

@@ -23,13 +23,21 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
 
 from llmgw.config.models import ModelConfig, ProfileConfig
 from llmgw.control.catalog.errors import InvalidModel, NameTaken
-from llmgw.control.catalog.model import CatalogModel, ModelSource, Profile
+from llmgw.control.catalog.model import (
+    Canary,
+    CatalogModel,
+    ModelSource,
+    Profile,
+    canary_model,
+    launch_key,
+)
 from llmgw.engines import EngineSettings, EngineSpec, ProfileError, adapter_for
 from llmgw.engines import checks as engine_checks
 
@@ -89,10 +97,48 @@ def model_from_config(cfg: ModelConfig, *, source: ModelSource) -> CatalogModel:
         routing=cfg.routing.scorers if cfg.routing is not None else None,
         max_surge=cfg.rollout.max_surge,
         max_unavailable=cfg.rollout.max_unavailable,
+        canary=_canary(cfg),
     )
     for index, profile in enumerate(model.profiles):
         _check_engine(model, index, profile)
+    canary = canary_model(model)
+    if canary is not None:
+        for index, profile in enumerate(canary.profiles):
+            _check_engine(canary, index, profile, at="versions.1.")
+        _check_canary_differs(model, canary)
     return model
+
+
+def _canary(cfg: ModelConfig) -> Canary | None:
+    if cfg.versions is None:
+        return None
+    stable, second = cfg.versions
+    return Canary(
+        name=second.name,
+        weight=second.weight,
+        stable_name=stable.name,
+        stable_weight=stable.weight,
+        weights=second.weights if second.weights is not None else cfg.weights,
+        profiles=tuple(
+            _profile(p) for p in (second.profiles if second.profiles is not None else cfg.profiles)
+        ),
+    )
+
+
+def _check_canary_differs(model: CatalogModel, canary: CatalogModel) -> None:
+    """Each replica must belong to one version: a canary profile that launches what a
+    stable profile launches would make them indistinguishable."""
+    stable = {launch_key(replace(model, profiles=(p,), canary=None)) for p in model.profiles}
+    for index, profile in enumerate(canary.profiles):
+        if launch_key(replace(canary, profiles=(profile,))) in stable:
+            assert model.canary is not None
+            raise InvalidModel(
+                f"model {model.name!r}, versions[1] ({model.canary.name!r}): profile "
+                f"{index} runs exactly what one of the model's own profiles runs (same "
+                "weights, engine, arguments, GPUs and environment), so its replicas could "
+                "not be told apart; change the canary's weights, arguments or engine",
+                field="versions.1",
+            )
 
 
 def parse_model(data: object, *, source: ModelSource = "store") -> CatalogModel:
@@ -179,7 +225,24 @@ def model_to_dict(model: CatalogModel) -> dict[str, Any]:
             if (model.max_surge, model.max_unavailable) != (1, 0)
             else {}
         ),
+        **({"versions": _versions(model)} if model.canary is not None else {}),
     }
+
+
+def _versions(model: CatalogModel) -> list[dict[str, Any]]:
+    canary = model.canary
+    assert canary is not None
+    as_canary = canary_model(model)
+    assert as_canary is not None
+    return [
+        {"name": canary.stable_name, "weight": canary.stable_weight},
+        {
+            "name": canary.name,
+            "weight": canary.weight,
+            "weights": canary.weights,
+            "profiles": model_to_dict(as_canary)["profiles"],
+        },
+    ]
 
 
 def check_names_free(model: CatalogModel, others: Sequence[CatalogModel]) -> None:
@@ -231,9 +294,11 @@ def _number(value: float) -> int | float:
 # ---- engine checks ----
 
 
-def _check_engine(model: CatalogModel, index: int, profile: Profile) -> None:
+def _check_engine(model: CatalogModel, index: int, profile: Profile, *, at: str = "") -> None:
+    """`at`: the field path prefix of the profiles' owner ("versions.1." for a canary)."""
+
     def fail(field: str, message: str) -> InvalidModel:
-        path = "weights" if field == "weights" else f"profiles.{index}.{field}"
+        path = at + ("weights" if field == "weights" else f"profiles.{index}.{field}")
         return InvalidModel(_message(model.name, profile.name, field, message), path)
 
     try:

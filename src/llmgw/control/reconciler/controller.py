@@ -51,6 +51,7 @@ Not guaranteed:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -74,8 +75,8 @@ from opentelemetry.trace import (
 
 from llmgw.control.agentsvc.dispatcher import Dispatcher
 from llmgw.control.agentsvc.errors import AgentServiceError, CommandFailed
-from llmgw.control.catalog.model import CatalogModel
-from llmgw.control.inventory import Change, Node, Shard, UnknownNode
+from llmgw.control.catalog.model import CatalogModel, canary_model
+from llmgw.control.inventory import Change, Node, Shard, ShardSpec, UnknownNode
 from llmgw.control.placements import Placement, PlacementError
 from llmgw.control.reconciler.autoscale import LoadSignals, replicas_for_load
 from llmgw.control.reconciler.demand import DemandBook
@@ -903,7 +904,13 @@ class Controller:
                     spec = shard.spec
                     engine, args = (spec.engine, spec.engine_args) if spec else ("", ())
                     ready.setdefault(shard.model, []).append(
-                        ReadyEndpoint(shard.id, shard.endpoint_url, engine, args)
+                        ReadyEndpoint(
+                            shard.id,
+                            shard.endpoint_url,
+                            engine,
+                            args,
+                            version=self._version_of(shard.model, spec),
+                        )
                     )
         self._publish_ready(ready, skip=self._expected)
 
@@ -918,7 +925,10 @@ class Controller:
             if model.name in skip:
                 continue
             endpoints = tuple(
-                sorted(_with_engine(model, ready.get(model.name, ())), key=lambda e: e.id)
+                sorted(
+                    _with_version(model, _with_engine(model, ready.get(model.name, ()))),
+                    key=lambda e: e.id,
+                )
             )
             entry = (model.names, endpoints)
             previous = self._published.get(model.name)
@@ -933,6 +943,17 @@ class Controller:
         for name in [n for n in self._published if n not in current]:
             names, _ = self._published.pop(name)
             self._publisher.withdraw(names)
+
+    def _version_of(self, name: str, spec: ShardSpec | None) -> str:
+        """The version a replica of model `name` runs: its canary's name when it runs the
+        canary's spec, else the model's own version's; "" for a model without a canary."""
+        model = self._catalog.get(name)
+        if model is None or model.canary is None:
+            return ""
+        canary = canary_model(model)
+        if canary is not None and spec is not None and runs_current(canary, spec):
+            return model.canary.name
+        return model.canary.stable_name
 
     def apply_followed(self, ready: Mapping[str, Sequence[ReadyEndpoint]]) -> None:
         """A standby's view: the Ready endpoints the leader published, by model."""
@@ -1189,6 +1210,7 @@ class Controller:
         self, model: CatalogModel, replicas: list[tuple[Node, Shard]], now: float
     ) -> ModelState:
         pending = [p for p in self._pending.values() if p.spec.model == model.name]
+        canary = canary_model(model)
         health = self._health.get(model.name)
         return ModelState(
             model=model,
@@ -1206,8 +1228,18 @@ class Controller:
             activating=model.name in self._activations,
             rollout=self.rollout(model.name),
             outdated=frozenset(
-                s.id for _, s in replicas if s.holds_gpus and not runs_current(model, s.spec)
+                s.id
+                for _, s in replicas
+                if s.holds_gpus
+                and not runs_current(model, s.spec)
+                and (canary is None or not runs_current(canary, s.spec))
             ),
+            versions={
+                **{s.id: self._version_of(model.name, s.spec) for _, s in replicas},
+                **{p.spec.shard_id: self._version_of(model.name, p.spec) for p in pending},
+            }
+            if canary is not None
+            else {},
         )
 
 
@@ -1254,3 +1286,28 @@ def _with_engine(model: CatalogModel, endpoints: Iterable[ReadyEndpoint]) -> lis
     return [
         e if e.engine or not only else ReadyEndpoint(e.id, e.url, only, args) for e in endpoints
     ]
+
+
+def _with_version(model: CatalogModel, endpoints: Iterable[ReadyEndpoint]) -> list[ReadyEndpoint]:
+    """`endpoints`, each with its version's name and weight when `model` has a canary.
+
+    One that does not name its version (a standby reads only ids and URLs from the
+    store) is the canary's when its engine arguments are those of a canary profile
+    and of none of the model's own; a canary that differs only in weights or
+    environment is not told apart there, and a standby then routes to both alike.
+    """
+    canary = model.canary
+    if canary is None:
+        return [
+            e if not e.version else dataclasses.replace(e, version="", weight=0) for e in endpoints
+        ]
+    own = {(p.engine, p.engine_args) for p in model.profiles}
+    theirs = {(p.engine, p.engine_args) for p in canary.profiles} - own
+    weights = {canary.name: canary.weight, canary.stable_name: canary.stable_weight}
+    out = []
+    for e in endpoints:
+        version = e.version
+        if version not in weights:
+            version = canary.name if (e.engine, e.engine_args) in theirs else canary.stable_name
+        out.append(dataclasses.replace(e, version=version, weight=weights[version]))
+    return out

@@ -35,6 +35,11 @@ A pure function of its inputs: same input, same actions in the same order
   has is rolled (`rollout.step`: new replicas first, old ones drain once new
   ones are Ready) instead of scaled down, unless its rollout is halted
   (`Desired.halted`); then the old replicas keep serving and count as usual.
+- Canary: a model with a canary (`versions:`) is planned as two, its own spec
+  and its canary, each with the replicas that run it and its share of the
+  wanted count by weight (at least one each while any is wanted). Replicas
+  that run neither are its own spec's outdated ones and roll as above; after
+  an abort the canary's are such, and drain once the others are Ready.
 - Clean up: shards of models no longer wanted are drained; shards that have
   already stopped or failed get a stop so that the agent forgets them.
 
@@ -57,10 +62,11 @@ re-plans after every change, and the agent refuses work that conflicts.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from llmgw.control.catalog.model import CatalogModel
+from llmgw.control.catalog.model import CatalogModel, canary_model
 from llmgw.control.inventory.model import Node, Shard, ShardSpec
 from llmgw.control.reconciler import rollout
 from llmgw.control.reconciler.mgmt import MgmtAddress, mgmt_address, rank_env
@@ -99,6 +105,9 @@ class _Replicas:
     # Per gang (by its rank 0 shard id): its other shards, which follow rank 0's stops.
     followers: dict[str, list[tuple[Node, Shard]]] = field(default_factory=dict)
 
+    # The specs of the pending starts (one per replica), to tell a canary's apart.
+    pending_specs: list[ShardSpec] = field(default_factory=list)
+
     @property
     def count(self) -> int:
         return len(self.serving) + self.pending
@@ -124,31 +133,31 @@ def plan(
     short: list[tuple[Desired, int]] = []
     rolling: dict[str, str] = {}
     for name in sorted(wanted):
-        want, have = wanted[name], replicas[name]
-        stops += _drain(want, have)
-        outdated = [ns for ns in have.serving if not runs_current(want.model, ns[1].spec)]
-        old_ids = {shard.id for _, shard in outdated}
-        if outdated and not want.halted:
-            moves = rollout.step(
-                wanted=want.replicas,
-                max_surge=want.model.max_surge,
-                max_unavailable=want.model.max_unavailable,
-                current=[ns for ns in have.serving if ns[1].id not in old_ids],
-                current_pending=have.pending,
-                outdated=outdated,
-                routed=actual.routed,
-            )
-            rolling[name] = moves.detail
-            stops += [
-                _stop(node, shard, "rollout", drain=True, detail=moves.detail)
-                for node, shard in moves.stops
-            ]
-            missing = moves.starts
-        else:
-            stops += _scale_down(want, have)
-            missing = want.replicas - have.count
-        if not want.hold and missing > 0:
-            short.append((want, missing))
+        for want, have in _versions(wanted[name], replicas[name]):
+            stops += _drain(want, have)
+            outdated = [ns for ns in have.serving if not runs_current(want.model, ns[1].spec)]
+            old_ids = {shard.id for _, shard in outdated}
+            if outdated and not want.halted:
+                moves = rollout.step(
+                    wanted=want.replicas,
+                    max_surge=want.model.max_surge,
+                    max_unavailable=want.model.max_unavailable,
+                    current=[ns for ns in have.serving if ns[1].id not in old_ids],
+                    current_pending=have.pending,
+                    outdated=outdated,
+                    routed=actual.routed,
+                )
+                rolling[name] = moves.detail
+                stops += [
+                    _stop(node, shard, "rollout", drain=True, detail=moves.detail)
+                    for node, shard in moves.stops
+                ]
+                missing = moves.starts
+            else:
+                stops += _scale_down(want, have)
+                missing = want.replicas - have.count
+            if not want.hold and missing > 0:
+                short.append((want, missing))
     stops = _with_followers(stops, replicas)
     fleet = Fleet(
         actual.nodes, actual.pending, policy=policy, filters=filters, mgmt_interface=mgmt_interface
@@ -229,6 +238,7 @@ def _count(actual: Actual, replicas: dict[str, _Replicas]) -> list[Stop]:
             if spec.node_rank != 0 or spec.replica in gangs:
                 continue
         have.pending += 1
+        have.pending_specs.append(spec)
     for replica_id in sorted(gangs):
         stops += _count_gang(
             replica_id,
@@ -283,6 +293,7 @@ def _count_gang(
         head = next((m for m in live if m[1].spec is not None and m[1].spec.node_rank == 0), None)
         if head is None:
             have.pending += 1
+            have.pending_specs.append(first.spec)
         else:
             have.followers[head[1].id] = [m for m in live if m is not head]
             have.serving.append(head)
@@ -299,6 +310,7 @@ def _count_gang(
     if head is None:
         # Rank 0 is still on its way: the replica is a pending start.
         have.pending += 1
+        have.pending_specs.append(first.spec)
         return stops
     have.followers[head[1].id] = [(n, s) for n, s in live if s is not head[1]]
     if any(n.state == "unreachable" for n, _ in live):
@@ -309,6 +321,38 @@ def _count_gang(
         have.serving.append(head)
         have.ready += not pending and all(s.state == "ready" for _, s in live)
     return stops
+
+
+def _versions(want: Desired, have: _Replicas) -> list[tuple[Desired, _Replicas]]:
+    """A model with a canary as two: its own spec and its canary, each with the replicas
+    that run it and its share of the wanted count (by weight, at least one each while
+    any is wanted). Replicas that run neither are the own spec's (being rolled)."""
+    canary = canary_model(want.model)
+    if canary is None or want.model.canary is None:
+        return [(want, have)]
+    weight, stable_weight = want.model.canary.weight, want.model.canary.stable_weight
+    total = max(want.replicas, 0)
+    n_canary = 0 if total == 0 else max(1, round(total * weight / (weight + stable_weight)))
+    n_stable = 0 if total == 0 else max(1, total - n_canary)
+    ours, theirs = _Replicas(), _Replicas()
+
+    def part(spec: ShardSpec | None) -> _Replicas:
+        return theirs if spec is not None and runs_current(canary, spec) else ours
+
+    for node, shard in have.serving:
+        part(shard.spec).serving.append((node, shard))
+        part(shard.spec).ready += shard.state == "ready"
+    for node, shard in have.draining:
+        part(shard.spec).draining.append((node, shard))
+    for node, shard in have.in_doubt:
+        part(shard.spec).in_doubt.append((node, shard))
+    for spec in have.pending_specs:
+        part(spec).pending += 1
+        part(spec).pending_specs.append(spec)
+    return [
+        (dataclasses.replace(want, model=want.model, replicas=n_stable), ours),
+        (dataclasses.replace(want, model=canary, replicas=n_canary, halted=False), theirs),
+    ]
 
 
 def _with_followers(stops: list[Stop], replicas: dict[str, _Replicas]) -> list[Stop]:

@@ -6,8 +6,8 @@ without reaching into the controller.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
@@ -39,6 +39,10 @@ class ReadyEndpoint:
     url: str
     engine: str = ""
     engine_args: tuple[str, ...] = ()
+    # For a model with a canary: the version this replica runs and that version's
+    # weight ("" and 0 for a model with one version).
+    version: str = ""
+    weight: int = 0
 
 
 class EndpointPublisher(Protocol):
@@ -183,6 +187,8 @@ class ModelState:
     rollout: Rollout | None = None
     # Replicas that run a spec the catalog no longer has (being replaced, or kept by a halt).
     outdated: frozenset[str] = frozenset()
+    # A model with a canary: the version each replica (and start in flight) runs, by id.
+    versions: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def state(self) -> str:

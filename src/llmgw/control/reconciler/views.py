@@ -88,6 +88,8 @@ def state_view(state: ModelState, reach: Reachability | None = None) -> dict[str
                 "engine_args": list(shard.spec.engine_args) if shard.spec is not None else [],
                 # "old": it runs a spec the catalog replaced (a rollout replaces it).
                 "spec": "old" if shard.id in state.outdated else "current",
+                # A model with a canary: the version it runs (None without one).
+                "version": state.versions.get(shard.id),
                 "endpoint_url": shard.endpoint_url or None,
                 "gpus": list(shard.gpu_indices),
                 "message": shard.message,
@@ -109,6 +111,7 @@ def state_view(state: ModelState, reach: Reachability | None = None) -> dict[str
                 "engine": p.spec.engine,
                 "engine_args": list(p.spec.engine_args),
                 "spec": "current",
+                "version": state.versions.get(p.spec.shard_id),
                 "endpoint_url": None,
                 "gpus": list(p.spec.gpu_indices),
                 "message": "start sent to the node",

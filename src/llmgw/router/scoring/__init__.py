@@ -17,7 +17,7 @@ range; weights are the operator's way to say which signal counts more.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -34,6 +34,14 @@ class RouteRequest:
     head_blocks: int = 0
     session: str | None = None
     explain: bool = False
+    # The request body, read only for a canary's split (`router.versions`): the key of
+    # its conversation is computed then, so models without a canary never pay for it.
+    body: Mapping[str, object] = field(default_factory=dict)
+    # The session a client named (header or `user`), never one taken from its API key:
+    # a whole key's traffic on one version would be no split.
+    named_session: str | None = None
+    # The model version chosen at the first pick ("" until then, or without a canary).
+    version: str = ""
     # Filled in by the balancer at each pick: "prefix=0.82 load=0.30 -> ep-3".
     explanation: str = ""
     # Per scorer name, the chosen endpoint's score at the last pick.
