@@ -70,12 +70,25 @@ class Run:
     stdin: str | None = None
     # A pattern whose first group in the output is kept, for "{kept}" in later runs' args.
     keep: str | None = None
+    # Written to a file whose path replaces "{file}" in the args.
+    file: str | None = None
 
 
 ADD_MODEL = (
     "models", "add", "--name", "readme-sim", "--engine", "sim", "--weights", "simulated",
     "--gpus", "0", "--keep-alive", "5m",
 )  # fmt: skip
+# readme-sim with a canary (`versions:`), as `llmgw models add -f FILE --replace` reads it.
+CANARY = """
+name: readme-sim
+weights: simulated
+keep_alive: 5m
+profiles: [{name: sim, engine: sim, gpus: 0}]
+versions:
+  - {name: stable, weight: 90}
+  - {name: v2, weight: 10, profiles: [{name: sim, engine: sim, gpus: 0, engine_args: [--output-tokens, "8"]}]}
+"""
+ADD_CANARY = ("models", "add", "-f", "{file}", "--replace")
 # In order: each may rely on what the ones before it did. The drain runs while
 # nothing is running on the node (a single node has nowhere to move a replica to).
 RUNS = (
@@ -89,6 +102,12 @@ RUNS = (
     Run("nodes undrain", ("nodes", "undrain", NODE), NODE),
     Run("models activate", ("models", "activate", SIM, "--timeout", "120"), "ready"),
     Run("models show", ("models", "show", SIM), SIM),
+    Run("models rollout status", ("models", "rollout", "status", "readme-sim"), "readme-sim"),
+    Run("models add", ADD_CANARY, "readme-sim", file=CANARY),
+    Run("models rollout abort", ("models", "rollout", "abort", "readme-sim"), "dropped"),
+    Run("models add", ADD_CANARY, "readme-sim", file=CANARY),
+    Run("models rollout promote", ("models", "rollout", "promote", "readme-sim"), "is its spec"),
+    Run("models rollout undo", ("models", "rollout", "undo", "readme-sim"), "previous spec"),
     Run("nodes remove-weights", ("nodes", "remove-weights", NODE, "no-such-model.gguf"), NODE),
     Run("keys create", ("keys", "create", "--name", KEY), "sk-llmgw-"),
     Run("keys list", ("keys", "list"), KEY),
@@ -102,6 +121,7 @@ RUNS = (
         "readme-admin",
         stdin="a long enough password 123\n",
     ),
+    Run("users role", ("users", "role", "readme-admin", "operator"), "operator"),
     Run(
         "nodes token create",
         ("nodes", "token", "create", "--uses", "1", "--labels", "from=readme"),
@@ -327,8 +347,11 @@ def test_every_admin_command_the_readme_shows_runs_from_a_plain_install(
     for words in readme_verbatim(README.read_text(encoding="utf-8")):
         run_llmgw(fresh_install, words[1:], env)
     kept = ""
-    for run in RUNS:
-        args = [arg.replace("{kept}", kept) for arg in run.args]
+    for number, run in enumerate(RUNS):
+        path = tmp_path / f"run-{number}.yaml"
+        if run.file is not None:
+            path.write_text(run.file)
+        args = [arg.replace("{kept}", kept).replace("{file}", str(path)) for arg in run.args]
         done = run_llmgw(fresh_install, args, env, run.stdin)
         assert run.shows in done.stdout + done.stderr, (
             f"$ llmgw {shlex.join(args)} does not show {run.shows!r}:\n{done.stdout}\n{done.stderr}"
