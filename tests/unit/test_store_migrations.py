@@ -49,6 +49,8 @@ TABLES = {
     "fleet_nodes",
     "placements",
     "rollout_halts",
+    "teams",
+    "team_members",
 }
 
 
@@ -70,7 +72,7 @@ async def test_migrations_create_the_schema_from_empty(store_target: StoreTarget
     try:
         assert await store.revision() is None
         await store.upgrade()
-        assert await store.revision() == head_revision() == "0018"
+        assert await store.revision() == head_revision() == "0021"
         assert await store.keys.list(include_revoked=True) == []
         assert await store.usage.query() == []
     finally:

@@ -63,7 +63,7 @@ from llmgw.store.models import (
     require_aware,
     truncate_to_hour,
 )
-from llmgw.store.tables import UTCDateTime, usage_daily, usage_hourly, usage_records
+from llmgw.store.tables import UTCDateTime, api_keys, usage_daily, usage_hourly, usage_records
 
 # The roll-ups' key_id for requests made without a key (open mode).
 NO_KEY = ""
@@ -154,6 +154,13 @@ class UsageRepository:
         rows = await self.query(key_id=key_id, since=since, group_by=())
         return sum(r.prompt_tokens + r.completion_tokens for r in rows)
 
+    async def team_tokens_used(self, team_id: str, since: datetime) -> int:
+        """Prompt + completion tokens of the keys that belong to team `team_id` now,
+        from the hour containing `since` on (whole hours, as `tokens_used`)."""
+        require_aware("since", since)
+        rows = await self.query(team_id=team_id, since=since, group_by=())
+        return sum(r.prompt_tokens + r.completion_tokens for r in rows)
+
     async def query(
         self,
         *,
@@ -162,6 +169,7 @@ class UsageRepository:
         since: datetime | None = None,
         until: datetime | None = None,
         group_by: Sequence[UsageDimension] = ("key", "model"),
+        team_id: str | None = None,
     ) -> list[UsageRow]:
         """Usage summed from the roll-ups, one row per group, ordered by the groups.
 
@@ -171,6 +179,8 @@ class UsageRepository:
         (midnight UTC; the hours at either end of the range count in their days),
         "key" and "model"; an empty one gives a single total row (none if nothing
         matched). Without "hour", whole days are read from the daily roll-ups.
+        `team_id` keeps the keys that belong to that team now (a key moved to
+        another team takes its past usage with it).
         """
         dims = _check_dimensions(group_by)
         require_aware("since", since)
@@ -180,14 +190,24 @@ class UsageRepository:
         start = truncate_to_hour(since) if since is not None else None
         if "hour" in dims:
             parts = [
-                _part(dialect, usage_hourly, "hour", start, until, key_id, model, ["hour", *names])
+                _part(
+                    dialect,
+                    usage_hourly,
+                    "hour",
+                    start,
+                    until,
+                    key_id,
+                    model,
+                    ["hour", *names],
+                    team_id,
+                )
             ]
             names = ["hour", *names]
         else:
             if "day" in dims:
                 names = ["day", *names]
             parts = [
-                _part(dialect, table, column, lo, hi, key_id, model, names)
+                _part(dialect, table, column, lo, hi, key_id, model, names, team_id)
                 for table, column, lo, hi in _split(start, until)
             ]
         source = parts[0].subquery() if len(parts) == 1 else union_all(*parts).subquery()
@@ -309,6 +329,7 @@ def _part(
     key_id: str | None,
     model: str | None,
     names: Sequence[str],
+    team_id: str | None = None,
 ) -> Select[Any]:
     """The rows of one table in [lo, hi), with the grouped columns ("hour", "day" named so)."""
     picked = [_grouped(dialect, table, column, name) for name in names]
@@ -317,6 +338,10 @@ def _part(
         stmt = stmt.where(table.c.key_id == key_id)
     if model is not None:
         stmt = stmt.where(table.c.model == model)
+    if team_id is not None:
+        stmt = stmt.where(
+            table.c.key_id.in_(select(api_keys.c.id).where(api_keys.c.team_id == team_id))
+        )
     if lo is not None:
         stmt = stmt.where(table.c[column] >= lo)
     if hi is not None:
