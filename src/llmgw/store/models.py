@@ -39,8 +39,8 @@ KEY_PRIORITIES: tuple[KeyPriority, ...] = ("interactive", "default", "batch")
 TeamRole = Literal["team-admin", "member"]
 TEAM_ROLES: tuple[TeamRole, ...] = ("team-admin", "member")
 
-UsageDimension = Literal["hour", "day", "key", "model"]
-USAGE_DIMENSIONS: tuple[UsageDimension, ...] = ("hour", "day", "key", "model")
+UsageDimension = Literal["hour", "day", "team", "key", "model"]
+USAGE_DIMENSIONS: tuple[UsageDimension, ...] = ("hour", "day", "team", "key", "model")
 
 
 def utc_now() -> datetime:
@@ -231,6 +231,8 @@ class UsageRow:
     completion_tokens: int
     latency_ms_sum: float
     day: datetime | None = None
+    # The team the row's keys belong to now (None: no team, or not grouped by team).
+    team_id: str | None = None
 
     @property
     def total_tokens(self) -> int:

@@ -74,7 +74,7 @@ _ENDPOINT_CHARS = 200
 _ROUTE_CHARS = 64
 _MAX_INT = 2**31 - 1  # status and token counts are 32-bit integers on PostgreSQL
 _SUMMED = ("requests", "errors", "prompt_tokens", "completion_tokens", "latency_ms_sum")
-_DIMENSION_OF = {"key_id": "key", "model": "model"}
+_DIMENSION_OF = {"team_id": "team", "key_id": "key", "model": "model"}
 _DAY = timedelta(days=1)
 _LAST_HOUR = timedelta(hours=23)  # from midnight to the day's last hour
 
@@ -177,8 +177,8 @@ class UsageRepository:
         key. `since` is truncated to its hour (that hour is included); an hour is
         included if it starts before `until`. `group_by` is any of "hour" or "day"
         (midnight UTC; the hours at either end of the range count in their days),
-        "key" and "model"; an empty one gives a single total row (none if nothing
-        matched). Without "hour", whole days are read from the daily roll-ups.
+        "team" (the team of each key now), "key" and "model"; an empty one gives a
+        single total row (none if nothing matched). Without "hour", whole days are read from the daily roll-ups.
         `team_id` keeps the keys that belong to that team now (a key moved to
         another team takes its past usage with it).
         """
@@ -186,7 +186,7 @@ class UsageRepository:
         require_aware("since", since)
         require_aware("until", until)
         dialect = self._engine.dialect.name
-        names = [name for name in ("key_id", "model") if _DIMENSION_OF[name] in dims]
+        names = [name for name in ("team_id", "key_id", "model") if _DIMENSION_OF[name] in dims]
         start = truncate_to_hour(since) if since is not None else None
         if "hour" in dims:
             parts = [
@@ -334,6 +334,9 @@ def _part(
     """The rows of one table in [lo, hi), with the grouped columns ("hour", "day" named so)."""
     picked = [_grouped(dialect, table, column, name) for name in names]
     stmt = select(*picked, *(table.c[name] for name in _SUMMED))
+    if "team_id" in names:
+        # A row's team is its key's team now.
+        stmt = stmt.select_from(table.outerjoin(api_keys, api_keys.c.id == table.c.key_id))
     if key_id is not None:
         stmt = stmt.where(table.c.key_id == key_id)
     if model is not None:
@@ -434,6 +437,8 @@ def _raw_row(r: UsageRecord) -> dict[str, Any]:
 
 
 def _grouped(dialect: str, table: Table, column: str, name: str) -> ColumnElement[Any]:
+    if name == "team_id":
+        return api_keys.c.team_id.label("team_id")
     if name == "hour":
         return table.c[column].label("hour")
     if name != "day":
@@ -514,4 +519,5 @@ def _usage_row(row: Any, dims: frozenset[UsageDimension]) -> UsageRow:
         completion_tokens=int(row["completion_tokens"]),
         latency_ms_sum=float(row["latency_ms_sum"]),
         day=row["day"] if "day" in dims else None,
+        team_id=row["team_id"] if "team" in dims else None,
     )
