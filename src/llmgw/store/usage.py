@@ -178,9 +178,9 @@ class UsageRepository:
         included if it starts before `until`. `group_by` is any of "hour" or "day"
         (midnight UTC; the hours at either end of the range count in their days),
         "team" (the team of each key now), "key" and "model"; an empty one gives a
-        single total row (none if nothing matched). Without "hour", whole days are read from the daily roll-ups.
-        `team_id` keeps the keys that belong to that team now (a key moved to
-        another team takes its past usage with it).
+        single total row (none if nothing matched). Without "hour", whole days are
+        read from the daily roll-ups. `team_id` keeps the keys that belong to that
+        team now (a key moved to another team takes its past usage with it).
         """
         dims = _check_dimensions(group_by)
         require_aware("since", since)
