@@ -16,6 +16,8 @@ admin API: admin, operator, viewer, or null for a client key (`admin: true` is
 the older way to say role admin).
 Not guaranteed: pagination; the lists are whole, except request records (the
 latest `limit`, 100 by default and 1000 at most; narrow them with since/until).
+`/admin/api/usage?by=team` groups usage by the team each key is in now, and
+`team=T` keeps one team's keys; teams themselves are in `admin_teams`.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from llmgw.store import (
     Keep,
     NotFound,
     StoreError,
+    TeamRepository,
     UsageDimension,
     UsageRepository,
 )
@@ -273,8 +276,26 @@ def _time(field: str, value: object) -> datetime | None:
     return parsed
 
 
+def usage_group_by(value: str) -> tuple[UsageDimension, ...]:
+    """The `by` query parameter of a usage report as dimensions; `AdminInputError` naming
+    the choices for anything else."""
+    by = tuple(p for p in value.split(",") if p)
+    for dimension in by:
+        if dimension not in _DIMENSIONS:
+            raise AdminInputError(
+                f"'by' takes {', '.join(_DIMENSIONS)}; got {dimension!r}", param="by"
+            )
+    if "hour" in by and "day" in by:
+        raise AdminInputError("'by' takes hour or day, not both", param="by")
+    return by  # type: ignore[return-value]
+
+
 def key_routes(
-    *, service: KeyService, usage: UsageRepository, wall_clock: Callable[[], datetime]
+    *,
+    service: KeyService,
+    usage: UsageRepository,
+    wall_clock: Callable[[], datetime],
+    teams: TeamRepository | None = None,
 ) -> list[Route]:
     async def list_keys(request: Request) -> Response:
         include = request.query_params.get("all", "").lower() in ("1", "true", "yes")
@@ -373,18 +394,20 @@ def key_routes(
     async def usage_report(request: Request) -> Response:
         async def work() -> Response:
             params = request.query_params
-            by = tuple(p for p in params.get("by", "key,model").split(",") if p)
-            for dimension in by:
-                if dimension not in _DIMENSIONS:
-                    raise AdminInputError(
-                        f"'by' takes {', '.join(_DIMENSIONS)}; got {dimension!r}", param="by"
-                    )
-            if "hour" in by and "day" in by:
-                raise AdminInputError("'by' takes hour or day, not both", param="by")
-            group_by: tuple[UsageDimension, ...] = by  # type: ignore[assignment]
-            rows = await usage.query(**await usage_filter(params), group_by=group_by)
+            group_by = usage_group_by(params.get("by", "key,model"))
+            team_id = None
+            if params.get("team") and teams is not None:
+                team_id = (await teams.get(params["team"])).id
+            rows = await usage.query(
+                **await usage_filter(params), group_by=group_by, team_id=team_id
+            )
             names = await key_names()
-            return _json({"usage": [usage_row_view(r, group_by, names) for r in rows]})
+            team_names = (
+                {t.id: t.name for t in await teams.list()}
+                if teams is not None and "team" in group_by
+                else {}
+            )
+            return _json({"usage": [usage_row_view(r, group_by, names, team_names) for r in rows]})
 
         return await _answer(work)
 
