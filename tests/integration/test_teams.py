@@ -242,6 +242,25 @@ def test_a_team_admin_manages_only_their_own_team(fleet: Fleet) -> None:
             "blue-2": "active",
         }
 
+        # Admins move keys between teams through the admin API, by the team's name.
+        admin = httpx.Client(
+            base_url=server.admin,
+            headers={"authorization": f"Bearer {fleet.secrets['admin']}"},
+            timeout=10,
+        )
+        with admin:
+            moved = admin.patch(f"/admin/api/keys/{fleet.ids['solo']}", json={"team": blue})
+            assert moved.status_code == 200 and moved.json()["team"] == blue, moved.text
+            nowhere = admin.patch(f"/admin/api/keys/{fleet.ids['solo']}", json={"team": "nope"})
+            assert nowhere.status_code == 404
+            assert "there is no team 'nope'" in _error(nowhere)["message"]
+            wrong = admin.post("/admin/api/keys", json={"name": "w", "team": 7})
+            assert wrong.status_code == 400 and _error(wrong)["param"] == "team"
+            back = admin.patch(f"/admin/api/keys/{fleet.ids['solo']}", json={"team": None})
+            assert back.json()["team"] is None
+            listed = admin.get("/admin/api/teams").json()["teams"]
+            assert {t["name"]: t["keys"] for t in listed} == {red: 2, blue: 2}
+
         # A member reads the team's usage but does not manage its keys.
         carl, csrf = _login(server, "carl")
         with contextlib.closing(carl):

@@ -16,6 +16,7 @@ admin API: admin, operator, viewer, or null for a client key (`admin: true` is
 the older way to say role admin).
 Not guaranteed: pagination; the lists are whole, except request records (the
 latest `limit`, 100 by default and 1000 at most; narrow them with since/until).
+`team` is the team the key belongs to (its name or id; null: none).
 `/admin/api/usage?by=team` groups usage by the team each key is in now, and
 `team=T` keeps one team's keys; teams themselves are in `admin_teams`.
 """
@@ -81,6 +82,7 @@ _CREATE_FIELDS = {
     "weight",
     "max_queue_wait",
     "scopes",
+    "team",
 }
 # The secret is not a field: it changes only by rotating.
 _UPDATE_FIELDS = _CREATE_FIELDS
@@ -297,6 +299,19 @@ def key_routes(
     wall_clock: Callable[[], datetime],
     teams: TeamRepository | None = None,
 ) -> list[Route]:
+    async def team_id(body: dict[str, Any]) -> str | Keep | None:
+        """The id of the team `body["team"]` names (null: no team); KEEP when absent."""
+        if "team" not in body:
+            return KEEP
+        ref = body["team"]
+        if ref is None:
+            return None
+        if not isinstance(ref, str):
+            raise AdminInputError("'team' must be a team's name or id, or null", param="team")
+        if teams is None:
+            raise AdminInputError("this server has no teams", param="team")
+        return (await teams.get(ref)).id
+
     async def list_keys(request: Request) -> Response:
         include = request.query_params.get("all", "").lower() in ("1", "true", "yes")
         try:
@@ -313,6 +328,7 @@ def key_routes(
             if not isinstance(name, str):
                 raise AdminInputError("'name' is required and must be a string", param="name")
             key, secret = await service.create(
+                team_id=_keep_none(await team_id(body)),
                 name=name,
                 models=_models(body.get("models")),
                 rpm=_int("rpm", body.get("rpm")),
@@ -360,6 +376,7 @@ def key_routes(
                 weight=_given(body, "weight", _weight),
                 max_queue_wait=_given(body, "max_queue_wait", partial(_seconds, "max_queue_wait")),
                 scopes=_given(body, "scopes", _scopes),
+                team_id=await team_id(body),
             )
             return _json(key_view(key, wall_clock()))
 
