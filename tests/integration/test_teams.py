@@ -207,7 +207,8 @@ def test_a_team_admin_manages_only_their_own_team(fleet: Fleet) -> None:
             made_there = ann.post(f"/admin/api/teams/{blue}/keys", json={"name": "x"},
                                   headers=csrf)  # fmt: skip
             assert made_there.status_code == 403, made_there.text
-            assert _error(made_there)["type"] == "permission_error"
+            assert _error(made_there)["code"] == "team_not_allowed"
+            assert "that team's team-admins" in _error(made_there)["message"]
             for ref in (fleet.ids["blue-1"], "blue-1"):
                 sneaky = ann.post(
                     f"/admin/api/teams/{red}/keys/{ref}/revoke", json={}, headers=csrf

@@ -62,6 +62,7 @@ from llmgw.auth import (
     TeamAccess,
     may,
     refusal,
+    team_path,
 )
 from llmgw.store import SessionRepository, StoreError, UserRepository
 from llmgw.web.dashboard import is_dashboard_path
@@ -311,6 +312,13 @@ class AdminPortal:
         role = logged_in.user.admin_role
         message = NOT_ADMIN if role is None else refusal("your account", role, method, path)
         code = "admin_required" if role is None else "role_not_allowed"
+        if team_path(path) is not None:
+            message = (
+                f"your account may not {method} {path}: a team's keys are for admins and "
+                "that team's team-admins, its usage for its members too; ask an admin to "
+                "add you to the team (llmgw teams members add)"
+            )
+            code = "team_not_allowed"
         if headers.get("hx-request") == "true":
             # Shown where the dashboard puts an action's answer.
             return HTMLResponse(
