@@ -121,6 +121,30 @@ async def test_two_processes_enforce_one_combined_rpm(prefix: str, wall: datetim
         await b.limiter.close()
 
 
+async def test_release_gives_a_shared_request_and_its_tokens_back(
+    prefix: str, wall: datetime
+) -> None:
+    shared_time = Clock(1_700_000_000.0)
+    a = Process(url=REDIS_URL, prefix=prefix, redis_clock=shared_time, wall=wall)
+    b = Process(url=REDIS_URL, prefix=prefix, redis_clock=shared_time, wall=wall)
+    await a.limiter.start()
+    await b.limiter.start()
+    try:
+        limits = KeyLimits("key-r", rpm=2, tpm=100, budget_tokens=None, budget_period=None)
+        taken = await a.limiter.admit(limits, 60)
+        assert taken.shared
+        await a.limiter.release(limits, taken)
+        back = await b.limiter.admit(limits, 60)
+        assert dict(back.headers)[b"x-ratelimit-remaining-requests"] == b"1"
+        assert dict(back.headers)[b"x-ratelimit-remaining-tokens"] == b"40"
+        await a.limiter.admit(limits, 10)
+        with pytest.raises(RateLimited):
+            await b.limiter.admit(limits, 10)
+    finally:
+        await a.limiter.close()
+        await b.limiter.close()
+
+
 async def test_tpm_is_shared_and_settled_across_processes(prefix: str, wall: datetime) -> None:
     shared_time = Clock(1_700_000_000.0)
     a = Process(url=REDIS_URL, prefix=prefix, redis_clock=shared_time, wall=wall)

@@ -219,3 +219,33 @@ async def test_a_lowered_limit_applies_to_the_existing_bucket() -> None:
     await limiter.admit(rpm(100), 0)
     admission = await limiter.admit(rpm(10), 0)
     assert hdr(admission.headers)["x-ratelimit-remaining-requests"] == "9"
+
+
+async def test_release_gives_back_the_request_and_its_tokens() -> None:
+    # A key admitted and then refused by its team is charged nothing.
+    clock = Clock()
+    limiter = make(clock)
+    limits = KeyLimits("k1", rpm=2, tpm=100, budget_tokens=None, budget_period=None)
+    first = await limiter.admit(limits, 60)
+    assert hdr(first.headers)["x-ratelimit-remaining-requests"] == "1"
+    await limiter.release(limits, first)
+    again = await limiter.admit(limits, 60)
+    assert hdr(again.headers)["x-ratelimit-remaining-requests"] == "1"
+    assert hdr(again.headers)["x-ratelimit-remaining-tokens"] == "40"
+    await limiter.admit(limits, 10)
+    with pytest.raises(RateLimited):
+        await limiter.admit(limits, 10)
+
+
+async def test_a_team_refusal_names_the_team() -> None:
+    limiter = make(Clock())
+    team = KeyLimits(
+        "team:team_1", rpm=1, tpm=None, budget_tokens=None, budget_period=None,
+        scope="team", label="ml",
+    )  # fmt: skip
+    await limiter.admit(team, 5)
+    with pytest.raises(RateLimited) as info:
+        await limiter.admit(team, 5)
+    assert info.value.message.startswith(
+        "Rate limit reached for team 'ml' on requests per minute (RPM): limit 1"
+    )

@@ -49,6 +49,8 @@ TABLES = {
     "fleet_nodes",
     "placements",
     "rollout_halts",
+    "teams",
+    "team_members",
 }
 
 
@@ -278,5 +280,34 @@ async def test_admins_from_before_roles_become_admins_and_the_rest_get_no_role(
         assert roles == {"key_ops": ("admin", True), "key_app": (None, False)}
         users = {u.name: (u.admin_role, u.is_admin) for u in await store.users.list()}
         assert users == {"usr_ann": ("admin", True), "usr_bob": (None, False)}
+    finally:
+        await store.close()
+
+
+async def test_keys_from_before_teams_belong_to_no_team(store_target: StoreTarget) -> None:
+    # A store at 0018 has no teams; 0021 adds them, and every existing key has none.
+    key = {"id": "key_old", "name": "old", "prefix": "old", "secret_hash": "3" * 64,
+           "is_admin": False, "created_at": START, "updated_at": START,
+           "priority": "default", "weight": 1.0}  # fmt: skip
+    store = await store_target.open()
+    async with raw_engine(store_target) as engine, engine.begin() as conn:
+
+        def to_0018(sync: Connection) -> None:
+            command.upgrade(alembic_config(sync), "0018")
+
+        await conn.run_sync(to_0018)
+        await conn.execute(
+            text(
+                "INSERT INTO api_keys (id, name, prefix, secret_hash, is_admin, created_at, "
+                "updated_at, priority, weight) VALUES (:id, :name, :prefix, :secret_hash, "
+                ":is_admin, :created_at, :updated_at, :priority, :weight)"
+            ),
+            key,
+        )
+    try:
+        await store.upgrade()
+        [old] = await store.keys.list()
+        assert (old.id, old.team_id, old.team) == ("key_old", None, None)
+        assert await store.teams.list() == []
     finally:
         await store.close()

@@ -37,6 +37,7 @@ from llmgw.auth.principal import ANONYMOUS, Principal, principal_for
 from llmgw.auth.roles import ROLE_SCOPE_KEY, check_role, may, may_see, refusal, scope_role
 from llmgw.auth.service import KeyService
 from llmgw.auth.sessions import AdminSessions, LoggedIn, session_id
+from llmgw.auth.teams import USER_SCOPE_KEY, TeamAccess, team_path, team_role_may
 from llmgw.auth.throttle import LoginThrottle
 from llmgw.auth.tokens import generate_secret, hash_secret, secret_prefix, token_from_headers
 from llmgw.auth.users import UserService, check_user_name
@@ -46,6 +47,7 @@ __all__ = [
     "CURSOR_OVERLAP",
     "MIN_PASSWORD_LENGTH",
     "ROLE_SCOPE_KEY",
+    "USER_SCOPE_KEY",
     "AdminSessions",
     "AuthError",
     "AuthUnavailable",
@@ -65,6 +67,7 @@ __all__ = [
     "Passwords",
     "PasswordsBusy",
     "Principal",
+    "TeamAccess",
     "UserInputError",
     "UserService",
     "check_password",
@@ -79,5 +82,7 @@ __all__ = [
     "scope_role",
     "secret_prefix",
     "session_id",
+    "team_path",
+    "team_role_may",
     "token_from_headers",
 ]

@@ -1,11 +1,12 @@
 """Who a request is made by, as the rest of the router sees it: a `Principal`.
 
 A principal is built once per cached key (not per request) from the stored
-`ApiKey`: its id and name, the models it may use, whether it is an admin key, and
-its `KeyLimits` for the limiter, and whether the router explains its routing to
-it (`may_debug`: admin keys and keys with the `debug` scope). In open mode every
-request gets `ANONYMOUS`, which may debug: without keys every client is one
-tenant, with nothing to hide from the others.
+`ApiKey`: its id and name, the models it may use, whether it is an admin key,
+its `KeyLimits` for the limiter (and its team's limits and models, when it has a
+team), and whether the router explains its routing to it (`may_debug`: admin
+keys and keys with the `debug` scope). In open mode every request gets
+`ANONYMOUS`, which may debug: without keys every client is one tenant, with
+nothing to hide from the others.
 
 A key's model list names models by any of their names: a key allowed `llama`
 may call the alias `llama-chat` of the same model and the other way round. The
@@ -22,7 +23,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from llmgw.auth.errors import ModelNotAllowed
-from llmgw.limits import KeyLimits
+from llmgw.limits import TEAM_PREFIX, KeyLimits
 from llmgw.store import AdminRole, ApiKey, KeyPriority
 
 
@@ -50,23 +51,38 @@ class Principal:
     may_debug: bool = False
     # The key's role on the admin API (llmgw.auth.roles); None: a client key.
     admin_role: AdminRole | None = None
+    # The key's team: its id and name, its limits (checked after the key's, on the
+    # team's own counters) and the models the team may use (None: every model).
+    team_id: str | None = None
+    team_name: str | None = None
+    team_limits: KeyLimits | None = None
+    team_models: frozenset[str] | None = None
 
     def may_use(self, model: str, names: Collection[str] = ()) -> bool:
-        """True when this caller may send requests for `model`, also known as `names`
-        (the model's own name and its aliases)."""
-        allowed = self.models
-        return allowed is None or model in allowed or not allowed.isdisjoint(names)
+        """True when this caller (and its team) may send requests for `model`, also
+        known as `names` (the model's own name and its aliases)."""
+        return _allows(self.models, model, names) and _allows(self.team_models, model, names)
 
     def check_model(self, model: str, names: Collection[str] = ()) -> None:
         """Raise `ModelNotAllowed` (403) unless this caller may use `model`, also
         known as `names`."""
-        if self.may_use(model, names):
-            return
-        allowed = ", ".join(sorted(self.models or ())) or "none"
-        raise ModelNotAllowed(
-            f"API key {self.name!r} may not use model {model!r}; it may use: {allowed}. "
-            "Ask an administrator to extend the key's models"
-        )
+        if not _allows(self.models, model, names):
+            allowed = ", ".join(sorted(self.models or ())) or "none"
+            raise ModelNotAllowed(
+                f"API key {self.name!r} may not use model {model!r}; it may use: {allowed}. "
+                "Ask an administrator to extend the key's models"
+            )
+        if not _allows(self.team_models, model, names):
+            allowed = ", ".join(sorted(self.team_models or ())) or "none"
+            raise ModelNotAllowed(
+                f"team {self.team_name!r} (of API key {self.name!r}) may not use model "
+                f"{model!r}; it may use: {allowed}. Ask an administrator to extend the "
+                "team's models"
+            )
+
+
+def _allows(allowed: frozenset[str] | None, model: str, names: Collection[str]) -> bool:
+    return allowed is None or model in allowed or not allowed.isdisjoint(names)
 
 
 ANONYMOUS = Principal(
@@ -83,6 +99,18 @@ def principal_for(key: ApiKey) -> Principal:
         budget_tokens=key.budget_tokens,
         budget_period=key.budget_period,
     )
+    team = key.team
+    team_limits = None
+    if team is not None:
+        team_limits = KeyLimits(
+            key_id=TEAM_PREFIX + team.id,
+            rpm=team.rpm,
+            tpm=team.tpm,
+            budget_tokens=team.budget_tokens,
+            budget_period=team.budget_period,
+            scope="team",
+            label=team.name,
+        )
     return Principal(
         key_id=key.id,
         name=key.name,
@@ -94,4 +122,10 @@ def principal_for(key: ApiKey) -> Principal:
         max_queue_wait=key.max_queue_wait,
         may_debug=key.is_admin or "debug" in key.scopes,
         admin_role=key.admin_role,
+        team_id=team.id if team is not None else None,
+        team_name=team.name if team is not None else None,
+        team_limits=team_limits if team_limits is not None and not team_limits.unlimited else None,
+        team_models=frozenset(team.models)
+        if team is not None and team.models is not None
+        else None,
     )

@@ -16,8 +16,11 @@ every role and changeable by operators and admins. The role the guard or the
 portal settled on travels in the ASGI scope under `ROLE_SCOPE_KEY`, so the
 dashboard shows only what that role may do.
 
+Teams (`/admin/api/teams`) are for admins here; team members reach their own
+team's keys and usage through `llmgw.auth.teams`.
+
 Not guaranteed: finer grain than a path prefix (an operator may change every
-model, not only some), nor team scoping (teams are not roles here).
+model, not only some).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ _READS = frozenset({"GET", "HEAD"})
 _ADMIN_ONLY = (
     "/admin/api/keys",
     "/admin/api/usage",
+    # Teams: admins, and team members for their own team (llmgw.auth.teams).
+    "/admin/api/teams",
     "/admin/keys",
     "/admin/usage",
 )

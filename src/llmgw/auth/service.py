@@ -72,6 +72,7 @@ class KeyService:
         weight: float = 1.0,
         max_queue_wait: float | None = None,
         scopes: Sequence[str] = (),
+        team_id: str | None = None,
     ) -> tuple[ApiKey, str]:
         """Create a key; returns it and its secret, which cannot be read again.
 
@@ -106,6 +107,7 @@ class KeyService:
                 weight=weight,
                 max_queue_wait=max_queue_wait,
                 scopes=key_scopes,
+                team_id=team_id,
             )
         )
         return key, secret
@@ -126,6 +128,7 @@ class KeyService:
         weight: float | Keep = KEEP,
         max_queue_wait: float | Keep | None = KEEP,
         scopes: Sequence[str] | Keep = KEEP,
+        team_id: str | Keep | None = KEEP,
     ) -> ApiKey:
         """Change the key named by `ref`, keeping its secret; returns the key after.
 
@@ -177,6 +180,7 @@ class KeyService:
             weight=weight,
             max_queue_wait=max_queue_wait,
             scopes=key_scopes,
+            team_id=team_id,
         )
         return await self._keys.update(key.id, changes)
 
@@ -193,9 +197,12 @@ class KeyService:
                 f"{now:%Y-%m-%d %H:%M:%S} UTC); give a future date",
             )
 
-    async def list(self, *, include_revoked: bool = False) -> builtins.list[ApiKey]:
-        """Every key, oldest first; revoked ones only when asked."""
-        return await self._keys.list(include_revoked=include_revoked)
+    async def list(
+        self, *, include_revoked: bool = False, team_id: str | None = None
+    ) -> builtins.list[ApiKey]:
+        """Every key (of team `team_id` when given), oldest first; revoked ones only when
+        asked."""
+        return await self._keys.list(include_revoked=include_revoked, team_id=team_id)
 
     async def resolve(self, ref: str) -> ApiKey:
         """The key named by `ref`: an id, a name, a prefix, or the whole secret.

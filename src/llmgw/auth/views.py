@@ -39,6 +39,7 @@ def key_view(key: ApiKey, now: datetime) -> dict[str, Any]:
         "weight": key.weight,
         "max_queue_wait": key.max_queue_wait,
         "scopes": list(key.scopes),
+        "team": key.team.name if key.team is not None else None,
         "created_at": _iso(key.created_at),
         "revoked_at": _iso(key.revoked_at),
         "state": key_state(key, now),

@@ -32,6 +32,7 @@ from llmgw.auth import (
     KeyService,
     OpenAuthenticator,
     Passwords,
+    TeamAccess,
 )
 from llmgw.cli.cluster_wiring import (
     ClusterSetupError,
@@ -99,6 +100,7 @@ from llmgw.metrics.routing import RoutingMetrics
 from llmgw.router.access_log import AccessLog
 from llmgw.router.admin import create_admin_app, create_metrics_app
 from llmgw.router.admin_keys import admin_guard, key_routes
+from llmgw.router.admin_teams import team_routes
 from llmgw.router.apis.count_tokens import TokenCounter
 from llmgw.router.app import RouterApp
 from llmgw.router.balancer import Balancer, build_scorers
@@ -709,6 +711,7 @@ async def _serve(
     )
     model_control = ModelControlService(controller=controller, reach=gate)
     key_service = KeyService(keys=store.keys, wall_clock=utc_now)
+    team_access = TeamAccess(teams=store.teams)
     history = MetricsHistory(sample=metrics.totals, clock=clock)
     # A standby shows the nodes as the leader wrote them to the store.
     fleet_view = FleetView(
@@ -724,7 +727,16 @@ async def _serve(
         on_demand=lambda: [m.name for m in catalog.models() if m.activation],
         queue=request_queue.snapshot,
         extra_routes=[
-            *key_routes(service=key_service, usage=store.usage, wall_clock=utc_now),
+            *key_routes(
+                service=key_service, usage=store.usage, wall_clock=utc_now, teams=store.teams
+            ),
+            *team_routes(
+                teams=store.teams,
+                access=team_access,
+                keys=key_service,
+                usage=store.usage,
+                wall_clock=utc_now,
+            ),
             *node_routes(
                 inventory=inventory,
                 fleet=fleet_view,
@@ -785,6 +797,7 @@ async def _serve(
         # Over plain HTTP a Secure cookie would never come back.
         secure_cookies=cfg.api_tls is not None,
         passwords=Passwords(executor=login_pool, max_waiting=LOGIN_HASH_WAITING),
+        teams=team_access,
     )
     apps: dict[str, Any] = {
         "API": RouterApp(

@@ -59,6 +59,7 @@ FLAGS = {
     "weight": "--weight",
     "max_queue_wait": "--max-queue-wait",
     "scopes": "--scope",
+    "team": "--team",
     "ref": "REF",
 }
 SECRET_WARNING = "store it now; it cannot be shown again"
@@ -157,6 +158,14 @@ def create(
             "any key sent a prompt lately; admin keys may anyway) [default: none].",
         ),
     ] = None,
+    team: Annotated[
+        str | None,
+        typer.Option(
+            "--team",
+            help="The team the key belongs to (name or id): its requests must pass the "
+            "team's limits too [default: none].",
+        ),
+    ] = None,
     json_out: JsonOption = False,
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     store: StoreOption = None,
@@ -170,8 +179,10 @@ def create(
     async def action(opened: Store) -> tuple[ApiKey, str]:
         from llmgw.auth import KeyInputError
 
+        team_id = (await opened.teams.get(team)).id if team is not None else None
         try:
             return await _service(opened).create(
+                team_id=team_id,
                 name=name,
                 models=model_list,
                 rpm=rpm,
@@ -310,6 +321,12 @@ def update(
     no_scopes: Annotated[
         bool, typer.Option("--no-scopes", help="The key only calls models (no scopes).")
     ] = False,
+    team: Annotated[
+        str | None, typer.Option("--team", help="Move the key to this team (name or id).")
+    ] = None,
+    no_team: Annotated[
+        bool, typer.Option("--no-team", help="Take the key out of its team.")
+    ] = False,
     json_out: JsonOption = False,
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     store: StoreOption = None,
@@ -332,11 +349,12 @@ def update(
             "--default-queue-wait",
         ),
         (scope is not None, "--scope", no_scopes, "--no-scopes"),
+        (team is not None, "--team", no_team, "--no-team"),
     ):
         if given and cleared:
             fail(f"{flag} sets what {clear_flag} clears; give one of the two")
     given_any = (name, models, rpm, tpm, budget_tokens, period, expires, admin, role)
-    queueing = (priority, weight, max_queue_wait, scope)
+    queueing = (priority, weight, max_queue_wait, scope, team)
     if all(v is None for v in (*given_any, *queueing)) and not (
         all_models
         or no_rpm
@@ -345,12 +363,13 @@ def update(
         or never_expires
         or default_queue_wait
         or no_scopes
+        or no_team
     ):
         fail(
             "nothing to change: give at least one of --name, --models/--all-models, "
             "--rpm/--no-rpm, --tpm/--no-tpm, --budget-tokens/--period/--no-budget, "
             "--expires/--never-expires, --role or --admin/--no-admin, --priority, --weight, "
-            "--max-queue-wait/--default-queue-wait, --scope/--no-scopes"
+            "--max-queue-wait/--default-queue-wait, --scope/--no-scopes, --team/--no-team"
         )
     model_list = models.split(",") if models is not None else None
     expires_at = parse_time_or_fail("--expires", expires, future=True)
@@ -358,9 +377,13 @@ def update(
     async def action(opened: Store) -> ApiKey:
         from llmgw.auth import KeyInputError
 
+        team_id: str | Keep | None = None if no_team else _given(team)
+        if isinstance(team_id, str):
+            team_id = (await opened.teams.get(team_id)).id
         try:
             return await _service(opened).update(
                 ref,
+                team_id=team_id,
                 name=_given(name),
                 models=_change(model_list, clear=all_models),
                 rpm=_change(rpm, clear=no_rpm),
@@ -485,7 +508,8 @@ def _row(key: ApiKey, now: datetime) -> list[str]:
         format_time(key.expires_at, "never"),
         key_state(key, now)
         + (f", {key.admin_role}" if key.admin_role else "")
-        + "".join(f", {scope}" for scope in key.scopes),
+        + "".join(f", {scope}" for scope in key.scopes)
+        + (f", team {key.team.name}" if key.team is not None else ""),
     ]
 
 

@@ -17,6 +17,7 @@ from llmgw.cli import nodes as nodes_cmd
 from llmgw.cli import server as server_cmd
 from llmgw.cli import sim as sim_cmd
 from llmgw.cli import status as status_cmd
+from llmgw.cli import teams as teams_cmd
 from llmgw.cli import tokens as tokens_cmd
 from llmgw.cli import up as up_cmd
 from llmgw.cli import usage as usage_cmd
@@ -74,6 +75,7 @@ app.command(
 )(agent_cmd.agent)
 app.add_typer(keys_cmd.keys_app, name="keys")
 app.add_typer(users_cmd.users_app, name="users")
+app.add_typer(teams_cmd.teams_app, name="teams")
 app.command(name="usage")(usage_cmd.usage)
 app.add_typer(db_cmd.db_app, name="db")
 nodes_cmd.nodes_app.add_typer(tokens_cmd.token_app, name="token")

@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 
     from llmgw.store import Store, UsageDimension, UsageRecord, UsageRow
 
-DIMENSIONS: tuple[UsageDimension, ...] = ("hour", "day", "key", "model")
+DIMENSIONS: tuple[UsageDimension, ...] = ("hour", "day", "team", "key", "model")
+NO_TEAM = "(no team)"
 NO_KEY = "(no key)"
 
 
@@ -46,6 +47,10 @@ def usage(
         str | None, typer.Option("--key", help="Only this key (id, name or prefix).")
     ] = None,
     model: Annotated[str | None, typer.Option("--model", help="Only this model.")] = None,
+    team: Annotated[
+        str | None,
+        typer.Option("--team", help="Only the keys of this team (name or id)."),
+    ] = None,
     since: Annotated[
         str | None,
         typer.Option(
@@ -62,8 +67,8 @@ def usage(
         list[str] | None,
         typer.Option(
             "--by",
-            help="Group by hour or day, key and/or model; repeat or comma-separate "
-            "[default: key,model].",
+            help="Group by hour or day, team, key and/or model; repeat or comma-separate "
+            "[default: key,model]. A key's usage counts for the team it is in now.",
         ),
     ] = None,
     requests: Annotated[
@@ -88,6 +93,8 @@ def usage(
     now = datetime.now(UTC)
     if requests is not None and requests < 1:
         fail(f"--requests {requests}: give how many of the latest requests to list (1 or more)")
+    if requests is not None and team is not None:
+        fail("--team narrows the report; --requests lists single requests: give one of them")
     if requests is not None and by:
         fail("--by groups the report; --requests lists single requests: give one of them")
     try:
@@ -107,17 +114,25 @@ def usage(
 
     async def action(opened: Store) -> tuple[list[UsageRow], dict[str, str]]:
         key_id = await _key_id(opened, key, now)
+        team_id = (await opened.teams.get(team)).id if team is not None else None
         rows = await opened.usage.query(
-            key_id=key_id, model=model, since=start, until=end, group_by=group_by
+            key_id=key_id,
+            model=model,
+            since=start,
+            until=end,
+            group_by=group_by,
+            team_id=team_id,
         )
         names = {}
         if "key" in group_by and rows:
             names = {k.id: k.name for k in await opened.keys.list(include_revoked=True)}
+        if "team" in group_by and rows:
+            names.update({t.id: t.name for t in await opened.teams.list()})
         return rows, names
 
     rows, names = run_with_store(data_dir, store, action)
     if json_out:
-        print_json([usage_row_view(row, group_by, names) for row in rows])
+        print_json([usage_row_view(row, group_by, names, names) for row in rows])
         return
     if not rows:
         typer.echo("no usage recorded" + _window(start, end))
@@ -195,7 +210,7 @@ def _dimensions(by: list[str] | None) -> tuple[UsageDimension, ...]:
         for part in value.split(","):
             name = part.strip().lower()
             if name not in DIMENSIONS:
-                raise BadInput(f"--by {part.strip()!r}: use hour, day, key or model")
+                raise BadInput(f"--by {part.strip()!r}: use hour, day, team, key or model")
             if name not in wanted:
                 wanted.append(name)
     if "hour" in wanted and "day" in wanted:
@@ -232,6 +247,7 @@ def _table(
             "hour": format_time(row.hour),
             "day": row.day.date().isoformat() if row.day is not None else "",
             "key": _key_label(row.key_id, names),
+            "team": names.get(row.team_id, row.team_id) if row.team_id else NO_TEAM,
             "model": row.model or "",
         }
         cells.append([group[d] for d in group_by] + _numbers(row))

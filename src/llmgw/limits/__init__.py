@@ -12,9 +12,10 @@ from llmgw.limits.estimate import estimate_prompt_tokens
 from llmgw.limits.headers import format_duration
 from llmgw.limits.limiter import Limiter
 from llmgw.limits.metrics import LimitMetrics
-from llmgw.limits.model import Admission, BudgetPeriod, BudgetSource, KeyLimits
+from llmgw.limits.model import TEAM_PREFIX, Admission, BudgetPeriod, BudgetSource, KeyLimits
 
 __all__ = [
+    "TEAM_PREFIX",
     "Admission",
     "BudgetExhausted",
     "BudgetPeriod",

@@ -257,6 +257,33 @@ class Limiter:
                 buckets.tpm.refill(self._clock(), limits.tpm)
                 buckets.tpm.adjust(delta)
 
+    async def release(self, limits: KeyLimits, admission: Admission) -> None:
+        """Give back everything an admission took: its request (RPM) and its estimate.
+
+        For a request admitted by one set of limits (a key's) and then refused by
+        another (its team's): a refused request is charged nothing. Never raises
+        for limits; a Redis failure drops the shared give-back.
+        """
+        if admission is self._empty:
+            return
+        estimated = admission.estimated_tokens
+        if admission.period_id:
+            self._budgets.settle(limits.key_id, admission.period_id, estimated, 0)
+        if admission.shared:
+            if self._shared is not None:
+                await self._shared.settle(limits, -estimated, admission.period_id, requests=-1)
+            return
+        buckets = self._buckets.get(limits.key_id)
+        if buckets is None:
+            return
+        now = self._clock()
+        if limits.rpm is not None and buckets.rpm is not None:
+            buckets.rpm.refill(now, limits.rpm)
+            buckets.rpm.adjust(-1)
+        if limits.tpm is not None and buckets.tpm is not None and estimated:
+            buckets.tpm.refill(now, limits.tpm)
+            buckets.tpm.adjust(-estimated)
+
     # -- helpers -----------------------------------------------------------------------------
 
     def _period(self, kind: BudgetPeriod) -> Period:
@@ -297,7 +324,7 @@ class Limiter:
         retry_after = retry_after_seconds(wait)
         self._count(reason)
         raise RateLimited(
-            f"Rate limit reached for key {limits.key_id!r} on {what}. "
+            f"Rate limit reached for {limits.subject} on {what}. "
             f"Please try again in {format_duration(wait)}.",
             retry_after=retry_after,
             headers=self._refusal_headers(limits, retry_after, rpm_level, tpm_level),
@@ -317,9 +344,10 @@ class Limiter:
         retry_after = retry_after_seconds(wait)
         self._count("budget")
         raise BudgetExhausted(
-            f"Token budget exhausted for key {limits.key_id!r}: {used} of "
+            f"Token budget exhausted for {limits.subject}: {used} of "
             f"{limits.budget_tokens} tokens used this {period.kind} (UTC). It resets at "
-            f"{period.end:%Y-%m-%dT%H:%M:%SZ}; an administrator can raise the key's budget.",
+            f"{period.end:%Y-%m-%dT%H:%M:%SZ}; an administrator can raise the {limits.scope}'s "
+            "budget.",
             retry_after=retry_after,
             headers=self._refusal_headers(limits, retry_after, rpm_level, tpm_level),
             reason="budget",

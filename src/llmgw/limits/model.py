@@ -12,6 +12,9 @@ from datetime import datetime
 from typing import Literal, Protocol
 
 BudgetPeriod = Literal["day", "month"]
+# The start of a team's `KeyLimits.key_id` (then the team's id): keys and teams never
+# share counters.
+TEAM_PREFIX = "team:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +30,11 @@ class KeyLimits:
     tpm: int | None
     budget_tokens: int | None
     budget_period: BudgetPeriod | None
+    # What the limits belong to, as refusals name it: a key (`key_id` is its id) or
+    # a team (`key_id` is "team:" and the team's id, `label` the team's name). The
+    # limiter counts every `key_id` on its own, so a team's keys share its counters.
+    scope: Literal["key", "team"] = "key"
+    label: str = ""
 
     def __post_init__(self) -> None:
         for name, value in (("rpm", self.rpm), ("tpm", self.tpm)):
@@ -46,6 +54,11 @@ class KeyLimits:
                     f"KeyLimits({self.key_id!r}): budget_tokens is set, so budget_period "
                     f"must be 'day' or 'month', got {self.budget_period!r}"
                 )
+
+    @property
+    def subject(self) -> str:
+        """How refusals name the owner of these limits: "key 'key_1'", "team 'ml'"."""
+        return f"{self.scope} {(self.label or self.key_id)!r}"
 
     @property
     def unlimited(self) -> bool:
@@ -76,7 +89,9 @@ class BudgetSource(Protocol):
     """Tokens a key has used since a time, as recorded by all router processes.
 
     Implemented by the usage store. Called once per (key, period) and then
-    every `budget_refresh_s` while the key is active, never per request.
+    every `budget_refresh_s` while the key is active, never per request. For a
+    team's limits `key_id` is "team:" and the team's id: the tokens of all the
+    team's keys.
     """
 
     async def tokens_used(self, key_id: str, since: datetime) -> int: ...

@@ -116,12 +116,19 @@ return {ok, over, string.format('%.17g', r), string.format('%.17g', t), used}
 """
 )
 
-# KEYS: tpm bucket, budget counter. ARGV: now, tpm (0 = none), delta, has budget (0/1).
+# KEYS: tpm bucket, budget counter, rpm bucket. ARGV: now, tpm (0 = none), delta,
+#       has budget (0/1), rpm (0 = none), requests delta (-1 gives a request back).
 SETTLE_LUA = (
     _PRELUDE
     + """
 local tpm, delta = tonumber(ARGV[2]), tonumber(ARGV[3])
-if tpm > 0 then
+local rpm, requests = tonumber(ARGV[5]), tonumber(ARGV[6])
+if rpm > 0 and requests ~= 0 then
+  local r = level(KEYS[3], rpm) - requests
+  if r > rpm then r = rpm end
+  save(KEYS[3], rpm, r)
+end
+if tpm > 0 and delta ~= 0 then
   local l = level(KEYS[1], tpm) - delta
   if l > tpm then l = tpm end
   save(KEYS[1], tpm, l)
@@ -304,16 +311,26 @@ class RedisCounters:
             used=int(reply[4]),
         )
 
-    async def settle(self, limits: KeyLimits, delta: int, period_id: str) -> bool:
-        """Correct the TPM bucket and budget counter by `delta`; False when Redis failed."""
+    async def settle(
+        self, limits: KeyLimits, delta: int, period_id: str, *, requests: int = 0
+    ) -> bool:
+        """Correct the TPM bucket and budget counter by `delta` tokens and the RPM
+        bucket by `requests` (-1 gives one back); False when Redis failed."""
         script = self._settle_script
         if script is None or not self._up:
             return False
-        _, tpm_key, budget_prefix = self._key_names(limits.key_id)
+        rpm_key, tpm_key, budget_prefix = self._key_names(limits.key_id)
         try:
             await script(
-                keys=[tpm_key, budget_prefix + period_id],
-                args=[self._now_arg(), limits.tpm or 0, delta, 1 if period_id else 0],
+                keys=[tpm_key, budget_prefix + period_id, rpm_key],
+                args=[
+                    self._now_arg(),
+                    limits.tpm or 0,
+                    delta,
+                    1 if period_id else 0,
+                    limits.rpm or 0,
+                    requests,
+                ],
             )
         except (RedisError, OSError) as exc:
             self._failed(exc)

@@ -16,6 +16,9 @@ admin API: admin, operator, viewer, or null for a client key (`admin: true` is
 the older way to say role admin).
 Not guaranteed: pagination; the lists are whole, except request records (the
 latest `limit`, 100 by default and 1000 at most; narrow them with since/until).
+`team` is the team the key belongs to (its name or id; null: none).
+`/admin/api/usage?by=team` groups usage by the team each key is in now, and
+`team=T` keeps one team's keys; teams themselves are in `admin_teams`.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from llmgw.store import (
     Keep,
     NotFound,
     StoreError,
+    TeamRepository,
     UsageDimension,
     UsageRepository,
 )
@@ -78,6 +82,7 @@ _CREATE_FIELDS = {
     "weight",
     "max_queue_wait",
     "scopes",
+    "team",
 }
 # The secret is not a field: it changes only by rotating.
 _UPDATE_FIELDS = _CREATE_FIELDS
@@ -273,9 +278,40 @@ def _time(field: str, value: object) -> datetime | None:
     return parsed
 
 
+def usage_group_by(value: str) -> tuple[UsageDimension, ...]:
+    """The `by` query parameter of a usage report as dimensions; `AdminInputError` naming
+    the choices for anything else."""
+    by = tuple(p for p in value.split(",") if p)
+    for dimension in by:
+        if dimension not in _DIMENSIONS:
+            raise AdminInputError(
+                f"'by' takes {', '.join(_DIMENSIONS)}; got {dimension!r}", param="by"
+            )
+    if "hour" in by and "day" in by:
+        raise AdminInputError("'by' takes hour or day, not both", param="by")
+    return by  # type: ignore[return-value]
+
+
 def key_routes(
-    *, service: KeyService, usage: UsageRepository, wall_clock: Callable[[], datetime]
+    *,
+    service: KeyService,
+    usage: UsageRepository,
+    wall_clock: Callable[[], datetime],
+    teams: TeamRepository | None = None,
 ) -> list[Route]:
+    async def team_id(body: dict[str, Any]) -> str | Keep | None:
+        """The id of the team `body["team"]` names (null: no team); KEEP when absent."""
+        if "team" not in body:
+            return KEEP
+        ref = body["team"]
+        if ref is None:
+            return None
+        if not isinstance(ref, str):
+            raise AdminInputError("'team' must be a team's name or id, or null", param="team")
+        if teams is None:
+            raise AdminInputError("this server has no teams", param="team")
+        return (await teams.get(ref)).id
+
     async def list_keys(request: Request) -> Response:
         include = request.query_params.get("all", "").lower() in ("1", "true", "yes")
         try:
@@ -292,6 +328,7 @@ def key_routes(
             if not isinstance(name, str):
                 raise AdminInputError("'name' is required and must be a string", param="name")
             key, secret = await service.create(
+                team_id=_keep_none(await team_id(body)),
                 name=name,
                 models=_models(body.get("models")),
                 rpm=_int("rpm", body.get("rpm")),
@@ -339,6 +376,7 @@ def key_routes(
                 weight=_given(body, "weight", _weight),
                 max_queue_wait=_given(body, "max_queue_wait", partial(_seconds, "max_queue_wait")),
                 scopes=_given(body, "scopes", _scopes),
+                team_id=await team_id(body),
             )
             return _json(key_view(key, wall_clock()))
 
@@ -373,18 +411,20 @@ def key_routes(
     async def usage_report(request: Request) -> Response:
         async def work() -> Response:
             params = request.query_params
-            by = tuple(p for p in params.get("by", "key,model").split(",") if p)
-            for dimension in by:
-                if dimension not in _DIMENSIONS:
-                    raise AdminInputError(
-                        f"'by' takes {', '.join(_DIMENSIONS)}; got {dimension!r}", param="by"
-                    )
-            if "hour" in by and "day" in by:
-                raise AdminInputError("'by' takes hour or day, not both", param="by")
-            group_by: tuple[UsageDimension, ...] = by  # type: ignore[assignment]
-            rows = await usage.query(**await usage_filter(params), group_by=group_by)
+            group_by = usage_group_by(params.get("by", "key,model"))
+            team_id = None
+            if params.get("team") and teams is not None:
+                team_id = (await teams.get(params["team"])).id
+            rows = await usage.query(
+                **await usage_filter(params), group_by=group_by, team_id=team_id
+            )
             names = await key_names()
-            return _json({"usage": [usage_row_view(r, group_by, names) for r in rows]})
+            team_names = (
+                {t.id: t.name for t in await teams.list()}
+                if teams is not None and "team" in group_by
+                else {}
+            )
+            return _json({"usage": [usage_row_view(r, group_by, names, team_names) for r in rows]})
 
         return await _answer(work)
 

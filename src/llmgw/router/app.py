@@ -456,10 +456,14 @@ class RouterApp:
             self._record_refused(asked, streamed, principal, request_id, start, exc.status, path)
             raise
         limits = principal.limits
+        team_limits = principal.team_limits
         admission: Admission | None = None
+        team_admission: Admission | None = None
         if limits is not None:
             try:
                 admission = await self._admit(limits, req)
+                if team_limits is not None:
+                    team_admission = await self._admit_team(limits, admission, team_limits, req)
             except LimitExceeded as exc:
                 self._record(req, principal, request_id, start, exc.status, "none", None, path)
                 self._count(path, model, "none", exc.status)
@@ -501,6 +505,8 @@ class RouterApp:
             if limits is not None and admission is not None:
                 used = outcome.prompt_tokens + outcome.completion_tokens if outcome else 0
                 await self._limiter.settle(limits, admission, used)
+                if team_limits is not None and team_admission is not None:
+                    await self._limiter.settle(team_limits, team_admission, used)
 
     async def _admit(self, limits: KeyLimits, req: ParsedRequest) -> Admission:
         tracer = _recording(self._tracer)
@@ -512,6 +518,17 @@ class RouterApp:
             except LimitExceeded as exc:
                 span.set_attribute("llmgw.refused", exc.reason)
                 raise
+
+    async def _admit_team(
+        self, limits: KeyLimits, admission: Admission, team_limits: KeyLimits, req: ParsedRequest
+    ) -> Admission:
+        """Admit against the key's team too; a refusal gives the key's admission back, so
+        a refused request is charged to neither."""
+        try:
+            return await self._admit(team_limits, req)
+        except (LimitExceeded, StoreError):
+            await self._limiter.release(limits, admission)
+            raise
 
     def _count(self, route: str, model: str, endpoint: str, status: int, version: str = "") -> None:
         self._metrics.request_counter.inc(model, endpoint, status, version)

@@ -37,6 +37,7 @@ from llmgw.store.models import (
     KEEP,
     KEY_SCOPES,
     MAX_MODEL_CHARS,
+    TEAM_ROLES,
     AdminRole,
     ApiKey,
     BudgetPeriod,
@@ -45,6 +46,10 @@ from llmgw.store.models import (
     KeyPriority,
     KeyScope,
     NewApiKey,
+    Team,
+    TeamLimits,
+    TeamMember,
+    TeamRole,
     UsageDimension,
     UsageRecord,
     UsageRow,
@@ -68,6 +73,7 @@ from llmgw.store.pki import (
 from llmgw.store.placements import PlacementRepository, StoredPlacement
 from llmgw.store.rollouts import RolloutRepository, StoredHalt
 from llmgw.store.store import Store, open_store, upgrade
+from llmgw.store.teams import TeamRepository
 from llmgw.store.urls import store_url
 from llmgw.store.usage import UsageRepository
 from llmgw.store.users import AdminSession, SessionRepository, User, UserRepository
@@ -77,6 +83,7 @@ __all__ = [
     "KEEP",
     "KEY_SCOPES",
     "MAX_MODEL_CHARS",
+    "TEAM_ROLES",
     "AdminRole",
     "AdminSession",
     "AlreadyExists",
@@ -121,6 +128,11 @@ __all__ = [
     "StoredJoinToken",
     "StoredModel",
     "StoredPlacement",
+    "Team",
+    "TeamLimits",
+    "TeamMember",
+    "TeamRepository",
+    "TeamRole",
     "TokenUnusable",
     "UsageDimension",
     "UsageRecord",

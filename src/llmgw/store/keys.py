@@ -46,9 +46,11 @@ from llmgw.store.models import (
     KeyPriority,
     KeyScope,
     NewApiKey,
+    Team,
     require_aware,
 )
-from llmgw.store.tables import api_keys
+from llmgw.store.tables import api_keys, teams
+from llmgw.store.teams import team_from_row
 
 T = TypeVar("T")
 
@@ -99,6 +101,7 @@ class KeyRepository:
             weight=spec.weight,
             max_queue_wait=spec.max_queue_wait,
             scopes=spec.scopes,
+            team_id=spec.team_id,
             created_at=now,
             updated_at=now,
             revoked_at=None,
@@ -106,10 +109,11 @@ class KeyRepository:
         try:
             async with transaction(self._engine, f"creating key {spec.name!r}") as conn:
                 await self._check_name_free(conn, spec.name)
+                team = await _team_of(conn, spec.team_id)
                 await conn.execute(api_keys.insert().values(_to_row(key)))
         except IntegrityError as exc:
             raise await self._conflict_for(spec.name, exc) from exc
-        return key
+        return dataclasses.replace(key, team=team)
 
     async def get(self, key_id: str) -> ApiKey | None:
         """The key with this id, revoked or not."""
@@ -134,6 +138,7 @@ class KeyRepository:
         )
         async with transaction(self._engine, f"finding key {ref!r}") as conn:
             found = [_from_row(row._mapping) for row in await conn.execute(stmt)]
+            found = await _with_teams(conn, found)
         for key in found:
             if key.id == ref:
                 return key
@@ -219,6 +224,7 @@ class KeyRepository:
                     after = _apply(key, changes, now=now)
                     if after.name != key.name:
                         await self._check_name_free(conn, after.name, other_than=key_id)
+                    after = dataclasses.replace(after, team=await _team_of(conn, after.team_id))
                     written = await conn.execute(
                         update(api_keys)
                         .where(
@@ -254,9 +260,13 @@ class KeyRepository:
         )
         return await self._many(stmt, "reading changed keys")
 
-    async def list(self, *, include_revoked: bool = False) -> builtins.list[ApiKey]:
-        """All keys, oldest first; revoked ones only when asked."""
+    async def list(
+        self, *, include_revoked: bool = False, team_id: str | None = None
+    ) -> builtins.list[ApiKey]:
+        """All keys (of team `team_id` when given), oldest first; revoked ones only when asked."""
         stmt = select(api_keys).order_by(api_keys.c.created_at, api_keys.c.id)
+        if team_id is not None:
+            stmt = stmt.where(api_keys.c.team_id == team_id)
         if not include_revoked:
             stmt = stmt.where(api_keys.c.revoked_at.is_(None))
         return await self._many(stmt, "listing keys")
@@ -267,7 +277,8 @@ class KeyRepository:
 
     async def _many(self, stmt: Select[Any], what: str) -> builtins.list[ApiKey]:
         async with transaction(self._engine, what) as conn:
-            return [_from_row(row._mapping) for row in await conn.execute(stmt)]
+            found = [_from_row(row._mapping) for row in await conn.execute(stmt)]
+            return await _with_teams(conn, found)
 
     async def _check_name_free(
         self, conn: AsyncConnection, name: str, *, other_than: str | None = None
@@ -357,7 +368,7 @@ def _validate_changes(changes: KeyChanges) -> None:
         raise InvalidValue(
             "a key update must change at least one of name, models, rpm, tpm, "
             "budget_tokens, budget_period, expires_at, admin_role, priority, weight, "
-            "max_queue_wait or scopes"
+            "max_queue_wait, scopes or team_id"
         )
     if isinstance(changes.name, str) and (not changes.name or len(changes.name) > _MAX_NAME):
         raise InvalidValue(f"key name must be 1 to {_MAX_NAME} characters, got {changes.name!r}")
@@ -393,6 +404,7 @@ def _apply(key: ApiKey, changes: KeyChanges, *, now: datetime) -> ApiKey:
         weight=_pick(changes.weight, key.weight),
         max_queue_wait=_pick(changes.max_queue_wait, key.max_queue_wait),
         scopes=_pick(changes.scopes, key.scopes),
+        team_id=_pick(changes.team_id, key.team_id),
         updated_at=now,
     )
     if after.budget_tokens is not None and after.budget_period is None:
@@ -429,7 +441,33 @@ def _validate_secret(prefix: str, secret_hash: str) -> None:
 
 async def _select_one(conn: AsyncConnection, stmt: Select[Any]) -> ApiKey | None:
     row = (await conn.execute(stmt)).first()
-    return _from_row(row._mapping) if row is not None else None
+    if row is None:
+        return None
+    key = _from_row(row._mapping)
+    return (await _with_teams(conn, [key]))[0]
+
+
+async def _team_of(conn: AsyncConnection, team_id: str | None) -> Team | None:
+    """The team `team_id` names; `NotFound` if there is none (None: no team)."""
+    if team_id is None:
+        return None
+    row = (await conn.execute(select(teams).where(teams.c.id == team_id))).first()
+    if row is None:
+        raise NotFound(f"there is no team {team_id!r}; `llmgw teams list` shows the teams")
+    return team_from_row(row._mapping)
+
+
+async def _with_teams(conn: AsyncConnection, keys: builtins.list[ApiKey]) -> builtins.list[ApiKey]:
+    """`keys` with their teams attached (one query for all of them)."""
+    wanted = {key.team_id for key in keys if key.team_id is not None}
+    if not wanted:
+        return keys
+    rows = await conn.execute(select(teams).where(teams.c.id.in_(wanted)))
+    by_id = {row.id: team_from_row(row._mapping) for row in rows}
+    return [
+        dataclasses.replace(key, team=by_id.get(key.team_id)) if key.team_id else key
+        for key in keys
+    ]
 
 
 def _to_row(key: ApiKey) -> dict[str, Any]:
@@ -454,6 +492,7 @@ def _to_row(key: ApiKey) -> dict[str, Any]:
         "weight": key.weight,
         "max_queue_wait": key.max_queue_wait,
         "scopes": list(key.scopes) or None,
+        "team_id": key.team_id,
     }
 
 
@@ -478,4 +517,5 @@ def _from_row(row: RowMapping) -> ApiKey:
         weight=float(row["weight"]),
         max_queue_wait=row["max_queue_wait"],
         scopes=tuple(cast("list[KeyScope]", row["scopes"] or ())),
+        team_id=row["team_id"],
     )

@@ -34,8 +34,13 @@ ADMIN_ROLES: tuple[AdminRole, ...] = ("admin", "operator", "viewer")
 MAX_MODEL_CHARS = 256
 KEY_PRIORITIES: tuple[KeyPriority, ...] = ("interactive", "default", "batch")
 
-UsageDimension = Literal["hour", "day", "key", "model"]
-USAGE_DIMENSIONS: tuple[UsageDimension, ...] = ("hour", "day", "key", "model")
+# A user's role in a team: `team-admin` manages the team's keys and sees its usage;
+# `member` belongs to it (and sees its usage).
+TeamRole = Literal["team-admin", "member"]
+TEAM_ROLES: tuple[TeamRole, ...] = ("team-admin", "member")
+
+UsageDimension = Literal["hour", "day", "team", "key", "model"]
+USAGE_DIMENSIONS: tuple[UsageDimension, ...] = ("hour", "day", "team", "key", "model")
 
 
 def utc_now() -> datetime:
@@ -80,6 +85,8 @@ class NewApiKey:
     weight: float = 1.0
     max_queue_wait: float | None = None
     scopes: tuple[KeyScope, ...] = ()
+    # The team the key belongs to (its id); None: no team.
+    team_id: str | None = None
 
 
 class Keep(Enum):
@@ -120,6 +127,7 @@ class KeyChanges:
     weight: float | Keep = KEEP
     max_queue_wait: float | Keep | None = KEEP
     scopes: tuple[KeyScope, ...] | Keep = KEEP
+    team_id: str | Keep | None = KEEP
 
     def changed(self) -> dict[str, object]:
         """The fields that are not `KEEP`, by name, with their new values."""
@@ -156,6 +164,9 @@ class ApiKey:
     weight: float = 1.0
     max_queue_wait: float | None = None
     scopes: tuple[KeyScope, ...] = ()
+    team_id: str | None = None
+    # The key's team as read with the key (its limits apply to the key's requests too).
+    team: Team | None = None
 
     @property
     def revoked(self) -> bool:
@@ -222,6 +233,8 @@ class UsageRow:
     completion_tokens: int
     latency_ms_sum: float
     day: datetime | None = None
+    # The team the row's keys belong to now (None: no team, or not grouped by team).
+    team_id: str | None = None
 
     @property
     def total_tokens(self) -> int:
@@ -230,3 +243,49 @@ class UsageRow:
     @property
     def mean_latency_ms(self) -> float:
         return self.latency_ms_sum / self.requests if self.requests else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Team:
+    """A team: a name, and limits that all of its keys' requests share.
+
+    `None` limits mean unlimited; `models=None` means every model. A budget
+    needs its period. `updated_at` moves on every change (and the team's keys'
+    `updated_at` with it, so routers' key caches see the new limits).
+    """
+
+    id: str
+    name: str
+    rpm: int | None
+    tpm: int | None
+    budget_tokens: int | None
+    budget_period: BudgetPeriod | None
+    models: tuple[str, ...] | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class TeamLimits:
+    """A team's limits, for creating a team or changing one (fields at `KEEP` stay)."""
+
+    rpm: int | Keep | None = KEEP
+    tpm: int | Keep | None = KEEP
+    budget_tokens: int | Keep | None = KEEP
+    budget_period: BudgetPeriod | Keep | None = KEEP
+    models: tuple[str, ...] | Keep | None = KEEP
+    name: str | Keep = KEEP
+
+    def changed(self) -> dict[str, object]:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: value for name, value in values.items() if value is not KEEP}
+
+
+@dataclass(frozen=True, slots=True)
+class TeamMember:
+    """A user's membership of a team."""
+
+    team_id: str
+    user_name: str
+    role: TeamRole
+    added_at: datetime

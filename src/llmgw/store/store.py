@@ -31,6 +31,7 @@ from llmgw.store.nodeids import NodeIdentityRepository
 from llmgw.store.pki import PkiRepository
 from llmgw.store.placements import PlacementRepository
 from llmgw.store.rollouts import RolloutRepository
+from llmgw.store.teams import TeamRepository
 from llmgw.store.urls import describe, normalize_url
 from llmgw.store.usage import UsageRepository
 from llmgw.store.users import SessionRepository, UserRepository
@@ -46,6 +47,7 @@ class Store:
         self.catalog = CatalogRepository(engine=engine, clock=clock)
         self.leadership = LeadershipRepository(engine=engine, clock=clock)
         self.users = UserRepository(engine=engine, clock=clock)
+        self.teams = TeamRepository(engine=engine, clock=clock)
         self.sessions = SessionRepository(engine=engine)
         self.pki = PkiRepository(engine=engine, clock=clock)
         self.nodeids = NodeIdentityRepository(engine=engine)

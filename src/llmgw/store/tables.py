@@ -107,6 +107,8 @@ api_keys = Table(
     Column("max_queue_wait", Float, nullable=True),
     # What the key may do besides calling models (e.g. ["debug"]); NULL: nothing.
     Column("scopes", JSON(none_as_null=True), nullable=True),
+    # The team the key belongs to (teams.id); NULL: none.
+    Column("team_id", String(32), nullable=True, index=True),
     CheckConstraint("budget_period IN ('day', 'month')", name="budget_period"),
     # Names are unique among keys that still work; a revoked key frees its name.
     Index(
@@ -253,6 +255,31 @@ control_servers = Table(
     Column("agent_address", String(300), nullable=False),
     Column("started_at", UTCDateTime, nullable=False),
     Column("last_seen", UTCDateTime, nullable=False),
+)
+
+teams = Table(
+    "teams",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("name", String(64), nullable=False, unique=True),
+    Column("rpm", Integer, nullable=True),
+    Column("tpm", Integer, nullable=True),
+    Column("budget_tokens", BigInteger, nullable=True),
+    Column("budget_period", String(8), nullable=True),
+    Column("models", JSON(none_as_null=True), nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    CheckConstraint("budget_period IN ('day', 'month')", name="team_budget_period"),
+)
+
+team_members = Table(
+    "team_members",
+    metadata,
+    Column("team_id", String(32), primary_key=True),
+    Column("user_name", String(64), primary_key=True),
+    # team-admin or member
+    Column("role", String(16), nullable=False),
+    Column("added_at", UTCDateTime, nullable=False),
 )
 
 users = Table(

@@ -63,7 +63,7 @@ from llmgw.store.models import (
     require_aware,
     truncate_to_hour,
 )
-from llmgw.store.tables import UTCDateTime, usage_daily, usage_hourly, usage_records
+from llmgw.store.tables import UTCDateTime, api_keys, usage_daily, usage_hourly, usage_records
 
 # The roll-ups' key_id for requests made without a key (open mode).
 NO_KEY = ""
@@ -76,7 +76,7 @@ _ROUTE_CHARS = 64
 _VERSION_CHARS = 64
 _MAX_INT = 2**31 - 1  # status and token counts are 32-bit integers on PostgreSQL
 _SUMMED = ("requests", "errors", "prompt_tokens", "completion_tokens", "latency_ms_sum")
-_DIMENSION_OF = {"key_id": "key", "model": "model"}
+_DIMENSION_OF = {"team_id": "team", "key_id": "key", "model": "model"}
 _DAY = timedelta(days=1)
 _LAST_HOUR = timedelta(hours=23)  # from midnight to the day's last hour
 
@@ -156,6 +156,13 @@ class UsageRepository:
         rows = await self.query(key_id=key_id, since=since, group_by=())
         return sum(r.prompt_tokens + r.completion_tokens for r in rows)
 
+    async def team_tokens_used(self, team_id: str, since: datetime) -> int:
+        """Prompt + completion tokens of the keys that belong to team `team_id` now,
+        from the hour containing `since` on (whole hours, as `tokens_used`)."""
+        require_aware("since", since)
+        rows = await self.query(team_id=team_id, since=since, group_by=())
+        return sum(r.prompt_tokens + r.completion_tokens for r in rows)
+
     async def query(
         self,
         *,
@@ -164,6 +171,7 @@ class UsageRepository:
         since: datetime | None = None,
         until: datetime | None = None,
         group_by: Sequence[UsageDimension] = ("key", "model"),
+        team_id: str | None = None,
     ) -> list[UsageRow]:
         """Usage summed from the roll-ups, one row per group, ordered by the groups.
 
@@ -171,25 +179,37 @@ class UsageRepository:
         key. `since` is truncated to its hour (that hour is included); an hour is
         included if it starts before `until`. `group_by` is any of "hour" or "day"
         (midnight UTC; the hours at either end of the range count in their days),
-        "key" and "model"; an empty one gives a single total row (none if nothing
-        matched). Without "hour", whole days are read from the daily roll-ups.
+        "team" (the team of each key now), "key" and "model"; an empty one gives a
+        single total row (none if nothing matched). Without "hour", whole days are
+        read from the daily roll-ups. `team_id` keeps the keys that belong to that
+        team now (a key moved to another team takes its past usage with it).
         """
         dims = _check_dimensions(group_by)
         require_aware("since", since)
         require_aware("until", until)
         dialect = self._engine.dialect.name
-        names = [name for name in ("key_id", "model") if _DIMENSION_OF[name] in dims]
+        names = [name for name in ("team_id", "key_id", "model") if _DIMENSION_OF[name] in dims]
         start = truncate_to_hour(since) if since is not None else None
         if "hour" in dims:
             parts = [
-                _part(dialect, usage_hourly, "hour", start, until, key_id, model, ["hour", *names])
+                _part(
+                    dialect,
+                    usage_hourly,
+                    "hour",
+                    start,
+                    until,
+                    key_id,
+                    model,
+                    ["hour", *names],
+                    team_id,
+                )
             ]
             names = ["hour", *names]
         else:
             if "day" in dims:
                 names = ["day", *names]
             parts = [
-                _part(dialect, table, column, lo, hi, key_id, model, names)
+                _part(dialect, table, column, lo, hi, key_id, model, names, team_id)
                 for table, column, lo, hi in _split(start, until)
             ]
         source = parts[0].subquery() if len(parts) == 1 else union_all(*parts).subquery()
@@ -312,14 +332,22 @@ def _part(
     key_id: str | None,
     model: str | None,
     names: Sequence[str],
+    team_id: str | None = None,
 ) -> Select[Any]:
     """The rows of one table in [lo, hi), with the grouped columns ("hour", "day" named so)."""
     picked = [_grouped(dialect, table, column, name) for name in names]
     stmt = select(*picked, *(table.c[name] for name in _SUMMED))
+    if "team_id" in names:
+        # A row's team is its key's team now.
+        stmt = stmt.select_from(table.outerjoin(api_keys, api_keys.c.id == table.c.key_id))
     if key_id is not None:
         stmt = stmt.where(table.c.key_id == key_id)
     if model is not None:
         stmt = stmt.where(table.c.model == model)
+    if team_id is not None:
+        stmt = stmt.where(
+            table.c.key_id.in_(select(api_keys.c.id).where(api_keys.c.team_id == team_id))
+        )
     if lo is not None:
         stmt = stmt.where(table.c[column] >= lo)
     if hi is not None:
@@ -414,6 +442,8 @@ def _raw_row(r: UsageRecord) -> dict[str, Any]:
 
 
 def _grouped(dialect: str, table: Table, column: str, name: str) -> ColumnElement[Any]:
+    if name == "team_id":
+        return api_keys.c.team_id.label("team_id")
     if name == "hour":
         return table.c[column].label("hour")
     if name != "day":
@@ -494,4 +524,5 @@ def _usage_row(row: Any, dims: frozenset[UsageDimension]) -> UsageRow:
         completion_tokens=int(row["completion_tokens"]),
         latency_ms_sum=float(row["latency_ms_sum"]),
         day=row["day"] if "day" in dims else None,
+        team_id=row["team_id"] if "team" in dims else None,
     )

@@ -8,9 +8,14 @@ limiter would forget their tokens at its next read. `RecordedUsage` adds them,
 from the recorder (`UsageRecorder.unwritten_tokens`), so a budget counts what
 was served whether or not its records landed.
 
+A team's budget (`key_id` "team:" and the team's id, see `llmgw.limits`) is
+read as the stored tokens of every key that belongs to the team now.
+
 Not guaranteed: that other processes' unwritten tokens count here (each process
 adds its own; Redis-shared budgets keep their own counters), nor that dropped
-records count after this process restarts.
+records count after this process restarts, nor that unwritten tokens count
+towards a team's budget (only its stored tokens do; with Redis, its shared
+counter holds every admitted request).
 """
 
 from __future__ import annotations
@@ -18,11 +23,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Protocol
 
+from llmgw.limits import TEAM_PREFIX
+
 
 class StoredUsage(Protocol):
     """Tokens in the store (`UsageRepository` is one)."""
 
     async def tokens_used(self, key_id: str, since: datetime) -> int: ...
+
+    async def team_tokens_used(self, team_id: str, since: datetime) -> int: ...
 
 
 class UnwrittenUsage(Protocol):
@@ -39,7 +48,10 @@ class RecordedUsage:
         self._unwritten = unwritten
 
     async def tokens_used(self, key_id: str, since: datetime) -> int:
-        """Prompt + completion tokens of `key_id` from the hour containing `since` on."""
+        """Prompt + completion tokens of `key_id` (or of team "team:ID") from the hour
+        containing `since` on."""
+        if key_id.startswith(TEAM_PREFIX):
+            return await self._stored.team_tokens_used(key_id[len(TEAM_PREFIX) :], since)
         stored = await self._stored.tokens_used(key_id, since)
         # Read after the store answered: a batch written meanwhile has left the tally.
         return stored + self._unwritten.unwritten_tokens(key_id, since)

@@ -10,14 +10,21 @@ from llmgw.store import UsageDimension, UsageRecord, UsageRow
 
 
 def usage_row_view(
-    row: UsageRow, group_by: Sequence[UsageDimension], names: Mapping[str, str]
+    row: UsageRow,
+    group_by: Sequence[UsageDimension],
+    names: Mapping[str, str],
+    team_names: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One row as JSON-ready fields; `names` maps key ids to key names."""
+    """One row as JSON-ready fields; `names` maps key ids to key names, `team_names`
+    team ids to team names."""
     out: dict[str, Any] = {}
     if "hour" in group_by:
         out["hour"] = row.hour.isoformat() if row.hour is not None else None
     if "day" in group_by:
         out["day"] = row.day.date().isoformat() if row.day is not None else None
+    if "team" in group_by:
+        out["team_id"] = row.team_id
+        out["team"] = (team_names or {}).get(row.team_id) if row.team_id is not None else None
     if "key" in group_by:
         out["key_id"] = row.key_id
         out["key_name"] = names.get(row.key_id) if row.key_id is not None else None

@@ -22,7 +22,9 @@ without a valid session gets a 303 to the login page (browsers), a 401 with
 `HX-Redirect` to it (the dashboard's own refreshes, so a page whose session
 ended goes to the login), or a 401 (API clients); a user without an admin role
 gets 403 and no cluster data, and a user whose role may not do what is asked
-gets 403 naming the role. POST, PUT, PATCH and DELETE need the session's CSRF
+gets 403 naming the role. A user without the role may still reach their own
+team's keys and usage under `/admin/api/teams/T/` when their team role allows it
+(`llmgw.auth.teams`; `teams`). POST, PUT, PATCH and DELETE need the session's CSRF
 token in `X-CSRF-Token` (or a `csrf_token` form field); the cookie alone, which
 a browser attaches by itself, is never enough.
 
@@ -50,14 +52,17 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from llmgw.auth import (
     ROLE_SCOPE_KEY,
+    USER_SCOPE_KEY,
     AdminSessions,
     LoggedIn,
     LoginFailed,
     LoginThrottle,
     Passwords,
     PasswordsBusy,
+    TeamAccess,
     may,
     refusal,
+    team_path,
 )
 from llmgw.store import SessionRepository, StoreError, UserRepository
 from llmgw.web.dashboard import is_dashboard_path
@@ -128,7 +133,9 @@ class AdminPortal:
         session_max_age: int,
         secure_cookies: bool,
         sleep: Callable[[float], Awaitable[None]],
+        teams: TeamAccess | None = None,
     ) -> None:
+        self._teams = teams
         self._sessions = sessions
         self._throttle = throttle
         self._admin_app = admin_app
@@ -160,6 +167,7 @@ class AdminPortal:
         if isinstance(outcome, _Forward):
             scope[PORTAL_USER] = outcome.user
             scope[ROLE_SCOPE_KEY] = outcome.user.role
+            scope[USER_SCOPE_KEY] = outcome.user.name
             await self._admin_app(scope, outcome.receive, send)
         else:
             await outcome(scope, receive, send)
@@ -192,7 +200,9 @@ class AdminPortal:
                 return _not_allowed(method, path, "GET")
             return json_response(_session_view(logged_in))
         role = logged_in.user.admin_role
-        if not may(role, method, path):
+        if not may(role, method, path) and not (
+            self._teams is not None and await self._teams.allows(logged_in.user.name, method, path)
+        ):
             return self._not_allowed(scope, headers, logged_in, method, path)
         if method in _UNSAFE:
             passed, receive = await _csrf_check(receive, headers, logged_in.session.csrf_token)
@@ -302,6 +312,13 @@ class AdminPortal:
         role = logged_in.user.admin_role
         message = NOT_ADMIN if role is None else refusal("your account", role, method, path)
         code = "admin_required" if role is None else "role_not_allowed"
+        if team_path(path) is not None:
+            message = (
+                f"your account may not {method} {path}: a team's keys are for admins and "
+                "that team's team-admins, its usage for its members too; ask an admin to "
+                "add you to the team (llmgw teams members add)"
+            )
+            code = "team_not_allowed"
         if headers.get("hx-request") == "true":
             # Shown where the dashboard puts an action's answer.
             return HTMLResponse(
@@ -331,6 +348,7 @@ def create_admin_portal(
     secure_cookies: bool,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     passwords: Passwords | None = None,
+    teams: TeamAccess | None = None,
 ) -> AdminPortal:
     """The portal for the API listener's `/admin` paths.
 
@@ -355,6 +373,7 @@ def create_admin_portal(
         session_max_age=max(1, int(session_ttl)),
         secure_cookies=secure_cookies,
         sleep=sleep,
+        teams=teams,
     )
 
 

@@ -2,7 +2,7 @@
 (`versions:`; NULL in older rows and for models with one version).
 
 Revision ID: 0022
-Revises: 0018
+Revises: 0021
 Create Date: 2026-12-04
 """
 
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0022"
-down_revision: str | None = "0018"
+down_revision: str | None = "0021"
 branch_labels: str | None = None
 depends_on: str | None = None
 
