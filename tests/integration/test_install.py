@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 # What `pip install .` reads: the build config, the readme it names, the sources.
 BUILD_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "src")
-ADMIN_GROUPS = ("models", "nodes", "keys", "users", "usage", "status")
+ADMIN_GROUPS = ("models", "nodes", "keys", "users", "teams", "usage", "status")
 NODE = "local"
 SIM = "sim-small"
 KEY = "readme-key"
@@ -122,6 +122,21 @@ RUNS = (
         stdin="a long enough password 123\n",
     ),
     Run("users role", ("users", "role", "readme-admin", "operator"), "operator"),
+    Run("teams create", ("teams", "create", "readme-team", "--rpm", "600"), "readme-team"),
+    Run("teams list", ("teams", "list"), "readme-team"),
+    Run("teams update", ("teams", "update", "readme-team", "--rpm", "300"), "300"),
+    Run(
+        "teams members add",
+        ("teams", "members", "add", "readme-team", "readme-admin", "--role", "team-admin"),
+        "readme-admin",
+    ),
+    Run("teams show", ("teams", "show", "readme-team"), "readme-admin"),
+    Run(
+        "teams members remove",
+        ("teams", "members", "remove", "readme-team", "readme-admin"),
+        "readme-admin",
+    ),
+    Run("teams remove", ("teams", "remove", "readme-team"), "readme-team"),
     Run(
         "nodes token create",
         ("nodes", "token", "create", "--uses", "1", "--labels", "from=readme"),

@@ -55,7 +55,9 @@ members_app = typer.Typer(
 teams_app.add_typer(members_app, name="members")
 
 TeamArgument = Annotated[str, typer.Argument(help="The team's name or id.")]
-NameArgument = Annotated[str, typer.Argument(help="The team's name (letters, digits, _ . -).")]
+NameArgument = Annotated[
+    str, typer.Argument(help="The team's name: letters, digits, '_', '.' and '-'.")
+]
 RpmOption = Annotated[
     int | None, typer.Option("--rpm", help="Requests per minute, all the team's keys together.")
 ]
