@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
+import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -450,6 +452,10 @@ class Fleet:
         self._spread = policy == "spread"
         self._indexed = self._filters == DEFAULT_FILTERS
         self._by_free: dict[Need, _ByFree] = {}
+        # Per need explained: every node's rejection in node order, and how much of the
+        # change log it has taken in.
+        self._explained: dict[Need, tuple[list[Rejection | None], int]] = {}
+        self._order = {node_id: i for i, node_id in enumerate(self._caps)}
         # Per multi-node need: its fitting nodes by fabric value.
         self._gangs: dict[Need, _GangIndex] = {}
         for start in pending:
@@ -480,27 +486,16 @@ class Fleet:
         verdicts: list[ProfileVerdict] = []
         for profile in model.profiles:
             need = Need.of(profile, self._mgmt)
-            fits: list[NodeCapacity] = []
-            rejections: list[Rejection] = []
-            checked = self._memo(need)
-            for cap in self._caps.values():
-                reason = self._check(cap, need, checked)
-                if reason is None:
-                    fits.append(cap)
-                    continue
-                # Reused while the reason holds: explaining every model that
-                # does not fit would otherwise make a new object per node each time.
-                made = checked.rejections.get(cap.node.id)
-                if made is None or made.reason != reason:
-                    made = checked.rejections[cap.node.id] = Rejection(cap.node.id, reason)
-                rejections.append(made)
+            slots = self._verdicts(need)
+            fits = list(itertools.compress(self._caps.values(), map(operator.not_, slots)))
+            rejections = tuple(filter(None, slots))
             if need.nodes > 1:
                 gang = self._gang(fits, profile, need, model.name, avoid_nodes, avoid_ports)
                 verdicts.append(
                     ProfileVerdict(
                         profile=profile.name,
                         fits=tuple(c.node.id for c in fits),
-                        rejections=tuple(rejections),
+                        rejections=rejections,
                         groups=() if gang is not None else _short_groups(fits, need),
                     )
                 )
@@ -511,7 +506,7 @@ class Fleet:
                 ProfileVerdict(
                     profile=profile.name,
                     fits=tuple(c.node.id for c in fits),
-                    rejections=tuple(rejections),
+                    rejections=rejections,
                 )
             )
             if fits:
@@ -659,6 +654,33 @@ class Fleet:
             for value, group in found.entries.items()
             if len(group) >= need.nodes
         }
+
+    def _verdicts(self, need: Need) -> list[Rejection | None]:
+        """Every node's rejection for `need` in node order (None: it fits), kept per need
+        and brought up to date with the nodes changed since: a plan explains every model
+        that does not fit, and re-reading the whole fleet for each one costs minutes at
+        10,000 nodes. A rejection object is reused while its reason holds."""
+        checked = self._memo(need)
+        found = self._explained.get(need)
+        if found is None:
+            slots = [self._rejection(cap, need, checked) for cap in self._caps.values()]
+            self._explained[need] = (slots, len(self._changed))
+            return slots
+        slots, seen = found
+        if seen < len(self._changed):
+            for node_id in dict.fromkeys(self._changed[seen:]):
+                slots[self._order[node_id]] = self._rejection(self._caps[node_id], need, checked)
+            self._explained[need] = (slots, len(self._changed))
+        return slots
+
+    def _rejection(self, cap: NodeCapacity, need: Need, checked: _Checked) -> Rejection | None:
+        reason = self._check(cap, need, checked)
+        if reason is None:
+            return None
+        made = checked.rejections.get(cap.node.id)
+        if made is None or made.reason != reason:
+            made = checked.rejections[cap.node.id] = Rejection(cap.node.id, reason)
+        return made
 
     def _memo(self, need: Need) -> _Checked:
         checked = self._checked.get(need)
