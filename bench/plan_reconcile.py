@@ -87,6 +87,8 @@ def make_nodes(count: int, gpus_per_node: int) -> list[Node]:
             Node(
                 id=f"node-{i:04d}",
                 hostname=f"node-{i:04d}.bench",
+                # Where its engines are reached: multi-node replicas meet at rank 0's.
+                advertise_host=f"10.{i // 65536}.{i // 256 % 256}.{i % 256}",
                 agent_version="0.1.0",
                 gpus=gpus,
                 cpu_count=128,

@@ -21,6 +21,7 @@ from store_fixtures import (  # noqa: F401
 )
 
 from llmgw.control.leadership import FleetView, publish_fleet
+from llmgw.control.leadership.fleet import PAUSE_PER_COST
 from llmgw.store import FleetNode, StaleEpoch, Store, StoreError
 
 TTL = 10.0
@@ -169,6 +170,44 @@ async def test_the_publisher_writes_only_what_changed_and_stops_when_fenced() ->
         sleep=Rounds(new_leader),
     )
     assert fenced == ["epoch 1 is stale"]
+
+
+async def test_the_publisher_pauses_longer_when_a_round_costs_more() -> None:
+    """Building every node's view costs in proportion to the fleet; the pause after a
+    round is at least PAUSE_PER_COST times that cost, so a big fleet is published less
+    often instead of taking the event loop."""
+    store = MemoryFleet()
+    now = [100.0]
+    cost = [0.01]
+    pauses: list[float] = []
+
+    def views() -> dict[str, dict[str, Any]]:
+        now[0] += cost[0]  # what building the views took
+        return {"n1": view("n1")}
+
+    async def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        if len(pauses) == 1:
+            cost[0] = 0.5  # the fleet grew
+        elif len(pauses) == 3:
+            raise LookupError("done")
+        else:
+            cost[0] = 0.01
+
+    with pytest.raises(LookupError):
+        await publish_fleet(
+            store=store,
+            views=views,
+            lease_name="control",
+            epoch=1,
+            on_fenced=lambda _: None,
+            interval=1.0,
+            sleep=sleep,
+            clock=lambda: now[0],
+        )
+    assert pauses == [1.0, pytest.approx(0.5 * PAUSE_PER_COST), 1.0]
+    assert PAUSE_PER_COST * 0.5 > 1.0
+    assert store.writes == [("replace", ["n1"])]
 
 
 async def test_a_standby_reports_the_heartbeat_age_as_of_now() -> None:

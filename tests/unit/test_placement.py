@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -475,3 +476,45 @@ def test_fleet_place_agrees_with_explain_as_the_fleet_fills_up(policy: str, seed
         placed_count += 1
     # The fleet filled up on the way: both found places, then both ran out.
     assert 30 < placed_count < 150
+
+
+@pytest.mark.parametrize("seed", [21, 22])
+@pytest.mark.parametrize("policy", ["pack", "spread"])
+def test_fleet_place_of_gangs_agrees_with_explain_as_the_fleet_fills_up(
+    policy: str, seed: int
+) -> None:
+    """Multi-node replicas keep their fitting nodes grouped between placements; the
+    groups must follow every reservation (single-node ones included) exactly."""
+    rng = random.Random(seed)
+    nodes = [
+        dataclasses.replace(
+            make_node(
+                f"node-{i:02d}",
+                gpus=make_gpus(4),
+                fabric={"ib": f"pod{i // 4}"},
+                draining=i % 9 == 0,
+                port_range=(20000, 20000 + rng.randint(1, 4)),
+            ),
+            advertise_host=f"10.0.0.{i}",
+        )
+        for i in range(24)
+    ]
+    gang = dataclasses.replace(make_profile("tp2-pp2", gpus=2), nodes=2, fabric="ib")
+    models = [
+        make_model(f"g{j}", dataclasses.replace(gang, gpus=rng.choice((1, 2, 4)))) for j in range(4)
+    ] + [make_model(f"m{j}", make_profile(gpus=rng.choice((1, 2)))) for j in range(4)]
+    fleet = Fleet(nodes, policy="spread" if policy == "spread" else "pack")
+    gangs_placed = refused = 0
+    for _ in range(80):
+        model = models[rng.randrange(len(models))]
+        avoid = frozenset({f"node-{rng.randrange(24):02d}"})
+        placed = fleet.place(model, avoid_nodes=avoid)
+        assert placed == fleet.explain(model, avoid_nodes=avoid).placement
+        if placed is None:
+            refused += 1
+            continue
+        fleet.reserve(placed, model.name)
+        gangs_placed += len(placed.ranks) > 1
+    # Both found places, then the fleet filled up.
+    assert gangs_placed > 3
+    assert refused > 0

@@ -36,7 +36,10 @@ fit; the controller re-plans after every change.
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import itertools
+import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -386,6 +389,38 @@ class _Candidates:
     seen: int
 
 
+# The filters a node's fixed facts decide (its state, labels, GPU kinds): within one
+# plan their verdict for a single-node need never changes.
+_STATIC_FILTERS: tuple[Filter, ...] = (filter_node_state, filter_labels, filter_gpu_kind)
+# The filters that look at what is still free on the node.
+_DYNAMIC_FILTERS: tuple[Filter, ...] = (filter_gpus, filter_ports)
+
+
+@dataclass(slots=True)
+class _ByFree:
+    """The nodes that pass one need's fixed filters, bucketed by free GPU count.
+
+    With the default filters, a single-node need with GPUs ranks nodes by their
+    free GPU count, then their shard count, then id, whatever its GPU count
+    (`score_pack`, `score_spread`), so one order serves every need that shares
+    the fixed part (kind, labels). Each bucket is sorted by (shard key, node id);
+    `where` is each node's bucket and key, to move it when it is reserved on.
+    """
+
+    buckets: dict[int, list[tuple[int, str]]]
+    where: dict[str, tuple[int, int]]
+
+
+@dataclass(slots=True)
+class _GangIndex:
+    """The nodes that fit one multi-node need, per fabric value, by score and id;
+    `where` is each node's group and entry; `seen` as in `_Candidates`."""
+
+    entries: dict[str, list[_Entry]]
+    where: dict[str, tuple[str, _Entry]]
+    seen: int
+
+
 class Fleet:
     """Every node's remaining capacity during one plan (or one dry run).
 
@@ -412,6 +447,17 @@ class Fleet:
         self._changed: list[str] = []
         # Per need and node: the node's version when checked, and its rejection (None: fits).
         self._checked: dict[Need, _Checked] = {}
+        # Per need's fixed part (`_static_key`): its nodes by free GPU count; only with
+        # the default filters, whose split into fixed and free-capacity ones is known.
+        self._spread = policy == "spread"
+        self._indexed = self._filters == DEFAULT_FILTERS
+        self._by_free: dict[Need, _ByFree] = {}
+        # Per need explained: every node's rejection in node order, and how much of the
+        # change log it has taken in.
+        self._explained: dict[Need, tuple[list[Rejection | None], int]] = {}
+        self._order = {node_id: i for i, node_id in enumerate(self._caps)}
+        # Per multi-node need: its fitting nodes by fabric value.
+        self._gangs: dict[Need, _GangIndex] = {}
         for start in pending:
             cap = self._caps.get(start.node_id)
             # A pending start the node already reports as a shard is counted once.
@@ -423,8 +469,11 @@ class Fleet:
     def reserve(self, placement: Placement, model: str) -> None:
         for rank, shard in enumerate(placement.ranks):
             master = placement.master_port if rank == 0 else 0
-            self._caps[shard.node_id].reserve(model, shard.gpu_indices, shard.port, master)
+            cap = self._caps[shard.node_id]
+            cap.reserve(model, shard.gpu_indices, shard.port, master)
             self._changed.append(shard.node_id)
+            for index in self._by_free.values():
+                self._move(index, cap)
 
     def explain(
         self,
@@ -437,27 +486,16 @@ class Fleet:
         verdicts: list[ProfileVerdict] = []
         for profile in model.profiles:
             need = Need.of(profile, self._mgmt)
-            fits: list[NodeCapacity] = []
-            rejections: list[Rejection] = []
-            checked = self._memo(need)
-            for cap in self._caps.values():
-                reason = self._check(cap, need, checked)
-                if reason is None:
-                    fits.append(cap)
-                    continue
-                # Reused while the reason holds: explaining every model that
-                # does not fit would otherwise make a new object per node each time.
-                made = checked.rejections.get(cap.node.id)
-                if made is None or made.reason != reason:
-                    made = checked.rejections[cap.node.id] = Rejection(cap.node.id, reason)
-                rejections.append(made)
+            slots = self._verdicts(need)
+            fits = list(itertools.compress(self._caps.values(), map(operator.not_, slots)))
+            rejections = tuple(filter(None, slots))
             if need.nodes > 1:
                 gang = self._gang(fits, profile, need, model.name, avoid_nodes, avoid_ports)
                 verdicts.append(
                     ProfileVerdict(
                         profile=profile.name,
                         fits=tuple(c.node.id for c in fits),
-                        rejections=tuple(rejections),
+                        rejections=rejections,
                         groups=() if gang is not None else _short_groups(fits, need),
                     )
                 )
@@ -468,7 +506,7 @@ class Fleet:
                 ProfileVerdict(
                     profile=profile.name,
                     fits=tuple(c.node.id for c in fits),
-                    rejections=tuple(rejections),
+                    rejections=rejections,
                 )
             )
             if fits:
@@ -495,13 +533,15 @@ class Fleet:
         for profile in model.profiles:
             need = Need.of(profile, self._mgmt)
             if need.nodes > 1:
-                checked = self._memo(need)
-                fits = [c for c in self._caps.values() if self._check(c, need, checked) is None]
-                gang = self._gang(fits, profile, need, model.name, avoid_nodes, avoid_ports)
+                groups = self._gang_groups(need)
+                gang = self._best_gang(groups, profile, need, model.name, avoid_nodes, avoid_ports)
                 if gang is not None:
                     return gang
                 continue
-            cap = self._pick(need, model.name, avoid_nodes)
+            if self._indexed and need.gpus > 0:
+                cap = self._pick_by_free(need, model.name, avoid_nodes)
+            else:
+                cap = self._pick(need, model.name, avoid_nodes)
             if cap is not None:
                 return _placement(cap, profile, need, avoid_ports)
         return None
@@ -522,18 +562,30 @@ class Fleet:
         Rank 0 is the best chosen node that has two free ports (engine and rendezvous).
         """
         assert need.fabric is not None
-        groups: dict[str, list[NodeCapacity]] = {}
-        for cap in fits:
+        groups: dict[str, list[str]] = {}
+        for cap in sorted(fits, key=lambda c: (*self._score(c, need), c.node.id)):
             value = fabric_of(cap.node, need.fabric)
             if value is not None:
-                groups.setdefault(value, []).append(cap)
+                groups.setdefault(value, []).append(cap.node.id)
+        return self._best_gang(groups, profile, need, model, avoid_nodes, avoid_ports)
+
+    def _best_gang(
+        self,
+        groups: dict[str, list[str]],
+        profile: Profile,
+        need: Need,
+        model: str,
+        avoid_nodes: frozenset[str],
+        avoid_ports: frozenset[tuple[str, int]],
+    ) -> Placement | None:
+        """`_gang` over fitting nodes' ids grouped by fabric value, each group by score and
+        id."""
+        assert need.fabric is not None
         best: tuple[tuple[int, int, int, str], list[NodeCapacity], tuple[int, int]] | None = None
-        for value, caps in groups.items():
-            if len(caps) < need.nodes:
+        for value, ids in groups.items():
+            if len(ids) < need.nodes:
                 continue
-            ranked = sorted(
-                caps, key=lambda c: (_tier(c, model, avoid_nodes), *self._score(c, need), c.node.id)
-            )
+            ranked = _ranked(ids, self._caps, need.nodes, model, avoid_nodes, avoid_ports)
             head = next((c for c in ranked if c.two_ports(avoid_ports) is not None), None)
             if head is None:
                 continue
@@ -562,6 +614,73 @@ class Fleet:
             master_port=master_port,
             fabric=f"{need.fabric}={value}",
         )
+
+    def _gang_groups(self, need: Need) -> dict[str, list[str]]:
+        """The nodes that fit a multi-node need, by fabric value, each group by score and
+        id; kept per need and brought up to date with the nodes changed since."""
+        assert need.fabric is not None
+        found = self._gangs.get(need)
+        checked = self._memo(need)
+        if found is None:
+            entries: dict[str, list[_Entry]] = {}
+            for cap in self._caps.values():
+                value = fabric_of(cap.node, need.fabric)
+                if value is not None and self._check(cap, need, checked) is None:
+                    entries.setdefault(value, []).append(
+                        (*self._score(cap, need), cap.node.id, cap.version)
+                    )
+            for group in entries.values():
+                group.sort()
+            found = self._gangs[need] = _GangIndex(entries, {}, len(self._changed))
+            for value, group in entries.items():
+                for entry in group:
+                    found.where[entry[2]] = (value, entry)
+        elif found.seen < len(self._changed):
+            for node_id in dict.fromkeys(self._changed[found.seen :]):
+                cap = self._caps[node_id]
+                old = found.where.pop(node_id, None)
+                if old is None:
+                    # It did not fit before; capacity only shrinks, so it does not now.
+                    continue
+                group = found.entries[old[0]]
+                del group[bisect.bisect_left(group, old[1])]
+                if self._check(cap, need, checked) is None:
+                    entry = (*self._score(cap, need), node_id, cap.version)
+                    bisect.insort(group, entry)
+                    found.where[node_id] = (old[0], entry)
+            found.seen = len(self._changed)
+        return {
+            value: [e[2] for e in group]
+            for value, group in found.entries.items()
+            if len(group) >= need.nodes
+        }
+
+    def _verdicts(self, need: Need) -> list[Rejection | None]:
+        """Every node's rejection for `need` in node order (None: it fits), kept per need
+        and brought up to date with the nodes changed since: a plan explains every model
+        that does not fit, and re-reading the whole fleet for each one costs minutes at
+        10,000 nodes. A rejection object is reused while its reason holds."""
+        checked = self._memo(need)
+        found = self._explained.get(need)
+        if found is None:
+            slots = [self._rejection(cap, need, checked) for cap in self._caps.values()]
+            self._explained[need] = (slots, len(self._changed))
+            return slots
+        slots, seen = found
+        if seen < len(self._changed):
+            for node_id in dict.fromkeys(self._changed[seen:]):
+                slots[self._order[node_id]] = self._rejection(self._caps[node_id], need, checked)
+            self._explained[need] = (slots, len(self._changed))
+        return slots
+
+    def _rejection(self, cap: NodeCapacity, need: Need, checked: _Checked) -> Rejection | None:
+        reason = self._check(cap, need, checked)
+        if reason is None:
+            return None
+        made = checked.rejections.get(cap.node.id)
+        if made is None or made.reason != reason:
+            made = checked.rejections[cap.node.id] = Rejection(cap.node.id, reason)
+        return made
 
     def _memo(self, need: Need) -> _Checked:
         checked = self._checked.get(need)
@@ -627,6 +746,99 @@ class Fleet:
         for entry in popped:
             heapq.heappush(heap, entry)
         return best[1] if best is not None else None
+
+    def _shard_key(self, cap: NodeCapacity) -> int:
+        # Pack prefers busier nodes among equally free ones, spread idler ones.
+        return cap.shards if self._spread else -cap.shards
+
+    def _index(self, need: Need) -> _ByFree:
+        """The fixed part's index, built on first use by running the fixed filters once
+        per node (their verdict cannot change within the plan)."""
+        key = Need(0, 0, need.gpu_kind, need.labels)
+        index = self._by_free.get(key)
+        if index is not None:
+            return index
+        probe = Need(1, 0, need.gpu_kind, need.labels)
+        buckets: dict[int, list[tuple[int, str]]] = {}
+        where: dict[str, tuple[int, int]] = {}
+        for node_id, cap in self._caps.items():
+            if rejection(cap, probe, _STATIC_FILTERS) is not None:
+                continue
+            free, order = len(cap.free_gpus), self._shard_key(cap)
+            buckets.setdefault(free, []).append((order, node_id))
+            where[node_id] = (free, order)
+        for bucket in buckets.values():
+            bucket.sort()
+        index = self._by_free[key] = _ByFree(buckets, where)
+        return index
+
+    def _move(self, index: _ByFree, cap: NodeCapacity) -> None:
+        node_id = cap.node.id
+        old = index.where.get(node_id)
+        if old is None:
+            return
+        free, order = len(cap.free_gpus), self._shard_key(cap)
+        if old == (free, order):
+            return
+        bucket = index.buckets[old[0]]
+        del bucket[bisect.bisect_left(bucket, (old[1], node_id))]
+        bisect.insort(index.buckets.setdefault(free, []), (order, node_id))
+        index.where[node_id] = (free, order)
+
+    def _pick_by_free(
+        self, need: Need, model: str, avoid_nodes: frozenset[str]
+    ) -> NodeCapacity | None:
+        """`_pick` for a single-node need with GPUs under the default filters: walk the
+        fixed part's nodes best first (by free GPUs, shards, id) from those with enough
+        free GPUs, checking only what capacity decides, until a fresh node (tier 0)."""
+        index = self._index(need)
+        counts = [f for f in index.buckets if f >= need.gpus]
+        counts.sort(reverse=self._spread)
+        checked = self._memo(need)
+        best: tuple[int, NodeCapacity] | None = None
+        for free in counts:
+            for _, node_id in index.buckets[free]:
+                cap = self._caps[node_id]
+                if checked.versions.get(node_id) == cap.version:
+                    reason = checked.reasons[node_id]
+                else:
+                    reason = rejection(cap, need, _DYNAMIC_FILTERS)
+                    checked.versions[node_id] = cap.version
+                    checked.reasons[node_id] = reason
+                if reason is not None:
+                    continue
+                tier = _tier(cap, model, avoid_nodes)
+                if tier == 0:
+                    return cap
+                if best is None or tier < best[0]:
+                    best = (tier, cap)
+        return best[1] if best is not None else None
+
+
+def _ranked(
+    ids: list[str],
+    caps: dict[str, NodeCapacity],
+    count: int,
+    model: str,
+    avoid_nodes: frozenset[str],
+    avoid_ports: frozenset[tuple[str, int]],
+) -> list[NodeCapacity]:
+    """The nodes `ids` (sorted by score and id) ranked by tier, score and id, or enough
+    of the front of that order for a gang of `count`: a prefix of fresh (tier 0) nodes
+    holding `count` of them and one with two free ports decides the gang's head and
+    members."""
+    fresh: list[NodeCapacity] = []
+    head = False
+    for node_id in ids:
+        cap = caps[node_id]
+        if _tier(cap, model, avoid_nodes) != 0:
+            continue
+        fresh.append(cap)
+        head = head or cap.two_ports(avoid_ports) is not None
+        if head and len(fresh) >= count:
+            return fresh
+    # Python's sort is stable: ties in tier keep the score and id order.
+    return sorted((caps[i] for i in ids), key=lambda c: _tier(c, model, avoid_nodes))
 
 
 def _short_groups(fits: list[NodeCapacity], need: Need) -> tuple[str, ...]:
