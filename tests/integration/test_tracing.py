@@ -339,7 +339,8 @@ def test_a_request_that_waited_in_the_queue_has_a_span_for_its_wait(
         )[0]  # fmt: skip
         assert span.parent_id == root.span_id
         assert span.attributes["llmgw.refused"] == "queue_wait_expired"
-        assert span.attributes["llmgw.queue.waited_s"] >= 0.3
+        # Its whole budget: asyncio may fire a timer up to its clock's resolution early.
+        assert span.attributes["llmgw.queue.waited_s"] >= 0.3 - 0.005
         assert span.attributes["llmgw.model"] == "sim-model"
         assert root.attributes["http.response.status_code"] == 429
     finally:
