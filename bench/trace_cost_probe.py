@@ -7,7 +7,9 @@ MODE is `off` (no telemetry settings) or a sample ratio (`0.01`, `1.0`: spans go
 `bench/otlp_sink.py`). A zero-delay `llmgw sim` behind one `llmgw server
 --auth-mode open`; 32 closed-loop connections (bench/loadgen.py) send non-streaming
 chat completions; after a 2 s warm-up, the gateway's CPU (utime + stime) over the
-window is divided by the requests answered in it. With py-spy installed next to this
+window is divided by the requests answered in it, and split into the main thread's
+(the event loop) and the other threads' (the span sink, the usage writer's database
+thread). With py-spy installed next to this
 interpreter, `py-spy record --format raw` samples the window into
 /tmp/trace-probe-MODE.txt (wall-clock samples: they show where the time goes, not
 the CPU). Nothing is pinned: run the modes alternately, several times, on the same machine.
@@ -41,8 +43,10 @@ def _port() -> int:
         return port
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def _cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """A process's CPU seconds (utime + stime), or one of its threads' (`tid`)."""
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -109,7 +113,7 @@ def main() -> None:
         request = loadgen.build_request(HOST, gw_port, "/v1/chat/completions", payload)
         pyspy = shutil.which("py-spy", path=str(Path(python).parent))
 
-        async def run() -> tuple[loadgen.PhaseResult, float]:
+        async def run() -> tuple[loadgen.PhaseResult, float, float]:
             phase = asyncio.create_task(
                 loadgen.run_phase(
                     HOST, gw_port, request, concurrency=CONCURRENCY, warmup=WARMUP,
@@ -118,18 +122,22 @@ def main() -> None:
             )  # fmt: skip
             await asyncio.sleep(WARMUP)
             before = _cpu_seconds(gateway.pid)
+            loop_before = _cpu_seconds(gateway.pid, gateway.pid)
             spy = None if pyspy is None else _start_pyspy(pyspy, gateway.pid, seconds, mode)
             result = await phase
             cpu = _cpu_seconds(gateway.pid) - before
+            loop_cpu = _cpu_seconds(gateway.pid, gateway.pid) - loop_before
             if spy is not None:
                 spy.wait()
-            return result, cpu
+            return result, cpu, loop_cpu
 
-        result, cpu = asyncio.run(run())
+        result, cpu, loop_cpu = asyncio.run(run())
         done = result.completed
         print(
             f"{mode}: {result.rps:,.0f} req/s, errors {result.error_count}, gateway CPU "
-            f"{cpu:.2f} s for {done} requests: {cpu / max(done, 1) * 1e6:.0f} µs/req; "
+            f"{cpu:.2f} s for {done} requests: {cpu / max(done, 1) * 1e6:.0f} µs/req (main thread "
+            f"{loop_cpu / max(done, 1) * 1e6:.0f}, other threads "
+            f"{(cpu - loop_cpu) / max(done, 1) * 1e6:.0f}); "
             f"load average {os.getloadavg()[0]:.2f}"
         )
     finally:
