@@ -166,14 +166,26 @@ class RouterApp:
         if (self._tracer is not None or self._access_log is not None) and (
             path.startswith("/v1/") or path in _POST_ROUTES
         ):
-            await self._observed(scope, receive, send, request_id)
+            await self._observed(
+                scope, receive, send, request_id, content_length, authorization, api_key
+            )
             return
         if not request_id:
             request_id = new_request_id()
         await self._route(scope, receive, send, request_id, content_length, authorization, api_key)
 
-    async def _observed(self, scope: Scope, receive: Receive, send: Send, given_id: bytes) -> None:
-        """An API request traced and/or access-logged (see the module docstring)."""
+    async def _observed(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        given_id: bytes,
+        content_length: int,
+        authorization: bytes | None,
+        api_key: bytes | None,
+    ) -> None:
+        """An API request traced and/or access-logged (see the module docstring); the
+        headers `__call__` read come with it, not read twice."""
         exchange = _Exchange(self._clock())
         method: str = scope["method"]
         path: str = scope["path"]
@@ -186,15 +198,6 @@ class RouterApp:
                         exchange.replica = value.decode("latin-1")
             await send(message)
 
-        headers = scope["headers"]
-        content_length, authorization, api_key = -1, None, None
-        for name, value in headers:
-            if name == b"content-length" and value.isdigit():
-                content_length = int(value)
-            elif name == b"authorization":
-                authorization = value
-            elif name == b"x-api-key":
-                api_key = value
         request_id = given_id
         if self._tracer is None:
             request_id = request_id or new_request_id()
@@ -206,7 +209,7 @@ class RouterApp:
             finally:
                 self._log_access(method, path, request_id, exchange, None)
             return
-        parent = extract_context(headers)
+        parent = extract_context(scope["headers"])
         with self._tracer.start_as_current_span(
             f"{method} {path}",
             context=parent,
