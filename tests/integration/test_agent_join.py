@@ -131,10 +131,15 @@ def exited(proc: Proc, within: float = 60.0) -> int:
 def test_a_node_joins_with_the_printed_token_serves_and_comes_back_without_it(
     cluster: Cluster,
 ) -> None:
-    assert cluster.server is not None
-    output = cluster.server.proc.output()
-    printed = re.search(rf"llmgw agent --server {cluster.address} --token (\S+)", output)
-    assert printed is not None, output
+    server = cluster.server
+    assert server is not None
+    # Printed once the listeners are up, which is when the server answers /readyz: wait.
+    printed = wait_for(
+        lambda: re.search(
+            rf"llmgw agent --server {cluster.address} --token (\S+)", server.proc.output()
+        ),
+        "the server to print the join command",
+    )
     token = printed.group(1)
 
     agent = cluster.agent("gpu-a", "--token", token, "--node-id", "gpu-a")

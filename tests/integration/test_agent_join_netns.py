@@ -109,11 +109,13 @@ def test_a_namespaced_node_joins_with_the_printed_token_and_fails_over_to_the_st
         wait_for(lambda: leads(first), "the first server to lead")
         second = start(ports[1])
         procs.append(second.proc)
-        printed = re.search(
-            rf"llmgw agent --server {re.escape(netns.gateway)}:{ports[0]} --token (\S+)",
-            first.proc.output(),
+        printed = wait_for(
+            lambda: re.search(
+                rf"llmgw agent --server {re.escape(netns.gateway)}:{ports[0]} --token (\S+)",
+                first.proc.output(),
+            ),
+            "the first server to print the join command",
         )
-        assert printed is not None, first.proc.output()
         host: Host = netns.hosts[0]
         low = free_port_block(6)
         agent = host.spawn(
