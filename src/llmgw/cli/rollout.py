@@ -14,6 +14,7 @@ Not guaranteed: a stable text layout; scripts should use `--json`.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -96,15 +97,7 @@ def status(
     admin_config: AdminConfigOption = None,
 ) -> None:
     """Show the replicas of the new and the old spec, and the step the rollout is at."""
-    from llmgw.cli.models import model_path
-
-    answer = request(
-        "GET", resolve_admin(admin, admin_key, admin_config), model_path(name, "/rollout")
-    )
-    if json_out:
-        print_json(answer)
-        return
-    typer.echo(rollout_text(answer))
+    _call("GET", "", name, json_out, (admin, admin_key, admin_config), None)
 
 
 @rollout_app.command("undo")
@@ -116,16 +109,14 @@ def undo(
     admin_config: AdminConfigOption = None,
 ) -> None:
     """Put the model's previous spec back; its replicas roll back one by one."""
-    from llmgw.cli.models import model_path
-
-    answer = request(
-        "POST", resolve_admin(admin, admin_key, admin_config), model_path(name, "/rollout/undo")
+    _call(
+        "POST",
+        "/undo",
+        name,
+        json_out,
+        (admin, admin_key, admin_config),
+        "model {model} is back on its previous spec; its replicas roll back",
     )
-    if json_out:
-        print_json(answer)
-        return
-    typer.echo(f"model {answer['model']} is back on its previous spec; its replicas roll back")
-    typer.echo(rollout_text(answer))
 
 
 @rollout_app.command("promote")
@@ -138,16 +129,14 @@ def promote(
 ) -> None:
     """Make the model's canary its spec: every new conversation goes to it, and the
     other replicas roll to it one by one."""
-    from llmgw.cli.models import model_path
-
-    answer = request(
-        "POST", resolve_admin(admin, admin_key, admin_config), model_path(name, "/rollout/promote")
+    _call(
+        "POST",
+        "/promote",
+        name,
+        json_out,
+        (admin, admin_key, admin_config),
+        "model {model}: the canary is its spec now; its other replicas roll",
     )
-    if json_out:
-        print_json(answer)
-        return
-    typer.echo(f"model {answer['model']}: the canary is its spec now; its other replicas roll")
-    typer.echo(rollout_text(answer))
 
 
 @rollout_app.command("abort")
@@ -160,13 +149,32 @@ def abort(
 ) -> None:
     """Drop the model's canary: new conversations all go to its own spec, and the canary's
     replicas drain."""
+    _call(
+        "POST",
+        "/abort",
+        name,
+        json_out,
+        (admin, admin_key, admin_config),
+        "model {model}: the canary is dropped; its replicas drain",
+    )
+
+
+def _call(
+    method: str,
+    action: str,
+    name: str,
+    json_out: bool,
+    admin: tuple[str | None, str | None, Path | None],
+    said: str | None,
+) -> None:
+    """One rollout route of the admin API (`/rollout` + `action`), its answer printed:
+    JSON, or `said` (with {model} filled in) and the rollout's status."""
     from llmgw.cli.models import model_path
 
-    answer = request(
-        "POST", resolve_admin(admin, admin_key, admin_config), model_path(name, "/rollout/abort")
-    )
+    answer = request(method, resolve_admin(*admin), model_path(name, "/rollout" + action))
     if json_out:
         print_json(answer)
         return
-    typer.echo(f"model {answer['model']}: the canary is dropped; its replicas drain")
+    if said is not None:
+        typer.echo(said.format(model=answer["model"]))
     typer.echo(rollout_text(answer))
