@@ -60,7 +60,7 @@ from llmgw.router.requests import (
     parse_request,
 )
 from llmgw.store import StoreError, UsageRecord
-from llmgw.telemetry.propagation import extract_context
+from llmgw.telemetry.propagation import child_span, extract_context
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -152,6 +152,7 @@ class RouterApp:
         content_length = -1
         authorization: bytes | None = None
         api_key: bytes | None = None
+        traced = False
         for name, value in scope["headers"]:
             if name == b"x-request-id":
                 if _REQUEST_ID.fullmatch(value):
@@ -162,12 +163,14 @@ class RouterApp:
                 authorization = value
             elif name == b"x-api-key":
                 api_key = value
+            elif name == b"traceparent":
+                traced = True
         path: str = scope["path"]
         if (self._tracer is not None or self._access_log is not None) and (
             path.startswith("/v1/") or path in _POST_ROUTES
         ):
             await self._observed(
-                scope, receive, send, request_id, content_length, authorization, api_key
+                scope, receive, send, request_id, content_length, authorization, api_key, traced
             )
             return
         if not request_id:
@@ -183,9 +186,11 @@ class RouterApp:
         content_length: int,
         authorization: bytes | None,
         api_key: bytes | None,
+        traced: bool,
     ) -> None:
         """An API request traced and/or access-logged (see the module docstring); the
-        headers `__call__` read come with it, not read twice."""
+        headers `__call__` read come with it, not read twice (`traced`: the client
+        sent a `traceparent`)."""
         exchange = _Exchange(self._clock())
         method: str = scope["method"]
         path: str = scope["path"]
@@ -209,7 +214,9 @@ class RouterApp:
             finally:
                 self._log_access(method, path, request_id, exchange, None)
             return
-        parent = extract_context(scope["headers"])
+        # No `traceparent`, no trace to continue (the propagator ignores a lone
+        # `tracestate`): the span starts a trace without a context looked through.
+        parent = extract_context(scope["headers"]) if traced else None
         with self._tracer.start_as_current_span(
             f"{method} {path}",
             context=parent,
@@ -221,7 +228,9 @@ class RouterApp:
             if not request_id:
                 # A trace begun here is this request's alone: its id is the request id.
                 # A client's trace may hold many requests, each gets an id of its own.
-                continued = get_current_span(parent).get_span_context().is_valid
+                continued = (
+                    parent is not None and get_current_span(parent).get_span_context().is_valid
+                )
                 request_id = new_request_id() if continued else _as_uuid(trace_id)
             span.set_attribute("llmgw.request_id", request_id.decode("latin-1"))
             try:
@@ -399,7 +408,7 @@ class RouterApp:
         try:
             if tracer is None:
                 return await self._auth.authenticate(token_from_headers(authorization, api_key))
-            with tracer.start_as_current_span("llmgw.auth") as span:
+            with child_span(tracer, "llmgw.auth") as span:
                 principal = await self._auth.authenticate(
                     token_from_headers(authorization, api_key)
                 )
@@ -515,7 +524,7 @@ class RouterApp:
         tracer = _recording(self._tracer)
         if tracer is None:
             return await self._limiter.admit(limits, req.prompt_tokens_estimate())
-        with tracer.start_as_current_span("llmgw.limits") as span:
+        with child_span(tracer, "llmgw.limits") as span:
             try:
                 return await self._limiter.admit(limits, req.prompt_tokens_estimate())
             except LimitExceeded as exc:

@@ -1,13 +1,16 @@
 """W3C trace context on the request path: read from the client, written to engines.
 
-`traceparent` and `tracestate` are read and written with OpenTelemetry's own W3C
-propagator, never parsed here. Only the OpenTelemetry API is imported: this module
-costs nothing when tracing is off.
+`traceparent` and `tracestate` are read with OpenTelemetry's own W3C propagator,
+never parsed here; they are written by it too, except for llmgw's own recorded
+spans, which format the same text from their ids (no `SpanContext` built). Only
+the OpenTelemetry API is imported: this module costs nothing when tracing is off.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -43,9 +46,28 @@ def extract_context(headers: _Headers) -> Context:
 
 def trace_headers() -> list[tuple[bytes, bytes]]:
     """`traceparent` (and `tracestate`) for the current span, to send upstream."""
+    span = trace.get_current_span()
+    own = getattr(span, "w3c_headers", None)
+    if own is not None:
+        # llmgw's recorded span writes them from its ids, without a SpanContext.
+        headers: list[tuple[bytes, bytes]] = own()
+        return headers
     carrier: dict[str, str] = {}
     _PROPAGATOR.inject(carrier)
     return [(name.encode(), value.encode("latin-1")) for name, value in carrier.items()]
+
+
+def child_span(
+    tracer: trace.Tracer, name: str, attributes: dict[str, Any] | None = None
+) -> AbstractContextManager[trace.Span]:
+    """A span under the current one, for work under which nothing makes spans: not
+    made current when the tracer can skip that (llmgw's, `start_child`), else as
+    `start_as_current_span` makes it. An exception leaving it is recorded either way."""
+    start = getattr(tracer, "start_child", None)
+    if start is not None:
+        span: AbstractContextManager[trace.Span] = start(name, attributes)
+        return span
+    return tracer.start_as_current_span(name, attributes=attributes)
 
 
 def client_trace_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

@@ -34,7 +34,13 @@ from typing import IO, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry.sdk.trace.id_generator import IdGenerator
-from opentelemetry.sdk.trace.sampling import ParentBased, Sampler
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    ParentBased,
+    Sampler,
+    TraceIdRatioBased,
+)
 from opentelemetry.trace import (
     Link,
     NonRecordingSpan,
@@ -59,6 +65,12 @@ _OK = StatusCode.OK.value
 _ERROR = StatusCode.ERROR.value
 # `RecordedSpan._as_current` flags.
 _CURRENT, _END, _RECORD, _SET_STATUS = 1, 2, 4, 8
+_TRACE_ID_LIMIT = TraceIdRatioBased.TRACE_ID_LIMIT
+# Trace flags, made once: sampled or not, with the W3C "random trace id" bit or not.
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
+_SAMPLED_RANDOM = TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
+_NOT_SAMPLED_RANDOM = TraceFlags(TraceFlags.RANDOM_TRACE_ID)
 # A frame on the pipe to the export process: a 4-byte length, then marshalled records
 # one after the other.
 FRAME = struct.Struct(">I")
@@ -244,7 +256,7 @@ class RecordedSpan(Span):
         state: TraceState | None,
         parent_id: int,
         parent_remote: bool,
-        kind: SpanKind,
+        kind: int,
         start: int,
         attributes: dict[str, Any],
         links: list[Any] | None,
@@ -272,7 +284,7 @@ class RecordedSpan(Span):
         self._token: object = None
 
     def __enter__(self) -> RecordedSpan:
-        if self._as_current:
+        if self._as_current & _CURRENT:
             self._token = otel_context.attach(set_span_in_context(self))
         return self
 
@@ -296,9 +308,21 @@ class RecordedSpan(Span):
                         Status(StatusCode.ERROR, f"{type(exc_val).__name__}: {exc_val}")
                     )
         finally:
-            otel_context.detach(self._token)  # type: ignore[arg-type]
+            if options & _CURRENT:
+                otel_context.detach(self._token)  # type: ignore[arg-type]
             if options & _END:
                 self.end()
+
+    def w3c_headers(self) -> list[tuple[bytes, bytes]]:
+        """`traceparent` (and `tracestate`) naming this span, as the W3C propagator
+        writes them, without building its `SpanContext`."""
+        headers = [
+            (b"traceparent", b"00-%032x-%016x-%02x" % (self._trace_id, self._span_id, self._flags))
+        ]
+        state = self._state
+        if state:
+            headers.append((b"tracestate", state.to_header().encode("latin-1")))
+        return headers
 
     def get_span_context(self) -> SpanContext:
         context = self._context
@@ -389,7 +413,7 @@ class RecordedSpan(Span):
                 state.to_header() if state else "",
                 self._parent_id,
                 self._parent_remote,
-                self._kind.value,
+                self._kind,
                 self._start,
                 end_time or time.time_ns(),
                 self._attributes,
@@ -452,6 +476,7 @@ class RecordTracer(Tracer):
         # Parent-based sampling (the default, and `telemetry.sample_ratio`): a span
         # under a local parent follows it without asking the sampler.
         self._parent_based = isinstance(sampler, ParentBased)
+        self._bound = _ratio_bound(sampler)
 
     def start_span(
         self,
@@ -479,7 +504,7 @@ class RecordTracer(Tracer):
                 current._state,
                 current._span_id,
                 False,
-                kind,
+                kind._value_,
                 start_time or time.time_ns(),
                 _clean(attributes),
                 [_link(link.context, link.attributes) for link in links] if links else None,
@@ -491,10 +516,27 @@ class RecordTracer(Tracer):
         else:
             parent = None
             trace_id = ids.generate_trace_id()
+        extra: Attributes = None
+        bound = self._bound
         if parent is not None and not parent.is_remote and self._parent_based:
             flags = parent.trace_flags
             state: TraceState | None = parent.trace_state
-            extra: Attributes = None
+        elif bound is not None:
+            # The SDK's parent-based ratio sampler with its default delegates, decided
+            # as it decides (a remote parent's flag, else the trace id against the
+            # ratio's bound) without its result objects.
+            if parent is None:
+                sampled = trace_id & _TRACE_ID_LIMIT < bound
+                state = None
+            else:
+                sampled = parent.trace_flags.sampled
+                state = parent.trace_state
+            flags = _SAMPLED if sampled else _NOT_SAMPLED
+            random_id = (
+                ids.is_trace_id_random() if parent is None else parent.trace_flags.random_trace_id
+            )
+            if random_id:
+                flags = _SAMPLED_RANDOM if sampled else _NOT_SAMPLED_RANDOM
         else:
             result = self._sampler.should_sample(context, trace_id, name, kind, attributes, links)
             sampled = result.decision.is_sampled()  # type: ignore[no-untyped-call]
@@ -526,11 +568,23 @@ class RecordTracer(Tracer):
             state,
             0 if parent is None else parent.span_id,
             parent is not None and parent.is_remote,
-            kind,
+            kind._value_,
             start_time or time.time_ns(),
             found,
             [_link(link.context, link.attributes) for link in links] if links else None,
         )
+
+    def start_child(
+        self, name: str, attributes: Attributes = None, kind: SpanKind = SpanKind.INTERNAL
+    ) -> AbstractContextManager[Span]:
+        """A span under the current one that does not become current itself (no
+        context made, attached and detached), for work under which nothing makes
+        spans or reads the current span; an exception leaving it is recorded and sets
+        its status, as with `start_as_current_span`."""
+        span = self.start_span(name, None, kind, attributes)
+        if type(span) is RecordedSpan:
+            span._as_current = _END | _RECORD | _SET_STATUS
+        return span
 
     def start_as_current_span(  # type: ignore[override]
         self,
@@ -556,6 +610,28 @@ class RecordTracer(Tracer):
             )
             return span
         return _Current(span, end_on_exit, record_exception, set_status_on_exception)
+
+
+def _ratio_bound(sampler: Sampler) -> int | None:
+    """The trace-id bound of a parent-based sampler whose root samples by ratio (or
+    always, or never) and whose remote-parent delegates are the SDK's defaults (the
+    default sampler, `telemetry.sample_ratio`, OTEL_TRACES_SAMPLER=parentbased_*);
+    None for any other sampler, which is then asked for every root span."""
+    if not isinstance(sampler, ParentBased):
+        return None
+    if (
+        getattr(sampler, "_remote_parent_sampled", None) is not ALWAYS_ON
+        or getattr(sampler, "_remote_parent_not_sampled", None) is not ALWAYS_OFF
+    ):
+        return None
+    root = getattr(sampler, "_root", None)
+    if root is ALWAYS_ON:
+        return _TRACE_ID_LIMIT + 1
+    if root is ALWAYS_OFF:
+        return 0
+    if type(root) is TraceIdRatioBased:
+        return root.bound
+    return None
 
 
 def export_argv(*, endpoint: str, service: str) -> list[str]:
