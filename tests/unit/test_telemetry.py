@@ -13,15 +13,29 @@ from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+from opentelemetry.sdk.trace.sampling import ParentBased
+from opentelemetry.trace import (
+    SpanContext,
+    SpanKind,
+    TraceFlags,
+    Tracer,
+    get_current_span,
+    set_span_in_context,
+)
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from otlp_receiver import OtlpReceiver
 from procs import wait_for
 
 from llmgw.config import ConfigError, TelemetryConfig, load_server_config
 from llmgw.router.access_log import AccessLog
 from llmgw.telemetry.logs import JsonFormatter, log_format
-from llmgw.telemetry.propagation import client_trace_headers, extract_context
-from llmgw.telemetry.tracing import TracingError, build_tracing
+from llmgw.telemetry.propagation import (
+    child_span,
+    client_trace_headers,
+    extract_context,
+    trace_headers,
+)
+from llmgw.telemetry.tracing import Tracing, TracingError, build_tracing
 
 
 def _built(config: TelemetryConfig, env: dict[str, str]) -> str | None:
@@ -77,6 +91,97 @@ def test_the_service_name_and_sample_ratio_are_honoured() -> None:
         child = tracing.tracer("t").start_span("y", context=parent)
         assert child.is_recording()
         child.end()
+    finally:
+        tracing.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("config", "env"),
+    [
+        (TelemetryConfig(otlp_endpoint="http://127.0.0.1:4318", sample_ratio=0.25), {}),
+        (
+            TelemetryConfig(otlp_endpoint="http://127.0.0.1:4318"),
+            {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.6"},
+        ),
+        (
+            TelemetryConfig(otlp_endpoint="http://127.0.0.1:4318"),
+            {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.4"},
+        ),
+    ],
+)
+def test_sampling_decides_as_the_sdks_sampler_for_every_trace(
+    config: TelemetryConfig, env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The SDK reads OTEL_TRACES_SAMPLER from the process's environment.
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    tracing = build_tracing(config, service="llmgw-test", env=env)
+    assert tracing is not None
+    try:
+        sampler = tracing.provider.sampler
+        tracer = tracing.tracer("t")
+        sampled = 0
+        for _ in range(2000):
+            span = tracer.start_span("root")
+            context = span.get_span_context()
+            expected = sampler.should_sample(None, context.trace_id, "root").decision
+            assert span.is_recording() == expected.is_sampled(), hex(context.trace_id)
+            assert context.trace_flags.sampled == span.is_recording()
+            sampled += span.is_recording()
+            if span.is_recording():
+                # A sampled trace's children follow it.
+                # (Not ended: nothing is exported to the collector that is not there.)
+                child = tracer.start_span("child", context=set_span_in_context(span))
+                assert child.get_span_context().trace_id == context.trace_id
+        assert 0 < sampled < 2000
+        # A client's flag decides for its trace under a parent-based sampler.
+        for flag, recorded in ((b"01", True), (b"00", False)):
+            parent = extract_context(
+                [(b"traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-" + flag)]
+            )
+            span = tracer.start_span("y", context=parent)
+            if isinstance(sampler, ParentBased):
+                assert span.is_recording() is recorded
+    finally:
+        tracing.shutdown()
+
+
+def test_a_child_span_is_not_current_and_the_engine_gets_the_propagators_traceparent() -> None:
+    with OtlpReceiver() as receiver:
+        tracing = build_tracing(TelemetryConfig(otlp_endpoint=receiver.url), service="t", env={})
+        assert tracing is not None
+        _child_span_and_headers(tracing.tracer("t"), tracing)
+        spans = {s.name: s for s in receiver.spans()}
+    # The child not made current is still the root's child, its exception recorded.
+    assert spans["auth"].parent_id == spans["root"].span_id
+    assert spans["auth"].events() == ["exception"]
+    assert spans["auth"].span.status.message == "ValueError: refused"
+
+
+def _child_span_and_headers(tracer: Tracer, tracing: Tracing) -> None:
+    try:
+        parent = extract_context(
+            [
+                (b"traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+                (b"tracestate", b"vendor=abc"),
+            ]
+        )
+        with tracer.start_as_current_span("root", context=parent) as root:
+            with pytest.raises(ValueError), child_span(tracer, "auth") as auth:
+                assert get_current_span() is root
+                raise ValueError("refused")
+            assert not auth.is_recording()  # ended on the way out
+            with tracer.start_as_current_span("upstream") as upstream:
+                carrier: dict[str, str] = {}
+                TraceContextTextMapPropagator().inject(carrier)
+                assert trace_headers() == [
+                    (name.encode(), value.encode()) for name, value in carrier.items()
+                ]
+                context = upstream.get_span_context()
+                assert carrier["traceparent"] == (
+                    f"00-{context.trace_id:032x}-{context.span_id:016x}-01"
+                )
+                assert carrier["tracestate"] == "vendor=abc"
     finally:
         tracing.shutdown()
 

@@ -1,7 +1,8 @@
 """The span export process: span records from the gateway's pipe, sent with the SDK's OTLP exporter.
 
 `python -m llmgw.telemetry.export ENDPOINT SERVICE` reads frames from stdin (a
-4-byte length, then `llmgw.telemetry.spans.Record`s marshalled one after the other),
+4-byte length, then `llmgw.telemetry.spans.Record`s pickled one after the other, by
+the gateway that started this process and no one else),
 rebuilds each as the SDK's `ReadableSpan` and exports them with the official
 `OTLPSpanExporter` (OTLP/HTTP, protobuf), in batches of OTEL_BSP_MAX_EXPORT_BATCH_SIZE.
 The standard variables it reads are the SDK's (OTEL_RESOURCE_ATTRIBUTES,
@@ -19,8 +20,8 @@ from __future__ import annotations
 
 import io
 import logging
-import marshal
 import os
+import pickle
 import signal
 import sys
 from collections.abc import Iterator
@@ -53,9 +54,10 @@ def frames(stream: IO[bytes]) -> Iterator[list[Record]]:
         if len(data) < size:
             return
         buffer = io.BytesIO(data)
+        unpickler = pickle.Unpickler(buffer)
         records: list[Record] = []
         while buffer.tell() < size:
-            records.append(marshal.load(buffer))
+            records.append(unpickler.load())
         yield records
 
 
