@@ -60,7 +60,7 @@ from llmgw.router.requests import (
     parse_request,
 )
 from llmgw.store import StoreError, UsageRecord
-from llmgw.telemetry.propagation import child_span, extract_context
+from llmgw.telemetry.propagation import child_span, extract_context, span_trace_id
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -223,8 +223,7 @@ class RouterApp:
             kind=SpanKind.SERVER,
             attributes={"http.request.method": method, "http.route": path},
         ) as span:
-            context = span.get_span_context()
-            trace_id = f"{context.trace_id:032x}"
+            trace_id = f"{span_trace_id(span):032x}"
             if not request_id:
                 # A trace begun here is this request's alone: its id is the request id.
                 # A client's trace may hold many requests, each gets an id of its own.

@@ -67,7 +67,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.context import Context, get_current
-from opentelemetry.trace import SpanKind, StatusCode, Tracer, get_current_span
+from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer, get_current_span
 
 from llmgw.config import RouterConfig
 from llmgw.engines import UnknownEngine, routes_of
@@ -107,7 +107,7 @@ from llmgw.router.upstream import (
     UpstreamError,
 )
 from llmgw.router.usage_scan import find_usage
-from llmgw.telemetry.propagation import trace_headers
+from llmgw.telemetry.propagation import child_span, trace_headers
 
 Message = MutableMapping[str, Any]
 Send = Callable[[Message], Awaitable[None]]
@@ -593,17 +593,18 @@ class Proxy:
     ) -> Outcome:
         """`_attempt` in a client span: replica, attempt number, retry reason, TTFT
         and tokens; the engine gets this span as its parent (`traceparent`)."""
-        with tracer.start_as_current_span(
+        with child_span(
+            tracer,
             "llmgw.upstream",
-            kind=SpanKind.CLIENT,
-            attributes={
+            {
                 "llmgw.replica": endpoint.id,
                 "llmgw.attempt": attempt + 1,
                 "llmgw.engine": endpoint.engine or "unknown",
             },
+            kind=SpanKind.CLIENT,
             record_exception=False,
-            set_status_on_exception=False,
         ) as span:
+            timing.span = span
             try:
                 outcome = await self._attempt(
                     endpoint, req, request_id, send, start, headers, timing
@@ -648,7 +649,9 @@ class Proxy:
                 ) as first_byte:
                     wait = self._pool.wait_first_byte(endpoint.id, first_byte)
                     try:
-                        resp = await self._post(endpoint, req, request_id)
+                        resp = await self._post(
+                            endpoint, req, request_id, None if timing is None else timing.span
+                        )
                         if resp.status >= 400:
                             raise await self._engine_error(endpoint, resp)
                         streaming = req.stream and resp.content_type == EVENT_STREAM
@@ -725,7 +728,9 @@ class Proxy:
                     # Closing (not pooling) the connection tells the engine to stop.
                     resp.close()
 
-    async def _post(self, endpoint: Endpoint, req: ParsedRequest, request_id: bytes) -> Response:
+    async def _post(
+        self, endpoint: Endpoint, req: ParsedRequest, request_id: bytes, span: Span | None = None
+    ) -> Response:
         native = req.native
         req.served_natively = native is not None and native.api in endpoint.native_apis
         if req.served_natively:
@@ -739,8 +744,9 @@ class Proxy:
             (b"X-Request-Id", _upstream_id(request_id)),
         )
         if self._tracer is not None:
-            # The current span is this attempt's: the engine's spans become its children.
-            headers += tuple(trace_headers())
+            # The attempt's span (or, not sampled, the request's): the engine's spans
+            # become its children.
+            headers += tuple(trace_headers(span))
         else:
             for name, value in req.headers:
                 if name in _TRACE_CONTEXT:
@@ -1119,6 +1125,9 @@ class _Timing:
     # The request's trace context (its server span) when it is traced: a continuation's
     # spans are children of the request, not of the attempt that broke.
     trace_parent: Context | None = None
+    # The attempt's span when the request is traced: the engine is sent it as parent.
+    # Not made current, so no context is made, attached and detached for it.
+    span: Span | None = None
 
 
 async def _send_error_event(send: Send, error: RouterError) -> None:

@@ -54,10 +54,10 @@ def frames(stream: IO[bytes]) -> Iterator[list[Record]]:
         if len(data) < size:
             return
         buffer = io.BytesIO(data)
-        unpickler = pickle.Unpickler(buffer)
         records: list[Record] = []
         while buffer.tell() < size:
-            records.append(unpickler.load())
+            # One unpickler a record: each was pickled alone, its memo numbered from 0.
+            records.append(pickle.load(buffer))
         yield records
 
 

@@ -44,30 +44,51 @@ def extract_context(headers: _Headers) -> Context:
     return _PROPAGATOR.extract(headers, getter=_GETTER)
 
 
-def trace_headers() -> list[tuple[bytes, bytes]]:
-    """`traceparent` (and `tracestate`) for the current span, to send upstream."""
-    span = trace.get_current_span()
-    own = getattr(span, "w3c_headers", None)
+def trace_headers(span: trace.Span | None = None) -> list[tuple[bytes, bytes]]:
+    """`traceparent` (and `tracestate`) for `span` (default: the current span), to
+    send upstream."""
+    own = getattr(trace.get_current_span() if span is None else span, "w3c_headers", None)
     if own is not None:
         # llmgw's recorded span writes them from its ids, without a SpanContext.
         headers: list[tuple[bytes, bytes]] = own()
         return headers
     carrier: dict[str, str] = {}
-    _PROPAGATOR.inject(carrier)
+    _PROPAGATOR.inject(carrier, None if span is None else trace.set_span_in_context(span))
     return [(name.encode(), value.encode("latin-1")) for name, value in carrier.items()]
 
 
 def child_span(
-    tracer: trace.Tracer, name: str, attributes: dict[str, Any] | None = None
+    tracer: trace.Tracer,
+    name: str,
+    attributes: dict[str, Any] | None = None,
+    *,
+    kind: trace.SpanKind = trace.SpanKind.INTERNAL,
+    record_exception: bool = True,
 ) -> AbstractContextManager[trace.Span]:
-    """A span under the current one, for work under which nothing makes spans: not
-    made current when the tracer can skip that (llmgw's, `start_child`), else as
-    `start_as_current_span` makes it. An exception leaving it is recorded either way."""
+    """A span under the current one, for work under which nothing makes spans or
+    reads the current span: not made current when the tracer can skip that (llmgw's,
+    `start_child`), else as `start_as_current_span` makes it. With `record_exception`
+    an exception leaving it is recorded and sets its status, either way."""
     start = getattr(tracer, "start_child", None)
     if start is not None:
-        span: AbstractContextManager[trace.Span] = start(name, attributes)
+        span: AbstractContextManager[trace.Span] = start(name, attributes, kind, record_exception)
         return span
-    return tracer.start_as_current_span(name, attributes=attributes)
+    return tracer.start_as_current_span(
+        name,
+        kind=kind,
+        attributes=attributes,
+        record_exception=record_exception,
+        set_status_on_exception=record_exception,
+    )
+
+
+def span_trace_id(span: trace.Span) -> int:
+    """`span`'s trace id; llmgw's recorded spans give it without building a `SpanContext`."""
+    own = getattr(span, "trace_id", None)
+    if own is not None:
+        trace_id: int = own
+        return trace_id
+    return span.get_span_context().trace_id
 
 
 def client_trace_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

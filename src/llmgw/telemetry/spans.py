@@ -83,6 +83,11 @@ FRAME = struct.Struct(">I")
 Record = tuple[Any, ...]
 
 
+def encode_record(record: Record) -> bytes:
+    """One record as it goes on the pipe (`llmgw.telemetry.export.frames` reads it)."""
+    return pickle.dumps(record, _PICKLE_PROTOCOL)
+
+
 def _clean(attributes: Mapping[str, Any] | None) -> dict[str, Any]:
     """Attributes as plain values: str, bool, int, float, or tuples of them; anything
     else as its text (the SDK does the same)."""
@@ -157,7 +162,7 @@ class SpanSink:
                     self._max_queue,
                 )
             return
-        spans.append(pickle.dumps(record, _PICKLE_PROTOCOL))
+        spans.append(encode_record(record))
         if len(spans) == self._batch:
             self._wake.set()
 
@@ -314,6 +319,10 @@ class RecordedSpan(Span):
                 otel_context.detach(self._token)  # type: ignore[arg-type]
             if options & _END:
                 self.end()
+
+    @property
+    def trace_id(self) -> int:
+        return self._trace_id
 
     def w3c_headers(self) -> list[tuple[bytes, bytes]]:
         """`traceparent` (and `tracestate`) naming this span, as the W3C propagator
@@ -577,15 +586,19 @@ class RecordTracer(Tracer):
         )
 
     def start_child(
-        self, name: str, attributes: Attributes = None, kind: SpanKind = SpanKind.INTERNAL
+        self,
+        name: str,
+        attributes: Attributes = None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        record_exception: bool = True,
     ) -> AbstractContextManager[Span]:
         """A span under the current one that does not become current itself (no
         context made, attached and detached), for work under which nothing makes
         spans or reads the current span; an exception leaving it is recorded and sets
-        its status, as with `start_as_current_span`."""
+        its status (with `record_exception`), as with `start_as_current_span`."""
         span = self.start_span(name, None, kind, attributes)
         if type(span) is RecordedSpan:
-            span._as_current = _END | _RECORD | _SET_STATUS
+            span._as_current = _END | (_RECORD | _SET_STATUS if record_exception else 0)
         return span
 
     def start_as_current_span(  # type: ignore[override]
