@@ -1756,17 +1756,15 @@ def run_tracing(
         + ".",
         "",
         "Where B's time goes: the gateway makes its spans with llmgw's own tracer on the "
-        "OpenTelemetry API (`llmgw.telemetry.spans`: the SDK's sampler and ids; a span is a "
-        "slotted object, marshalled when it ends) and a thread writes them in batches to the "
-        "export process, where the SDK's `ReadableSpan` and OTLP exporter encode and send "
-        "them at nice 19 (the *export µs/req* columns, on core 1). Measured alone "
-        "(CPU time, `time.thread_time`), a request's four spans cost ~16 µs this way "
-        "against ~84 µs with the SDK's own tracer, and the SDK's encoding (30-150 µs a span) "
-        "no longer runs in the gateway. That does not account for all of B's extra CPU per "
-        "request over A, nor for C's (1% sampled, almost no spans): the rest of the "
-        "tracing-on request path (context extraction, the sampler, the non-recording "
-        "server span and its `traceparent`, the observed `send`) costs more here than "
-        "those parts measured alone, and was not pinned down on this shared machine.",
+        "OpenTelemetry API (`llmgw.telemetry.spans`: the SDK's sampling decided inline for its "
+        "parent-based ratio sampler, the SDK's ids; a span is a slotted object, pickled when it "
+        "ends; only the server span is made current, the auth, limits, route and upstream "
+        "spans are not, and the engine's `traceparent` is written from the upstream span's "
+        "ids) and a thread writes them in batches to the export process, where the SDK's "
+        "`ReadableSpan` and OTLP exporter encode and send them at nice 19 (the *export µs/req* "
+        "columns, on core 1). On this shared 2-core machine the gateway's CPU per request "
+        "moves by ±50 µs between windows of the same gateway; compare the ratios of several "
+        "runs, not one.",
         "",
         "### Target",
         "",
