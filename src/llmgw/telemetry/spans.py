@@ -6,9 +6,10 @@ context manager, the span processor chain) and as much again to encode in the
 batch processor's thread, which shares the gateway's interpreter
 (bench/RESULTS.md). This tracer implements the OpenTelemetry API (`Tracer`,
 `Span`: context, propagation, `use_span` and `get_current_span` work as with
-the SDK) with the SDK's own sampler and id generator, but a recorded span is a
-slotted object that, when it ends, becomes one tuple of plain values in a list.
-`SpanSink` hands those lists, in batches, to another process
+the SDK) with the SDK's own sampler (its parent-based ratio sampler decided inline,
+the same way) and id generator, but a recorded span is a slotted object that,
+when it ends, becomes one tuple of plain values, pickled into a list. `SpanSink`
+hands those lists, in batches, to another process
 (`llmgw.telemetry.export`) that turns them into the SDK's `ReadableSpan`s and
 sends them with the official OTLP exporter.
 
