@@ -528,6 +528,7 @@ async def _serve(
         tracer=control_tracer,
         activation_metrics=ActivationMetrics(registry=registry),
         rollouts=store.rollouts,
+        canary_halts=store.canary_halts,
         routed=lambda replica_id: _routed(gate, replica_id),
     )
     CertificateMetrics(registry=registry, sources=_certificates(cfg, pki))

@@ -373,6 +373,8 @@ def _show_text(model: dict[str, Any]) -> str:
             lines += ["", f"rollout stopped: {rollout.get('reason')}"]
         else:
             lines += ["", f"rolling out a new spec: {rollout.get('step')}"]
+    if status.get("canary_halt"):
+        lines += ["", f"canary stopped: {status.get('canary_halt')}"]
     for key, label in (("last_failure", "last failure"), ("unplaceable", "unplaceable")):
         value = status.get(key)
         if isinstance(value, dict):
