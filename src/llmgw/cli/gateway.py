@@ -55,7 +55,13 @@ from llmgw.cli.serving import (
 )
 from llmgw.config import ListenAddress, ServerConfig
 from llmgw.config.routing import ScorerWeights
-from llmgw.control.adminapi import event_routes, model_routes, node_routes, node_view
+from llmgw.control.adminapi import (
+    config_routes,
+    event_routes,
+    model_routes,
+    node_routes,
+    node_view,
+)
 from llmgw.control.adminapi.tokens import join_token_routes
 from llmgw.control.agentsvc import (
     AgentListener,
@@ -70,6 +76,7 @@ from llmgw.control.agentsvc import (
 from llmgw.control.agentsvc.cluster_pki import ClusterPki, ClusterPkiError
 from llmgw.control.agentsvc.join import serve_cluster_agents
 from llmgw.control.catalog import Catalog, CatalogError, model_from_config
+from llmgw.control.catalog.reload import ConfigReloader
 from llmgw.control.inventory import FleetMetrics, Inventory
 from llmgw.control.leadership import (
     LEASE_NAME,
@@ -209,6 +216,31 @@ async def _poll_catalog(catalog: Catalog) -> None:
             await catalog.load()
         except (CatalogError, StoreError) as exc:
             log.warning("cannot reload the catalog from the store (keeping it): %s", exc)
+
+
+async def _reload_on_hangup(reloader: ConfigReloader, hangup: asyncio.Event) -> None:
+    """SIGHUP reloads the config file's models (as `llmgw models reload` does); the
+    outcome goes to the log, a refused file with the field at fault."""
+    while True:
+        await hangup.wait()
+        hangup.clear()
+        try:
+            done = await reloader.reload()
+        except (CatalogError, StoreError) as exc:
+            log.error("SIGHUP: the config file was not reloaded: %s", exc)
+            continue
+        view = done.view()
+        log.info(
+            "SIGHUP: reloaded the models of %s: added %s, changed %s (rolling %s), removed %s%s",
+            done.file,
+            view["added"] or "none",
+            view["changed"] or "none",
+            view["rolled"] or "none",
+            view["removed"] or "none",
+            f"; needs a restart to apply: {', '.join(done.restart_needed)}"
+            if done.restart_needed
+            else "",
+        )
 
 
 def _agent_address(cfg: ServerConfig) -> str:
@@ -399,6 +431,10 @@ async def _serve(
     )
     publisher.publish_static()
     catalog = await _load_catalog(cfg, store, config_file)
+    reloader = ConfigReloader(
+        catalog=catalog, path=Path(config_file) if config_file is not None else None
+    )
+    await reloader.start()
     if not cfg.endpoints and not catalog.models():
         raise NothingToServe(
             "nothing to serve: add an engine with --endpoint ID=URL=MODEL "
@@ -751,6 +787,7 @@ async def _serve(
                 ).remove,
             ),
             *model_routes(catalog=catalog, control=model_control),
+            *config_routes(reloader=reloader),
             *join_token_routes(
                 issuer=pki,
                 unavailable=tokens_unavailable(security),
@@ -842,6 +879,8 @@ async def _serve(
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    hangup = asyncio.Event()
+    loop.add_signal_handler(signal.SIGHUP, hangup.set)
     hosts = {"API": cfg.listen.host, "admin": cfg.admin_listen.host}
     if cfg.metrics_listen is not None:
         hosts["metrics"] = cfg.metrics_listen.host
@@ -949,6 +988,7 @@ async def _serve(
                     )
                 ),
                 group.create_task(guard("catalog poller", _poll_catalog(catalog))),
+                group.create_task(guard("config reloader", _reload_on_hangup(reloader, hangup))),
                 group.create_task(guard("metrics history", history.run())),
                 group.create_task(
                     guard(
