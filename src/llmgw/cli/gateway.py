@@ -76,7 +76,7 @@ from llmgw.control.agentsvc import (
 from llmgw.control.agentsvc.cluster_pki import ClusterPki, ClusterPkiError
 from llmgw.control.agentsvc.join import serve_cluster_agents
 from llmgw.control.catalog import Catalog, CatalogError, model_from_config
-from llmgw.control.catalog.reload import ConfigReloader
+from llmgw.control.catalog.reload import ConfigReloader, ConfigSource
 from llmgw.control.inventory import FleetMetrics, Inventory
 from llmgw.control.leadership import (
     LEASE_NAME,
@@ -303,9 +303,16 @@ async def _load_catalog(cfg: ServerConfig, store: Store, config_file: str | None
 
 
 def run_gateway(
-    cfg: ServerConfig, listeners: list[BoundListener], *, config_file: str | None = None
+    cfg: ServerConfig,
+    listeners: list[BoundListener],
+    *,
+    config_file: str | None = None,
+    reload_source: ConfigSource | None = None,
 ) -> None:
-    """Serve until SIGTERM or SIGINT, then shut down gracefully."""
+    """Serve until SIGTERM or SIGINT, then shut down gracefully. SIGHUP (and the admin
+    API's reload) reads `reload_source` again, by default the config file."""
+    if reload_source is None and config_file is not None:
+        reload_source = ConfigSource.file(Path(config_file))
     try:
         url = store_url(Path(cfg.data_dir or DEFAULT_DATA_DIR).expanduser(), cfg.store)
     except StoreError as exc:
@@ -315,7 +322,7 @@ def run_gateway(
     )
     if short is not None:
         log.warning("%s", short)
-    uvloop.run(_run(cfg, listeners, url, config_file))
+    uvloop.run(_run(cfg, listeners, url, config_file, reload_source))
 
 
 async def _open_store(url: str) -> Store:
@@ -332,7 +339,11 @@ async def _open_store(url: str) -> Store:
 
 
 async def _run(
-    cfg: ServerConfig, listeners: list[BoundListener], url: str, config_file: str | None
+    cfg: ServerConfig,
+    listeners: list[BoundListener],
+    url: str,
+    config_file: str | None,
+    reload_source: ConfigSource | None,
 ) -> None:
     try:
         tracing = build_tracing(cfg.telemetry, service="llmgw-server")
@@ -346,7 +357,15 @@ async def _run(
         max_workers=LOGIN_HASH_THREADS, thread_name_prefix=LOGIN_THREAD_PREFIX
     )
     try:
-        await _serve(cfg, listeners, store, config_file, login_pool=login_pool, tracing=tracing)
+        await _serve(
+            cfg,
+            listeners,
+            store,
+            config_file,
+            reload_source,
+            login_pool=login_pool,
+            tracing=tracing,
+        )
     finally:
         login_pool.shutdown(wait=False, cancel_futures=True)
         await store.close()
@@ -408,6 +427,7 @@ async def _serve(
     listeners: list[BoundListener],
     store: Store,
     config_file: str | None,
+    reload_source: ConfigSource | None,
     *,
     login_pool: Executor,
     tracing: Tracing | None = None,
@@ -431,9 +451,7 @@ async def _serve(
     )
     publisher.publish_static()
     catalog = await _load_catalog(cfg, store, config_file)
-    reloader = ConfigReloader(
-        catalog=catalog, path=Path(config_file) if config_file is not None else None
-    )
+    reloader = ConfigReloader(catalog=catalog, source=reload_source)
     await reloader.start()
     if not cfg.endpoints and not catalog.models():
         raise NothingToServe(

@@ -1,6 +1,7 @@
 """Reloading the config file's models into the live catalog, without a restart.
 
-`ConfigReloader.reload()` reads the file the server started with again, checks all
+`ConfigReloader.reload()` reads the file the server started with again (or what
+`llmgw up` builds its catalog from: a `ConfigSource`), checks all
 of it (the whole file as at start-up, then every `models:` entry through the
 catalog's rules), and only then puts its models in force (`Catalog.reload_config`):
 a model whose change touches what its replicas run (weights, engine, arguments,
@@ -21,7 +22,7 @@ file (the leader's catalog is the one whose replicas run).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,19 @@ class NoConfigFile(CatalogError):
     """The server was started without a config file: there is nothing to reload."""
 
     code = "no_config_file"
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigSource:
+    """Where a reload reads the config from: `label` names it in answers and errors (the
+    file's path), `read` reads and validates it (`ConfigError` naming the field)."""
+
+    label: str
+    read: Callable[[], ServerConfig]
+
+    @classmethod
+    def file(cls, path: Path) -> ConfigSource:
+        return cls(str(path), lambda: load_server_config(path, {}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,11 +103,11 @@ def _sections(cfg: ServerConfig) -> dict[str, Any]:
 
 
 class ConfigReloader:
-    """Reloads `path`'s models into `catalog`; one reload at a time."""
+    """Reloads `source`'s models into `catalog`; one reload at a time."""
 
-    def __init__(self, *, catalog: Catalog, path: Path | None) -> None:
+    def __init__(self, *, catalog: Catalog, source: ConfigSource | None) -> None:
         self._catalog = catalog
-        self._path = path
+        self._source = source
         self._lock = asyncio.Lock()
         # The file's other sections as the server started with them (None: not read).
         self._started: Mapping[str, Any] | None = None
@@ -101,10 +115,10 @@ class ConfigReloader:
     async def start(self) -> None:
         """Note the file's other sections as the server starts, to tell later which of
         them changed; a file that no longer reads is noted as nothing."""
-        if self._path is None:
+        if self._source is None:
             return
         try:
-            cfg = await asyncio.to_thread(load_server_config, self._path, {})
+            cfg = await asyncio.to_thread(self._source.read)
         except ConfigError:
             return
         self._started = _sections(cfg)
@@ -115,15 +129,15 @@ class ConfigReloader:
         `NoConfigFile`, `InvalidConfig` (nothing changed); `StoreError` when the
         store's models cannot be read to weigh against the new ones (nothing changed).
         """
-        path = self._path
-        if path is None:
+        source = self._source
+        if source is None:
             raise NoConfigFile(
                 "this server was started without --config, so it has no config file to "
                 "reload; add models with `llmgw models add` instead"
             )
         async with self._lock:
             try:
-                cfg = await asyncio.to_thread(load_server_config, path, {})
+                cfg = await asyncio.to_thread(source.read)
             except ConfigError as exc:
                 raise InvalidConfig(f"{exc}; nothing was reloaded") from exc
             models: list[CatalogModel] = []
@@ -133,13 +147,15 @@ class ConfigReloader:
                 except InvalidModel as exc:
                     where = _where(index, exc.field)
                     raise InvalidConfig(
-                        f"{path}: {where}: {exc.message}; nothing was reloaded"
+                        f"{source.label}: {where}: {exc.message}; nothing was reloaded"
                     ) from exc
             before = {m.name: _runs(m) for m in self._catalog.models()}
             try:
                 change = await self._catalog.reload_config(models)
             except NameTaken as exc:
-                raise InvalidConfig(f"{path}: models: {exc.message}; nothing was reloaded") from exc
+                raise InvalidConfig(
+                    f"{source.label}: models: {exc.message}; nothing was reloaded"
+                ) from exc
             now = {m.name: m for m in models}
             rolled = tuple(n for n in change.changed if _runs(now[n]) != before.get(n))
             sections = _sections(cfg)
@@ -149,4 +165,4 @@ class ConfigReloader:
                 if started is None
                 else tuple(sorted(k for k in sections if sections[k] != started.get(k)))
             )
-            return Reloaded(str(path), change, rolled, restart)
+            return Reloaded(source.label, change, rolled, restart)
