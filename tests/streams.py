@@ -36,6 +36,8 @@ class Streamed:
     replica: str = ""
     request_id: str = ""
     text: str = ""
+    # The thought (`reasoning` deltas) before the text.
+    reasoning: str = ""
     ids: set[str] = field(default_factory=set)
     usage: list[dict[str, Any]] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
@@ -89,9 +91,10 @@ def stream(
                         delta = choice.get("delta") or {}
                         out.roles += "role" in delta
                         out.text += delta.get("content") or ""
+                        out.reasoning += delta.get("reasoning") or ""
                     else:
                         out.text += choice.get("text") or ""
-                if on_tokens is not None and len(out.text.split()) == after:
+                if on_tokens is not None and len((out.reasoning + out.text).split()) == after:
                     on_tokens(out)
     return out
 

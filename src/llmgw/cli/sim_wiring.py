@@ -72,6 +72,7 @@ def build_app(
         embedding_dim=settings.embedding_dim,
         native_apis=settings.native_apis,
         sequence=settings.text == "sequence",
+        reasoning_words=settings.reasoning_words,
         clock=clock,
         wall_clock=wall_clock,
     )

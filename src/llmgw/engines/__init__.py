@@ -17,7 +17,13 @@ from llmgw.engines.adapter import EngineAdapter
 from llmgw.engines.errors import EngineError, ProfileError, UnknownEngine
 from llmgw.engines.llamacpp import LlamaCppAdapter
 from llmgw.engines.prometheus import Sample, metric_max, metric_sum, parse_samples
-from llmgw.engines.registry import adapter_for, continues_of, native_apis_of, routes_of
+from llmgw.engines.registry import (
+    adapter_for,
+    continues_of,
+    continues_thoughts,
+    native_apis_of,
+    routes_of,
+)
 from llmgw.engines.sglang import SglangAdapter
 from llmgw.engines.sim import SimAdapter
 from llmgw.engines.spec import (
@@ -50,6 +56,7 @@ __all__ = [
     "VllmAdapter",
     "adapter_for",
     "continues_of",
+    "continues_thoughts",
     "metric_max",
     "metric_sum",
     "native_apis_of",

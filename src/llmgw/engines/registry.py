@@ -53,6 +53,22 @@ def native_apis_of(engine: str, engine_args: Sequence[str]) -> frozenset[str]:
     return _adapter_class(engine).native_apis(engine_args)
 
 
+def continues_thoughts(engine: str, engine_args: Sequence[str]) -> bool:
+    """Whether `engine` run with `engine_args` writes its thought as `<think>...</think>`
+    (its `--reasoning-parser` is one of `EngineAdapter.thought_parsers`), so that a
+    continuation can write a half-finished thought back; False for an unknown engine."""
+    found = _ADAPTERS.get(engine)
+    if found is None:
+        return False
+    parser = ""
+    for index, arg in enumerate(engine_args):
+        if arg == "--reasoning-parser" and index + 1 < len(engine_args):
+            parser = engine_args[index + 1]
+        elif arg.startswith("--reasoning-parser="):
+            parser = arg.split("=", 1)[1]
+    return parser in found.thought_parsers
+
+
 def continues_of(engine: str) -> frozenset[str]:
     """The client routes on which `engine` continues a generation another replica began
     (`EngineAdapter.continues`); none for "" (an endpoint whose engine is not declared:

@@ -84,6 +84,9 @@ class SglangAdapter:
     gpu_ranks = True
     routes = SGLANG_ROUTES
     continues = CONTINUES_CHAT_AND_COMPLETIONS
+    # The --reasoning-parser names whose thought it writes as <think>...</think>, which a
+    # continuation can write back (see `EngineAdapter.thought_parsers`).
+    thought_parsers: frozenset[str] = frozenset({"deepseek-r1", "qwen3"})
 
     def __init__(self, *, settings: EngineSettings) -> None:
         self._settings = settings

@@ -95,6 +95,9 @@ class VllmAdapter:
     gpu_ranks = True
     routes = VLLM_ROUTES
     continues = CONTINUES_CHAT_AND_COMPLETIONS
+    # The --reasoning-parser names whose thought it writes as <think>...</think>, which a
+    # continuation can write back (see `EngineAdapter.thought_parsers`).
+    thought_parsers: frozenset[str] = frozenset({"deepseek_r1", "qwen3"})
 
     def __init__(self, *, settings: EngineSettings) -> None:
         self._settings = settings

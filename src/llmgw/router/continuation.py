@@ -225,6 +225,11 @@ class Continuation:
             found = read_back(b"".join(sent), chat=req.path == CHAT)
             if found is None:
                 return None
+            if found.reasoning and not any(
+                e.thoughts for e in self._pool.by_model.get(req.model) or ()
+            ):
+                # No replica writes a thought in markup llmgw can rebuild.
+                return None
             splice = found
         if remaining(req.body, splice.tokens) == 0:
             return None
@@ -286,7 +291,9 @@ class Continuation:
         (None: the stream ended well); or the RouterError that ended the stream when no
         replica took it (its error event was sent)."""
         try:
-            endpoint, resp = await self._open(req, body, send, tried, total_deadline)
+            endpoint, resp = await self._open(
+                req, body, send, tried, total_deadline, thought=bool(splice.reasoning)
+            )
         except RouterError as exc:
             await send({"type": "http.response.body", "body": error_event(exc), "more_body": False})
             return exc
@@ -344,13 +351,15 @@ class Continuation:
         send: Send,
         tried: set[str],
         total_deadline: float,
+        *,
+        thought: bool = False,
     ) -> tuple[Endpoint, Response]:
         """Send the continuation to a replica that can take it and return its stream's
         head; RouterError when none answers within the deadlines."""
         deadline = min(total_deadline, self._clock() + self._wait_limit)
         last_error: RouterError | None = None
         while True:
-            endpoint = await self._replica(req, send, tried, deadline, last_error)
+            endpoint = await self._replica(req, send, tried, deadline, last_error, thought)
             path = endpoint.path_for(req.path) or req.path
             resp: Response | None = None
             opened = False
@@ -420,7 +429,11 @@ class Continuation:
             engines = set(activator.engines(req.model))
         return any(req.path in continues_of(engine) for engine in engines)
 
-    def _candidates(self, req: ParsedRequest, tried: set[str]) -> list[Endpoint]:
+    def _candidates(
+        self, req: ParsedRequest, tried: set[str], thought: bool = False
+    ) -> list[Endpoint]:
+        """Replicas that can take the continuation now; with a `thought` under way, only
+        those whose reasoning parser's markup (`<think>`) it was written back in."""
         now = self._clock()
         return [
             e
@@ -429,6 +442,7 @@ class Continuation:
             and e.available(now)
             and e.path_for(req.path) is not None
             and req.path in continues_of(e.engine)
+            and (e.thoughts or not thought)
         ]
 
     async def _replica(
@@ -438,6 +452,7 @@ class Continuation:
         tried: set[str],
         deadline: float,
         last_error: RouterError | None,
+        thought: bool = False,
     ) -> Endpoint:
         """A replica to continue on, waiting (with keep-alive comments) while there is
         none; the replicas `tried` are skipped until the first pause, since a replica
@@ -447,7 +462,7 @@ class Continuation:
         activation: asyncio.Future[None] | None = None
         try:
             while True:
-                candidates = self._candidates(req, tried)
+                candidates = self._candidates(req, tried, thought)
                 if candidates:
                     picked = self._balancer.pick(candidates, ())
                     if picked is not None:

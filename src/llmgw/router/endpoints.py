@@ -46,6 +46,9 @@ class EndpointSpec:
     # The client APIs (besides chat completions) the engine serves natively:
     # "messages", "responses". Requests of the others are translated.
     native_apis: frozenset[str] = frozenset()
+    # Whether its engine writes a thought as <think>...</think> (its reasoning parser's
+    # markup), so a stream broken mid-thought can be continued on it.
+    thoughts: bool = False
     # A model with a canary: the version this replica runs, and the version's weight
     # (its share of new conversations against the other's); "" and 0 otherwise.
     version: str = ""
@@ -78,6 +81,7 @@ class Endpoint:
         "probe_ok",
         "routes",
         "stream_usage",
+        "thoughts",
         "url",
         "version",
         "weight",
@@ -93,6 +97,7 @@ class Endpoint:
         self.engine = spec.engine
         self.routes = _routes(spec)
         self.native_apis = spec.native_apis
+        self.thoughts = spec.thoughts
         self.version = spec.version
         self.weight = spec.weight
         self._policy = policy
@@ -149,6 +154,7 @@ class Endpoint:
         self.engine = spec.engine
         self.routes = _routes(spec)
         self.native_apis = spec.native_apis
+        self.thoughts = spec.thoughts
         self.version = spec.version
         self.weight = spec.weight
 

@@ -4,7 +4,9 @@ Pure functions for `llmgw.router.continuation`: `read_back` recovers the answer 
 client received from the SSE events relayed to it, `continuation_body` builds the
 request that asks another replica for the rest (chat: the text as a final
 assistant message with `continue_final_message: true, add_generation_prompt:
-false`; completions: prompt + text; the token limits reduced), and `rewrite`
+false`, a thought so far written back first in the `<think>...</think>` markup
+of the reasoning parsers that use it; completions: prompt + text; the token
+limits reduced), and `rewrite`
 makes the continuation's chunks look like the first answer's (its id, created and
 model; no second role chunk; usage and `[DONE]` held back).
 
@@ -37,6 +39,8 @@ class Splice:
     text: str
     tokens: int
     continued: int = 0
+    # The thought so far (`reasoning` / `reasoning_content` deltas), before the text.
+    reasoning: str = ""
     # Per continuation: the tokens of the answer it was given, and the prompt and
     # completion tokens its engine reported (None: it died before its usage chunk).
     given: list[int] = field(default_factory=list)
@@ -77,10 +81,11 @@ class Splice:
 
 def read_back(sent: bytes, *, chat: bool) -> Splice | None:
     """The answer the client received, from the events relayed to it; None when it
-    cannot be continued (no chunk yet, several choices, tool calls or reasoning, an
-    error, or a finished answer)."""
+    cannot be continued (no chunk yet, several choices, tool calls, a thought after
+    the text began, an error, or a finished answer)."""
     head: dict[str, Any] | None = None
     text: list[str] = []
+    thought: list[str] = []
     tokens = 0
     for event in EVENT_END.split(sent):
         if not event:
@@ -105,32 +110,55 @@ def read_back(sent: bytes, *, chat: bool) -> Splice | None:
             piece = _choice_text(choice, chat=chat)
             if piece is None:
                 return None
-            if piece:
-                text.append(piece)
-                tokens += 1
+            said, kind = piece
+            if not said:
+                continue
+            if kind == "thought":
+                if text:
+                    return None
+                thought.append(said)
+            else:
+                text.append(said)
+            tokens += 1
     if head is None:
         return None
-    return Splice(chat=chat, head=head, text="".join(text), tokens=tokens)
+    return Splice(
+        chat=chat, head=head, text="".join(text), tokens=tokens, reasoning="".join(thought)
+    )
 
 
-def _choice_text(choice: object, *, chat: bool) -> str | None:
-    """The text a chunk's choice adds; None when the answer cannot be continued."""
+def _choice_text(choice: object, *, chat: bool) -> tuple[str, str] | None:
+    """The text a chunk's choice adds and whether it is the answer ("text") or the
+    thought ("thought"); None when the answer cannot be continued."""
     if not isinstance(choice, dict) or choice.get("index", 0) != 0:
         return None
     if choice.get("finish_reason") is not None:
         return None
     if not chat:
         piece = choice.get("text")
-        return piece if isinstance(piece, str) else ""
+        return (piece if isinstance(piece, str) else "", "text")
     delta = choice.get("delta")
     if not isinstance(delta, dict):
-        return ""
-    if delta.get("tool_calls") or delta.get("function_call") or delta.get("reasoning_content"):
+        return ("", "text")
+    if delta.get("tool_calls") or delta.get("function_call"):
         return None
-    if delta.get("reasoning"):
-        return None
+    thought = _thought(delta)
     piece = delta.get("content")
-    return piece if isinstance(piece, str) else ""
+    if thought and piece:
+        return None
+    if thought:
+        return (thought, "thought")
+    return (piece if isinstance(piece, str) else "", "text")
+
+
+def _thought(delta: dict[str, Any]) -> str:
+    """The thought a chat delta adds: vLLM's `reasoning` (older releases and SGLang:
+    `reasoning_content`)."""
+    for name in ("reasoning", "reasoning_content"):
+        piece = delta.get(name)
+        if isinstance(piece, str) and piece:
+            return piece
+    return ""
 
 
 def remaining(body: dict[str, Any], sent_tokens: int) -> int | None:
@@ -158,16 +186,25 @@ def continuation_body(req: ParsedRequest, splice: Splice) -> bytes | None:
     if splice.chat:
         messages = list(body["messages"])
         last = messages[-1] if messages else None
+        said = splice.text
+        if splice.reasoning:
+            # The thought in the markup of the parsers that read it back (deepseek_r1,
+            # qwen3): an open <think> while the thought was under way, closed once the
+            # answer began, so the engine's parser sees where the thought ends.
+            said = "<think>" + splice.reasoning + ("</think>" + said if said else "")
         if (
             body.get("continue_final_message")
             and isinstance(last, dict)
             and last.get("role") == "assistant"
             and isinstance(last.get("content"), str)
         ):
+            if splice.reasoning:
+                # A prefilled answer before a thought: no markup says how they join.
+                return None
             # The client prefilled the answer itself: extend its message.
-            messages[-1] = {**last, "content": last["content"] + splice.text}
+            messages[-1] = {**last, "content": last["content"] + said}
         else:
-            messages.append({"role": "assistant", "content": splice.text})
+            messages.append({"role": "assistant", "content": said})
         body["messages"] = messages
         body["continue_final_message"] = True
         body["add_generation_prompt"] = False
@@ -232,6 +269,10 @@ def _continued_choice(choices: list[Any], splice: Splice) -> list[Any] | None:
         delta.pop("role", None)
         choice["delta"] = delta
         piece = delta.get("content")
+        thought = _thought(delta)
+        if thought:
+            splice.reasoning += thought
+            splice.tokens += 1
     else:
         piece = choice.get("text")
     if isinstance(piece, str) and piece:

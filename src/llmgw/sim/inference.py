@@ -78,13 +78,17 @@ class _ChunkTemplate:
     _MARK: Final = "\x00llmgw-token\x00"
 
     def __init__(
-        self, head: dict[str, object], *, chat: bool, first: bool, finish: str | None
+        self,
+        head: dict[str, object],
+        *,
+        chat: bool,
+        first: bool,
+        finish: str | None,
+        field: str = "content",
     ) -> None:
         choice: dict[str, object]
         if chat:
-            delta = (
-                {"role": "assistant", "content": self._MARK} if first else {"content": self._MARK}
-            )
+            delta = {"role": "assistant", field: self._MARK} if first else {field: self._MARK}
             choice = {"index": 0, "delta": delta}
         else:
             choice = {"index": 0, "text": self._MARK}
@@ -116,8 +120,11 @@ class Inference:
         embedding_dim: int,
         wall_clock: Callable[[], float],
         sequence: bool = False,
+        reasoning_words: int = 0,
     ) -> None:
         self._sequence = sequence
+        # Sequence words up to w<reasoning_words> are the thought (see `_thought`).
+        self._reasoning_words = reasoning_words if sequence else 0
         self._default_model = models[0]
         self._served = ", ".join(models)
         self._engine = engine
@@ -153,6 +160,15 @@ class Inference:
         if self._sequence:
             return counting(request.sequence_after, count)
         return self._generator.tokens(request.key, count)
+
+    def _thought(self, request: GenerationRequest, tokens: Sequence[str]) -> int:
+        """How many of `tokens` (the counting sequence after `request.sequence_after`)
+        are the thought: the words up to w<reasoning_words>. A continued message that
+        closed its thought (`</think>`) has none left, as vLLM's parser sees the end of
+        the thought in the prompt."""
+        if not self._reasoning_words or request.thought_closed:
+            return 0
+        return max(0, min(len(tokens), self._reasoning_words - request.sequence_after))
 
     def _cut(self, faults: FaultSettings) -> int | None:
         """After how many tokens an injected break or exit cuts a generation (None: never)."""
@@ -348,12 +364,16 @@ class Inference:
         self, request: GenerationRequest, model: str, tokens: Sequence[str], *, chat: bool
     ) -> dict[str, object]:
         finish = "length" if request.max_tokens is not None else "stop"
-        text = "".join(tokens)
+        thinking = self._thought(request, tokens) if chat else 0
+        text = "".join(tokens[thinking:])
         choice: dict[str, object]
         if chat:
+            message: dict[str, object] = {"role": "assistant", "content": text}
+            if thinking:
+                message["reasoning"] = "".join(tokens[:thinking])
             choice = {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "logprobs": None,
                 "finish_reason": finish,
             }
@@ -392,11 +412,19 @@ class Inference:
         first = _ChunkTemplate(head, chat=chat, first=True, finish=None)
         middle = _ChunkTemplate(head, chat=chat, first=False, finish=None)
         final = _ChunkTemplate(head, chat=chat, first=last == 0, finish=finish)
+        thinking = self._thought(request, tokens) if chat else 0
+        thought = middle
+        if thinking:
+            first = _ChunkTemplate(head, chat=chat, first=True, finish=None, field="reasoning")
+            thought = _ChunkTemplate(head, chat=chat, first=False, finish=None, field="reasoning")
 
         async def emit(index: int, token: str) -> None:
             if index == 0:
                 await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-            template = final if index == last else first if index == 0 else middle
+            if index < thinking and index != last:
+                template = first if index == 0 else thought
+            else:
+                template = final if index == last else first if index == 0 else middle
             await send(template.message(token))
 
         work = self._engine.generate(

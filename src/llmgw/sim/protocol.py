@@ -46,6 +46,8 @@ class GenerationRequest(NamedTuple):
     include_usage: bool
     # The last `wN` the continued text ends with (0: none), for the counting sequence.
     sequence_after: int = 0
+    # The continued final message closed its thought (`</think>`): the rest is the answer.
+    thought_closed: bool = False
 
 
 _SEQUENCE_WORD: Final = re.compile(r"w(\d{1,9})")
@@ -157,6 +159,7 @@ def parse_chat(body: object) -> GenerationRequest:
         stream=stream,
         include_usage=include_usage,
         sequence_after=sequence_end(turns[-1][1]) if continuing else 0,
+        thought_closed=continuing and "</think>" in turns[-1][1],
     )
 
 
