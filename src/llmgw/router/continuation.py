@@ -32,10 +32,12 @@ Not continued (the stream ends with the SSE `error` event, as before): `n > 1`
 together), `logprobs` (the continued tokens' log-probabilities would be
 computed on a prompt the client never sent, and `top_logprobs` of the splice
 point would be wrong), `echo`, prompts given as token ids, streams that
-carried tool-call deltas or reasoning content (an engine continues a final
-assistant message's text; a half-written tool call or thought would have to be
-written back in the model's own markup, which its chat template and the
-engine's tool and reasoning parsers own), streams that already ended
+carried tool-call deltas (a half-written call would have to be written back in
+the model's own markup, and the engine's tool parser reads only what it
+generates), reasoning content unless the replicas' reasoning parser writes it as
+`<think>...</think>` (`llmgw.engines.continues_thoughts`: then the thought so far
+goes back in that markup, see `splice`, and only such replicas take it), streams
+that already ended
 (`finish_reason`), and models or endpoints whose engine cannot continue (an
 endpoint without a declared `engine`: llmgw does not guess).
 
