@@ -10,6 +10,7 @@ event (a chunk read, a record written), never a sleep.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import threading
@@ -236,15 +237,37 @@ def test_an_engine_that_cannot_continue_ends_the_stream_with_the_error_event(
             sim.proc.stop()
 
 
-def test_a_thought_whose_markup_llmgw_cannot_rebuild_ends_with_the_error_event(
+TOOLS = [{"type": "function", "function": {"name": "count", "parameters": {"type": "object"}}}]
+
+
+@pytest.mark.timeout(300)
+def test_a_tool_call_is_continued_in_its_parser_s_markup(tmp_path: Path) -> None:
+    # The profile names the hermes tool parser: the call so far goes back as
+    # <tool_call>{"name": ..., "arguments": ...; the rest the engine writes as text is
+    # relayed as the same call's arguments.
+    body = {"model": "m1", "messages": MESSAGES, "max_tokens": 30, "tools": TOOLS}
+    args = ", --tool-call-parser, hermes"
+    result, record = killed_mid_stream(tmp_path, body, after=6, args=args)
+    assert result.errors == [] and result.done == 1, result.errors
+    assert result.text == "" and list(result.calls) == [0], result.calls
+    call = result.calls[0]
+    assert len(call["ids"]) == 1 and call["name"] == "count", call
+    assert json.loads(call["arguments"]) == {"n": " ".join(["", *words(30)])}, call
+    assert result.finishes == ["tool_calls"], result.finishes
+    assert len(result.ids) == 1 and result.roles == 1
+    assert record[2:] == (30, 1)
+
+
+def test_a_thought_or_call_whose_markup_llmgw_cannot_rebuild_ends_with_the_error_event(
     tmp_path: Path,
 ) -> None:
-    # Static endpoints name their engine but not its reasoning parser: a thought broken
-    # off cannot be written back in markup llmgw knows the engine reads.
+    # Static endpoints name their engine but not its parsers: a thought or a tool call
+    # broken off cannot be written back in markup llmgw knows the engine reads.
     sims = [
         Sim(
             "--text", "sequence", "--zero-delay", "--break-after-tokens", "4",
-            "--reasoning-parser", "deepseek_r1", "--reasoning-words", "8", model="m1",
+            "--reasoning-parser", "deepseek_r1", "--reasoning-words", "8",
+            "--tool-call-parser", "hermes", model="m1",
         )
         for _ in range(2)
     ]  # fmt: skip
@@ -258,6 +281,12 @@ def test_a_thought_whose_markup_llmgw_cannot_rebuild_ends_with_the_error_event(
         [error] = result.errors
         assert error["error"]["code"] == "engine_unreachable"
         assert result.done == 0
+        body = {"model": "m1", "messages": MESSAGES, "max_tokens": 12, "tools": TOOLS}
+        called = stream(server, body)
+        assert called.argument_chunks == 4 and called.calls[0]["name"] == "count"
+        [error] = called.errors
+        assert error["error"]["code"] == "engine_unreachable"
+        assert called.done == 0
     finally:
         server.proc.stop()
         for sim in sims:

@@ -10,7 +10,7 @@ import pytest
 
 from llmgw.config import ConfigError, load_server_config
 from llmgw.config.continuation import ContinuationConfig
-from llmgw.engines import continues_of, continues_thoughts
+from llmgw.engines import continues_of, continues_thoughts, continues_tool_calls
 from llmgw.router.requests import parse_request
 from llmgw.router.splice import add_usage, continuation_body, read_back, remaining, rewrite
 
@@ -109,6 +109,46 @@ def test_a_thought_goes_back_in_think_markup_open_while_under_way_and_closed_aft
     assert (splice.reasoning, splice.tokens) == (" w1 w2 w3", 3)
 
 
+def test_a_tool_call_goes_back_in_hermes_markup_and_its_rest_comes_as_its_arguments() -> None:
+    req = parse_request(
+        "/v1/chat/completions",
+        orjson.dumps(
+            {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
+        ),
+    )
+    named = {"index": 0, "id": "call-1", "type": "function", "function": {"name": "count"}}
+    sent = (
+        chat_event(role="assistant", tool_calls=[named])
+        + chat_event(tool_calls=[{"index": 0, "function": {"arguments": '{"n": "w1'}}])
+        + chat_event(tool_calls=[{"index": 0, "function": {"arguments": " {w2}"}}])
+    )
+    splice = read_back(sent, chat=True)
+    assert splice is not None and splice.call is not None and splice.tokens == 2
+    body = orjson.loads(continuation_body(req, splice) or b"")
+    assert body["messages"][-1]["content"] == (
+        '<tool_call>\n{"name": "count", "arguments": {"n": "w1 {w2}'
+    )
+    # The engine's parser never saw the call open: the rest comes as text.
+    rest = chat_event(" w3", role="assistant") + chat_event('"}}\n</tool_call>')
+    rest += (
+        b"data: "
+        + orjson.dumps({**HEAD, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+        + b"\n\n"
+    )
+    out, _ = rewrite(rest, splice)
+    deltas = [orjson.loads(e[6:])["choices"][0] for e in out.split(b"\n\n") if e]
+    assert [d["delta"] for d in deltas] == [
+        {"tool_calls": [{"index": 0, "function": {"arguments": " w3"}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": '"}'}}]},
+        {},
+    ]
+    assert deltas[-1]["finish_reason"] == "tool_calls"
+    assert orjson.loads(splice.call.arguments) == {"n": "w1 {w2} w3"}
+    # A second call at once (parallel calls) is not continued.
+    other = {**named, "index": 1, "id": "call-2"}
+    assert read_back(sent + chat_event(tool_calls=[other]), chat=True) is None
+
+
 def test_the_engines_say_which_reasoning_parsers_they_write_back() -> None:
     assert continues_thoughts("vllm", ["--reasoning-parser", "deepseek_r1"])
     assert continues_thoughts("vllm", ["--reasoning-parser=qwen3"])
@@ -117,6 +157,9 @@ def test_the_engines_say_which_reasoning_parsers_they_write_back() -> None:
     assert not continues_thoughts("vllm", [])
     assert not continues_thoughts("llamacpp", ["--reasoning-parser", "deepseek_r1"])
     assert not continues_thoughts("", ["--reasoning-parser", "deepseek_r1"])
+    assert continues_tool_calls("vllm", ["--tool-call-parser", "hermes"])
+    assert continues_tool_calls("sglang", ["--tool-call-parser", "qwen25"])
+    assert not continues_tool_calls("vllm", ["--tool-call-parser", "mistral"])
 
 
 def test_a_prefilled_assistant_message_is_extended_and_completions_append_to_the_prompt() -> None:

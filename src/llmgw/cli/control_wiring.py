@@ -19,7 +19,13 @@ from llmgw.control.reachability import ReachabilityGate, ReplicaUnreachable
 from llmgw.control.reconciler.controller import Controller
 from llmgw.control.reconciler.errors import ActivationRefused
 from llmgw.control.reconciler.state import ReadyEndpoint
-from llmgw.engines import UnknownEngine, continues_thoughts, native_apis_of, routes_of
+from llmgw.engines import (
+    UnknownEngine,
+    continues_thoughts,
+    continues_tool_calls,
+    native_apis_of,
+    routes_of,
+)
 from llmgw.router.endpoints import EndpointSink, EndpointSpec, publish_static
 from llmgw.router.errors import ModelUnavailable
 
@@ -76,6 +82,7 @@ def replica_spec(endpoint: ReadyEndpoint, names: tuple[str, ...]) -> EndpointSpe
         routes=routes,
         native_apis=native,
         thoughts=continues_thoughts(endpoint.engine, endpoint.engine_args),
+        tool_calls=continues_tool_calls(endpoint.engine, endpoint.engine_args),
         version=endpoint.version,
         weight=endpoint.weight,
     )

@@ -80,6 +80,14 @@ def sim(
             "in <think>...</think>), for --reasoning-words."
         ),
     ] = "",
+    tool_call_parser: Annotated[
+        str,
+        typer.Option(
+            help="Act as vLLM with this tool parser (hermes): with --text sequence, a stream "
+            "that offers tools gets a call of its first tool, arguments "
+            '{"n": " w1 w2 ..."}.'
+        ),
+    ] = "",
     reasoning_words: Annotated[
         int,
         typer.Option(
@@ -198,7 +206,13 @@ def sim(
             "a thought needs --reasoning-parser and --text sequence",
             param_hint="--reasoning-words",
         )
+    if tool_call_parser not in ("", "hermes"):
+        raise typer.BadParameter(
+            f"{tool_call_parser!r} is not a tool parser the sim acts as: use 'hermes'",
+            param_hint="--tool-call-parser",
+        )
     settings = SimSettings(
+        tool_call_parser=tool_call_parser,  # type: ignore[arg-type]
         text="sequence" if text == "sequence" else "words",
         reasoning_parser=reasoning_parser,  # type: ignore[arg-type]
         reasoning_words=reasoning_words,

@@ -21,6 +21,7 @@ from llmgw.engines.registry import (
     adapter_for,
     continues_of,
     continues_thoughts,
+    continues_tool_calls,
     native_apis_of,
     routes_of,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "adapter_for",
     "continues_of",
     "continues_thoughts",
+    "continues_tool_calls",
     "metric_max",
     "metric_sum",
     "native_apis_of",

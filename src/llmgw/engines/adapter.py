@@ -29,7 +29,9 @@ class EngineAdapter(Protocol):
     router's mid-stream continuation sends those requests only to such engines);
     `thought_parsers` names the reasoning parsers (`--reasoning-parser`) that write
     the model's thought as `<think>...</think>`, so that a stream broken mid-thought
-    can be continued with the thought written back in that markup.
+    can be continued with the thought written back in that markup;
+    `tool_parsers` the same for tool parsers (`--tool-call-parser`) that write a
+    call as hermes' `<tool_call>{"name": ..., "arguments": ...}</tool_call>`.
     """
 
     name: str
@@ -38,6 +40,7 @@ class EngineAdapter(Protocol):
     routes: Mapping[str, str]
     continues: frozenset[str]
     thought_parsers: frozenset[str]
+    tool_parsers: frozenset[str]
 
     def native_apis(self, engine_args: Sequence[str]) -> frozenset[str]:
         """The client APIs besides OpenAI's (`llmgw.engines.apis`: "messages",

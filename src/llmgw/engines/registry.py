@@ -58,15 +58,29 @@ def continues_thoughts(engine: str, engine_args: Sequence[str]) -> bool:
     (its `--reasoning-parser` is one of `EngineAdapter.thought_parsers`), so that a
     continuation can write a half-finished thought back; False for an unknown engine."""
     found = _ADAPTERS.get(engine)
-    if found is None:
-        return False
-    parser = ""
+    return found is not None and _option(engine_args, "--reasoning-parser") in (
+        found.thought_parsers
+    )
+
+
+def continues_tool_calls(engine: str, engine_args: Sequence[str]) -> bool:
+    """Whether `engine` run with `engine_args` writes tool calls as hermes'
+    `<tool_call>{json}</tool_call>` (its `--tool-call-parser` is one of
+    `EngineAdapter.tool_parsers`), so that a continuation can write a half-written
+    call back; False for an unknown engine."""
+    found = _ADAPTERS.get(engine)
+    return found is not None and _option(engine_args, "--tool-call-parser") in found.tool_parsers
+
+
+def _option(engine_args: Sequence[str], flag: str) -> str:
+    """The value of `flag` (`--flag V` or `--flag=V`, the last one given) or ""."""
+    value = ""
     for index, arg in enumerate(engine_args):
-        if arg == "--reasoning-parser" and index + 1 < len(engine_args):
-            parser = engine_args[index + 1]
-        elif arg.startswith("--reasoning-parser="):
-            parser = arg.split("=", 1)[1]
-    return parser in found.thought_parsers
+        if arg == flag and index + 1 < len(engine_args):
+            value = engine_args[index + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
 
 
 def continues_of(engine: str) -> frozenset[str]:

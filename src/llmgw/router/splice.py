@@ -31,6 +31,19 @@ _MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
 
 
 @dataclass(slots=True)
+class ToolCall:
+    """The one tool call a stream was writing when it broke: its index, id, function
+    name and arguments (JSON text) so far. `closed`: a continuation finished its
+    arguments; what the engine writes after them is the markup's end, not the client's."""
+
+    index: int
+    id: str
+    name: str
+    arguments: str = ""
+    closed: bool = False
+
+
+@dataclass(slots=True)
 class Splice:
     """The answer so far as the client saw it, and what the next continuation needs."""
 
@@ -41,6 +54,8 @@ class Splice:
     continued: int = 0
     # The thought so far (`reasoning` / `reasoning_content` deltas), before the text.
     reasoning: str = ""
+    # The tool call under way when the stream broke (after the text), or None.
+    call: ToolCall | None = None
     # Per continuation: the tokens of the answer it was given, and the prompt and
     # completion tokens its engine reported (None: it died before its usage chunk).
     given: list[int] = field(default_factory=list)
@@ -86,6 +101,7 @@ def read_back(sent: bytes, *, chat: bool) -> Splice | None:
     head: dict[str, Any] | None = None
     text: list[str] = []
     thought: list[str] = []
+    call: ToolCall | None = None
     tokens = 0
     for event in EVENT_END.split(sent):
         if not event:
@@ -107,10 +123,23 @@ def read_back(sent: bytes, *, chat: bool) -> Splice | None:
         if head is None:
             head = {k: chunk[k] for k in ("id", "object", "created", "model") if k in chunk}
         for choice in choices:
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if chat and isinstance(delta, dict) and delta.get("tool_calls"):
+                if thought or choice.get("finish_reason") is not None or delta.get("content"):
+                    return None
+                before = len(call.arguments) if call is not None else 0
+                call = _call_delta(call, delta["tool_calls"])
+                if call is None:
+                    return None
+                # A chunk that only names the call carries no token of the arguments.
+                tokens += len(call.arguments) > before
+                continue
             piece = _choice_text(choice, chat=chat)
             if piece is None:
                 return None
             said, kind = piece
+            if said and call is not None:
+                return None
             if not said:
                 continue
             if kind == "thought":
@@ -123,8 +152,35 @@ def read_back(sent: bytes, *, chat: bool) -> Splice | None:
     if head is None:
         return None
     return Splice(
-        chat=chat, head=head, text="".join(text), tokens=tokens, reasoning="".join(thought)
+        chat=chat,
+        head=head,
+        text="".join(text),
+        tokens=tokens,
+        reasoning="".join(thought),
+        call=call,
     )
+
+
+def _call_delta(call: ToolCall | None, deltas: object) -> ToolCall | None:
+    """`call` with a chunk's tool-call deltas added; None when they start a second call
+    (parallel calls: each would need its own continuation) or are not understood."""
+    if not isinstance(deltas, list) or len(deltas) != 1 or not isinstance(deltas[0], dict):
+        return None
+    delta = deltas[0]
+    function = delta.get("function") or {}
+    if not isinstance(function, dict):
+        return None
+    ident, name, more = delta.get("id"), function.get("name"), function.get("arguments") or ""
+    if not isinstance(more, str):
+        return None
+    if call is None:
+        if not isinstance(ident, str) or not isinstance(name, str) or not name:
+            return None
+        return ToolCall(index=delta.get("index", 0), id=ident, name=name, arguments=more)
+    if (ident is not None and ident != call.id) or delta.get("index", call.index) != call.index:
+        return None
+    call.arguments += more
+    return call
 
 
 def _choice_text(choice: object, *, chat: bool) -> tuple[str, str] | None:
@@ -187,6 +243,17 @@ def continuation_body(req: ParsedRequest, splice: Splice) -> bytes | None:
         messages = list(body["messages"])
         last = messages[-1] if messages else None
         said = splice.text
+        if splice.call is not None:
+            if splice.reasoning or not splice.call.arguments.startswith("{"):
+                return None
+            # hermes' markup (Qwen's chat templates and vLLM's `hermes` parser): the
+            # call opened, its name, its arguments so far.
+            said += (
+                '<tool_call>\n{"name": '
+                + orjson.dumps(splice.call.name).decode()
+                + ', "arguments": '
+                + splice.call.arguments
+            )
         if splice.reasoning:
             # The thought in the markup of the parsers that read it back (deepseek_r1,
             # qwen3): an open <think> while the thought was under way, closed once the
@@ -269,6 +336,8 @@ def _continued_choice(choices: list[Any], splice: Splice) -> list[Any] | None:
         delta.pop("role", None)
         choice["delta"] = delta
         piece = delta.get("content")
+        if splice.call is not None:
+            return _continued_call(choice, delta, splice, splice.call)
         thought = _thought(delta)
         if thought:
             splice.reasoning += thought
@@ -284,6 +353,58 @@ def _continued_choice(choices: list[Any], splice: Splice) -> list[Any] | None:
         # The opening role chunk (or an empty one): the client has had it.
         return None
     return [choice]
+
+
+def _continued_call(
+    choice: dict[str, Any], delta: dict[str, Any], splice: Splice, call: ToolCall
+) -> list[Any] | None:
+    """A continuation's chunk while a tool call is under way: the engine's tool parser
+    never saw the call open (it reads only what it generates), so it sends the rest of
+    the call as text. That text, up to where the arguments' JSON object closes, goes to
+    the client as the call's argument deltas (same index); the markup after it
+    (`}` and `</tool_call>`) is dropped. The call's end is `finish_reason: tool_calls`."""
+    piece = delta.get("content")
+    fragment = ""
+    if isinstance(piece, str) and piece:
+        splice.tokens += 1
+        if not call.closed:
+            end = _object_end(call.arguments, piece)
+            fragment = piece if end is None else piece[:end]
+            call.arguments += fragment
+            call.closed = end is not None
+    finish = choice.get("finish_reason")
+    if finish == "stop":
+        finish = "tool_calls"
+    if not fragment and finish is None:
+        return None
+    out: dict[str, Any] = {}
+    if fragment:
+        out["tool_calls"] = [{"index": call.index, "function": {"arguments": fragment}}]
+    return [{**choice, "delta": out, "finish_reason": finish}]
+
+
+def _object_end(written: str, more: str) -> int | None:
+    """Where in `more` the JSON object that `written` opened (and `more` goes on) closes:
+    the index just past its closing brace, or None while it is still open. Strings and
+    their escapes are skipped, so a brace in a string does not count."""
+    depth, in_string, escaped = 0, False, False
+    for position, char in enumerate(written + more):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "{[":
+            depth += 1
+        elif char in "}]":
+            depth -= 1
+            if depth == 0 and position >= len(written):
+                return position - len(written) + 1
+    return None
 
 
 def add_usage(splice: Splice, usage: dict[str, Any]) -> None:

@@ -86,6 +86,11 @@ class SimSettings(BaseModel):
         description="The reasoning parser the sim acts as, by vLLM's name (those that write "
         "a thought as `<think>...</think>`); none by default, so answers carry no thought.",
     )
+    tool_call_parser: Literal["", "hermes"] = Field(
+        default="",
+        description="The tool parser the sim acts as, by vLLM's name (`hermes`: calls written "
+        "as `<tool_call>{json}</tool_call>`); none by default, so answers call no tool.",
+    )
     reasoning_words: int = Field(
         default=0,
         ge=0,
