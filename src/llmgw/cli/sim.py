@@ -77,7 +77,7 @@ def sim(
         str,
         typer.Option(
             help="Act as vLLM with this reasoning parser (deepseek_r1 or qwen3: a thought "
-            "in <think>...</think>), for --reasoning-words."
+            "in <think>...</think>), for --reasoning-words [default: none]."
         ),
     ] = "",
     tool_call_parser: Annotated[
@@ -85,7 +85,7 @@ def sim(
         typer.Option(
             help="Act as vLLM with this tool parser (hermes): with --text sequence, a stream "
             "that offers tools gets a call of its first tool, arguments "
-            '{"n": " w1 w2 ..."}.'
+            '{"n": " w1 w2 ..."} [default: none].'
         ),
     ] = "",
     reasoning_words: Annotated[
