@@ -36,6 +36,13 @@ class Streamed:
     replica: str = ""
     request_id: str = ""
     text: str = ""
+    # The thought (`reasoning` deltas) before the text.
+    reasoning: str = ""
+    # Tool calls by index: their ids (every one sent), names and arguments; and how many
+    # chunks carried arguments.
+    calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    argument_chunks: int = 0
+    finishes: list[str] = field(default_factory=list)
     ids: set[str] = field(default_factory=set)
     usage: list[dict[str, Any]] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
@@ -89,9 +96,23 @@ def stream(
                         delta = choice.get("delta") or {}
                         out.roles += "role" in delta
                         out.text += delta.get("content") or ""
+                        out.reasoning += delta.get("reasoning") or ""
+                        for call in delta.get("tool_calls") or []:
+                            seen = out.calls.setdefault(
+                                call["index"], {"ids": [], "name": "", "arguments": ""}
+                            )
+                            if "id" in call:
+                                seen["ids"].append(call["id"])
+                            function = call.get("function") or {}
+                            seen["name"] += function.get("name") or ""
+                            seen["arguments"] += function.get("arguments") or ""
+                            out.argument_chunks += bool(function.get("arguments"))
                     else:
                         out.text += choice.get("text") or ""
-                if on_tokens is not None and len(out.text.split()) == after:
+                    if choice.get("finish_reason"):
+                        out.finishes.append(choice["finish_reason"])
+                said = len((out.reasoning + out.text).split()) + out.argument_chunks
+                if on_tokens is not None and said == after:
                     on_tokens(out)
     return out
 

@@ -14,6 +14,11 @@ answer 3 tokens and its canary's 5 (`--output-tokens`) when a request sets no
    replica ends on the canary's spec, the canary is gone from the catalog;
 4. a new canary, then `llmgw models rollout abort` under load: 0 failed requests,
    the canary's replica drains and the model's own spec serves everything.
+
+And a canary whose engine exits at once stops under load: 0 failed requests, it is not
+started again, the model's own spec serves with every replica, and `models show`,
+`rollout status`, the dashboard and the events say why, also after a restart of the
+server; `abort` ends it.
 """
 
 from __future__ import annotations
@@ -38,12 +43,12 @@ CONFIG = (
 )
 
 
-def profile(tokens: int) -> dict[str, Any]:
-    args = ["--zero-delay", "--output-tokens", str(tokens)]
+def profile(tokens: int, *extra: str) -> dict[str, Any]:
+    args = [*extra, "--zero-delay", "--output-tokens", str(tokens)]
     return {"name": "sim", "engine": "sim", "gpus": 1, "engine_args": args}
 
 
-def spec(tokens: int, canary: int | None = None) -> dict[str, Any]:
+def spec(tokens: int, canary: int | None = None, *canary_args: str) -> dict[str, Any]:
     body: dict[str, Any] = {
         "name": "can",
         "weights": "none",
@@ -55,7 +60,7 @@ def spec(tokens: int, canary: int | None = None) -> dict[str, Any]:
     if canary is not None:
         body["versions"] = [
             {"name": "stable", "weight": 90},
-            {"name": "canary", "weight": 10, "profiles": [profile(canary)]},
+            {"name": "canary", "weight": 10, "profiles": [profile(canary, *canary_args)]},
         ]
     return body
 
@@ -81,6 +86,34 @@ def ready_tokens(server: Server) -> list[str]:
     if len(ready) != len(replicas) or len(healthy) != len(ready) or now["rollout"] is not None:
         return []
     return sorted(r["engine_args"][-1] for r in ready)
+
+
+def events(server: Server) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = httpx.get(
+        f"{server.admin}/admin/api/events", params={"model": "can"}, timeout=10
+    ).json()["events"]
+    return found
+
+
+def start_server(tmp_path: Path, agent_port: int) -> Server:
+    config = tmp_path / "llmgw.yaml"
+    config.write_text(CONFIG)
+    return Server(
+        "--agent-listen", f"127.0.0.1:{agent_port}", "--config", str(config),
+        data_dir=tmp_path / "data",
+    )  # fmt: skip
+
+
+def start_agent(tmp_path: Path, agent_port: int) -> Proc:
+    """An agent with four declared GPUs and eight ports for the sims."""
+    low = free_port_block(8)
+    return Proc(
+        llmgw(
+            "agent", "--server", f"127.0.0.1:{agent_port}", "--node-id", "node-c",
+            "--gpus", "4x24GiB", "--weights-dir", str(tmp_path / "weights"),
+            "--port-range", f"{low}-{low + 7}",
+        )
+    )  # fmt: skip
 
 
 def cli(server: Server, *args: str) -> subprocess.CompletedProcess[str]:
@@ -150,21 +183,9 @@ class Load:
 def test_a_canary_splits_by_weight_and_is_promoted_and_aborted_without_a_failed_request(
     tmp_path: Path,
 ) -> None:
-    config = tmp_path / "llmgw.yaml"
-    config.write_text(CONFIG)
     agent_port = free_port()
-    low = free_port_block(8)
-    server = Server(
-        "--agent-listen", f"127.0.0.1:{agent_port}", "--config", str(config),
-        data_dir=tmp_path / "data",
-    )  # fmt: skip
-    agent = Proc(
-        llmgw(
-            "agent", "--server", f"127.0.0.1:{agent_port}", "--node-id", "node-c",
-            "--gpus", "4x24GiB", "--weights-dir", str(tmp_path / "weights"),
-            "--port-range", f"{low}-{low + 7}",
-        )
-    )  # fmt: skip
+    server = start_server(tmp_path, agent_port)
+    agent = start_agent(tmp_path, agent_port)
     try:
         # 1. Both versions run: 2 replicas of the model's own spec, 1 of the canary's.
         added = httpx.post(server.admin + "/admin/api/models", json=spec(3, canary=5), timeout=10)
@@ -274,6 +295,87 @@ def test_a_canary_splits_by_weight_and_is_promoted_and_aborted_without_a_failed_
         assert "versions" not in httpx.get(server.admin + "/admin/api/models/can").json()
     except BaseException:
         print(server.proc.output())
+        print(agent.output())
+        raise
+    finally:
+        agent.stop()
+        server.proc.stop()
+
+
+def test_a_failing_canary_stops_and_the_model_serves_on_until_it_is_aborted(
+    tmp_path: Path,
+) -> None:
+    agent_port = free_port()
+    server = start_server(tmp_path, agent_port)
+    servers = [server]
+    agent = start_agent(tmp_path, agent_port)
+    try:
+        added = httpx.post(server.admin + "/admin/api/models", json=spec(3), timeout=10)
+        assert added.status_code == 201, added.text
+        wait_for(lambda: ready_tokens(server) == ["3", "3", "3"], "the model Ready", 90)
+
+        # A canary whose engine exits at once (`--max-running 0`), under load.
+        with Load(server) as load:
+            wait_for(lambda: len(load.tokens) >= 20, "requests to flow")
+            changed = httpx.put(
+                server.admin + "/admin/api/models/can",
+                json=spec(3, 5, "--max-running", "0"),
+                timeout=10,
+            )
+            assert changed.status_code == 200, changed.text
+            reason = wait_for(lambda: status(server)["canary_halt"], "the canary to stop", 90)
+            # The model's own spec takes every replica again (one gave way to the canary).
+            wait_for(lambda: ready_tokens(server) == ["3", "3", "3"], "three own replicas", 90)
+            sent = len(load.tokens)
+            wait_for(lambda: len(load.tokens) >= sent + 20, "requests after the stop")
+        assert load.failures == [], load.failures[:5]
+        assert set(load.tokens) == {3}
+        assert "of canary 'canary' failed" in reason, reason
+        assert "llmgw models rollout abort can" in reason, reason
+        failures = [e for e in events(server) if e["kind"] == "failed"]
+        assert len(failures) == 1, failures  # the canary was not started again
+        assert any(
+            e["kind"] == "rollout" and e["message"].startswith("canary stopped: replica")
+            for e in events(server)
+        ), events(server)
+        shown = cli(server, "models", "show", "can")
+        assert shown.returncode == 0, shown.stderr
+        assert "canary stopped: replica" in shown.stdout, shown.stdout
+        told = cli(server, "models", "rollout", "status", "can")
+        assert told.returncode == 0, told.stderr
+        assert "canary stopped: replica" in told.stdout, told.stdout
+        assert "; 0 canary replica(s)" in told.stdout, told.stdout
+        page = httpx.get(server.admin + "/admin/models/can", timeout=10)
+        assert page.status_code == 200, page.text
+        assert "Canary stopped: replica" in page.text, page.text
+
+        # The stop is kept in the store: a restarted control plane keeps it stopped.
+        ids = {r["id"] for r in status(server)["replicas"]}
+        server.proc.stop()
+        server = start_server(tmp_path, agent_port)
+        servers.append(server)
+        wait_for(
+            lambda: ready_tokens(server) == ["3", "3", "3"] and status(server)["canary_halt"],
+            "the restarted server to adopt the replicas, the canary still stopped",
+            90,
+        )
+        with Load(server) as load:
+            wait_for(lambda: len(load.tokens) >= 20, "requests through the restarted server")
+        assert load.failures == [], load.failures[:5]
+        assert {r["id"] for r in status(server)["replicas"]} == ids
+        assert [e for e in events(server) if e["kind"] in ("start", "failed")] == []
+
+        # Abort drops the canary and its stop.
+        aborted = cli(server, "models", "rollout", "abort", "can")
+        assert aborted.returncode == 0, aborted.stderr
+        assert "versions" not in httpx.get(server.admin + "/admin/api/models/can").json()
+        wait_for(lambda: status(server)["canary_halt"] is None, "the stop to end")
+        again = cli(server, "models", "rollout", "status", "can")
+        assert "canary" not in again.stdout, again.stdout
+        assert {r["id"] for r in status(server)["replicas"]} == ids
+    except BaseException:
+        for each in servers:
+            print(each.proc.output())
         print(agent.output())
         raise
     finally:

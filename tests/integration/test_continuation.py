@@ -10,6 +10,7 @@ event (a chunk read, a record written), never a sleep.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import threading
@@ -236,6 +237,62 @@ def test_an_engine_that_cannot_continue_ends_the_stream_with_the_error_event(
             sim.proc.stop()
 
 
+TOOLS = [{"type": "function", "function": {"name": "count", "parameters": {"type": "object"}}}]
+
+
+@pytest.mark.timeout(300)
+def test_a_tool_call_is_continued_in_its_parser_s_markup(tmp_path: Path) -> None:
+    # The profile names the hermes tool parser: the call so far goes back as
+    # <tool_call>{"name": ..., "arguments": ...; the rest the engine writes as text is
+    # relayed as the same call's arguments.
+    body = {"model": "m1", "messages": MESSAGES, "max_tokens": 30, "tools": TOOLS}
+    args = ", --tool-call-parser, hermes"
+    result, record = killed_mid_stream(tmp_path, body, after=6, args=args)
+    assert result.errors == [] and result.done == 1, result.errors
+    assert result.text == "" and list(result.calls) == [0], result.calls
+    call = result.calls[0]
+    assert len(call["ids"]) == 1 and call["name"] == "count", call
+    assert json.loads(call["arguments"]) == {"n": " ".join(["", *words(30)])}, call
+    assert result.finishes == ["tool_calls"], result.finishes
+    assert len(result.ids) == 1 and result.roles == 1
+    assert record[2:] == (30, 1)
+
+
+def test_a_thought_or_call_whose_markup_llmgw_cannot_rebuild_ends_with_the_error_event(
+    tmp_path: Path,
+) -> None:
+    # Static endpoints name their engine but not its parsers: a thought or a tool call
+    # broken off cannot be written back in markup llmgw knows the engine reads.
+    sims = [
+        Sim(
+            "--text", "sequence", "--zero-delay", "--break-after-tokens", "4",
+            "--reasoning-parser", "deepseek_r1", "--reasoning-words", "8",
+            "--tool-call-parser", "hermes", model="m1",
+        )
+        for _ in range(2)
+    ]  # fmt: skip
+    config = write_config(
+        tmp_path / "llmgw.yaml", {f"s{i}": s.url for i, s in enumerate(sims)}, engine="sim"
+    )
+    server = Server("--config", str(config))
+    try:
+        result = stream(server, {"model": "m1", "messages": MESSAGES, "max_tokens": 12})
+        assert result.reasoning.split() == words(4) and result.text == ""
+        [error] = result.errors
+        assert error["error"]["code"] == "engine_unreachable"
+        assert result.done == 0
+        body = {"model": "m1", "messages": MESSAGES, "max_tokens": 12, "tools": TOOLS}
+        called = stream(server, body)
+        assert called.argument_chunks == 4 and called.calls[0]["name"] == "count"
+        [error] = called.errors
+        assert error["error"]["code"] == "engine_unreachable"
+        assert called.done == 0
+    finally:
+        server.proc.stop()
+        for sim in sims:
+            sim.proc.stop()
+
+
 def test_a_continuation_waits_for_a_replica_with_keepalive_comments(tmp_path: Path) -> None:
     # Replica a exits after 4 tokens; replica b is not running yet when it does.
     first = Sim("--text", "sequence", "--zero-delay", "--exit-after-tokens", "4", model="m1")
@@ -348,14 +405,17 @@ models:
     max_replicas: 2
     keep_alive: -1
     profiles:
-      - {name: sim, engine: sim, gpus: 1, engine_args: [--text, sequence, --itl, "0.05"]}
+      - {name: sim, engine: sim, gpus: 1, engine_args: [--text, sequence, --itl, "0.05"ARGS]}
 """
 
 
-@pytest.mark.timeout(300)
-def test_a_placed_replica_killed_mid_stream_is_continued_on_the_other(tmp_path: Path) -> None:
-    # The control plane's replicas: endpoints the router knows as `sim` engines.
-    (tmp_path / "llmgw.yaml").write_text(FLEET_CONFIG)
+def killed_mid_stream(
+    tmp_path: Path, body: dict[str, Any], *, after: int, args: str = ""
+) -> tuple[Streamed, tuple[int, int, int, int]]:
+    """Two placed replicas of m1 (profile engine arguments `args` added); the engine
+    serving a stream is killed with SIGKILL once the client has `after` words. The
+    stream as the client read it, and its usage record."""
+    (tmp_path / "llmgw.yaml").write_text(FLEET_CONFIG.replace("ARGS", args))
     agent_port = free_port()
     server = Server(
         "--agent-listen", f"127.0.0.1:{agent_port}", "--config", str(tmp_path / "llmgw.yaml"),
@@ -380,7 +440,6 @@ def test_a_placed_replica_killed_mid_stream_is_continued_on_the_other(tmp_path: 
 
         endpoints = wait_for(two_routed, "two ready replicas in the router", within=240)
         urls = {str(e["id"]): str(e["url"]) for e in endpoints}
-        body = {"model": "m1", "messages": MESSAGES, "max_tokens": 40}
         victim: list[str] = []
 
         def kill(streamed: Streamed) -> None:
@@ -390,15 +449,13 @@ def test_a_placed_replica_killed_mid_stream_is_continued_on_the_other(tmp_path: 
                 os.kill(pid, signal.SIGKILL)
             victim.append(streamed.replica)
 
-        result = stream(server, body, on_tokens=kill, after=5)
+        result = stream(server, body, on_tokens=kill, after=after)
         assert victim == [result.replica]
-        assert result.errors == [] and result.done == 1
-        assert result.text.split() == words(40)
 
         def recorded() -> tuple[int, int, int, int] | None:
             return records(tmp_path / "data").get(result.request_id)
 
-        assert wait_for(recorded, "the stream's usage record")[2:] == (40, 1)
+        return result, wait_for(recorded, "the stream's usage record")
     except BaseException:
         print(server.proc.output())
         for proc in agents:
@@ -414,6 +471,32 @@ def test_a_placed_replica_killed_mid_stream_is_continued_on_the_other(tmp_path: 
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
         server.proc.stop()
+
+
+@pytest.mark.timeout(300)
+def test_a_placed_replica_killed_mid_stream_is_continued_on_the_other(tmp_path: Path) -> None:
+    body = {"model": "m1", "messages": MESSAGES, "max_tokens": 40}
+    result, record = killed_mid_stream(tmp_path, body, after=5)
+    assert result.errors == [] and result.done == 1
+    assert result.text.split() == words(40)
+    assert record[2:] == (40, 1)
+
+
+THINKING = ', --reasoning-parser, deepseek_r1, --reasoning-words, "12"'
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("after", [5, 16], ids=["mid-thought", "after-the-thought"])
+def test_a_thought_is_continued_in_its_parser_s_markup(tmp_path: Path, after: int) -> None:
+    # The profile names a reasoning parser that writes <think>...</think>: the thought
+    # so far goes back in that markup, and the client sees one thought and one answer.
+    body = {"model": "m1", "messages": MESSAGES, "max_tokens": 30}
+    result, record = killed_mid_stream(tmp_path, body, after=after, args=THINKING)
+    assert result.errors == [] and result.done == 1, result.errors
+    assert result.reasoning.split() == words(12), result.reasoning
+    assert result.text.split() == words(30)[12:], result.text
+    assert len(result.ids) == 1 and result.roles == 1
+    assert record[2:] == (30, 1)
 
 
 @pytest.fixture(scope="module")

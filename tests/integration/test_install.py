@@ -102,6 +102,7 @@ RUNS = (
     Run("nodes undrain", ("nodes", "undrain", NODE), NODE),
     Run("models activate", ("models", "activate", SIM, "--timeout", "120"), "ready"),
     Run("models show", ("models", "show", SIM), SIM),
+    Run("models reload", ("models", "reload"), "reloaded the models of llmgw up's catalog"),
     Run("models rollout status", ("models", "rollout", "status", "readme-sim"), "readme-sim"),
     Run("models add", ADD_CANARY, "readme-sim", file=CANARY),
     Run("models rollout abort", ("models", "rollout", "abort", "readme-sim"), "dropped"),

@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 from procs import Proc, Server, free_port, free_port_block, llmgw, wait_for
+from rolling import Load, Watch
 
 CONFIG = (
     "control: {heartbeat_interval: 0.3, unreachable_after: 15, lost_after: 30, "
@@ -95,75 +94,6 @@ def all_on(server: Server, args: list[str]) -> bool:
         and all(r["engine_args"] == args for r in ready)
         and now["rollout"] is None
     )
-
-
-class Load:
-    """Chat requests one after another until stopped, without max_tokens: each reply's
-    completion tokens say which arguments served it. Every failure is kept."""
-
-    def __init__(self, url: str, model: str = "roll") -> None:
-        self.url = url
-        self.model = model
-        self.sent = 0
-        self.tokens: list[int] = []
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run)
-
-    def __enter__(self) -> Load:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(60)
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=30) as client:
-            while not self._stop.is_set():
-                try:
-                    answer = client.post(
-                        self.url + "/v1/chat/completions",
-                        json={"model": self.model, "messages": [{"role": "user", "content": "hi"}]},
-                    )
-                    if answer.status_code == 200:
-                        self.tokens.append(answer.json()["usage"]["completion_tokens"])
-                    else:
-                        self.failures.append(f"{answer.status_code} {answer.text}")
-                except httpx.HTTPError as exc:
-                    self.failures.append(repr(exc))
-                self.sent += 1
-                time.sleep(0.01)
-
-
-class Watch:
-    """The fewest healthy endpoints the router had for the model, looked at all along."""
-
-    def __init__(self, server: Server) -> None:
-        self.server = server
-        self.fewest = 1_000
-        self.looks = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run)
-
-    def __enter__(self) -> Watch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(60)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            healthy = [
-                e
-                for e in self.server.endpoints()
-                if "roll" in e["models"] and e["healthy"]  # type: ignore[operator]
-            ]
-            self.fewest = min(self.fewest, len(healthy))
-            self.looks += 1
-            time.sleep(0.02)
 
 
 def test_a_rollout_under_load_fails_no_request_and_a_failing_one_stops_and_undoes(

@@ -797,3 +797,29 @@ def test_abort_drains_the_canary_once_the_model_has_its_replicas_and_promote_rol
     assert stops(rolled) == []
     assert [s.spec.engine_args for s in starts(rolled)] == [("--canary",)]
     assert "llama" in rolled.rolling
+
+
+def test_a_stopped_canary_is_not_started_again_and_its_replicas_drain_like_an_abort() -> None:
+    llama = with_canary(make_model("llama"), 10, "--canary")
+    first = run([Desired(llama, 3)], [make_node("node-a", gpus=8)])
+    own = [s for s in starts(first) if s.spec.engine_args == LAUNCH_ARGS]
+    # The canary's replica failed and is gone: none of it starts again; the model's own
+    # spec takes the whole count.
+    node = make_node("node-a", gpus=8, shards=[shard_of(s, "ready", 10) for s in own])
+    stopped = run([Desired(llama, 3, canary_halted=True)], [node])
+    assert stops(stopped) == []
+    assert [s.spec.engine_args for s in starts(stopped)] == [LAUNCH_ARGS]
+    assert run([Desired(llama, 3)], [node]).actions != ()  # not stopped: it would start again
+
+    # A canary replica still Ready drains once the model's own are, as after an abort.
+    every = make_node("node-a", gpus=8, shards=[shard_of(s, "ready", 10) for s in starts(first)])
+    canary_ids = [s.spec.shard_id for s in starts(first) if s.spec.engine_args == ("--canary",)]
+    waiting = run([Desired(llama, 3, canary_halted=True)], [every])
+    assert stops(waiting) == []
+    assert [s.spec.engine_args for s in starts(waiting)] == [LAUNCH_ARGS]
+    replaced = dataclasses.replace(
+        every, shards={**every.shards, "new": shard_of(starts(waiting)[0], "ready", 0)}
+    )
+    after = run([Desired(llama, 3, canary_halted=True)], [replaced])
+    assert [(s.shard_id, s.reason) for s in stops(after)] == [(canary_ids[0], "rollout")]
+    assert starts(after) == []

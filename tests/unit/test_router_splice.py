@@ -10,7 +10,7 @@ import pytest
 
 from llmgw.config import ConfigError, load_server_config
 from llmgw.config.continuation import ContinuationConfig
-from llmgw.engines import continues_of
+from llmgw.engines import continues_of, continues_thoughts, continues_tool_calls
 from llmgw.router.requests import parse_request
 from llmgw.router.splice import add_usage, continuation_body, read_back, remaining, rewrite
 
@@ -44,6 +44,7 @@ def test_read_back_takes_crlf_events_and_completions() -> None:
         b"",
         b": only a comment\n\n",
         chat_event(" w1") + chat_event(tool_calls=[{"index": 0, "function": {"arguments": "{"}}]),
+        # A thought after the answer began: no markup puts it there.
         chat_event(" w1") + chat_event(reasoning_content="hmm"),
         chat_event(" w1")
         + b"data: "
@@ -80,6 +81,85 @@ def test_a_chat_continues_its_final_assistant_message_with_fewer_tokens() -> Non
     assert body["stream_options"] == {"include_usage": True}
     # The request itself is unchanged: a second continuation starts from it again.
     assert len(req.body["messages"]) == 1
+
+
+def test_a_thought_goes_back_in_think_markup_open_while_under_way_and_closed_after() -> None:
+    req = parse_request(
+        "/v1/chat/completions",
+        orjson.dumps(
+            {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
+        ),
+    )
+    thinking = chat_event(reasoning=" w1", role="assistant") + chat_event(reasoning_content=" w2")
+    splice = read_back(thinking, chat=True)
+    assert splice is not None and (splice.reasoning, splice.text, splice.tokens) == (
+        " w1 w2",
+        "",
+        2,
+    )
+    body = orjson.loads(continuation_body(req, splice) or b"")
+    assert body["messages"][-1] == {"role": "assistant", "content": "<think> w1 w2"}
+    answered = read_back(thinking + chat_event(" w3"), chat=True)
+    assert answered is not None
+    body = orjson.loads(continuation_body(req, answered) or b"")
+    assert body["messages"][-1] == {"role": "assistant", "content": "<think> w1 w2</think> w3"}
+    # The continuation's thought and text are counted and passed on as they come.
+    out, _ = rewrite(chat_event(reasoning=" w3", role="assistant"), splice)
+    assert b'"reasoning":" w3"' in out and b"role" not in out
+    assert (splice.reasoning, splice.tokens) == (" w1 w2 w3", 3)
+
+
+def test_a_tool_call_goes_back_in_hermes_markup_and_its_rest_comes_as_its_arguments() -> None:
+    req = parse_request(
+        "/v1/chat/completions",
+        orjson.dumps(
+            {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
+        ),
+    )
+    named = {"index": 0, "id": "call-1", "type": "function", "function": {"name": "count"}}
+    sent = (
+        chat_event(role="assistant", tool_calls=[named])
+        + chat_event(tool_calls=[{"index": 0, "function": {"arguments": '{"n": "w1'}}])
+        + chat_event(tool_calls=[{"index": 0, "function": {"arguments": " {w2}"}}])
+    )
+    splice = read_back(sent, chat=True)
+    assert splice is not None and splice.call is not None and splice.tokens == 2
+    body = orjson.loads(continuation_body(req, splice) or b"")
+    assert body["messages"][-1]["content"] == (
+        '<tool_call>\n{"name": "count", "arguments": {"n": "w1 {w2}'
+    )
+    # The engine's parser never saw the call open: the rest comes as text.
+    rest = chat_event(" w3", role="assistant") + chat_event('"}}\n</tool_call>')
+    rest += (
+        b"data: "
+        + orjson.dumps({**HEAD, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+        + b"\n\n"
+    )
+    out, _ = rewrite(rest, splice)
+    deltas = [orjson.loads(e[6:])["choices"][0] for e in out.split(b"\n\n") if e]
+    assert [d["delta"] for d in deltas] == [
+        {"tool_calls": [{"index": 0, "function": {"arguments": " w3"}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": '"}'}}]},
+        {},
+    ]
+    assert deltas[-1]["finish_reason"] == "tool_calls"
+    assert orjson.loads(splice.call.arguments) == {"n": "w1 {w2} w3"}
+    # A second call at once (parallel calls) is not continued.
+    other = {**named, "index": 1, "id": "call-2"}
+    assert read_back(sent + chat_event(tool_calls=[other]), chat=True) is None
+
+
+def test_the_engines_say_which_reasoning_parsers_they_write_back() -> None:
+    assert continues_thoughts("vllm", ["--reasoning-parser", "deepseek_r1"])
+    assert continues_thoughts("vllm", ["--reasoning-parser=qwen3"])
+    assert continues_thoughts("sglang", ["--reasoning-parser", "deepseek-r1"])
+    assert not continues_thoughts("vllm", ["--reasoning-parser", "granite"])
+    assert not continues_thoughts("vllm", [])
+    assert not continues_thoughts("llamacpp", ["--reasoning-parser", "deepseek_r1"])
+    assert not continues_thoughts("", ["--reasoning-parser", "deepseek_r1"])
+    assert continues_tool_calls("vllm", ["--tool-call-parser", "hermes"])
+    assert continues_tool_calls("sglang", ["--tool-call-parser", "qwen25"])
+    assert not continues_tool_calls("vllm", ["--tool-call-parser", "mistral"])
 
 
 def test_a_prefilled_assistant_message_is_extended_and_completions_append_to_the_prompt() -> None:

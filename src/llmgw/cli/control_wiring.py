@@ -19,7 +19,13 @@ from llmgw.control.reachability import ReachabilityGate, ReplicaUnreachable
 from llmgw.control.reconciler.controller import Controller
 from llmgw.control.reconciler.errors import ActivationRefused
 from llmgw.control.reconciler.state import ReadyEndpoint
-from llmgw.engines import UnknownEngine, native_apis_of, routes_of
+from llmgw.engines import (
+    UnknownEngine,
+    continues_thoughts,
+    continues_tool_calls,
+    native_apis_of,
+    routes_of,
+)
 from llmgw.router.endpoints import EndpointSink, EndpointSpec, publish_static
 from llmgw.router.errors import ModelUnavailable
 
@@ -75,6 +81,8 @@ def replica_spec(endpoint: ReadyEndpoint, names: tuple[str, ...]) -> EndpointSpe
         engine=endpoint.engine,
         routes=routes,
         native_apis=native,
+        thoughts=continues_thoughts(endpoint.engine, endpoint.engine_args),
+        tool_calls=continues_tool_calls(endpoint.engine, endpoint.engine_args),
         version=endpoint.version,
         weight=endpoint.weight,
     )

@@ -55,7 +55,13 @@ from llmgw.cli.serving import (
 )
 from llmgw.config import ListenAddress, ServerConfig
 from llmgw.config.routing import ScorerWeights
-from llmgw.control.adminapi import event_routes, model_routes, node_routes, node_view
+from llmgw.control.adminapi import (
+    config_routes,
+    event_routes,
+    model_routes,
+    node_routes,
+    node_view,
+)
 from llmgw.control.adminapi.tokens import join_token_routes
 from llmgw.control.agentsvc import (
     AgentListener,
@@ -70,6 +76,7 @@ from llmgw.control.agentsvc import (
 from llmgw.control.agentsvc.cluster_pki import ClusterPki, ClusterPkiError
 from llmgw.control.agentsvc.join import serve_cluster_agents
 from llmgw.control.catalog import Catalog, CatalogError, model_from_config
+from llmgw.control.catalog.reload import ConfigReloader, ConfigSource
 from llmgw.control.inventory import FleetMetrics, Inventory
 from llmgw.control.leadership import (
     LEASE_NAME,
@@ -211,6 +218,31 @@ async def _poll_catalog(catalog: Catalog) -> None:
             log.warning("cannot reload the catalog from the store (keeping it): %s", exc)
 
 
+async def _reload_on_hangup(reloader: ConfigReloader, hangup: asyncio.Event) -> None:
+    """SIGHUP reloads the config file's models (as `llmgw models reload` does); the
+    outcome goes to the log, a refused file with the field at fault."""
+    while True:
+        await hangup.wait()
+        hangup.clear()
+        try:
+            done = await reloader.reload()
+        except (CatalogError, StoreError) as exc:
+            log.error("SIGHUP: the config file was not reloaded: %s", exc)
+            continue
+        view = done.view()
+        log.info(
+            "SIGHUP: reloaded the models of %s: added %s, changed %s (rolling %s), removed %s%s",
+            done.file,
+            view["added"] or "none",
+            view["changed"] or "none",
+            view["rolled"] or "none",
+            view["removed"] or "none",
+            f"; needs a restart to apply: {', '.join(done.restart_needed)}"
+            if done.restart_needed
+            else "",
+        )
+
+
 def _agent_address(cfg: ServerConfig) -> str:
     """Where agents reach this server, for standbys to name when they refuse an agent."""
     if cfg.control.advertise_agent_address:
@@ -271,9 +303,16 @@ async def _load_catalog(cfg: ServerConfig, store: Store, config_file: str | None
 
 
 def run_gateway(
-    cfg: ServerConfig, listeners: list[BoundListener], *, config_file: str | None = None
+    cfg: ServerConfig,
+    listeners: list[BoundListener],
+    *,
+    config_file: str | None = None,
+    reload_source: ConfigSource | None = None,
 ) -> None:
-    """Serve until SIGTERM or SIGINT, then shut down gracefully."""
+    """Serve until SIGTERM or SIGINT, then shut down gracefully. SIGHUP (and the admin
+    API's reload) reads `reload_source` again, by default the config file."""
+    if reload_source is None and config_file is not None:
+        reload_source = ConfigSource.file(Path(config_file))
     try:
         url = store_url(Path(cfg.data_dir or DEFAULT_DATA_DIR).expanduser(), cfg.store)
     except StoreError as exc:
@@ -283,7 +322,7 @@ def run_gateway(
     )
     if short is not None:
         log.warning("%s", short)
-    uvloop.run(_run(cfg, listeners, url, config_file))
+    uvloop.run(_run(cfg, listeners, url, config_file, reload_source))
 
 
 async def _open_store(url: str) -> Store:
@@ -300,7 +339,11 @@ async def _open_store(url: str) -> Store:
 
 
 async def _run(
-    cfg: ServerConfig, listeners: list[BoundListener], url: str, config_file: str | None
+    cfg: ServerConfig,
+    listeners: list[BoundListener],
+    url: str,
+    config_file: str | None,
+    reload_source: ConfigSource | None,
 ) -> None:
     try:
         tracing = build_tracing(cfg.telemetry, service="llmgw-server")
@@ -314,7 +357,15 @@ async def _run(
         max_workers=LOGIN_HASH_THREADS, thread_name_prefix=LOGIN_THREAD_PREFIX
     )
     try:
-        await _serve(cfg, listeners, store, config_file, login_pool=login_pool, tracing=tracing)
+        await _serve(
+            cfg,
+            listeners,
+            store,
+            config_file,
+            reload_source,
+            login_pool=login_pool,
+            tracing=tracing,
+        )
     finally:
         login_pool.shutdown(wait=False, cancel_futures=True)
         await store.close()
@@ -376,6 +427,7 @@ async def _serve(
     listeners: list[BoundListener],
     store: Store,
     config_file: str | None,
+    reload_source: ConfigSource | None,
     *,
     login_pool: Executor,
     tracing: Tracing | None = None,
@@ -399,6 +451,8 @@ async def _serve(
     )
     publisher.publish_static()
     catalog = await _load_catalog(cfg, store, config_file)
+    reloader = ConfigReloader(catalog=catalog, source=reload_source)
+    await reloader.start()
     if not cfg.endpoints and not catalog.models():
         raise NothingToServe(
             "nothing to serve: add an engine with --endpoint ID=URL=MODEL "
@@ -528,6 +582,7 @@ async def _serve(
         tracer=control_tracer,
         activation_metrics=ActivationMetrics(registry=registry),
         rollouts=store.rollouts,
+        canary_halts=store.canary_halts,
         routed=lambda replica_id: _routed(gate, replica_id),
     )
     CertificateMetrics(registry=registry, sources=_certificates(cfg, pki))
@@ -750,6 +805,7 @@ async def _serve(
                 ).remove,
             ),
             *model_routes(catalog=catalog, control=model_control),
+            *config_routes(reloader=reloader),
             *join_token_routes(
                 issuer=pki,
                 unavailable=tokens_unavailable(security),
@@ -841,6 +897,8 @@ async def _serve(
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    hangup = asyncio.Event()
+    loop.add_signal_handler(signal.SIGHUP, hangup.set)
     hosts = {"API": cfg.listen.host, "admin": cfg.admin_listen.host}
     if cfg.metrics_listen is not None:
         hosts["metrics"] = cfg.metrics_listen.host
@@ -948,6 +1006,7 @@ async def _serve(
                     )
                 ),
                 group.create_task(guard("catalog poller", _poll_catalog(catalog))),
+                group.create_task(guard("config reloader", _reload_on_hangup(reloader, hangup))),
                 group.create_task(guard("metrics history", history.run())),
                 group.create_task(
                     guard(

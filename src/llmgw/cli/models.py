@@ -1,4 +1,5 @@
-"""`llmgw models`: list, show, add, remove, explain and activate catalog models (admin API).
+"""`llmgw models`: list, show, add, remove, explain and activate catalog models, and reload
+the server's config file (`reload`), through the admin API.
 
 Talks HTTP to a running server's admin listener, like `llmgw nodes` (same
 `--admin` / `--admin-key` / `--admin-config` options, resolved flag, then
@@ -37,6 +38,7 @@ from llmgw.cli.adminclient import (
     request,
     resolve_admin,
 )
+from llmgw.cli.reload import reload_models
 from llmgw.cli.rollout import rollout_app
 from llmgw.cli.storeopts import JsonOption, print_json, render_table
 
@@ -373,6 +375,8 @@ def _show_text(model: dict[str, Any]) -> str:
             lines += ["", f"rollout stopped: {rollout.get('reason')}"]
         else:
             lines += ["", f"rolling out a new spec: {rollout.get('step')}"]
+    if status.get("canary_halt"):
+        lines += ["", f"canary stopped: {status.get('canary_halt')}"]
     for key, label in (("last_failure", "last failure"), ("unplaceable", "unplaceable")):
         value = status.get(key)
         if isinstance(value, dict):
@@ -666,6 +670,9 @@ def remove(
         typer.echo(f"stored model {answer['name']} discarded (it was skipped: {answer['reason']})")
     else:
         typer.echo(f"model {answer['name']} removed from the catalog; its replicas will stop")
+
+
+models_app.command("reload")(reload_models)
 
 
 @models_app.command("explain")

@@ -78,6 +78,8 @@ def rollout_text(answer: dict[str, Any]) -> str:
             f"{canary.get('stable')} (weight {canary.get('stable_weight')}); "
             f"{len(canary.get('replicas') or [])} canary replica(s)",
         ]
+        if canary.get("halted"):
+            lines.append(f"canary stopped: {canary.get('halted')}")
     previous = answer.get("previous")
     if isinstance(previous, dict):
         profiles = ", ".join(

@@ -73,6 +73,29 @@ def sim(
         ),
     ] = "words",
     seed: Annotated[int, typer.Option(help="Seed of the generated text and error draws.")] = 0,
+    reasoning_parser: Annotated[
+        str,
+        typer.Option(
+            help="Act as vLLM with this reasoning parser (deepseek_r1 or qwen3: a thought "
+            "in <think>...</think>), for --reasoning-words [default: none]."
+        ),
+    ] = "",
+    tool_call_parser: Annotated[
+        str,
+        typer.Option(
+            help="Act as vLLM with this tool parser (hermes): with --text sequence, a stream "
+            "that offers tools gets a call of its first tool, arguments "
+            '{"n": " w1 w2 ..."} [default: none].'
+        ),
+    ] = "",
+    reasoning_words: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="With --text sequence and --reasoning-parser: the words w1..wK are the "
+            "thought (streamed as 'reasoning' deltas), the rest the answer.",
+        ),
+    ] = 0,
     zero_delay: Annotated[
         bool,
         typer.Option(
@@ -172,8 +195,27 @@ def sim(
         raise typer.BadParameter(
             f"{text!r} is not a text mode: use 'words' or 'sequence'", param_hint="--text"
         )
+    if reasoning_parser not in ("", "deepseek_r1", "qwen3"):
+        raise typer.BadParameter(
+            f"{reasoning_parser!r} is not a reasoning parser the sim acts as: use "
+            "'deepseek_r1' or 'qwen3'",
+            param_hint="--reasoning-parser",
+        )
+    if reasoning_words and (not reasoning_parser or text != "sequence"):
+        raise typer.BadParameter(
+            "a thought needs --reasoning-parser and --text sequence",
+            param_hint="--reasoning-words",
+        )
+    if tool_call_parser not in ("", "hermes"):
+        raise typer.BadParameter(
+            f"{tool_call_parser!r} is not a tool parser the sim acts as: use 'hermes'",
+            param_hint="--tool-call-parser",
+        )
     settings = SimSettings(
+        tool_call_parser=tool_call_parser,  # type: ignore[arg-type]
         text="sequence" if text == "sequence" else "words",
+        reasoning_parser=reasoning_parser,  # type: ignore[arg-type]
+        reasoning_words=reasoning_words,
         native_apis=apis,
         models=tuple(model) if model else ("sim-model",),
         load_time=load_time,

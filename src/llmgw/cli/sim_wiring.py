@@ -72,6 +72,8 @@ def build_app(
         embedding_dim=settings.embedding_dim,
         native_apis=settings.native_apis,
         sequence=settings.text == "sequence",
+        reasoning_words=settings.reasoning_words,
+        tool_calls=settings.tool_call_parser == "hermes" and settings.text == "sequence",
         clock=clock,
         wall_clock=wall_clock,
     )

@@ -56,6 +56,7 @@ from llmgw.telemetry.logs import log_format as log_format_of
 if TYPE_CHECKING:
     from llmgw.cli.serving import BoundListener
     from llmgw.config import ServerConfig
+    from llmgw.control.catalog.reload import ConfigSource
 
 log = logging.getLogger("llmgw.up")
 
@@ -485,6 +486,20 @@ def _config(plan: _Plan) -> ServerConfig:
         raise UpError(describe_validation_error("llmgw up", exc)) from None
 
 
+def _reload_source(plan: _Plan) -> ConfigSource:
+    """What `llmgw models reload` (or SIGHUP) reads again: the catalog `up` builds."""
+    from llmgw.config import ConfigError
+    from llmgw.control.catalog.reload import ConfigSource
+
+    def read() -> ServerConfig:
+        try:
+            return _config(plan)
+        except UpError as exc:
+            raise ConfigError(str(exc)) from exc
+
+    return ConfigSource("llmgw up's catalog", read)
+
+
 def _run(plan: _Plan) -> None:
     cfg = _config(plan)
     listeners = _bind(cfg)
@@ -509,7 +524,7 @@ def _run(plan: _Plan) -> None:
             name="ready-notice",
             daemon=True,
         ).start()
-        run_gateway(cfg, listeners)
+        run_gateway(cfg, listeners, reload_source=_reload_source(plan))
     except _Interrupted as exc:
         log.info("%s before the gateway started; stopping", exc)
     except StartupError as exc:

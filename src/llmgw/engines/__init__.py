@@ -17,7 +17,14 @@ from llmgw.engines.adapter import EngineAdapter
 from llmgw.engines.errors import EngineError, ProfileError, UnknownEngine
 from llmgw.engines.llamacpp import LlamaCppAdapter
 from llmgw.engines.prometheus import Sample, metric_max, metric_sum, parse_samples
-from llmgw.engines.registry import adapter_for, continues_of, native_apis_of, routes_of
+from llmgw.engines.registry import (
+    adapter_for,
+    continues_of,
+    continues_thoughts,
+    continues_tool_calls,
+    native_apis_of,
+    routes_of,
+)
 from llmgw.engines.sglang import SglangAdapter
 from llmgw.engines.sim import SimAdapter
 from llmgw.engines.spec import (
@@ -50,6 +57,8 @@ __all__ = [
     "VllmAdapter",
     "adapter_for",
     "continues_of",
+    "continues_thoughts",
+    "continues_tool_calls",
     "metric_max",
     "metric_sum",
     "native_apis_of",

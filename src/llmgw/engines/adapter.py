@@ -26,7 +26,12 @@ class EngineAdapter(Protocol):
     match its GPUs); `routes` maps each client route the engine serves
     (`llmgw.engines.routes`) to the engine's own path for it; `continues` names
     the routes on which it can continue a generation another replica began (the
-    router's mid-stream continuation sends those requests only to such engines).
+    router's mid-stream continuation sends those requests only to such engines);
+    `thought_parsers` names the reasoning parsers (`--reasoning-parser`) that write
+    the model's thought as `<think>...</think>`, so that a stream broken mid-thought
+    can be continued with the thought written back in that markup;
+    `tool_parsers` the same for tool parsers (`--tool-call-parser`) that write a
+    call as hermes' `<tool_call>{"name": ..., "arguments": ...}</tool_call>`.
     """
 
     name: str
@@ -34,6 +39,8 @@ class EngineAdapter(Protocol):
     gpu_ranks: bool
     routes: Mapping[str, str]
     continues: frozenset[str]
+    thought_parsers: frozenset[str]
+    tool_parsers: frozenset[str]
 
     def native_apis(self, engine_args: Sequence[str]) -> frozenset[str]:
         """The client APIs besides OpenAI's (`llmgw.engines.apis`: "messages",

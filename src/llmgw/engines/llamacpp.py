@@ -91,6 +91,11 @@ class LlamaCppAdapter:
     gpu_ranks = False
     routes = LLAMACPP_ROUTES
     continues = CONTINUES_COMPLETIONS
+    # The --reasoning-parser names whose thought it writes as <think>...</think>, which a
+    # continuation can write back (see `EngineAdapter.thought_parsers`).
+    thought_parsers: frozenset[str] = frozenset[str]()
+    # The --tool-call-parser names whose calls it writes as <tool_call>{json}</tool_call>.
+    tool_parsers: frozenset[str] = frozenset[str]()
 
     def __init__(self, *, settings: EngineSettings) -> None:
         self._settings = settings

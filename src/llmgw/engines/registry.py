@@ -53,6 +53,36 @@ def native_apis_of(engine: str, engine_args: Sequence[str]) -> frozenset[str]:
     return _adapter_class(engine).native_apis(engine_args)
 
 
+def continues_thoughts(engine: str, engine_args: Sequence[str]) -> bool:
+    """Whether `engine` run with `engine_args` writes its thought as `<think>...</think>`
+    (its `--reasoning-parser` is one of `EngineAdapter.thought_parsers`), so that a
+    continuation can write a half-finished thought back; False for an unknown engine."""
+    found = _ADAPTERS.get(engine)
+    return found is not None and _option(engine_args, "--reasoning-parser") in (
+        found.thought_parsers
+    )
+
+
+def continues_tool_calls(engine: str, engine_args: Sequence[str]) -> bool:
+    """Whether `engine` run with `engine_args` writes tool calls as hermes'
+    `<tool_call>{json}</tool_call>` (its `--tool-call-parser` is one of
+    `EngineAdapter.tool_parsers`), so that a continuation can write a half-written
+    call back; False for an unknown engine."""
+    found = _ADAPTERS.get(engine)
+    return found is not None and _option(engine_args, "--tool-call-parser") in found.tool_parsers
+
+
+def _option(engine_args: Sequence[str], flag: str) -> str:
+    """The value of `flag` (`--flag V` or `--flag=V`, the last one given) or ""."""
+    value = ""
+    for index, arg in enumerate(engine_args):
+        if arg == flag and index + 1 < len(engine_args):
+            value = engine_args[index + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
 def continues_of(engine: str) -> frozenset[str]:
     """The client routes on which `engine` continues a generation another replica began
     (`EngineAdapter.continues`); none for "" (an endpoint whose engine is not declared:

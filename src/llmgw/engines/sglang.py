@@ -84,6 +84,11 @@ class SglangAdapter:
     gpu_ranks = True
     routes = SGLANG_ROUTES
     continues = CONTINUES_CHAT_AND_COMPLETIONS
+    # The --reasoning-parser names whose thought it writes as <think>...</think>, which a
+    # continuation can write back (see `EngineAdapter.thought_parsers`).
+    thought_parsers: frozenset[str] = frozenset({"deepseek-r1", "qwen3"})
+    # The --tool-call-parser names whose calls it writes as <tool_call>{json}</tool_call>.
+    tool_parsers: frozenset[str] = frozenset({"qwen25"})
 
     def __init__(self, *, settings: EngineSettings) -> None:
         self._settings = settings

@@ -95,6 +95,11 @@ class VllmAdapter:
     gpu_ranks = True
     routes = VLLM_ROUTES
     continues = CONTINUES_CHAT_AND_COMPLETIONS
+    # The --reasoning-parser names whose thought it writes as <think>...</think>, which a
+    # continuation can write back (see `EngineAdapter.thought_parsers`).
+    thought_parsers: frozenset[str] = frozenset({"deepseek_r1", "qwen3"})
+    # The --tool-call-parser names whose calls it writes as <tool_call>{json}</tool_call>.
+    tool_parsers: frozenset[str] = frozenset({"hermes"})
 
     def __init__(self, *, settings: EngineSettings) -> None:
         self._settings = settings

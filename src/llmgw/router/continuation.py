@@ -32,10 +32,11 @@ Not continued (the stream ends with the SSE `error` event, as before): `n > 1`
 together), `logprobs` (the continued tokens' log-probabilities would be
 computed on a prompt the client never sent, and `top_logprobs` of the splice
 point would be wrong), `echo`, prompts given as token ids, streams that
-carried tool-call deltas or reasoning content (an engine continues a final
-assistant message's text; a half-written tool call or thought would have to be
-written back in the model's own markup, which its chat template and the
-engine's tool and reasoning parsers own), streams that already ended
+carried tool-call deltas or reasoning content unless the replicas' parsers
+write them in markup llmgw can write back (`llmgw.engines.continues_thoughts`:
+`<think>...</think>`; `continues_tool_calls`: hermes' `<tool_call>{json}`; then the
+thought or the call so far goes back in that markup, see `splice`, and only such
+replicas take it), parallel tool calls, streams that already ended
 (`finish_reason`), and models or endpoints whose engine cannot continue (an
 endpoint without a declared `engine`: llmgw does not guess).
 
@@ -225,6 +226,12 @@ class Continuation:
             found = read_back(b"".join(sent), chat=req.path == CHAT)
             if found is None:
                 return None
+            replicas = self._pool.by_model.get(req.model) or ()
+            if (found.reasoning and not any(e.thoughts for e in replicas)) or (
+                found.call is not None and not any(e.tool_calls for e in replicas)
+            ):
+                # No replica writes a thought or a call in markup llmgw can rebuild.
+                return None
             splice = found
         if remaining(req.body, splice.tokens) == 0:
             return None
@@ -286,7 +293,15 @@ class Continuation:
         (None: the stream ended well); or the RouterError that ended the stream when no
         replica took it (its error event was sent)."""
         try:
-            endpoint, resp = await self._open(req, body, send, tried, total_deadline)
+            endpoint, resp = await self._open(
+                req,
+                body,
+                send,
+                tried,
+                total_deadline,
+                thought=bool(splice.reasoning),
+                call=splice.call is not None,
+            )
         except RouterError as exc:
             await send({"type": "http.response.body", "body": error_event(exc), "more_body": False})
             return exc
@@ -344,13 +359,16 @@ class Continuation:
         send: Send,
         tried: set[str],
         total_deadline: float,
+        *,
+        thought: bool = False,
+        call: bool = False,
     ) -> tuple[Endpoint, Response]:
         """Send the continuation to a replica that can take it and return its stream's
         head; RouterError when none answers within the deadlines."""
         deadline = min(total_deadline, self._clock() + self._wait_limit)
         last_error: RouterError | None = None
         while True:
-            endpoint = await self._replica(req, send, tried, deadline, last_error)
+            endpoint = await self._replica(req, send, tried, deadline, last_error, (thought, call))
             path = endpoint.path_for(req.path) or req.path
             resp: Response | None = None
             opened = False
@@ -420,7 +438,13 @@ class Continuation:
             engines = set(activator.engines(req.model))
         return any(req.path in continues_of(engine) for engine in engines)
 
-    def _candidates(self, req: ParsedRequest, tried: set[str]) -> list[Endpoint]:
+    def _candidates(
+        self, req: ParsedRequest, tried: set[str], needs: tuple[bool, bool] = (False, False)
+    ) -> list[Endpoint]:
+        """Replicas that can take the continuation now; with a thought or a tool call
+        under way (`needs`), only those whose reasoning or tool parser's markup
+        (`<think>`, `<tool_call>`) it was written back in."""
+        thought, call = needs
         now = self._clock()
         return [
             e
@@ -429,6 +453,8 @@ class Continuation:
             and e.available(now)
             and e.path_for(req.path) is not None
             and req.path in continues_of(e.engine)
+            and (e.thoughts or not thought)
+            and (e.tool_calls or not call)
         ]
 
     async def _replica(
@@ -438,6 +464,7 @@ class Continuation:
         tried: set[str],
         deadline: float,
         last_error: RouterError | None,
+        needs: tuple[bool, bool] = (False, False),
     ) -> Endpoint:
         """A replica to continue on, waiting (with keep-alive comments) while there is
         none; the replicas `tried` are skipped until the first pause, since a replica
@@ -447,7 +474,7 @@ class Continuation:
         activation: asyncio.Future[None] | None = None
         try:
             while True:
-                candidates = self._candidates(req, tried)
+                candidates = self._candidates(req, tried, needs)
                 if candidates:
                     picked = self._balancer.pick(candidates, ())
                     if picked is not None:

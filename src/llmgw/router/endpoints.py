@@ -46,6 +46,12 @@ class EndpointSpec:
     # The client APIs (besides chat completions) the engine serves natively:
     # "messages", "responses". Requests of the others are translated.
     native_apis: frozenset[str] = frozenset()
+    # Whether its engine writes a thought as <think>...</think> (its reasoning parser's
+    # markup), so a stream broken mid-thought can be continued on it.
+    thoughts: bool = False
+    # Whether its engine writes a tool call as <tool_call>{json}</tool_call> (its tool
+    # parser's markup), so a stream broken mid-call can be continued on it.
+    tool_calls: bool = False
     # A model with a canary: the version this replica runs, and the version's weight
     # (its share of new conversations against the other's); "" and 0 otherwise.
     version: str = ""
@@ -78,6 +84,8 @@ class Endpoint:
         "probe_ok",
         "routes",
         "stream_usage",
+        "thoughts",
+        "tool_calls",
         "url",
         "version",
         "weight",
@@ -93,6 +101,8 @@ class Endpoint:
         self.engine = spec.engine
         self.routes = _routes(spec)
         self.native_apis = spec.native_apis
+        self.thoughts = spec.thoughts
+        self.tool_calls = spec.tool_calls
         self.version = spec.version
         self.weight = spec.weight
         self._policy = policy
@@ -149,6 +159,8 @@ class Endpoint:
         self.engine = spec.engine
         self.routes = _routes(spec)
         self.native_apis = spec.native_apis
+        self.thoughts = spec.thoughts
+        self.tool_calls = spec.tool_calls
         self.version = spec.version
         self.weight = spec.weight
 

@@ -4,7 +4,9 @@ Pure functions for `llmgw.router.continuation`: `read_back` recovers the answer 
 client received from the SSE events relayed to it, `continuation_body` builds the
 request that asks another replica for the rest (chat: the text as a final
 assistant message with `continue_final_message: true, add_generation_prompt:
-false`; completions: prompt + text; the token limits reduced), and `rewrite`
+false`, a thought so far written back first in the `<think>...</think>` markup
+of the reasoning parsers that use it; completions: prompt + text; the token
+limits reduced), and `rewrite`
 makes the continuation's chunks look like the first answer's (its id, created and
 model; no second role chunk; usage and `[DONE]` held back).
 
@@ -29,6 +31,19 @@ _MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
 
 
 @dataclass(slots=True)
+class ToolCall:
+    """The one tool call a stream was writing when it broke: its index, id, function
+    name and arguments (JSON text) so far. `closed`: a continuation finished its
+    arguments; what the engine writes after them is the markup's end, not the client's."""
+
+    index: int
+    id: str
+    name: str
+    arguments: str = ""
+    closed: bool = False
+
+
+@dataclass(slots=True)
 class Splice:
     """The answer so far as the client saw it, and what the next continuation needs."""
 
@@ -37,6 +52,10 @@ class Splice:
     text: str
     tokens: int
     continued: int = 0
+    # The thought so far (`reasoning` / `reasoning_content` deltas), before the text.
+    reasoning: str = ""
+    # The tool call under way when the stream broke (after the text), or None.
+    call: ToolCall | None = None
     # Per continuation: the tokens of the answer it was given, and the prompt and
     # completion tokens its engine reported (None: it died before its usage chunk).
     given: list[int] = field(default_factory=list)
@@ -77,10 +96,12 @@ class Splice:
 
 def read_back(sent: bytes, *, chat: bool) -> Splice | None:
     """The answer the client received, from the events relayed to it; None when it
-    cannot be continued (no chunk yet, several choices, tool calls or reasoning, an
-    error, or a finished answer)."""
+    cannot be continued (no chunk yet, several choices, tool calls, a thought after
+    the text began, an error, or a finished answer)."""
     head: dict[str, Any] | None = None
     text: list[str] = []
+    thought: list[str] = []
+    call: ToolCall | None = None
     tokens = 0
     for event in EVENT_END.split(sent):
         if not event:
@@ -102,35 +123,98 @@ def read_back(sent: bytes, *, chat: bool) -> Splice | None:
         if head is None:
             head = {k: chunk[k] for k in ("id", "object", "created", "model") if k in chunk}
         for choice in choices:
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if chat and isinstance(delta, dict) and delta.get("tool_calls"):
+                if thought or choice.get("finish_reason") is not None or delta.get("content"):
+                    return None
+                before = len(call.arguments) if call is not None else 0
+                call = _call_delta(call, delta["tool_calls"])
+                if call is None:
+                    return None
+                # A chunk that only names the call carries no token of the arguments.
+                tokens += len(call.arguments) > before
+                continue
             piece = _choice_text(choice, chat=chat)
             if piece is None:
                 return None
-            if piece:
-                text.append(piece)
-                tokens += 1
+            said, kind = piece
+            if said and call is not None:
+                return None
+            if not said:
+                continue
+            if kind == "thought":
+                if text:
+                    return None
+                thought.append(said)
+            else:
+                text.append(said)
+            tokens += 1
     if head is None:
         return None
-    return Splice(chat=chat, head=head, text="".join(text), tokens=tokens)
+    return Splice(
+        chat=chat,
+        head=head,
+        text="".join(text),
+        tokens=tokens,
+        reasoning="".join(thought),
+        call=call,
+    )
 
 
-def _choice_text(choice: object, *, chat: bool) -> str | None:
-    """The text a chunk's choice adds; None when the answer cannot be continued."""
+def _call_delta(call: ToolCall | None, deltas: object) -> ToolCall | None:
+    """`call` with a chunk's tool-call deltas added; None when they start a second call
+    (parallel calls: each would need its own continuation) or are not understood."""
+    if not isinstance(deltas, list) or len(deltas) != 1 or not isinstance(deltas[0], dict):
+        return None
+    delta = deltas[0]
+    function = delta.get("function") or {}
+    if not isinstance(function, dict):
+        return None
+    ident, name, more = delta.get("id"), function.get("name"), function.get("arguments") or ""
+    if not isinstance(more, str):
+        return None
+    if call is None:
+        if not isinstance(ident, str) or not isinstance(name, str) or not name:
+            return None
+        return ToolCall(index=delta.get("index", 0), id=ident, name=name, arguments=more)
+    if (ident is not None and ident != call.id) or delta.get("index", call.index) != call.index:
+        return None
+    call.arguments += more
+    return call
+
+
+def _choice_text(choice: object, *, chat: bool) -> tuple[str, str] | None:
+    """The text a chunk's choice adds and whether it is the answer ("text") or the
+    thought ("thought"); None when the answer cannot be continued."""
     if not isinstance(choice, dict) or choice.get("index", 0) != 0:
         return None
     if choice.get("finish_reason") is not None:
         return None
     if not chat:
         piece = choice.get("text")
-        return piece if isinstance(piece, str) else ""
+        return (piece if isinstance(piece, str) else "", "text")
     delta = choice.get("delta")
     if not isinstance(delta, dict):
-        return ""
-    if delta.get("tool_calls") or delta.get("function_call") or delta.get("reasoning_content"):
+        return ("", "text")
+    if delta.get("tool_calls") or delta.get("function_call"):
         return None
-    if delta.get("reasoning"):
-        return None
+    thought = _thought(delta)
     piece = delta.get("content")
-    return piece if isinstance(piece, str) else ""
+    if thought and piece:
+        return None
+    if thought:
+        return (thought, "thought")
+    return (piece if isinstance(piece, str) else "", "text")
+
+
+def _thought(delta: dict[str, Any]) -> str:
+    """The thought a chat delta adds: vLLM's `reasoning` (older releases and SGLang:
+    `reasoning_content`)."""
+    for name in ("reasoning", "reasoning_content"):
+        piece = delta.get(name)
+        if isinstance(piece, str) and piece:
+            return piece
+    return ""
 
 
 def remaining(body: dict[str, Any], sent_tokens: int) -> int | None:
@@ -158,16 +242,36 @@ def continuation_body(req: ParsedRequest, splice: Splice) -> bytes | None:
     if splice.chat:
         messages = list(body["messages"])
         last = messages[-1] if messages else None
+        said = splice.text
+        if splice.call is not None:
+            if splice.reasoning or not splice.call.arguments.startswith("{"):
+                return None
+            # hermes' markup (Qwen's chat templates and vLLM's `hermes` parser): the
+            # call opened, its name, its arguments so far.
+            said += (
+                '<tool_call>\n{"name": '
+                + orjson.dumps(splice.call.name).decode()
+                + ', "arguments": '
+                + splice.call.arguments
+            )
+        if splice.reasoning:
+            # The thought in the markup of the parsers that read it back (deepseek_r1,
+            # qwen3): an open <think> while the thought was under way, closed once the
+            # answer began, so the engine's parser sees where the thought ends.
+            said = "<think>" + splice.reasoning + ("</think>" + said if said else "")
         if (
             body.get("continue_final_message")
             and isinstance(last, dict)
             and last.get("role") == "assistant"
             and isinstance(last.get("content"), str)
         ):
+            if splice.reasoning:
+                # A prefilled answer before a thought: no markup says how they join.
+                return None
             # The client prefilled the answer itself: extend its message.
-            messages[-1] = {**last, "content": last["content"] + splice.text}
+            messages[-1] = {**last, "content": last["content"] + said}
         else:
-            messages.append({"role": "assistant", "content": splice.text})
+            messages.append({"role": "assistant", "content": said})
         body["messages"] = messages
         body["continue_final_message"] = True
         body["add_generation_prompt"] = False
@@ -232,6 +336,12 @@ def _continued_choice(choices: list[Any], splice: Splice) -> list[Any] | None:
         delta.pop("role", None)
         choice["delta"] = delta
         piece = delta.get("content")
+        if splice.call is not None:
+            return _continued_call(choice, delta, splice, splice.call)
+        thought = _thought(delta)
+        if thought:
+            splice.reasoning += thought
+            splice.tokens += 1
     else:
         piece = choice.get("text")
     if isinstance(piece, str) and piece:
@@ -243,6 +353,58 @@ def _continued_choice(choices: list[Any], splice: Splice) -> list[Any] | None:
         # The opening role chunk (or an empty one): the client has had it.
         return None
     return [choice]
+
+
+def _continued_call(
+    choice: dict[str, Any], delta: dict[str, Any], splice: Splice, call: ToolCall
+) -> list[Any] | None:
+    """A continuation's chunk while a tool call is under way: the engine's tool parser
+    never saw the call open (it reads only what it generates), so it sends the rest of
+    the call as text. That text, up to where the arguments' JSON object closes, goes to
+    the client as the call's argument deltas (same index); the markup after it
+    (`}` and `</tool_call>`) is dropped. The call's end is `finish_reason: tool_calls`."""
+    piece = delta.get("content")
+    fragment = ""
+    if isinstance(piece, str) and piece:
+        splice.tokens += 1
+        if not call.closed:
+            end = _object_end(call.arguments, piece)
+            fragment = piece if end is None else piece[:end]
+            call.arguments += fragment
+            call.closed = end is not None
+    finish = choice.get("finish_reason")
+    if finish == "stop":
+        finish = "tool_calls"
+    if not fragment and finish is None:
+        return None
+    out: dict[str, Any] = {}
+    if fragment:
+        out["tool_calls"] = [{"index": call.index, "function": {"arguments": fragment}}]
+    return [{**choice, "delta": out, "finish_reason": finish}]
+
+
+def _object_end(written: str, more: str) -> int | None:
+    """Where in `more` the JSON object that `written` opened (and `more` goes on) closes:
+    the index just past its closing brace, or None while it is still open. Strings and
+    their escapes are skipped, so a brace in a string does not count."""
+    depth, in_string, escaped = 0, False, False
+    for position, char in enumerate(written + more):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "{[":
+            depth += 1
+        elif char in "}]":
+            depth -= 1
+            if depth == 0 and position >= len(written):
+                return position - len(written) + 1
+    return None
 
 
 def add_usage(splice: Splice, usage: dict[str, Any]) -> None:

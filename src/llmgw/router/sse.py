@@ -84,7 +84,10 @@ def _carries_text(chunk: dict[str, Any]) -> bool:
             return True
         delta = choice.get("delta")
         if isinstance(delta, dict) and (
-            delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls")
+            delta.get("content")
+            or delta.get("reasoning")
+            or delta.get("reasoning_content")
+            or delta.get("tool_calls")
         ):
             return True
     return False

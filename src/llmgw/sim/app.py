@@ -201,6 +201,8 @@ def create_app(
     wall_clock: Clock,
     native_apis: frozenset[str] = frozenset(),
     sequence: bool = False,
+    reasoning_words: int = 0,
+    tool_calls: bool = False,
 ) -> SimApp:
     """The sim's ASGI app over objects built by the caller (the CLI or a test)."""
     if not models:
@@ -215,6 +217,8 @@ def create_app(
         embedding_dim=embedding_dim,
         wall_clock=wall_clock,
         sequence=sequence,
+        reasoning_words=reasoning_words,
+        tool_calls=tool_calls,
     )
     extras = Extras(
         inference=inference, engine=engine, stats=stats, faults=faults, wall_clock=wall_clock

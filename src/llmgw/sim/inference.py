@@ -78,13 +78,17 @@ class _ChunkTemplate:
     _MARK: Final = "\x00llmgw-token\x00"
 
     def __init__(
-        self, head: dict[str, object], *, chat: bool, first: bool, finish: str | None
+        self,
+        head: dict[str, object],
+        *,
+        chat: bool,
+        first: bool,
+        finish: str | None,
+        field: str = "content",
     ) -> None:
         choice: dict[str, object]
         if chat:
-            delta = (
-                {"role": "assistant", "content": self._MARK} if first else {"content": self._MARK}
-            )
+            delta = {"role": "assistant", field: self._MARK} if first else {field: self._MARK}
             choice = {"index": 0, "delta": delta}
         else:
             choice = {"index": 0, "text": self._MARK}
@@ -116,8 +120,14 @@ class Inference:
         embedding_dim: int,
         wall_clock: Callable[[], float],
         sequence: bool = False,
+        reasoning_words: int = 0,
+        tool_calls: bool = False,
     ) -> None:
+        # Acting as vLLM's hermes tool parser: a request offering tools gets a call.
+        self._tool_calls = tool_calls and sequence
         self._sequence = sequence
+        # Sequence words up to w<reasoning_words> are the thought (see `_thought`).
+        self._reasoning_words = reasoning_words if sequence else 0
         self._default_model = models[0]
         self._served = ", ".join(models)
         self._engine = engine
@@ -153,6 +163,15 @@ class Inference:
         if self._sequence:
             return counting(request.sequence_after, count)
         return self._generator.tokens(request.key, count)
+
+    def _thought(self, request: GenerationRequest, tokens: Sequence[str]) -> int:
+        """How many of `tokens` (the counting sequence after `request.sequence_after`)
+        are the thought: the words up to w<reasoning_words>. A continued message that
+        closed its thought (`</think>`) has none left, as vLLM's parser sees the end of
+        the thought in the prompt."""
+        if not self._reasoning_words or request.thought_closed:
+            return 0
+        return max(0, min(len(tokens), self._reasoning_words - request.sequence_after))
 
     def _cut(self, faults: FaultSettings) -> int | None:
         """After how many tokens an injected break or exit cuts a generation (None: never)."""
@@ -348,12 +367,16 @@ class Inference:
         self, request: GenerationRequest, model: str, tokens: Sequence[str], *, chat: bool
     ) -> dict[str, object]:
         finish = "length" if request.max_tokens is not None else "stop"
-        text = "".join(tokens)
+        thinking = self._thought(request, tokens) if chat else 0
+        text = "".join(tokens[thinking:])
         choice: dict[str, object]
         if chat:
+            message: dict[str, object] = {"role": "assistant", "content": text}
+            if thinking:
+                message["reasoning"] = "".join(tokens[:thinking])
             choice = {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "logprobs": None,
                 "finish_reason": finish,
             }
@@ -392,11 +415,22 @@ class Inference:
         first = _ChunkTemplate(head, chat=chat, first=True, finish=None)
         middle = _ChunkTemplate(head, chat=chat, first=False, finish=None)
         final = _ChunkTemplate(head, chat=chat, first=last == 0, finish=finish)
+        if chat and self._tool_calls and request.tool:
+            await self._stream_call(receive, send, request, tokens, head, counters, faults)
+            return
+        thinking = self._thought(request, tokens) if chat else 0
+        thought = middle
+        if thinking:
+            first = _ChunkTemplate(head, chat=chat, first=True, finish=None, field="reasoning")
+            thought = _ChunkTemplate(head, chat=chat, first=False, finish=None, field="reasoning")
 
         async def emit(index: int, token: str) -> None:
             if index == 0:
                 await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-            template = final if index == last else first if index == 0 else middle
+            if index < thinking and index != last:
+                template = first if index == 0 else thought
+            else:
+                template = final if index == last else first if index == 0 else middle
             await send(template.message(token))
 
         work = self._engine.generate(
@@ -418,6 +452,79 @@ class Inference:
             if cut == 0:
                 await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
             # Returning with the body incomplete: the server closes the connection.
+            return
+        if request.include_usage:
+            usage = _usage(len(request.prompt), len(tokens))
+            await send(_sse({**head, "choices": [], "usage": usage}))
+        await send({"type": "http.response.body", "body": _DONE, "more_body": False})
+        counters.request_success += 1
+        self._stats.requests_completed += 1
+
+    async def _stream_call(
+        self,
+        receive: Receive,
+        send: Send,
+        request: GenerationRequest,
+        tokens: Sequence[str],
+        head: dict[str, object],
+        counters: ModelCounters,
+        faults: FaultSettings,
+    ) -> None:
+        """A call of the request's first tool, arguments `{"n": "<the words>"}`, streamed as
+        vLLM's hermes parser streams one: the call's id, type and name first, then the
+        arguments' JSON text in pieces. A continued message that ends inside a
+        `<tool_call>` gets the rest as text, as vLLM's parser (which reads only what the
+        model generates, and so never sees the call open) sends it."""
+        last = len(tokens) - 1
+        # The call closes with the answer's last word: the model stopped on its own.
+        finish = "stop"
+
+        def chunk(delta: dict[str, object], end: str | None) -> dict[str, object]:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": end}
+            return _sse({**head, "choices": [choice]})
+
+        async def emit(index: int, token: str) -> None:
+            end = finish if index == last else None
+            if index == 0:
+                await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            if request.call_open:
+                text = token + ('"}}\n</tool_call>' if index == last else "")
+                delta: dict[str, object] = {"content": text}
+                if index == 0:
+                    delta = {"role": "assistant", **delta}
+                await send(chunk(delta, end))
+                return
+            if index == 0:
+                call = {
+                    "index": 0,
+                    "id": "chatcmpl-tool-" + secrets.token_hex(8),
+                    "type": "function",
+                    "function": {"name": request.tool},
+                }
+                await send(chunk({"role": "assistant", "tool_calls": [call]}, None))
+            piece = ('{"n": "' if index == 0 else "") + token + ('"}' if index == last else "")
+            arguments = {"index": 0, "function": {"arguments": piece}}
+            await send(chunk({"tool_calls": [arguments]}, "tool_calls" if index == last else None))
+
+        cut = self._cut(faults)
+        work = self._engine.generate(
+            model=str(head["model"]),
+            counters=counters,
+            prompt=request.prompt,
+            tokens=tokens,
+            stall_after=faults.stall_after_tokens,
+            slow_start=faults.slow_start,
+            emit=emit,
+            cut_after=cut,
+        )
+        try:
+            if not await self.watch(receive, work, self.needs_watch(faults)):
+                return
+        except GenerationCut:
+            if self._exits_at(faults, cut):
+                self._faults.exit_now()
+            if cut == 0:
+                await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
             return
         if request.include_usage:
             usage = _usage(len(request.prompt), len(tokens))

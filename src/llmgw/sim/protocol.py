@@ -46,6 +46,12 @@ class GenerationRequest(NamedTuple):
     include_usage: bool
     # The last `wN` the continued text ends with (0: none), for the counting sequence.
     sequence_after: int = 0
+    # The continued final message closed its thought (`</think>`): the rest is the answer.
+    thought_closed: bool = False
+    # The first function tool the request offers ("" when none, or `tool_choice: none`).
+    tool: str = ""
+    # The continued final message ends inside a hermes `<tool_call>` (not closed).
+    call_open: bool = False
 
 
 _SEQUENCE_WORD: Final = re.compile(r"w(\d{1,9})")
@@ -157,7 +163,24 @@ def parse_chat(body: object) -> GenerationRequest:
         stream=stream,
         include_usage=include_usage,
         sequence_after=sequence_end(turns[-1][1]) if continuing else 0,
+        thought_closed=continuing and "</think>" in turns[-1][1],
+        tool=_first_tool(data),
+        call_open=continuing
+        and turns[-1][1].rfind("<tool_call>") > turns[-1][1].rfind("</tool_call>"),
     )
+
+
+def _first_tool(data: dict[str, object]) -> str:
+    """The name of the first function tool offered, unless `tool_choice` is "none"."""
+    tools = data.get("tools")
+    if data.get("tool_choice") == "none" or not isinstance(tools, list):
+        return ""
+    for tool in tools:
+        if isinstance(tool, dict) and isinstance(tool.get("function"), dict):
+            name = tool["function"].get("name")
+            if isinstance(name, str) and name:
+                return name
+    return ""
 
 
 def _flag(data: dict[str, object], field: str, default: bool) -> bool:

@@ -81,6 +81,23 @@ class SimSettings(BaseModel):
         "continuing from the `wN` that a continued text ends with, so that a test can "
         "check a stream spliced from several answers for gaps and repeats.",
     )
+    reasoning_parser: Literal["", "deepseek_r1", "qwen3"] = Field(
+        default="",
+        description="The reasoning parser the sim acts as, by vLLM's name (those that write "
+        "a thought as `<think>...</think>`); none by default, so answers carry no thought.",
+    )
+    tool_call_parser: Literal["", "hermes"] = Field(
+        default="",
+        description="The tool parser the sim acts as, by vLLM's name (`hermes`: calls written "
+        "as `<tool_call>{json}</tool_call>`); none by default, so answers call no tool.",
+    )
+    reasoning_words: int = Field(
+        default=0,
+        ge=0,
+        description="With `text: sequence` and a reasoning parser: the words `w1`..`wK` are "
+        "the thought, streamed as `reasoning` deltas as vLLM does, the rest the answer; 0 "
+        "(the default): no thought.",
+    )
     embedding_dim: int = Field(default=64, ge=1, description="Length of embedding vectors.")
     seed: int = Field(default=0, description="Seeds the generated text and the error draws.")
     native_apis: frozenset[str] = Field(

@@ -53,6 +53,7 @@ class Store:
         self.nodeids = NodeIdentityRepository(engine=engine)
         self.placements = PlacementRepository(engine=engine, clock=clock)
         self.rollouts = RolloutRepository(engine=engine, clock=clock)
+        self.canary_halts = RolloutRepository(engine=engine, clock=clock, canary=True)
 
     @property
     def url(self) -> str:

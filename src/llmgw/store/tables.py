@@ -447,3 +447,15 @@ rollout_halts = Table(
     Column("reason", Text, nullable=False),
     Column("halted_at", UTCDateTime, nullable=False),
 )
+
+canary_halts = Table(
+    "canary_halts",
+    metadata,
+    # A model whose canary stopped because one of its replicas failed; the next
+    # leader keeps it stopped (`store.rollouts`).
+    Column("model", String(128), primary_key=True),
+    # Which canary spec stopped: a changed canary (or none) ends the stop.
+    Column("spec_key", String(64), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("halted_at", UTCDateTime, nullable=False),
+)

@@ -271,6 +271,8 @@ def model_routes(*, catalog: ModelCatalog, control: ModelControl) -> list[Route]
                 "stable": model.canary.stable_name,
                 "stable_weight": model.canary.stable_weight,
                 "replicas": [r for r in rows if r.get("version") == model.canary.name],
+                # Why the canary is stopped (a replica of it failed), or None.
+                "halted": status.get("canary_halt"),
             },
             # What `undo` would bring back (weights and profiles), or None.
             "previous": None

@@ -3,7 +3,8 @@
 Built by the composition root with the config file's models (already validated
 by `validate.model_from_config`) and the store's catalog repository; `load()`
 then adds what the store kept, so a model added before the last restart is in
-force again. Config models are read-only here (edit the file); stored models are
+force again. Config models are read-only here (edit the file; `reload_config`
+puts the file's models as read again in force, all or nothing); stored models are
 added, replaced and removed through `add`, `replace` and `remove`, which write
 the store first and change memory only once the store has the change, so a
 failed write changes nothing. Listeners hear about every change, synchronously.
@@ -68,6 +69,16 @@ class CatalogStore(Protocol):
     async def delete(self, name: str) -> bool: ...
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ConfigChange:
+    """What a reload of the config file changed in its models, by name."""
+
+    added: tuple[str, ...]
+    changed: tuple[str, ...]
+    removed: tuple[str, ...]
+    unchanged: tuple[str, ...]
+
+
 class Catalog:
     """Every model clients may ask for, by name or alias; writes go to the store first."""
 
@@ -81,13 +92,7 @@ class Catalog:
         """`NameTaken` if two config models share a name or alias (a config mistake)."""
         self._repo = repo
         self._config_file = config_file
-        self._config: dict[str, CatalogModel] = {}
-        for declared in config_models:
-            model = dataclasses.replace(declared, source="config")
-            if model.name in self._config:
-                raise NameTaken(f"model {model.name!r} is declared twice in {self._where()}")
-            check_names_free(model, list(self._config.values()))
-            self._config[model.name] = model
+        self._config = self._declared(config_models)
         self._stored: dict[str, CatalogModel] = {}
         self._skipped: dict[str, str] = {}
         # Per stored model, its spec before the last change to what its replicas run.
@@ -132,7 +137,49 @@ class Catalog:
 
         return unsubscribe
 
+    def _declared(self, config_models: Sequence[CatalogModel]) -> dict[str, CatalogModel]:
+        """The config file's models by name; `NameTaken` when two share a name or alias."""
+        config: dict[str, CatalogModel] = {}
+        for declared in config_models:
+            model = dataclasses.replace(declared, source="config")
+            if model.name in config:
+                raise NameTaken(f"model {model.name!r} is declared twice in {self._where()}")
+            check_names_free(model, list(config.values()))
+            config[model.name] = model
+        return config
+
     # ---- loading ----
+
+    async def reload_config(self, config_models: Sequence[CatalogModel]) -> ConfigChange:
+        """Put the config file's models as read again in force, in place of the old ones.
+
+        All or nothing: `NameTaken` (two of them share a name or alias) or a store
+        that cannot be read (`StoreError`) changes nothing. Stored models are
+        weighed against the new config models as at start-up (a config model of the
+        same name wins; one the file no longer declares lets its stored one back).
+        What a changed model's replicas run is the reconciler's business: it rolls
+        them, or changes nothing, as for `replace`. Listeners hear of every reload
+        that changed anything.
+        """
+        fresh = self._declared(config_models)
+        async with self._lock:
+            rows = await self._repo.list() if self._repo is not None else []
+            old = self._config
+            change = ConfigChange(
+                added=tuple(sorted(set(fresh) - set(old))),
+                removed=tuple(sorted(set(old) - set(fresh))),
+                changed=tuple(sorted(n for n in fresh if n in old and fresh[n] != old[n])),
+                unchanged=tuple(sorted(n for n in fresh if n in old and fresh[n] == old[n])),
+            )
+            self._config = fresh
+            before = dict(self._models)
+            if self._repo is not None:
+                self._apply_rows(rows)
+            self._rebuild()
+            moved = self._models != before
+        if moved:
+            self._notify()
+        return change
 
     async def load(self) -> list[str]:
         """Read the stored models and put them in force; the warnings, one per skipped model.
@@ -145,25 +192,31 @@ class Catalog:
             return []
         async with self._lock:
             rows = await self._repo.list()
-            stored: dict[str, CatalogModel] = {}
-            skipped: dict[str, str] = {}
-            for row in sorted(rows, key=lambda r: r.name):
-                reason = self._reject(row, stored)
-                if isinstance(reason, str):
-                    skipped[row.name] = reason
-                else:
-                    stored[row.name] = reason
-            changed = stored != self._stored
-            self._stored, self._skipped = stored, skipped
-            self._previous = {
-                row.name: row.previous
-                for row in rows
-                if row.name in stored and isinstance(row.previous, dict)
-            }
+            changed = self._apply_rows(rows)
             self._rebuild()
         if changed:
             self._notify()
-        return [f"stored model {name!r} is skipped: {why}" for name, why in skipped.items()]
+        return [f"stored model {name!r} is skipped: {why}" for name, why in self._skipped.items()]
+
+    def _apply_rows(self, rows: Sequence[StoredModel]) -> bool:
+        """The stored models in force (and those skipped) from the store's rows; whether
+        the models in force changed."""
+        stored: dict[str, CatalogModel] = {}
+        skipped: dict[str, str] = {}
+        for row in sorted(rows, key=lambda r: r.name):
+            reason = self._reject(row, stored)
+            if isinstance(reason, str):
+                skipped[row.name] = reason
+            else:
+                stored[row.name] = reason
+        changed = stored != self._stored
+        self._stored, self._skipped = stored, skipped
+        self._previous = {
+            row.name: row.previous
+            for row in rows
+            if row.name in stored and isinstance(row.previous, dict)
+        }
+        return changed
 
     def _reject(self, row: StoredModel, stored: dict[str, CatalogModel]) -> CatalogModel | str:
         """The stored model to put in force, or why it is skipped."""
@@ -399,7 +452,8 @@ class Catalog:
         if model is not None and model.source == "config":
             raise ReadOnlyModel(
                 f"model {name!r} is declared in {self._where()}; change or remove it there "
-                "and restart the server (the admin API changes only models it added)"
+                "and reload it (`llmgw models reload`, or SIGHUP to the server; the admin API "
+                "changes only models it added)"
             )
 
     def _exists_message(self, existing: CatalogModel) -> str:

@@ -32,7 +32,10 @@ A change to what a model's replicas run rolls them (`rollout`, inside `plan`):
 new replicas first, old ones drain once new ones are Ready and routed to. A
 replica of the new spec that fails stops the rollout (a `Halt`, kept in the
 store through `RolloutLedger` so the next leader keeps it stopped); the old
-replicas serve on until the spec changes again (an undo, a fix).
+replicas serve on until the spec changes again (an undo, a fix). A replica of a
+model's canary that fails (crash, load timeout, refused start) stops the canary
+the same way: it is not started again, its other replicas drain once the model's
+own are Ready, until the canary changes or is aborted.
 
 With a tracer, a reconcile step that acted is a span, with a child per start,
 stop and drain and its result; an activation is a trace of its own (events when
@@ -222,6 +225,7 @@ class Controller:
         tracer: Tracer | None = None,
         activation_metrics: ActivationMetrics | None = None,
         rollouts: RolloutLedger | None = None,
+        canary_halts: RolloutLedger | None = None,
         routed: Callable[[str], bool] | None = None,
     ) -> None:
         """`router_load` reads this server's router's load signals by model name (or
@@ -237,7 +241,8 @@ class Controller:
         network multi-node ranks talk over (`control.mgmt_interface`; see `mgmt`).
         `tracer`: spans for reconciles that act and activations (default: none).
         `rollouts`: where stopped rollouts are kept, so the next leader keeps them
-        stopped (default: in this process only). `routed(replica_id)`: whether this
+        stopped (default: in this process only); `canary_halts` the same for canaries a
+        failing replica stopped. `routed(replica_id)`: whether this
         server's router routes to a Ready replica (it checks each one it is given
         first); a rollout drains an old replica only once its replacement is routed to
         (default: Ready is enough)."""
@@ -293,6 +298,7 @@ class Controller:
         self._routed = routed
         self._rollout_book = RolloutBook(
             ledger=rollouts,
+            canary_ledger=canary_halts,
             event=lambda model, message: self._event("rollout", model, "", message),
             spawn=self._spawn,
             wall_clock=wall_clock,
@@ -519,6 +525,7 @@ class Controller:
             avoid_nodes=frozenset(health.avoid) if health is not None else frozenset(),
             avoid_ports=frozenset(health.avoid_ports) if health is not None else frozenset(),
             halted=self._rollout_book.halted(model),
+            canary_halted=self._rollout_book.canary_halted(model) is not None,
         )
 
     def _canonical_load(self) -> dict[str, ModelLoad]:
@@ -1240,6 +1247,7 @@ class Controller:
             }
             if canary is not None
             else {},
+            canary_halt=self._rollout_book.canary_halted(model),
         )
 
 

@@ -39,7 +39,9 @@ A pure function of its inputs: same input, same actions in the same order
   and its canary, each with the replicas that run it and its share of the
   wanted count by weight (at least one each while any is wanted). Replicas
   that run neither are its own spec's outdated ones and roll as above; after
-  an abort the canary's are such, and drain once the others are Ready.
+  an abort the canary's are such, and drain once the others are Ready. A
+  stopped canary (`Desired.canary_halted`: a replica of it failed) is planned
+  the same way, as if the model had none.
 - Clean up: shards of models no longer wanted are drained; shards that have
   already stopped or failed get a stop so that the agent forgets them.
 
@@ -328,7 +330,7 @@ def _versions(want: Desired, have: _Replicas) -> list[tuple[Desired, _Replicas]]
     that run it and its share of the wanted count (by weight, at least one each while
     any is wanted). Replicas that run neither are the own spec's (being rolled)."""
     canary = canary_model(want.model)
-    if canary is None or want.model.canary is None:
+    if canary is None or want.model.canary is None or want.canary_halted:
         return [(want, have)]
     weight, stable_weight = want.model.canary.weight, want.model.canary.stable_weight
     total = max(want.replicas, 0)

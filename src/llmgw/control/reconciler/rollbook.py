@@ -3,8 +3,11 @@
 The planning is `rollout` (pure, inside `plan`); this book keeps what the plan
 cannot derive from the catalog and the inventory: which rollouts a failing new
 replica stopped (a `Halt`, written to the store through a `RolloutLedger` so the
-next leader keeps it stopped), and which models were rolling at the last plan
-(for the `rollout` events: begun, done, stopped).
+next leader keeps it stopped), which canaries a failing replica of theirs stopped
+(a `Halt` of the canary's spec, kept the same way: the canary is no longer started,
+its remaining replicas drain as after an abort, the model's own spec serves), and
+which models were rolling at the last plan (for the `rollout` events: begun, done,
+stopped).
 
 Not guaranteed: that a halt survives a store that cannot be written (the leader
 that saw the failure keeps it; a new leader would try the spec once more and
@@ -18,7 +21,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from datetime import datetime
 from typing import Any, Protocol
 
-from llmgw.control.catalog.model import CatalogModel
+from llmgw.control.catalog.model import CatalogModel, canary_model
 from llmgw.control.inventory import ShardSpec
 from llmgw.control.reconciler.rollout import runs_current, spec_key
 from llmgw.control.reconciler.state import Halt, Rollout
@@ -45,28 +48,26 @@ class RolloutBook:
         self,
         *,
         ledger: RolloutLedger | None,
+        canary_ledger: RolloutLedger | None = None,
         event: Callable[[str, str], None],
         spawn: Callable[[Coroutine[Any, Any, None], str], None],
         wall_clock: Callable[[], datetime],
     ) -> None:
         self._ledger = ledger
+        self._canary_ledger = canary_ledger
         self._event = event
         self._spawn = spawn
         self._wall_clock = wall_clock
         self._halts: dict[str, Halt] = {}
+        self._canary_halts: dict[str, Halt] = {}
         self._rolling: dict[str, str] = {}
 
     async def read(self) -> None:
-        """The stopped rollouts the previous leaders kept; none when the store cannot say
-        (a rollout may then try its failing spec once more, and stop again)."""
-        if self._ledger is None:
-            return
-        try:
-            stored = await self._ledger.list()
-        except StoreError as exc:
-            log.warning("cannot read the stopped rollouts (%s); none is kept stopped", exc)
-            return
-        self._halts = {h.model: Halt(h.model, h.spec_key, h.reason, h.halted_at) for h in stored}
+        """The stopped rollouts and canaries the previous leaders kept; none when the store
+        cannot say (a rollout or canary may then try its failing spec once more, and stop
+        again)."""
+        self._halts = await _read(self._ledger, "rollouts")
+        self._canary_halts = await _read(self._canary_ledger, "canaries")
 
     def planned(self, rolling: Mapping[str, str]) -> None:
         """The last plan's rolling models: an event when one begins, and when one ends."""
@@ -84,8 +85,15 @@ class RolloutBook:
     def failed(
         self, model: CatalogModel | None, shard_id: str, spec: ShardSpec | None, why: str
     ) -> None:
-        """A replica failed: when it runs the new spec of a rolling model, stop the rollout."""
-        if model is None or model.name not in self._rolling or not runs_current(model, spec):
+        """A replica failed: when it runs the new spec of a rolling model, stop the rollout;
+        when it runs the model's canary, stop the canary."""
+        if model is None:
+            return
+        canary = canary_model(model)
+        if canary is not None and spec is not None and runs_current(canary, spec):
+            self._canary_failed(model, canary, shard_id, why)
+            return
+        if model.name not in self._rolling or not runs_current(model, spec):
             return
         key = spec_key(model)
         held = self._halts.get(model.name)
@@ -100,7 +108,49 @@ class RolloutBook:
         log.warning("model %s: rollout stopped: %s", model.name, reason)
         self._event(model.name, f"rollout stopped: {reason}")
         if self._ledger is not None:
-            self._spawn(self._keep(model.name, key, reason), f"record halt {model.name}")
+            self._spawn(
+                _keep(self._ledger, model.name, key, reason, "rollout"), f"record halt {model.name}"
+            )
+
+    def _canary_failed(
+        self, model: CatalogModel, canary: CatalogModel, shard_id: str, why: str
+    ) -> None:
+        key = spec_key(canary)
+        held = self._canary_halts.get(model.name)
+        if held is not None and held.spec_key == key:
+            return
+        name = model.canary.name if model.canary is not None else "canary"
+        reason = (
+            f"replica {shard_id} of canary {name!r} failed ({why}); the canary is stopped and "
+            f"the model's own spec serves. Drop it with `llmgw models rollout abort "
+            f"{model.name}`, or fix its spec with `llmgw models add --replace`"
+        )
+        self._canary_halts[model.name] = Halt(model.name, key, reason, self._wall_clock())
+        log.warning("model %s: canary stopped: %s", model.name, reason)
+        self._event(model.name, f"canary stopped: {reason}")
+        if self._canary_ledger is not None:
+            self._spawn(
+                _keep(self._canary_ledger, model.name, key, reason, "canary"),
+                f"record canary halt {model.name}",
+            )
+
+    def canary_halted(self, model: CatalogModel) -> str | None:
+        """Why the model's canary is stopped, or None; the stop of a canary that changed
+        or is gone (promoted, aborted, edited) is dropped."""
+        halt = self._canary_halts.get(model.name)
+        if halt is None:
+            return None
+        canary = canary_model(model)
+        if canary is not None and halt.spec_key == spec_key(canary):
+            return halt.reason
+        del self._canary_halts[model.name]
+        self._event(model.name, "the canary changed or is gone: its stop is over")
+        if self._canary_ledger is not None:
+            self._spawn(
+                _drop(self._canary_ledger, model.name, "canary"),
+                f"clear canary halt {model.name}",
+            )
+        return None
 
     def halted(self, model: CatalogModel) -> bool:
         """Whether the model's rollout is stopped; a halt of another spec is dropped."""
@@ -112,7 +162,7 @@ class RolloutBook:
         del self._halts[model.name]
         self._event(model.name, "the spec changed: the stopped rollout is over")
         if self._ledger is not None:
-            self._spawn(self._drop(model.name), f"clear halt {model.name}")
+            self._spawn(_drop(self._ledger, model.name, "rollout"), f"clear halt {model.name}")
         return False
 
     def state(self, model: CatalogModel) -> Rollout | None:
@@ -124,21 +174,33 @@ class RolloutBook:
             return Rollout("rolling", self._rolling[model.name])
         return None
 
-    async def _keep(self, model: str, key: str, reason: str) -> None:
-        assert self._ledger is not None
-        try:
-            await self._ledger.halt(model, key, reason)
-        except StoreError as exc:
-            log.warning(
-                "model %s: the stopped rollout could not be recorded (%s); this leader keeps "
-                "it stopped, a new one would try the new spec again",
-                model,
-                exc,
-            )
 
-    async def _drop(self, model: str) -> None:
-        assert self._ledger is not None
-        try:
-            await self._ledger.clear(model)
-        except StoreError as exc:
-            log.warning("model %s: a stale stopped rollout stays recorded (%s)", model, exc)
+async def _read(ledger: RolloutLedger | None, what: str) -> dict[str, Halt]:
+    if ledger is None:
+        return {}
+    try:
+        stored = await ledger.list()
+    except StoreError as exc:
+        log.warning("cannot read the stopped %s (%s); none is kept stopped", what, exc)
+        return {}
+    return {h.model: Halt(h.model, h.spec_key, h.reason, h.halted_at) for h in stored}
+
+
+async def _keep(ledger: RolloutLedger, model: str, key: str, reason: str, what: str) -> None:
+    try:
+        await ledger.halt(model, key, reason)
+    except StoreError as exc:
+        log.warning(
+            "model %s: the stopped %s could not be recorded (%s); this leader keeps it "
+            "stopped, a new one would try its spec again",
+            model,
+            what,
+            exc,
+        )
+
+
+async def _drop(ledger: RolloutLedger, model: str, what: str) -> None:
+    try:
+        await ledger.clear(model)
+    except StoreError as exc:
+        log.warning("model %s: a stale stopped %s stays recorded (%s)", model, what, exc)

@@ -189,6 +189,8 @@ class ModelState:
     outdated: frozenset[str] = frozenset()
     # A model with a canary: the version each replica (and start in flight) runs, by id.
     versions: Mapping[str, str] = field(default_factory=dict)
+    # Why the model's canary is stopped (a replica of it failed), or None.
+    canary_halt: str | None = None
 
     @property
     def state(self) -> str:

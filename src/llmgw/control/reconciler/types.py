@@ -32,6 +32,8 @@ class Desired:
     another free port of that node is used when there is one. `halted`: a
     replica of the model's current spec failed while older ones served; the
     rollout stops there (old replicas keep serving) until an operator acts.
+    `canary_halted`: a replica of the model's canary failed; the canary is no
+    longer started and its replicas drain as after an abort.
     """
 
     model: CatalogModel
@@ -41,6 +43,8 @@ class Desired:
     avoid_ports: frozenset[tuple[str, int]] = frozenset()
     # A rollout of the model's current spec failed: old replicas are kept, not replaced.
     halted: bool = False
+    # The model's canary failed: planned as if it had none (its replicas are outdated).
+    canary_halted: bool = False
 
 
 @dataclass(frozen=True, slots=True)

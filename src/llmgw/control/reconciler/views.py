@@ -148,6 +148,8 @@ def state_view(state: ModelState, reach: Reachability | None = None) -> dict[str
             "step": state.rollout.step,
             "reason": state.rollout.reason or None,
         },
+        # Why the model's canary is stopped (a replica of it failed), or None.
+        "canary_halt": state.canary_halt,
         "reachability": []
         if reach is None
         else [r.view() for r in reach.reaches(state.model.name)],
