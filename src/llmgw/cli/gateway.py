@@ -780,6 +780,7 @@ async def _serve(
                     agent_listener=agent_listener_view(security),
                     fleet=fleet_view,
                     queue=request_queue.model_state,
+                    teams=store.teams,
                 )
             ),
         ],

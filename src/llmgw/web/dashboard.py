@@ -8,7 +8,7 @@ API port through the portal:
     GET  /admin/nodes                 nodes (?q= filter, ?page=, GPU rows folded); drain / undrain
     GET  /admin/models                models and their state; add one
     GET  /admin/models/{name}         one model: replicas, failure + output tail, placement
-    GET  /admin/usage, /usage.csv     tokens and requests by key, model and hour
+    GET  /admin/usage, /usage.csv     tokens and requests by key, team, end user, model and hour
     GET  /admin/keys                  keys; create, edit, revoke, rotate
     GET  /admin/keys/{ref}/edit       one key's edit form (htmx only), outside the live part
     GET  /admin/events                recent decisions and transitions

@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from llmgw.metrics import HistoryPoint
-from llmgw.store import KEEP, ApiKey, Keep, UsageDimension, UsageRow
+from llmgw.store import KEEP, ApiKey, Keep, Team, UsageDimension, UsageRow
 
 Json = dict[str, Any]
 
@@ -96,6 +96,12 @@ class UsageSource(Protocol):
     ) -> list[UsageRow]: ...
 
 
+class TeamNames(Protocol):
+    """`llmgw.store.TeamRepository` satisfies this."""
+
+    async def list(self) -> builtins.list[Team]: ...
+
+
 class HistorySource(Protocol):
     """`llmgw.metrics.MetricsHistory` satisfies this."""
 
@@ -128,7 +134,7 @@ class DashboardSources:
       remove_model(name)                DELETE /admin/api/models/{name}
       activate(name)                    POST /admin/api/models/{name}/activate
     Store-backed (their own exceptions: `KeyInputError`, `StoreError`):
-      keys, usage
+      keys, usage, teams (for the team names of usage by team; None: no teams)
     Metrics:
       history           the router's last hour (requests/s, error rate, TTFT)
       wall_clock        aware UTC now, for usage ranges and key states
@@ -160,3 +166,4 @@ class DashboardSources:
     agent_listener: Json = field(default_factory=lambda: {"mode": "off", "text": ""})
     # This router's queue for a model (GET /admin/api/queue's entry); None: nothing known.
     queue: Callable[[str], Json | None] = field(default=lambda name: None)
+    teams: TeamNames | None = None
