@@ -165,7 +165,7 @@ def test_end_user_limits_hold_across_two_routers_and_usage_by_end_user_adds_up(
             timeout=10,
         )
         with admin:
-            expected = {"chat": 8, "frugal": 3, "shared": 5}
+            expected = {"chat": 7, "frugal": 3, "shared": 5}
 
             def records() -> list[dict[str, Any]] | None:
                 out: list[dict[str, Any]] = []
