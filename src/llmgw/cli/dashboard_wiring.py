@@ -34,6 +34,7 @@ from llmgw.control.leadership.views import LeaderSource, leader_view, servers_vi
 from llmgw.control.reconciler.views import ModelControlService
 from llmgw.store import ControlServer, StoreError, StoreUnavailable, TeamRepository, UsageRepository
 from llmgw.web import ActionError, DashboardSources, HistorySource
+from llmgw.web.sources import TeamPageSources
 
 Json = dict[str, Any]
 
@@ -142,6 +143,7 @@ def dashboard_sources(
     fleet: FleetView | None = None,
     queue: Callable[[str], Json | None] | None = None,
     teams: TeamRepository | None = None,
+    team_pages: TeamPageSources | None = None,
 ) -> DashboardSources:
     """The dashboard's sources over the server's real objects. With `fleet`, a
     standby shows the nodes as the leader last wrote them, and refuses to drain."""
@@ -216,4 +218,5 @@ def dashboard_sources(
         agent_listener=agent_listener or {"mode": "off", "text": ""},
         queue=queue or (lambda name: None),
         teams=teams,
+        team_pages=team_pages,
     )

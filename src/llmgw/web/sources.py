@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+from llmgw.auth import KeyService, TeamAccess
 from llmgw.metrics import HistoryPoint
-from llmgw.store import KEEP, ApiKey, Keep, Team, UsageDimension, UsageRow
+from llmgw.store import KEEP, ApiKey, Keep, Team, UsageDimension, UsageRepository, UsageRow
 
 Json = dict[str, Any]
 
@@ -102,6 +103,22 @@ class TeamNames(Protocol):
     async def list(self) -> builtins.list[Team]: ...
 
 
+class TeamFinder(Protocol):
+    """`llmgw.store.TeamRepository` satisfies this."""
+
+    async def find(self, ref: str) -> Team | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TeamPageSources:
+    """What the team pages (`llmgw.web.team_page`) read and change."""
+
+    access: TeamAccess
+    teams: TeamFinder
+    keys: KeyService
+    usage: UsageRepository
+
+
 class HistorySource(Protocol):
     """`llmgw.metrics.MetricsHistory` satisfies this."""
 
@@ -134,7 +151,8 @@ class DashboardSources:
       remove_model(name)                DELETE /admin/api/models/{name}
       activate(name)                    POST /admin/api/models/{name}/activate
     Store-backed (their own exceptions: `KeyInputError`, `StoreError`):
-      keys, usage, teams (for the team names of usage by team; None: no teams)
+      keys, usage, teams (for the team names of usage by team; None: no teams),
+      team_pages (a team's keys and usage at /admin/teams/T; None: no such pages)
     Metrics:
       history           the router's last hour (requests/s, error rate, TTFT)
       wall_clock        aware UTC now, for usage ranges and key states
@@ -167,3 +185,5 @@ class DashboardSources:
     # This router's queue for a model (GET /admin/api/queue's entry); None: nothing known.
     queue: Callable[[str], Json | None] = field(default=lambda name: None)
     teams: TeamNames | None = None
+    # The team pages (/admin/teams/T); None: the dashboard has none.
+    team_pages: TeamPageSources | None = None
