@@ -363,3 +363,16 @@ async def test_an_end_user_the_column_cannot_hold_is_refused(store: Store) -> No
     for bad in ("x" * 257, "a\x00b"):
         with pytest.raises(InvalidValue, match="its end_user"):
             await store.usage.record_batch([dataclasses.replace(record, end_user=bad)])
+
+
+async def test_top_keeps_the_groups_with_the_most_tokens(store: Store) -> None:
+    recs = [dataclasses.replace(r, end_user=f"u{i % 7}") for i, r in enumerate(records(70))]
+    await store.usage.record_batch(recs)
+    every = await store.usage.query(group_by=("end-user",))
+    top = await store.usage.query(group_by=("end-user",), top=3)
+    most = sorted(every, key=lambda r: r.total_tokens, reverse=True)[:3]
+    assert [(r.end_user, r.total_tokens) for r in top] == [
+        (r.end_user, r.total_tokens) for r in most
+    ]
+    with pytest.raises(InvalidValue, match="top must be at least 1"):
+        await store.usage.query(group_by=("end-user",), top=0)

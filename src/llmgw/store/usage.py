@@ -94,9 +94,9 @@ class UsageRepository:
 
     def __init__(self, *, engine: AsyncEngine) -> None:
         self._engine = engine
-        self._upsert_hourly = _upsert(engine.dialect.name, usage_hourly, "hour")
-        self._upsert_daily = _upsert(engine.dialect.name, usage_daily, "day")
-        self._upsert_end_users = _upsert(engine.dialect.name, usage_end_users, "hour")
+        self._upsert_hourly = _upsert(engine.dialect.name, usage_hourly)
+        self._upsert_daily = _upsert(engine.dialect.name, usage_daily)
+        self._upsert_end_users = _upsert(engine.dialect.name, usage_end_users)
 
     async def record_batch(self, records: Sequence[UsageRecord]) -> None:
         """Store the records and add them to the hourly roll-ups, atomically.
@@ -192,6 +192,7 @@ class UsageRepository:
         group_by: Sequence[UsageDimension] = ("key", "model"),
         team_id: str | None = None,
         end_user: str | None = None,
+        top: int | None = None,
     ) -> list[UsageRow]:
         """Usage summed from the roll-ups, one row per group, ordered by the groups.
 
@@ -205,6 +206,8 @@ class UsageRepository:
         team now (a key moved to another team takes its past usage with it).
         "end-user" (and `end_user`, which keeps one end user) reads the end users'
         hourly roll-up instead: only requests that named an end user are in it.
+        `top` keeps only the groups with the most tokens, most first (a page showing
+        the top end users reads that many rows, not one per end user).
         """
         dims = _check_dimensions(group_by)
         require_aware("since", since)
@@ -258,7 +261,14 @@ class UsageRepository:
             ]
         source = parts[0].subquery() if len(parts) == 1 else union_all(*parts).subquery()
         grouped = [source.c[name] for name in names]
-        stmt = select(*grouped, *_sums(source.c)).group_by(*grouped).order_by(*grouped)
+        stmt = select(*grouped, *_sums(source.c)).group_by(*grouped)
+        if top is None:
+            stmt = stmt.order_by(*grouped)
+        else:
+            if top < 1:
+                raise InvalidValue(f"top must be at least 1, not {top}")
+            tokens = func.sum(source.c.prompt_tokens) + func.sum(source.c.completion_tokens)
+            stmt = stmt.order_by(tokens.desc(), *grouped).limit(top)
         async with transaction(self._engine, "reading usage") as conn:
             rows = [row._mapping for row in await conn.execute(stmt)]
         return [_usage_row(row, dims) for row in rows if row["requests"]]
@@ -319,7 +329,7 @@ def _record(row: Any) -> UsageRecord:
     )
 
 
-def _upsert(dialect: str, table: Table, time_column: str) -> Insert:
+def _upsert(dialect: str, table: Table) -> Insert:
     stmt: sqlite.Insert | postgresql.Insert
     if dialect == "sqlite":
         stmt = sqlite.insert(table)

@@ -94,6 +94,7 @@ class UsageSource(Protocol):
         since: datetime | None = None,
         until: datetime | None = None,
         group_by: Sequence[UsageDimension] = ("key", "model"),
+        top: int | None = None,
     ) -> list[UsageRow]: ...
 
 

@@ -125,7 +125,11 @@ class TeamPages:
         by_end_user = [
             usage_row_view(r, ("key", "end-user"), names)
             for r in await self._sources.usage.query(
-                team_id=team.id, since=span.since, until=span.until, group_by=("key", "end-user")
+                team_id=team.id,
+                since=span.since,
+                until=span.until,
+                group_by=("key", "end-user"),
+                top=END_USER_ROWS,
             )
         ]
         for row in by_end_user:
@@ -134,7 +138,7 @@ class TeamPages:
         return {
             "span": span,
             "by_key": sorted(by_key, key=lambda r: r["total_tokens"], reverse=True),
-            "by_end_user": by_end_user[:END_USER_ROWS],
+            "by_end_user": by_end_user,
             "span_text": f"{span.since:%Y-%m-%d %H:%M} to {span.until:%Y-%m-%d %H:%M}",
         }
 

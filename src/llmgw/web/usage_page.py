@@ -109,10 +109,14 @@ def parse_by(text: str) -> tuple[UsageDimension, ...]:
 
 
 async def usage_rows(
-    sources: DashboardSources, span: UsageRange, by: Sequence[UsageDimension]
+    sources: DashboardSources,
+    span: UsageRange,
+    by: Sequence[UsageDimension],
+    top: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Rows as `/admin/api/usage` gives them; raises the store's `StoreError`."""
-    rows = await sources.usage.query(since=span.since, until=span.until, group_by=by)
+    """Rows as `/admin/api/usage` gives them (the `top` by tokens when given); raises the
+    store's `StoreError`."""
+    rows = await sources.usage.query(since=span.since, until=span.until, group_by=by, top=top)
     names = {k.id: k.name for k in await sources.keys.list(include_revoked=True)}
     team_names = (
         {t.id: t.name for t in await sources.teams.list()}
@@ -203,7 +207,7 @@ async def usage_page(sources: DashboardSources, span: UsageRange) -> dict[str, A
     by_key = await usage_rows(sources, span, ("key",))
     by_model = await usage_rows(sources, span, ("model",))
     by_team = await usage_rows(sources, span, ("team",))
-    by_end_user = await usage_rows(sources, span, ("key", "end-user"))
+    by_end_user = await usage_rows(sources, span, ("key", "end-user"), top=END_USER_ROWS)
     step = chart_step(span)
     over_time = await usage_rows(sources, span, (step,))
     for row in by_key:
@@ -221,10 +225,8 @@ async def usage_page(sources: DashboardSources, span: UsageRange) -> dict[str, A
         "by_key": sorted(by_key, key=lambda r: r["total_tokens"], reverse=True),
         "by_model": sorted(by_model, key=lambda r: r["total_tokens"], reverse=True),
         "by_team": sorted(by_team, key=lambda r: r["total_tokens"], reverse=True),
-        # The top end users only: an application may have millions.
-        "by_end_user": sorted(by_end_user, key=lambda r: r["total_tokens"], reverse=True)[
-            :END_USER_ROWS
-        ],
+        # The top end users only (read so from the store): an application may have millions.
+        "by_end_user": sorted(by_end_user, key=lambda r: r["total_tokens"], reverse=True),
         "key_bars": _bars(by_key, "label"),
         "model_bars": _bars(by_model, "label"),
         "charts": _charts(over_time, span, step),
