@@ -216,6 +216,9 @@ def test_end_user_limits_hold_across_two_routers_and_usage_by_end_user_adds_up(
         }
         table = made("usage", "--by", "end-user", "--key", "chat", *apps.store)
         assert "END-USER" in table and "alice" in table and "bob" in table
+        latest = made("usage", "--requests", "2", "--key", "chat", *apps.store)
+        assert "END USER" in latest.splitlines()[0]
+        assert all("alice" in line for line in latest.splitlines()[1:])
     except BaseException:
         print(a.proc.output())
         print(b.proc.output())

@@ -191,7 +191,7 @@ def _requests(
         typer.echo("no requests recorded" + _window(start, end))
         return
     headers = ["TIME", "KEY", "MODEL", "ROUTE", "STATUS", "PROMPT", "COMPLETION"]
-    headers += ["MS", "TTFT MS", "QUEUED MS", "REQUEST", "END USER"]
+    headers += ["MS", "TTFT MS", "QUEUED MS", "END USER", "REQUEST"]
     cells = [
         [
             r.ts.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"),
@@ -204,8 +204,8 @@ def _requests(
             f"{r.latency_ms:.0f}",
             "-" if r.ttft_ms is None else f"{r.ttft_ms:.0f}",
             f"{r.queue_ms:.0f}",
-            r.request_id,
             r.end_user or "-",
+            r.request_id,
         ]
         for r in records
     ]
