@@ -256,6 +256,7 @@ def test_end_user_limits_without_redis_and_hostile_end_users(apps: Apps) -> None
             answer = apps.ask(server, "free", user)
             assert answer.status_code == 200, (user, answer.text)
         assert apps.ask(server, "chat", "{tag}:r").status_code == 200
+        assert apps.ask(server, "shared", "teammate").status_code == 200
         # A made-up end user per request does not wear down the others.
         for i in range(5):
             assert apps.ask(server, "chat", f"made-up-{i}").status_code == 200
@@ -284,6 +285,11 @@ def test_end_user_limits_without_redis_and_hostile_end_users(apps: Apps) -> None
             assert exported.status_code == 200, exported.text
             table = list(csv.DictReader(io.StringIO(exported.text)))
             assert '\'=HYPERLINK("http://evil")' in {r["end_user"] for r in table}
+            # Usage by team in the CSV: the team's name, its keys' requests.
+            by_team = admin.get("/admin/usage.csv", params={"by": "team"})
+            teams = {r["team"]: r for r in csv.DictReader(io.StringIO(by_team.text))}
+            assert teams[f"t-{apps.model}"]["requests"] == "1"
+            assert teams[""]["team_id"] == ""  # the keys in no team
             page = admin.get("/admin/usage")
             assert page.status_code == 200
             assert "Top end users" in page.text and "By team" in page.text
