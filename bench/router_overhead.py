@@ -16,6 +16,10 @@ open`), and B, with a key that has RPM, TPM and a token budget, so every request
 pays for authentication, admission, settlement and the budget check (usage is
 recorded by both: that is always on). It loads them one at a time, alternating
 A, B, A, B, and reports B's req/s as a share of A's (the issue's target: 0.85).
+In the same windows, B is loaded a third way, T (teams on): a second key of B's,
+in a team with RPM, TPM and a budget and with end-user limits, each request
+naming an end user, so every request also pays for the team's and the end
+user's admission and settlement; T's req/s is reported as a share of B's.
 
 Before that it measures the load generator's own ceiling against a canned
 server on core 0, and during every window it samples the CPU time of each
@@ -89,6 +93,17 @@ FEATURE_KEY_LIMITS = (
     "--budget-tokens", "1000000000000", "--period", "month",
 )  # fmt: skip
 FEATURE_TARGET = 0.85
+# Teams on (T): the key is in a team with limits of its own, and limits each end user;
+# all far above the load, so nothing is refused.
+FEATURE_TEAM = "bench-team"
+FEATURE_TEAM_LIMITS = (
+    "--rpm", "100000000", "--tpm", "1000000000",
+    "--budget-tokens", "1000000000000", "--period", "month",
+)  # fmt: skip
+FEATURE_TEAM_KEY_LIMITS = (
+    *FEATURE_KEY_LIMITS, "--team", FEATURE_TEAM,
+    "--user-rpm", "100000000", "--user-tpm", "1000000000", "--user-budget", "1000000000000",
+)  # fmt: skip
 _PR_SET_PDEATHSIG = 1
 # % of a core used by other processes (and unattributed kernel work such as
 # loopback softirqs, about 5% here) above which a row is measured again.
@@ -246,9 +261,20 @@ class Ports:
     canned: int
 
 
-def create_key(data_dir: Path, limits: tuple[str, ...] = ()) -> str:
+def create_team(data_dir: Path, name: str, limits: tuple[str, ...]) -> None:
+    """A team in the benchmark's own store."""
+    argv = [sys.executable, "-m", "llmgw", "teams", "create", name, *limits]
+    done = subprocess.run(
+        [*argv, "--data-dir", str(data_dir)], capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise BenchError(f"`llmgw teams create` failed ({done.returncode})", done.stderr[-2000:])
+
+
+def create_key(data_dir: Path, limits: tuple[str, ...] = (), name: str = "bench") -> str:
     """A fresh API key in the benchmark's own store (never the user's data dir)."""
-    argv = [sys.executable, "-m", "llmgw", "keys", "create", "--name", "bench", "--json"]
+    argv = [sys.executable, "-m", "llmgw", "keys", "create", "--name", name, "--json"]
     done = subprocess.run(
         [*argv, *limits, "--data-dir", str(data_dir)],
         capture_output=True,
@@ -539,11 +565,12 @@ async def measure_rows(ports: Ports, s: Settings, hooks: WindowHooks) -> list[Ro
 class FeatureGateway:
     """One of the two gateways of the features comparison."""
 
-    label: str  # "A" (router only) or "B" (auth, limits and usage)
+    label: str  # "A" (router only), "B" (auth, limits and usage), "T" (B's team key)
     name: str  # its process name
     port: int
     admin: int
     headers: dict[str, str]
+    payload: dict[str, Any] = field(default_factory=lambda: PLAIN_PAYLOAD)
 
 
 @dataclass
@@ -563,15 +590,20 @@ class FeatureRun:
 
 
 def start_feature_gateways(procs: Processes, ports: Ports, data_dir: Path) -> list[FeatureGateway]:
-    """Gateways A and B: the same flags but auth and the key's limits, each its own store."""
+    """Gateways A and B: the same flags but auth and the key's limits, each its own store;
+    and T, gateway B again with a key in a team, naming an end user."""
     python = sys.executable
     gateways = []
+    team_headers: dict[str, str] = {}
     for label, name, mode in (("A", "gateway-open", "open"), ("B", "gateway-features", "required")):
         store = data_dir / name
         store.mkdir()
         headers = {}
         if mode == "required":
             headers = {"Authorization": f"Bearer {create_key(store, FEATURE_KEY_LIMITS)}"}
+            create_team(store, FEATURE_TEAM, FEATURE_TEAM_LIMITS)
+            team_key = create_key(store, FEATURE_TEAM_KEY_LIMITS, name="bench-team-key")
+            team_headers = {"Authorization": f"Bearer {team_key}"}
         port, admin, agent = _free_port(), _free_port(), _free_port()
         procs.start(
             name,
@@ -585,6 +617,9 @@ def start_feature_gateways(procs: Processes, ports: Ports, data_dir: Path) -> li
             GATEWAY_CORE,
         )  # fmt: skip
         gateways.append(FeatureGateway(label, name, port, admin, headers))
+    b = gateways[1]
+    team_payload = {**PLAIN_PAYLOAD, "user": "bench-end-user"}
+    gateways.append(FeatureGateway("T", b.name, b.port, b.admin, team_headers, team_payload))
     for gw in gateways:
 
         def ready(gw: FeatureGateway = gw) -> bool:
@@ -597,8 +632,9 @@ def start_feature_gateways(procs: Processes, ports: Ports, data_dir: Path) -> li
 
 
 def check_feature_gateways(gateways: list[FeatureGateway]) -> None:
-    """A answers without a key; B refuses one without and applies the key's limits."""
-    a, b = gateways
+    """A answers without a key; B refuses one without and applies the key's limits; T is
+    admitted through its team's and its end user's limits."""
+    a, b, t = gateways
     status, _, body = _post_full(a.port, PLAIN_PAYLOAD, a.headers)
     if status != 200 or b'"chat.completion"' not in body:
         raise BenchError(f"gateway A answered {status}: {body[:300]!r}")
@@ -612,6 +648,9 @@ def check_feature_gateways(gateways: list[FeatureGateway]) -> None:
             f"gateway B answered {status} with x-ratelimit-limit-requests/-tokens {limits}, "
             f"expected 200 with {FEATURE_KEY_LIMITS[1]}/{FEATURE_KEY_LIMITS[3]}: {body[:300]!r}"
         )
+    status, _, body = _post_full(t.port, t.payload, t.headers)
+    if status != 200:
+        raise BenchError(f"gateway B answered {status} to the team key T: {body[:300]!r}")
 
 
 async def measure_features(
@@ -638,11 +677,11 @@ async def measure_features(
                 watched = {"gateway": pids[gw.name], "sim-fast": pids["sim-fast"]}
                 watched["sim-paced"] = pids["sim-paced"]
                 for other in gateways:
-                    if other is not gw:
+                    if other.name != gw.name:
                         watched[f"gateway {other.label} (idle)"] = pids[other.name]
                 watched.update(also or {})
                 hooks = CpuSampler(watched)
-                result = await _phase(gw.port, PLAIN_PAYLOAD, concurrency, s, hooks, gw.headers)
+                result = await _phase(gw.port, gw.payload, concurrency, s, hooks, gw.headers)
                 pair.append(FeatureWindow(concurrency, len(pairs) + 1, gw.label, result))
             noise = max(_other(w.result) for w in pair)
             pairs.append((noise, pair))
@@ -682,6 +721,8 @@ def feature_counters(gateways: list[FeatureGateway]) -> dict[str, dict[str, floa
     time.sleep(1.5)  # the usage recorder flushes at least every 0.5 s
     counters = {}
     for gw in gateways:
+        if gw.label == "T":
+            continue  # gateway B's process: its counters are B's
         status, body = _get(gw.admin, "/metrics", timeout=10)
         if status != 200:
             raise BenchError(f"gateway {gw.label}: /metrics answered {status}")
@@ -706,7 +747,7 @@ def run_features(
           file=sys.stderr, flush=True)  # fmt: skip
     gateways = start_feature_gateways(procs, ports, data_dir)
     pids = {**pids, **{gw.name: procs.pid(gw.name) for gw in gateways}}
-    planned = len(s.feature_concurrency) * s.feature_rounds * 2 * (s.warmup + s.duration)
+    planned = len(s.feature_concurrency) * s.feature_rounds * 3 * (s.warmup + s.duration)
     # Room for one pair measured again, so that a busy machine costs ~12 s, not minutes.
     deadline = time.monotonic() + planned + 2 * (s.warmup + s.duration)
     windows = uvloop.run(measure_features(gateways, s, pids, deadline))
@@ -923,7 +964,7 @@ def _feature_totals(run: FeatureRun) -> dict[int, dict[str, PhaseResult]]:
                     if w.concurrency == c and w.label == label and w.kept
                 ]
             )
-            for label in ("A", "B")
+            for label in ("A", "B", "T")
         }
     return totals
 
@@ -935,7 +976,7 @@ def _features_table(run: FeatureRun, s: Settings) -> list[str]:
         "",
         "The gateway above stopped; two more ran in front of the same zero-delay sim, both "
         "pinned to core 0 for the whole section but loaded one at a time, windows alternating "
-        f"A, B, A, B ({rounds} window{'s' if rounds != 1 else ''} of {s.duration:g} s per "
+        f"A, B, T, A, B, T ({rounds} window{'s' if rounds != 1 else ''} of {s.duration:g} s per "
         f"gateway and concurrency, {s.warmup:g} s warm-up before every window). Their flags "
         "differ only in `--auth-mode` and the store:",
         "",
@@ -962,6 +1003,28 @@ def _features_table(run: FeatureRun, s: Settings) -> list[str]:
         )
     out += [
         "",
+        "Teams off vs on, in the same windows: **T** is gateway B with a second key, in team "
+        f"`{FEATURE_TEAM}` (created with `{' '.join(FEATURE_TEAM_LIMITS)}`) and with "
+        f"`{' '.join(FEATURE_TEAM_KEY_LIMITS[len(FEATURE_KEY_LIMITS) + 2 :])}`, each request "
+        "naming an end user (`user`), so it also passes the team's and the end user's "
+        "admission and settlement. B's key is in no team.",
+        "",
+        "| c | B req/s | T req/s | T/B | B p50 / p99 ms | T p50 / p99 ms | T-B p50 ms "
+        "| B gateway µs/req | T gateway µs/req | T/B µs/req |",
+        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for c, by_label in _feature_totals(run).items():
+        b, t = by_label["B"], by_label["T"]
+        cost_b, cost_t = _cost(b, "gateway", False), _cost(t, "gateway", False)
+        cost_ratio = f"{float(cost_t) / float(cost_b):.2f}x" if "-" not in (cost_b, cost_t) else "-"
+        out.append(
+            f"| {c} | {_num(b.rps)}{_errors(b)} | {_num(t.rps)}{_errors(t)} "
+            f"| **{_ratio(b.rps, t.rps)}** | {_ms(b.latency(50))} / {_ms(b.latency(99))} "
+            f"| {_ms(t.latency(50))} / {_ms(t.latency(99))} "
+            f"| {_ms(t.latency(50) - b.latency(50))} | {cost_b} | {cost_t} | {cost_ratio} |"
+        )
+    out += [
+        "",
         "Each window (CPU in % of one core; µs/req: the loaded gateway's CPU time a request):",
         "",
         "| c | pair | gateway | req/s | p50 / p99 ms | gateway CPU | µs/req | idle gateway CPU "
@@ -982,8 +1045,8 @@ def _features_table(run: FeatureRun, s: Settings) -> list[str]:
     out += [
         "",
         "What each gateway counted over the section (its `/metrics`, warm-ups included; B's "
-        "requests include one sent without a key to check that B refuses it, which has no "
-        "usage record):",
+        "are B's and T's requests, and include one sent without a key to check that B "
+        "refuses it, which has no usage record):",
         "",
     ]
     for label, n in run.counters.items():

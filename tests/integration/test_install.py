@@ -113,9 +113,11 @@ RUNS = (
     Run("keys create", ("keys", "create", "--name", KEY), "sk-llmgw-"),
     Run("keys list", ("keys", "list"), KEY),
     Run("keys update", ("keys", "update", KEY, "--rpm", "100", "--no-budget"), "100"),
+    Run("keys update", ("keys", "update", KEY, "--user-rpm", "20"), "user_rpm=20"),
     Run("keys rotate", ("keys", "rotate", KEY), "sk-llmgw-"),
     Run("keys revoke", ("keys", "revoke", KEY), KEY),
     Run("usage", ("usage", "--by", "day,key"), ""),
+    Run("usage", ("usage", "--by", "key,end-user"), ""),
     Run(
         "users create",
         ("users", "create", "readme-admin", "--admin", "--password-stdin"),

@@ -259,7 +259,7 @@ def test_bad_input_gives_one_error_line_and_exit_2(tmp_path: Path) -> None:
         ("keys", "revoke", "nobody"): "no key has the id, name or prefix 'nobody'",
         ("keys", "rotate", "nobody"): "'nobody'",
         ("usage", "--since", "yesterday"): "--since 'yesterday'",
-        ("usage", "--by", "week"): "--by 'week': use hour, day, team, key or model",
+        ("usage", "--by", "week"): "--by 'week': use hour, day, team, key, end-user or model",
         ("usage", "--by", "hour,day"): "--by takes hour or day, not both",
         ("usage", "--key", "nobody"): "'nobody'",
         ("usage", "--requests", "0"): "--requests 0: give how many of the latest requests",

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import secrets
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,23 +20,10 @@ from typing import Any
 
 import httpx
 import pytest
-from procs import Server, Sim, llmgw, require_redis, wait_for
+from clitools import REDIS_URL, cli, made
+from procs import Server, Sim, require_redis, wait_for
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 PASSWORD = "correct horse battery staple"
-
-
-def cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
-    return subprocess.run(
-        llmgw(*args), input=stdin, capture_output=True, text=True, timeout=60, check=False, env=env
-    )
-
-
-def made(*args: str, stdin: str = "") -> str:
-    result = cli(*args, stdin=stdin)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
 
 
 @dataclass
@@ -296,7 +281,7 @@ def test_the_teams_cli_refuses_bad_input(tmp_path: Path) -> None:
         (("teams", "members", "remove", "ml", "nobody"), "is not a member of team 'ml'"),
         (("keys", "create", "--name", "k2", "--team", "nope"), "there is no team 'nope'"),
         (("keys", "update", "k", "--team", "ml", "--no-team"), "--team sets what --no-team"),
-        (("usage", "--by", "tribe"), "use hour, day, team, key or model"),
+        (("usage", "--by", "tribe"), "use hour, day, team, key, end-user or model"),
         (("usage", "--team", "nope"), "there is no team 'nope'"),
     ):
         result = cli(*args, *store)

@@ -51,6 +51,7 @@ TABLES = {
     "rollout_halts",
     "teams",
     "team_members",
+    "usage_end_users",
 }
 
 

@@ -322,3 +322,57 @@ async def test_a_report_over_whole_days_reads_the_daily_roll_ups(store_target: S
     finally:
         await engine.dispose()
         await store.close()
+
+
+async def test_end_users_are_rolled_up_per_hour_key_end_user_and_model(store: Store) -> None:
+    base = records(40, seed=7)
+    named = [
+        dataclasses.replace(r, end_user=("ann", "bob", "", "=evil\\x00")[i % 4])
+        for i, r in enumerate(base)
+    ]
+    await store.usage.record_batch(named[:25])
+    await store.usage.record_batch(named[25:])
+    rows = await store.usage.query(group_by=("key", "end-user"))
+    sums: dict[tuple[str | None, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+    for r in named:
+        if r.end_user:
+            acc = sums[(r.key_id, r.end_user)]
+            acc[0] += 1
+            acc[1] += 1 if r.status >= 400 else 0
+            acc[2] += r.prompt_tokens + r.completion_tokens
+    assert {(r.key_id, r.end_user): [r.requests, r.errors, r.total_tokens] for r in rows} == sums
+    # One end user, by hour; and a budget's sum for one key's end user.
+    ann = await store.usage.query(end_user="ann", group_by=("hour",))
+    assert sum(r.requests for r in ann) == sum(1 for r in named if r.end_user == "ann")
+    key = KEYS[0]
+    assert key is not None
+    used = await store.usage.end_user_tokens_used(key, "bob", H0)
+    assert used == sum(
+        r.prompt_tokens + r.completion_tokens
+        for r in named
+        if r.key_id == key and r.end_user == "bob"
+    )
+    # The raw records keep it too; requests naming none are in no end-user row.
+    latest = await store.usage.requests(limit=100)
+    assert {r.end_user for r in latest} == {"ann", "bob", "", "=evil\\x00"}
+    assert all(r.end_user for r in rows)
+
+
+async def test_an_end_user_the_column_cannot_hold_is_refused(store: Store) -> None:
+    (record,) = records(1)
+    for bad in ("x" * 257, "a\x00b"):
+        with pytest.raises(InvalidValue, match="its end_user"):
+            await store.usage.record_batch([dataclasses.replace(record, end_user=bad)])
+
+
+async def test_top_keeps_the_groups_with_the_most_tokens(store: Store) -> None:
+    recs = [dataclasses.replace(r, end_user=f"u{i % 7}") for i, r in enumerate(records(70))]
+    await store.usage.record_batch(recs)
+    every = await store.usage.query(group_by=("end-user",))
+    top = await store.usage.query(group_by=("end-user",), top=3)
+    most = sorted(every, key=lambda r: r.total_tokens, reverse=True)[:3]
+    assert [(r.end_user, r.total_tokens) for r in top] == [
+        (r.end_user, r.total_tokens) for r in most
+    ]
+    with pytest.raises(InvalidValue, match="top must be at least 1"):
+        await store.usage.query(group_by=("end-user",), top=0)

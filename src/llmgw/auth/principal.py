@@ -23,7 +23,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from llmgw.auth.errors import ModelNotAllowed
-from llmgw.limits import TEAM_PREFIX, KeyLimits
+from llmgw.limits import TEAM_PREFIX, KeyLimits, end_user_limits
 from llmgw.store import AdminRole, ApiKey, KeyPriority
 
 
@@ -57,6 +57,32 @@ class Principal:
     team_name: str | None = None
     team_limits: KeyLimits | None = None
     team_models: frozenset[str] | None = None
+    # The limits of each end user of the key's application (None: no limit), counted
+    # per (key, end user) after the key's and the team's.
+    user_rpm: int | None = None
+    user_tpm: int | None = None
+    user_budget_tokens: int | None = None
+
+    @property
+    def limits_end_users(self) -> bool:
+        """Whether the key has any end-user limit."""
+        return not (
+            self.user_rpm is None and self.user_tpm is None and self.user_budget_tokens is None
+        )
+
+    def end_user_limits(self, end_user: str) -> KeyLimits | None:
+        """The limits of `end_user` (as the request named it) of this key; None when the
+        key limits no end user (or in open mode)."""
+        if self.key_id is None or not self.limits_end_users:
+            return None
+        return end_user_limits(
+            key_id=self.key_id,
+            key_name=self.name,
+            end_user=end_user,
+            rpm=self.user_rpm,
+            tpm=self.user_tpm,
+            budget_tokens=self.user_budget_tokens,
+        )
 
     def may_use(self, model: str, names: Collection[str] = ()) -> bool:
         """True when this caller (and its team) may send requests for `model`, also
@@ -128,4 +154,7 @@ def principal_for(key: ApiKey) -> Principal:
         team_models=frozenset(team.models)
         if team is not None and team.models is not None
         else None,
+        user_rpm=key.user_rpm,
+        user_tpm=key.user_tpm,
+        user_budget_tokens=key.user_budget_tokens,
     )

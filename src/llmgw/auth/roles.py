@@ -39,6 +39,7 @@ _ADMIN_ONLY = (
     "/admin/api/usage",
     # Teams: admins, and team members for their own team (llmgw.auth.teams).
     "/admin/api/teams",
+    "/admin/teams",
     "/admin/keys",
     "/admin/usage",
 )

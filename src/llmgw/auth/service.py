@@ -73,6 +73,9 @@ class KeyService:
         max_queue_wait: float | None = None,
         scopes: Sequence[str] = (),
         team_id: str | None = None,
+        user_rpm: int | None = None,
+        user_tpm: int | None = None,
+        user_budget_tokens: int | None = None,
     ) -> tuple[ApiKey, str]:
         """Create a key; returns it and its secret, which cannot be read again.
 
@@ -81,7 +84,14 @@ class KeyService:
         """
         spec_name = _check_name(name)
         spec_models = _check_models(models, hint=_CREATE_HINTS[1])
-        for field, value in (("rpm", rpm), ("tpm", tpm), ("budget_tokens", budget_tokens)):
+        for field, value in (
+            ("rpm", rpm),
+            ("tpm", tpm),
+            ("budget_tokens", budget_tokens),
+            ("user_rpm", user_rpm),
+            ("user_tpm", user_tpm),
+            ("user_budget_tokens", user_budget_tokens),
+        ):
             _check_limit(field, value, hint=_CREATE_HINTS[0])
         budget_period = _check_period(budget_tokens, period)
         self._check_expiry(expires_at)
@@ -108,6 +118,9 @@ class KeyService:
                 max_queue_wait=max_queue_wait,
                 scopes=key_scopes,
                 team_id=team_id,
+                user_rpm=user_rpm,
+                user_tpm=user_tpm,
+                user_budget_tokens=user_budget_tokens,
             )
         )
         return key, secret
@@ -129,6 +142,9 @@ class KeyService:
         max_queue_wait: float | Keep | None = KEEP,
         scopes: Sequence[str] | Keep = KEEP,
         team_id: str | Keep | None = KEEP,
+        user_rpm: int | Keep | None = KEEP,
+        user_tpm: int | Keep | None = KEEP,
+        user_budget_tokens: int | Keep | None = KEEP,
     ) -> ApiKey:
         """Change the key named by `ref`, keeping its secret; returns the key after.
 
@@ -145,7 +161,14 @@ class KeyService:
             name = _check_name(name)
         if not isinstance(models, Keep):
             models = _check_models(models, hint=_UPDATE_HINTS[1])
-        for field, value in (("rpm", rpm), ("tpm", tpm), ("budget_tokens", budget_tokens)):
+        for field, value in (
+            ("rpm", rpm),
+            ("tpm", tpm),
+            ("budget_tokens", budget_tokens),
+            ("user_rpm", user_rpm),
+            ("user_tpm", user_tpm),
+            ("user_budget_tokens", user_budget_tokens),
+        ):
             if not isinstance(value, Keep):
                 _check_limit(field, value, hint=_UPDATE_HINTS[0])
         if not isinstance(expires_at, Keep):
@@ -181,6 +204,9 @@ class KeyService:
             max_queue_wait=max_queue_wait,
             scopes=key_scopes,
             team_id=team_id,
+            user_rpm=user_rpm,
+            user_tpm=user_tpm,
+            user_budget_tokens=user_budget_tokens,
         )
         return await self._keys.update(key.id, changes)
 

@@ -8,7 +8,9 @@ admins only. A user who is a member of a team reaches, under
     member      usage of team T (reads only)
 
 and nothing of any other team, nor anything else on the admin surface (unless
-their admin role allows it). The portal asks `TeamAccess.allows` for a user
+their admin role allows it). The same holds for the team's dashboard page,
+`/admin/teams/T` (its usage: both roles) and its key actions under
+`/admin/teams/T/keys` (team-admins). The portal asks `TeamAccess.allows` for a user
 whose admin role refuses a path; the team routes ask `TeamAccess.role_in` again
 before they act, so a route never trusts the path alone.
 
@@ -23,6 +25,7 @@ from typing import Protocol
 from llmgw.store import Team, TeamMember, TeamRole
 
 TEAMS_API = "/admin/api/teams/"
+TEAM_PAGES = "/admin/teams/"
 # The logged-in user's name, put in the ASGI scope by the portal for the team routes.
 USER_SCOPE_KEY = "llmgw.user_name"
 # What each team role may reach under /admin/api/teams/T/, and with which methods.
@@ -44,7 +47,16 @@ class TeamDirectory(Protocol):
 
 
 def team_path(path: str) -> tuple[str, str] | None:
-    """(team ref, section) of a path `/admin/api/teams/T/section[/...]`; None otherwise."""
+    """(team ref, section) of a path `/admin/api/teams/T/section[/...]`, or of a team
+    page: `/admin/teams/T` (section usage) and `/admin/teams/T/keys[/...]` (keys);
+    None otherwise."""
+    if path.startswith(TEAM_PAGES):
+        ref, _, rest = path[len(TEAM_PAGES) :].partition("/")
+        if not ref:
+            return None
+        if not rest:
+            return ref, "usage"
+        return (ref, "keys") if rest.split("/")[0] == "keys" else None
     if not path.startswith(TEAMS_API):
         return None
     parts = path[len(TEAMS_API) :].split("/")

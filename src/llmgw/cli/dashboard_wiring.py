@@ -32,8 +32,9 @@ from llmgw.control.inventory import Inventory, UnknownNode
 from llmgw.control.leadership.fleet import FleetView
 from llmgw.control.leadership.views import LeaderSource, leader_view, servers_view
 from llmgw.control.reconciler.views import ModelControlService
-from llmgw.store import ControlServer, StoreError, StoreUnavailable, UsageRepository
+from llmgw.store import ControlServer, StoreError, StoreUnavailable, TeamRepository, UsageRepository
 from llmgw.web import ActionError, DashboardSources, HistorySource
+from llmgw.web.sources import TeamPageSources
 
 Json = dict[str, Any]
 
@@ -141,6 +142,8 @@ def dashboard_sources(
     agent_listener: Json | None = None,
     fleet: FleetView | None = None,
     queue: Callable[[str], Json | None] | None = None,
+    teams: TeamRepository | None = None,
+    team_pages: TeamPageSources | None = None,
 ) -> DashboardSources:
     """The dashboard's sources over the server's real objects. With `fleet`, a
     standby shows the nodes as the leader last wrote them, and refuses to drain."""
@@ -214,4 +217,6 @@ def dashboard_sources(
         wall_clock=wall_clock,
         agent_listener=agent_listener or {"mode": "off", "text": ""},
         queue=queue or (lambda name: None),
+        teams=teams,
+        team_pages=team_pages,
     )

@@ -133,6 +133,7 @@ from llmgw.telemetry.tracing import Tracing, TracingError, build_tracing
 from llmgw.usage import RecordedUsage, RetentionPruner, UsageRecorder
 from llmgw.web import create_admin_portal, create_dashboard_routes
 from llmgw.web.portal import FORM_PATHS, SECRET_READS
+from llmgw.web.sources import TeamPageSources
 
 log = logging.getLogger("llmgw.server")
 
@@ -836,6 +837,10 @@ async def _serve(
                     agent_listener=agent_listener_view(security),
                     fleet=fleet_view,
                     queue=request_queue.model_state,
+                    teams=store.teams,
+                    team_pages=TeamPageSources(
+                        access=team_access, teams=store.teams, keys=key_service, usage=store.usage
+                    ),
                 )
             ),
         ],

@@ -60,6 +60,9 @@ FLAGS = {
     "max_queue_wait": "--max-queue-wait",
     "scopes": "--scope",
     "team": "--team",
+    "user_rpm": "--user-rpm",
+    "user_tpm": "--user-tpm",
+    "user_budget_tokens": "--user-budget",
     "ref": "REF",
 }
 SECRET_WARNING = "store it now; it cannot be shown again"
@@ -166,6 +169,28 @@ def create(
             "team's limits too [default: none].",
         ),
     ] = None,
+    user_rpm: Annotated[
+        int | None,
+        typer.Option(
+            "--user-rpm",
+            help="Requests per minute for each end user of the key's application (the "
+            "`user` a request names; Anthropic metadata.user_id) [default: unlimited].",
+        ),
+    ] = None,
+    user_tpm: Annotated[
+        int | None,
+        typer.Option(
+            "--user-tpm", help="Tokens per minute for each end user [default: unlimited]."
+        ),
+    ] = None,
+    user_budget: Annotated[
+        int | None,
+        typer.Option(
+            "--user-budget",
+            metavar="TOKENS",
+            help="Tokens per UTC day (prompt + completion) for each end user [default: none].",
+        ),
+    ] = None,
     json_out: JsonOption = False,
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     store: StoreOption = None,
@@ -195,6 +220,9 @@ def create(
                 weight=weight,
                 max_queue_wait=max_queue_wait,
                 scopes=scope or (),
+                user_rpm=user_rpm,
+                user_tpm=user_tpm,
+                user_budget_tokens=user_budget,
             )
         except KeyInputError as exc:
             raise _bad(exc) from None
@@ -327,12 +355,34 @@ def update(
     no_team: Annotated[
         bool, typer.Option("--no-team", help="Take the key out of its team.")
     ] = False,
+    user_rpm: Annotated[
+        int | None,
+        typer.Option("--user-rpm", help="Requests per minute for each end user."),
+    ] = None,
+    no_user_rpm: Annotated[
+        bool, typer.Option("--no-user-rpm", help="No requests-per-minute limit per end user.")
+    ] = False,
+    user_tpm: Annotated[
+        int | None, typer.Option("--user-tpm", help="Tokens per minute for each end user.")
+    ] = None,
+    no_user_tpm: Annotated[
+        bool, typer.Option("--no-user-tpm", help="No tokens-per-minute limit per end user.")
+    ] = False,
+    user_budget: Annotated[
+        int | None,
+        typer.Option(
+            "--user-budget", metavar="TOKENS", help="Tokens per UTC day for each end user."
+        ),
+    ] = None,
+    no_user_budget: Annotated[
+        bool, typer.Option("--no-user-budget", help="No daily token budget per end user.")
+    ] = False,
     json_out: JsonOption = False,
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     store: StoreOption = None,
 ) -> None:
-    """Change an API key's name, models, limits, expiry, admin role or scopes; its secret
-    stays."""
+    """Change an API key's name, models, limits (its own and its end users'), expiry,
+    admin role or scopes; its secret stays."""
     if admin is not None and role is not None:
         fail("--admin/--no-admin and --role both set the key's role; give one of the two")
     for given, flag, cleared, clear_flag in (
@@ -350,11 +400,14 @@ def update(
         ),
         (scope is not None, "--scope", no_scopes, "--no-scopes"),
         (team is not None, "--team", no_team, "--no-team"),
+        (user_rpm is not None, "--user-rpm", no_user_rpm, "--no-user-rpm"),
+        (user_tpm is not None, "--user-tpm", no_user_tpm, "--no-user-tpm"),
+        (user_budget is not None, "--user-budget", no_user_budget, "--no-user-budget"),
     ):
         if given and cleared:
             fail(f"{flag} sets what {clear_flag} clears; give one of the two")
     given_any = (name, models, rpm, tpm, budget_tokens, period, expires, admin, role)
-    queueing = (priority, weight, max_queue_wait, scope, team)
+    queueing = (priority, weight, max_queue_wait, scope, team, user_rpm, user_tpm, user_budget)
     if all(v is None for v in (*given_any, *queueing)) and not (
         all_models
         or no_rpm
@@ -364,12 +417,16 @@ def update(
         or default_queue_wait
         or no_scopes
         or no_team
+        or no_user_rpm
+        or no_user_tpm
+        or no_user_budget
     ):
         fail(
             "nothing to change: give at least one of --name, --models/--all-models, "
             "--rpm/--no-rpm, --tpm/--no-tpm, --budget-tokens/--period/--no-budget, "
             "--expires/--never-expires, --role or --admin/--no-admin, --priority, --weight, "
-            "--max-queue-wait/--default-queue-wait, --scope/--no-scopes, --team/--no-team"
+            "--max-queue-wait/--default-queue-wait, --scope/--no-scopes, --team/--no-team, "
+            "--user-rpm/--no-user-rpm, --user-tpm/--no-user-tpm, --user-budget/--no-user-budget"
         )
     model_list = models.split(",") if models is not None else None
     expires_at = parse_time_or_fail("--expires", expires, future=True)
@@ -396,6 +453,9 @@ def update(
                 weight=_given(weight),
                 max_queue_wait=_change(max_queue_wait, clear=default_queue_wait),
                 scopes=_scopes_change(scope, clear=no_scopes),
+                user_rpm=_change(user_rpm, clear=no_user_rpm),
+                user_tpm=_change(user_tpm, clear=no_user_tpm),
+                user_budget_tokens=_change(user_budget, clear=no_user_budget),
             )
         except KeyInputError as exc:
             raise _bad(exc) from None
@@ -535,6 +595,12 @@ def _limits(key: ApiKey) -> str:
         parts.append(f"tpm={key.tpm}")
     if key.budget_tokens is not None:
         parts.append(f"budget={key.budget_tokens}/{key.budget_period}")
+    if key.user_rpm is not None:
+        parts.append(f"user_rpm={key.user_rpm}")
+    if key.user_tpm is not None:
+        parts.append(f"user_tpm={key.user_tpm}")
+    if key.user_budget_tokens is not None:
+        parts.append(f"user_budget={key.user_budget_tokens}/day")
     if key.priority != "default":
         parts.append(f"priority={key.priority}")
     if key.weight != 1:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
     from llmgw.store import Store, UsageDimension, UsageRecord, UsageRow
 
-DIMENSIONS: tuple[UsageDimension, ...] = ("hour", "day", "team", "key", "model")
+DIMENSIONS: tuple[UsageDimension, ...] = ("hour", "day", "team", "key", "end-user", "model")
 NO_TEAM = "(no team)"
 NO_KEY = "(no key)"
 
@@ -67,9 +67,15 @@ def usage(
         list[str] | None,
         typer.Option(
             "--by",
-            help="Group by hour or day, team, key and/or model; repeat or comma-separate "
-            "[default: key,model]. A key's usage counts for the team it is in now.",
+            help="Group by hour or day, team, key, end-user and/or model; repeat or "
+            "comma-separate [default: key,model]. A key's usage counts for the team it is "
+            "in now; by end-user (the `user` requests name) counts only requests that "
+            "named one.",
         ),
+    ] = None,
+    end_user: Annotated[
+        str | None,
+        typer.Option("--end-user", help="Only this end user (as the requests named it)."),
     ] = None,
     requests: Annotated[
         int | None,
@@ -97,6 +103,8 @@ def usage(
         fail("--team narrows the report; --requests lists single requests: give one of them")
     if requests is not None and by:
         fail("--by groups the report; --requests lists single requests: give one of them")
+    if requests is not None and end_user is not None:
+        fail("--end-user narrows the report; --requests lists single requests: give one of them")
     try:
         group_by = _dimensions(by)
         start = parse_time("--since", since, now=now) if since is not None else None
@@ -122,6 +130,7 @@ def usage(
             until=end,
             group_by=group_by,
             team_id=team_id,
+            end_user=end_user,
         )
         names = {}
         if "key" in group_by and rows:
@@ -182,7 +191,7 @@ def _requests(
         typer.echo("no requests recorded" + _window(start, end))
         return
     headers = ["TIME", "KEY", "MODEL", "ROUTE", "STATUS", "PROMPT", "COMPLETION"]
-    headers += ["MS", "TTFT MS", "QUEUED MS", "REQUEST"]
+    headers += ["MS", "TTFT MS", "QUEUED MS", "END USER", "REQUEST"]
     cells = [
         [
             r.ts.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"),
@@ -195,6 +204,7 @@ def _requests(
             f"{r.latency_ms:.0f}",
             "-" if r.ttft_ms is None else f"{r.ttft_ms:.0f}",
             f"{r.queue_ms:.0f}",
+            r.end_user or "-",
             r.request_id,
         ]
         for r in records
@@ -210,7 +220,9 @@ def _dimensions(by: list[str] | None) -> tuple[UsageDimension, ...]:
         for part in value.split(","):
             name = part.strip().lower()
             if name not in DIMENSIONS:
-                raise BadInput(f"--by {part.strip()!r}: use hour, day, team, key or model")
+                raise BadInput(
+                    f"--by {part.strip()!r}: use hour, day, team, key, end-user or model"
+                )
             if name not in wanted:
                 wanted.append(name)
     if "hour" in wanted and "day" in wanted:
@@ -248,6 +260,7 @@ def _table(
             "day": row.day.date().isoformat() if row.day is not None else "",
             "key": _key_label(row.key_id, names),
             "team": names.get(row.team_id, row.team_id) if row.team_id else NO_TEAM,
+            "end-user": row.end_user or "",
             "model": row.model or "",
         }
         cells.append([group[d] for d in group_by] + _numbers(row))

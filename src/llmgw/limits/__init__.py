@@ -12,9 +12,19 @@ from llmgw.limits.estimate import estimate_prompt_tokens
 from llmgw.limits.headers import format_duration
 from llmgw.limits.limiter import Limiter
 from llmgw.limits.metrics import LimitMetrics
-from llmgw.limits.model import TEAM_PREFIX, Admission, BudgetPeriod, BudgetSource, KeyLimits
+from llmgw.limits.model import (
+    END_USER_PREFIX,
+    TEAM_PREFIX,
+    Admission,
+    BudgetPeriod,
+    BudgetSource,
+    KeyLimits,
+    end_user_limits,
+    split_end_user,
+)
 
 __all__ = [
+    "END_USER_PREFIX",
     "TEAM_PREFIX",
     "Admission",
     "BudgetExhausted",
@@ -25,6 +35,8 @@ __all__ = [
     "LimitMetrics",
     "Limiter",
     "RateLimited",
+    "end_user_limits",
     "estimate_prompt_tokens",
     "format_duration",
+    "split_end_user",
 ]

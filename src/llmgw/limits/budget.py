@@ -19,7 +19,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from llmgw.limits.model import BudgetSource
+from llmgw.limits.model import END_USER_PREFIX, BudgetSource
 from llmgw.limits.periods import Period
 from llmgw.limits.tasks import TaskSet
 
@@ -55,18 +55,24 @@ class BudgetTracker:
         clock: Callable[[], float],
         refresh_s: float,
         tasks: TaskSet,
+        max_end_users: int = 100_000,
     ) -> None:
+        """`max_end_users`: how many end users' entries are kept (the oldest loaded is
+        dropped past it and re-read from the source when its end user is back)."""
         self._source = source
         self._clock = clock
         self._refresh_s = refresh_s
         self._tasks = tasks
         # One entry per key: the current period's replaces the previous one's.
         self._entries: dict[str, BudgetEntry] = {}
+        # End users' entries, apart: clients make end users up, keys are few.
+        self._user_entries: dict[str, BudgetEntry] = {}
+        self._max_end_users = max_end_users
         self._loading: dict[tuple[str, str], asyncio.Task[BudgetEntry]] = {}
 
     def lookup(self, key_id: str, period: Period, now: float) -> BudgetEntry | None:
         """The entry if already loaded for this period; starts a refresh when due."""
-        entry = self._entries.get(key_id)
+        entry = self._table(key_id).get(key_id)
         if entry is None or entry.period.id != period.id:
             return None
         if now >= entry.refresh_at and not entry.refreshing:
@@ -93,12 +99,15 @@ class BudgetTracker:
         finally:
             del self._loading[(key_id, period.id)]
         entry = BudgetEntry(key_id, period, base, self._clock() + self._refresh_s)
-        current = self._entries.get(key_id)
+        table = self._table(key_id)
+        current = table.get(key_id)
         if current is not None and current.period.id == period.id:
             return current
         # A slow load of a period that has already ended must not replace the new one.
         if current is None or current.period.start < period.start:
-            self._entries[key_id] = entry
+            table[key_id] = entry
+            if table is self._user_entries and len(table) > self._max_end_users:
+                del table[next(iter(table))]
         return entry
 
     async def _refresh(self, entry: BudgetEntry) -> None:
@@ -132,7 +141,10 @@ class BudgetTracker:
 
     def settle(self, key_id: str, period_id: str, estimated: int, actual: int) -> None:
         """Replace an admitted request's estimate by its actual usage."""
-        entry = self._entries.get(key_id)
+        entry = self._table(key_id).get(key_id)
         if entry is not None and entry.period.id == period_id:
             entry.inflight -= estimated
             entry.settled += actual
+
+    def _table(self, key_id: str) -> dict[str, BudgetEntry]:
+        return self._user_entries if key_id.startswith(END_USER_PREFIX) else self._entries

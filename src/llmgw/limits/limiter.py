@@ -27,6 +27,12 @@ own buckets (each allowing the full limit) and resumes sharing when Redis is
 back. Budgets keep being tracked in process memory either way, so a fallback
 starts from this process's best knowledge.
 
+End users (`KeyLimits.scope` "end-user", one set of counters per key and end user
+a request names) are as many as clients make up, so their in-process buckets and
+budget entries are capped (`max_end_users`): past the cap the oldest are dropped,
+a dropped end user's buckets start full again and its budget is re-read from the
+source. In Redis their buckets expire like any key's.
+
 Cost: a key with no limits returns a shared `Admission` with no I/O and no
 allocation. In memory, a limited key's admission is arithmetic on a few floats.
 Does not guarantee anything across a restart of a process without Redis (its
@@ -82,6 +88,7 @@ class Limiter:
         redis_timeout_s: float = 0.25,
         redis_retry_s: float = 5.0,
         redis_clock: Callable[[], float] | None = None,
+        max_end_users: int = 100_000,
     ) -> None:
         """Build a limiter; nothing connects until `start()`.
 
@@ -92,13 +99,19 @@ class Limiter:
         failure requests use local state before Redis is probed again.
         `redis_clock`: Unix seconds for the shared buckets; None uses the Redis
         server's clock (the right choice in production; tests inject one).
+        `max_end_users`: how many end users' buckets (and, apart, budget entries) this
+        process keeps; bounds the memory a client inventing end users can take.
         """
         self._clock = clock
         self._wall_clock = wall_clock
         self._metrics = metrics
         self._tasks = TaskSet()
         self._budgets = BudgetTracker(
-            source=budget_source, clock=clock, refresh_s=budget_refresh_s, tasks=self._tasks
+            source=budget_source,
+            clock=clock,
+            refresh_s=budget_refresh_s,
+            tasks=self._tasks,
+            max_end_users=max_end_users,
         )
         self._shared = (
             RedisCounters(
@@ -115,6 +128,9 @@ class Limiter:
             else None
         )
         self._buckets: dict[str, _KeyBuckets] = {}
+        # End users' buckets, apart so that a flood of made-up end users never drops a key's.
+        self._user_buckets: dict[str, _KeyBuckets] = {}
+        self._max_end_users = max_end_users
         self._periods: dict[BudgetPeriod, Period] = {}
         self._empty = Admission(headers=[], estimated_tokens=0)
 
@@ -198,9 +214,12 @@ class Limiter:
         rpm_level = tpm_level = 0.0
         rpm_bucket = tpm_bucket = None
         if limits.rpm is not None or limits.tpm is not None:
-            buckets = self._buckets.get(limits.key_id)
+            table = self._table(limits)
+            buckets = table.get(limits.key_id)
             if buckets is None:
-                buckets = self._buckets[limits.key_id] = _KeyBuckets()
+                buckets = table[limits.key_id] = _KeyBuckets()
+                if table is self._user_buckets and len(table) > self._max_end_users:
+                    del table[next(iter(table))]
             if limits.rpm is not None:
                 rpm_bucket = buckets.rpm
                 if rpm_bucket is None:
@@ -252,7 +271,7 @@ class Limiter:
                 await self._shared.settle(limits, delta, admission.period_id)
             return
         if limits.tpm is not None:
-            buckets = self._buckets.get(limits.key_id)
+            buckets = self._table(limits).get(limits.key_id)
             if buckets is not None and buckets.tpm is not None:
                 buckets.tpm.refill(self._clock(), limits.tpm)
                 buckets.tpm.adjust(delta)
@@ -273,7 +292,7 @@ class Limiter:
             if self._shared is not None:
                 await self._shared.settle(limits, -estimated, admission.period_id, requests=-1)
             return
-        buckets = self._buckets.get(limits.key_id)
+        buckets = self._table(limits).get(limits.key_id)
         if buckets is None:
             return
         now = self._clock()
@@ -285,6 +304,9 @@ class Limiter:
             buckets.tpm.adjust(-estimated)
 
     # -- helpers -----------------------------------------------------------------------------
+
+    def _table(self, limits: KeyLimits) -> dict[str, _KeyBuckets]:
+        return self._user_buckets if limits.scope == "end-user" else self._buckets
 
     def _period(self, kind: BudgetPeriod) -> Period:
         now = self._wall_clock()
@@ -346,7 +368,7 @@ class Limiter:
         raise BudgetExhausted(
             f"Token budget exhausted for {limits.subject}: {used} of "
             f"{limits.budget_tokens} tokens used this {period.kind} (UTC). It resets at "
-            f"{period.end:%Y-%m-%dT%H:%M:%SZ}; an administrator can raise the {limits.scope}'s "
+            f"{period.end:%Y-%m-%dT%H:%M:%SZ}; an administrator can raise the {limits.owner} "
             "budget.",
             retry_after=retry_after,
             headers=self._refusal_headers(limits, retry_after, rpm_level, tpm_level),

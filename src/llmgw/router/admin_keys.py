@@ -17,6 +17,10 @@ the older way to say role admin).
 Not guaranteed: pagination; the lists are whole, except request records (the
 latest `limit`, 100 by default and 1000 at most; narrow them with since/until).
 `team` is the team the key belongs to (its name or id; null: none).
+`user_rpm`, `user_tpm` and `user_budget_tokens` (tokens per UTC day) limit each end
+user of the key's application (the `user` its requests name), counted per key and
+end user; null: no limit. `/admin/api/usage?by=end-user` groups usage by end user
+(with `end_user=U` keeping one; only requests that named an end user count).
 `/admin/api/usage?by=team` groups usage by the team each key is in now, and
 `team=T` keeps one team's keys; teams themselves are in `admin_teams`.
 """
@@ -83,6 +87,9 @@ _CREATE_FIELDS = {
     "max_queue_wait",
     "scopes",
     "team",
+    "user_rpm",
+    "user_tpm",
+    "user_budget_tokens",
 }
 # The secret is not a field: it changes only by rotating.
 _UPDATE_FIELDS = _CREATE_FIELDS
@@ -341,6 +348,9 @@ def key_routes(
                 weight=_weight(body.get("weight", 1.0)),
                 max_queue_wait=_seconds("max_queue_wait", body.get("max_queue_wait")),
                 scopes=_scopes(body.get("scopes")),
+                user_rpm=_int("user_rpm", body.get("user_rpm")),
+                user_tpm=_int("user_tpm", body.get("user_tpm")),
+                user_budget_tokens=_int("user_budget_tokens", body.get("user_budget_tokens")),
             )
             return _json({**key_view(key, wall_clock()), "secret": secret}, status=201)
 
@@ -377,6 +387,11 @@ def key_routes(
                 max_queue_wait=_given(body, "max_queue_wait", partial(_seconds, "max_queue_wait")),
                 scopes=_given(body, "scopes", _scopes),
                 team_id=await team_id(body),
+                user_rpm=_given(body, "user_rpm", partial(_int, "user_rpm")),
+                user_tpm=_given(body, "user_tpm", partial(_int, "user_tpm")),
+                user_budget_tokens=_given(
+                    body, "user_budget_tokens", partial(_int, "user_budget_tokens")
+                ),
             )
             return _json(key_view(key, wall_clock()))
 
@@ -405,6 +420,9 @@ def key_routes(
             "until": _time("until", params.get("until")),
         }
 
+    def end_user_filter(params: Mapping[str, str]) -> dict[str, Any]:
+        return {"end_user": params["end_user"]} if params.get("end_user") else {}
+
     async def key_names() -> dict[str, str]:
         return {k.id: k.name for k in await service.list(include_revoked=True)}
 
@@ -416,7 +434,10 @@ def key_routes(
             if params.get("team") and teams is not None:
                 team_id = (await teams.get(params["team"])).id
             rows = await usage.query(
-                **await usage_filter(params), group_by=group_by, team_id=team_id
+                **await usage_filter(params),
+                **end_user_filter(params),
+                group_by=group_by,
+                team_id=team_id,
             )
             names = await key_names()
             team_names = (

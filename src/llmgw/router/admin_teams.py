@@ -84,6 +84,9 @@ _KEY_FIELDS = {
     "weight",
     "max_queue_wait",
     "scopes",
+    "user_rpm",
+    "user_tpm",
+    "user_budget_tokens",
 }
 
 
@@ -244,6 +247,9 @@ def team_routes(
             max_queue_wait=_seconds("max_queue_wait", body.get("max_queue_wait")),
             scopes=_scopes(body.get("scopes")),
             team_id=team.id,
+            user_rpm=_int("user_rpm", body.get("user_rpm")),
+            user_tpm=_int("user_tpm", body.get("user_tpm")),
+            user_budget_tokens=_int("user_budget_tokens", body.get("user_budget_tokens")),
         )
         return _json({**key_view(key, wall_clock()), "secret": secret}, status=201)
 

@@ -37,6 +37,7 @@ from llmgw.router.apis import ClientApi, engine_routes
 from llmgw.router.apis import count_tokens as counting
 from llmgw.router.apis.messages import MessagesApi
 from llmgw.router.apis.responses import ResponsesApi
+from llmgw.router.end_users import end_user_of
 from llmgw.router.endpoints import EndpointPool
 from llmgw.router.errors import (
     BodyTooLarge,
@@ -459,6 +460,7 @@ class RouterApp:
                 principal.check_model(req.model, self._model_names(req.model))
             except AuthError as exc:
                 raise _refused(exc) from None
+            req.end_user = end_user_of(req.body)
             ticket = self._ticket(principal, headers)
         except RouterError as exc:
             self._count(path, model, "none", exc.status)
@@ -468,13 +470,19 @@ class RouterApp:
             raise
         limits = principal.limits
         team_limits = principal.team_limits
+        user_limits = principal.end_user_limits(req.end_user) if req.end_user else None
         admission: Admission | None = None
         team_admission: Admission | None = None
+        user_admission: Admission | None = None
         if limits is not None:
             try:
                 admission = await self._admit(limits, req)
                 if team_limits is not None:
                     team_admission = await self._admit_team(limits, admission, team_limits, req)
+                if user_limits is not None:
+                    user_admission = await self._admit_end_user(
+                        (limits, admission), (team_limits, team_admission), user_limits, req
+                    )
             except LimitExceeded as exc:
                 self._record(req, principal, request_id, start, exc.status, "none", None, path)
                 self._count(path, model, "none", exc.status)
@@ -518,6 +526,8 @@ class RouterApp:
                 await self._limiter.settle(limits, admission, used)
                 if team_limits is not None and team_admission is not None:
                     await self._limiter.settle(team_limits, team_admission, used)
+                if user_limits is not None and user_admission is not None:
+                    await self._limiter.settle(user_limits, user_admission, used)
 
     async def _admit(self, limits: KeyLimits, req: ParsedRequest) -> Admission:
         tracer = _recording(self._tracer)
@@ -539,6 +549,23 @@ class RouterApp:
             return await self._admit(team_limits, req)
         except (LimitExceeded, StoreError):
             await self._limiter.release(limits, admission)
+            raise
+
+    async def _admit_end_user(
+        self,
+        key: tuple[KeyLimits, Admission],
+        team: tuple[KeyLimits | None, Admission | None],
+        user_limits: KeyLimits,
+        req: ParsedRequest,
+    ) -> Admission:
+        """Admit against the end user's limits too; a refusal gives the key's and the
+        team's admissions back, so a refused request is charged to none of them."""
+        try:
+            return await self._admit(user_limits, req)
+        except (LimitExceeded, StoreError):
+            await self._limiter.release(*key)
+            if team[0] is not None and team[1] is not None:
+                await self._limiter.release(team[0], team[1])
             raise
 
     def _count(self, route: str, model: str, endpoint: str, status: int, version: str = "") -> None:
@@ -629,6 +656,7 @@ class RouterApp:
                 route=route,
                 continued=outcome.continued if outcome else 0,
                 version=outcome.version if outcome else "",
+                end_user=req.end_user,
             )
         )
 

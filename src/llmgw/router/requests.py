@@ -103,6 +103,8 @@ class ParsedRequest:
     # the attempt under way sends it (set by the proxy per attempt).
     native: NativeRequest | None = None
     served_natively: bool = False
+    # The end user the request names (`llmgw.router.end_users`); "" for none.
+    end_user: str = ""
 
     def body_for(self, engine_path: str) -> bytes:
         """The body to send to an engine at `engine_path` (the same, unless an engine

@@ -60,6 +60,8 @@ _MAX_PREFIX = 32
 # Read-check-write rounds an update tries while other writers keep changing the key.
 _UPDATE_ATTEMPTS = 5
 _TICK = timedelta(microseconds=1)
+# The limits a key stores as counts (None: no limit); none may be negative.
+_LIMITS = ("rpm", "tpm", "budget_tokens", "user_rpm", "user_tpm", "user_budget_tokens")
 
 
 def new_key_id() -> str:
@@ -102,6 +104,9 @@ class KeyRepository:
             max_queue_wait=spec.max_queue_wait,
             scopes=spec.scopes,
             team_id=spec.team_id,
+            user_rpm=spec.user_rpm,
+            user_tpm=spec.user_tpm,
+            user_budget_tokens=spec.user_budget_tokens,
             created_at=now,
             updated_at=now,
             revoked_at=None,
@@ -318,7 +323,7 @@ def _validate(spec: NewApiKey) -> None:
     if not spec.name or len(spec.name) > _MAX_NAME:
         raise InvalidValue(f"key name must be 1 to {_MAX_NAME} characters, got {spec.name!r}")
     _validate_secret(spec.prefix, spec.secret_hash)
-    for field in ("rpm", "tpm", "budget_tokens"):
+    for field in _LIMITS:
         value = getattr(spec, field)
         if value is not None and value < 0:
             raise InvalidValue(f"{field} must be zero or more (or unset for no limit), got {value}")
@@ -368,11 +373,11 @@ def _validate_changes(changes: KeyChanges) -> None:
         raise InvalidValue(
             "a key update must change at least one of name, models, rpm, tpm, "
             "budget_tokens, budget_period, expires_at, admin_role, priority, weight, "
-            "max_queue_wait, scopes or team_id"
+            "max_queue_wait, scopes, team_id, user_rpm, user_tpm or user_budget_tokens"
         )
     if isinstance(changes.name, str) and (not changes.name or len(changes.name) > _MAX_NAME):
         raise InvalidValue(f"key name must be 1 to {_MAX_NAME} characters, got {changes.name!r}")
-    for field in ("rpm", "tpm", "budget_tokens"):
+    for field in _LIMITS:
         value = changed.get(field)
         if isinstance(value, int) and value < 0:
             raise InvalidValue(f"{field} must be zero or more (or None for no limit), got {value}")
@@ -405,6 +410,9 @@ def _apply(key: ApiKey, changes: KeyChanges, *, now: datetime) -> ApiKey:
         max_queue_wait=_pick(changes.max_queue_wait, key.max_queue_wait),
         scopes=_pick(changes.scopes, key.scopes),
         team_id=_pick(changes.team_id, key.team_id),
+        user_rpm=_pick(changes.user_rpm, key.user_rpm),
+        user_tpm=_pick(changes.user_tpm, key.user_tpm),
+        user_budget_tokens=_pick(changes.user_budget_tokens, key.user_budget_tokens),
         updated_at=now,
     )
     if after.budget_tokens is not None and after.budget_period is None:
@@ -493,6 +501,9 @@ def _to_row(key: ApiKey) -> dict[str, Any]:
         "max_queue_wait": key.max_queue_wait,
         "scopes": list(key.scopes) or None,
         "team_id": key.team_id,
+        "user_rpm": key.user_rpm,
+        "user_tpm": key.user_tpm,
+        "user_budget_tokens": key.user_budget_tokens,
     }
 
 
@@ -518,4 +529,7 @@ def _from_row(row: RowMapping) -> ApiKey:
         max_queue_wait=row["max_queue_wait"],
         scopes=tuple(cast("list[KeyScope]", row["scopes"] or ())),
         team_id=row["team_id"],
+        user_rpm=row["user_rpm"],
+        user_tpm=row["user_tpm"],
+        user_budget_tokens=row["user_budget_tokens"],
     )

@@ -32,6 +32,8 @@ ADMIN_ROLES: tuple[AdminRole, ...] = ("admin", "operator", "viewer")
 # The longest model name a usage record holds; the router refuses requests naming
 # a longer one, so every request it records fits.
 MAX_MODEL_CHARS = 256
+# The longest end user (a request's `user`) the router accepts and a usage record holds.
+MAX_END_USER_CHARS = 256
 KEY_PRIORITIES: tuple[KeyPriority, ...] = ("interactive", "default", "batch")
 
 # A user's role in a team: `team-admin` manages the team's keys and sees its usage;
@@ -39,8 +41,8 @@ KEY_PRIORITIES: tuple[KeyPriority, ...] = ("interactive", "default", "batch")
 TeamRole = Literal["team-admin", "member"]
 TEAM_ROLES: tuple[TeamRole, ...] = ("team-admin", "member")
 
-UsageDimension = Literal["hour", "day", "team", "key", "model"]
-USAGE_DIMENSIONS: tuple[UsageDimension, ...] = ("hour", "day", "team", "key", "model")
+UsageDimension = Literal["hour", "day", "team", "key", "end-user", "model"]
+USAGE_DIMENSIONS: tuple[UsageDimension, ...] = ("hour", "day", "team", "key", "end-user", "model")
 
 
 def utc_now() -> datetime:
@@ -87,6 +89,10 @@ class NewApiKey:
     scopes: tuple[KeyScope, ...] = ()
     # The team the key belongs to (its id); None: no team.
     team_id: str | None = None
+    # Limits per end user of the key's application (see `ApiKey`).
+    user_rpm: int | None = None
+    user_tpm: int | None = None
+    user_budget_tokens: int | None = None
 
 
 class Keep(Enum):
@@ -128,6 +134,9 @@ class KeyChanges:
     max_queue_wait: float | Keep | None = KEEP
     scopes: tuple[KeyScope, ...] | Keep = KEEP
     team_id: str | Keep | None = KEEP
+    user_rpm: int | Keep | None = KEEP
+    user_tpm: int | Keep | None = KEEP
+    user_budget_tokens: int | Keep | None = KEEP
 
     def changed(self) -> dict[str, object]:
         """The fields that are not `KEEP`, by name, with their new values."""
@@ -167,6 +176,12 @@ class ApiKey:
     team_id: str | None = None
     # The key's team as read with the key (its limits apply to the key's requests too).
     team: Team | None = None
+    # Limits of each end user of the key's application (the `user` its requests name),
+    # counted per (key, end user): requests and tokens per minute, tokens per UTC day.
+    # None: no limit. Requests that name no end user are held to the key's limits only.
+    user_rpm: int | None = None
+    user_tpm: int | None = None
+    user_budget_tokens: int | None = None
 
     @property
     def revoked(self) -> bool:
@@ -213,6 +228,8 @@ class UsageRecord:
     continued: int = 0
     # The model version that answered, for a model with a canary ("" otherwise).
     version: str = ""
+    # The end user the request named (`user`; Anthropic `metadata.user_id`); "" for none.
+    end_user: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +252,8 @@ class UsageRow:
     day: datetime | None = None
     # The team the row's keys belong to now (None: no team, or not grouped by team).
     team_id: str | None = None
+    # The end user (None: not grouped by end user).
+    end_user: str | None = None
 
     @property
     def total_tokens(self) -> int:

@@ -38,7 +38,7 @@ from sqlalchemy import (
 from sqlalchemy.types import TypeDecorator
 
 from llmgw.store.errors import InvalidValue
-from llmgw.store.models import MAX_MODEL_CHARS
+from llmgw.store.models import MAX_END_USER_CHARS, MAX_MODEL_CHARS
 
 # Deterministic constraint names, so later migrations can refer to them on PostgreSQL.
 NAMING_CONVENTION = {
@@ -109,6 +109,11 @@ api_keys = Table(
     Column("scopes", JSON(none_as_null=True), nullable=True),
     # The team the key belongs to (teams.id); NULL: none.
     Column("team_id", String(32), nullable=True, index=True),
+    # Limits per end user of the key's application (the `user` a request names):
+    # requests and tokens per minute, tokens per UTC day. NULL: no limit.
+    Column("user_rpm", Integer, nullable=True),
+    Column("user_tpm", Integer, nullable=True),
+    Column("user_budget_tokens", BigInteger, nullable=True),
     CheckConstraint("budget_period IN ('day', 'month')", name="budget_period"),
     # Names are unique among keys that still work; a revoked key frees its name.
     Index(
@@ -139,6 +144,8 @@ usage_records = Table(
     Column("route", String(64), nullable=True),
     Column("continued", Integer, nullable=True),
     Column("version", String(64), nullable=True),
+    # The end user the request named (`user`, Anthropic `metadata.user_id`); NULL: none.
+    Column("end_user", String(MAX_END_USER_CHARS), nullable=True),
 )
 
 
@@ -163,6 +170,26 @@ def _usage_rollup(name: str, period: str) -> Table:
 
 
 usage_hourly = _usage_rollup("usage_hourly", "hour")
+
+# Requests that named an end user, summed per UTC hour, key, end user and model: the
+# report by end user, and end-user budgets (one key's end user over a day). Requests
+# without an end user are not in it.
+usage_end_users = Table(
+    "usage_end_users",
+    metadata,
+    Column("hour", UTCDateTime, nullable=False),
+    Column("key_id", String(32), nullable=False),
+    Column("end_user", String(MAX_END_USER_CHARS), nullable=False),
+    Column("model", String(MAX_MODEL_CHARS), nullable=False),
+    Column("requests", BigInteger, nullable=False),
+    Column("errors", BigInteger, nullable=False),
+    Column("prompt_tokens", BigInteger, nullable=False),
+    Column("completion_tokens", BigInteger, nullable=False),
+    Column("latency_ms_sum", Float, nullable=False),
+    PrimaryKeyConstraint("hour", "key_id", "end_user", "model"),
+    # An end-user budget reads one key's end user over a day.
+    Index("ix_usage_end_users_key_id_end_user_hour", "key_id", "end_user", "hour"),
+)
 # The same sums per UTC day: reports over whole days read these, 24x fewer rows
 # than the hours when traffic is steady (`UsageRepository.query` splits a range).
 usage_daily = _usage_rollup("usage_daily", "day")

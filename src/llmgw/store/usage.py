@@ -55,6 +55,7 @@ from sqlalchemy.sql.dml import Insert
 from llmgw.store.engine import transaction
 from llmgw.store.errors import InvalidValue, StoreError
 from llmgw.store.models import (
+    MAX_END_USER_CHARS,
     MAX_MODEL_CHARS,
     USAGE_DIMENSIONS,
     UsageDimension,
@@ -63,7 +64,14 @@ from llmgw.store.models import (
     require_aware,
     truncate_to_hour,
 )
-from llmgw.store.tables import UTCDateTime, api_keys, usage_daily, usage_hourly, usage_records
+from llmgw.store.tables import (
+    UTCDateTime,
+    api_keys,
+    usage_daily,
+    usage_end_users,
+    usage_hourly,
+    usage_records,
+)
 
 # The roll-ups' key_id for requests made without a key (open mode).
 NO_KEY = ""
@@ -76,7 +84,7 @@ _ROUTE_CHARS = 64
 _VERSION_CHARS = 64
 _MAX_INT = 2**31 - 1  # status and token counts are 32-bit integers on PostgreSQL
 _SUMMED = ("requests", "errors", "prompt_tokens", "completion_tokens", "latency_ms_sum")
-_DIMENSION_OF = {"team_id": "team", "key_id": "key", "model": "model"}
+_DIMENSION_OF = {"team_id": "team", "key_id": "key", "end_user": "end-user", "model": "model"}
 _DAY = timedelta(days=1)
 _LAST_HOUR = timedelta(hours=23)  # from midnight to the day's last hour
 
@@ -86,8 +94,9 @@ class UsageRepository:
 
     def __init__(self, *, engine: AsyncEngine) -> None:
         self._engine = engine
-        self._upsert_hourly = _upsert(engine.dialect.name, usage_hourly, "hour")
-        self._upsert_daily = _upsert(engine.dialect.name, usage_daily, "day")
+        self._upsert_hourly = _upsert(engine.dialect.name, usage_hourly)
+        self._upsert_daily = _upsert(engine.dialect.name, usage_daily)
+        self._upsert_end_users = _upsert(engine.dialect.name, usage_end_users)
 
     async def record_batch(self, records: Sequence[UsageRecord]) -> None:
         """Store the records and add them to the hourly roll-ups, atomically.
@@ -102,12 +111,15 @@ class UsageRepository:
         raw = [_raw_row(r) for r in records]
         hourly = _roll_up(records, "hour", truncate_to_hour)
         daily = _roll_up(records, "day", truncate_to_day)
+        end_users = _roll_up_end_users(records)
         what = f"recording {len(records)} usage records"
         try:
             async with transaction(self._engine, what) as conn:
                 await conn.execute(usage_records.insert(), raw)
                 await conn.execute(self._upsert_hourly, hourly)
                 await conn.execute(self._upsert_daily, daily)
+                if end_users:
+                    await conn.execute(self._upsert_end_users, end_users)
         except IntegrityError as exc:
             raise InvalidValue(
                 f"{what} failed: the database refused a record ({exc.orig})"
@@ -163,6 +175,13 @@ class UsageRepository:
         rows = await self.query(team_id=team_id, since=since, group_by=())
         return sum(r.prompt_tokens + r.completion_tokens for r in rows)
 
+    async def end_user_tokens_used(self, key_id: str, end_user: str, since: datetime) -> int:
+        """Prompt + completion tokens of end user `end_user` of key `key_id` from the hour
+        containing `since` on (whole hours, as `tokens_used`)."""
+        require_aware("since", since)
+        rows = await self.query(key_id=key_id, end_user=end_user, since=since, group_by=())
+        return sum(r.prompt_tokens + r.completion_tokens for r in rows)
+
     async def query(
         self,
         *,
@@ -172,6 +191,8 @@ class UsageRepository:
         until: datetime | None = None,
         group_by: Sequence[UsageDimension] = ("key", "model"),
         team_id: str | None = None,
+        end_user: str | None = None,
+        top: int | None = None,
     ) -> list[UsageRow]:
         """Usage summed from the roll-ups, one row per group, ordered by the groups.
 
@@ -183,14 +204,40 @@ class UsageRepository:
         single total row (none if nothing matched). Without "hour", whole days are
         read from the daily roll-ups. `team_id` keeps the keys that belong to that
         team now (a key moved to another team takes its past usage with it).
+        "end-user" (and `end_user`, which keeps one end user) reads the end users'
+        hourly roll-up instead: only requests that named an end user are in it.
+        `top` keeps only the groups with the most tokens, most first (a page showing
+        the top end users reads that many rows, not one per end user).
         """
         dims = _check_dimensions(group_by)
         require_aware("since", since)
         require_aware("until", until)
         dialect = self._engine.dialect.name
-        names = [name for name in ("team_id", "key_id", "model") if _DIMENSION_OF[name] in dims]
+        names = [
+            name
+            for name in ("team_id", "key_id", "end_user", "model")
+            if _DIMENSION_OF[name] in dims
+        ]
         start = truncate_to_hour(since) if since is not None else None
-        if "hour" in dims:
+        if "end-user" in dims or end_user is not None:
+            time_name = "hour" if "hour" in dims else "day" if "day" in dims else None
+            picked = [time_name, *names] if time_name is not None else names
+            parts = [
+                _part(
+                    dialect,
+                    usage_end_users,
+                    "hour",
+                    start,
+                    until,
+                    key_id,
+                    model,
+                    picked,
+                    team_id,
+                    end_user,
+                )
+            ]
+            names = picked
+        elif "hour" in dims:
             parts = [
                 _part(
                     dialect,
@@ -214,7 +261,14 @@ class UsageRepository:
             ]
         source = parts[0].subquery() if len(parts) == 1 else union_all(*parts).subquery()
         grouped = [source.c[name] for name in names]
-        stmt = select(*grouped, *_sums(source.c)).group_by(*grouped).order_by(*grouped)
+        stmt = select(*grouped, *_sums(source.c)).group_by(*grouped)
+        if top is None:
+            stmt = stmt.order_by(*grouped)
+        else:
+            if top < 1:
+                raise InvalidValue(f"top must be at least 1, not {top}")
+            tokens = func.sum(source.c.prompt_tokens) + func.sum(source.c.completion_tokens)
+            stmt = stmt.order_by(tokens.desc(), *grouped).limit(top)
         async with transaction(self._engine, "reading usage") as conn:
             rows = [row._mapping for row in await conn.execute(stmt)]
         return [_usage_row(row, dims) for row in rows if row["requests"]]
@@ -271,10 +325,11 @@ def _record(row: Any) -> UsageRecord:
         route=row["route"] or "",
         continued=int(row["continued"] or 0),
         version=row["version"] or "",
+        end_user=row["end_user"] or "",
     )
 
 
-def _upsert(dialect: str, table: Table, time_column: str) -> Insert:
+def _upsert(dialect: str, table: Table) -> Insert:
     stmt: sqlite.Insert | postgresql.Insert
     if dialect == "sqlite":
         stmt = sqlite.insert(table)
@@ -283,10 +338,9 @@ def _upsert(dialect: str, table: Table, time_column: str) -> Insert:
     else:
         raise StoreError(f"usage roll-ups need SQLite or PostgreSQL, not {dialect}")
     increments = {name: table.c[name] + stmt.excluded[name] for name in _SUMMED}
-    return stmt.on_conflict_do_update(
-        index_elements=[table.c[time_column], table.c.key_id, table.c.model],
-        set_=increments,
-    )
+    # The primary key's columns, in its order: (time, key_id[, end_user], model).
+    index = [column for column in table.primary_key.columns]
+    return stmt.on_conflict_do_update(index_elements=index, set_=increments)
 
 
 def truncate_to_day(ts: datetime) -> datetime:
@@ -333,6 +387,7 @@ def _part(
     model: str | None,
     names: Sequence[str],
     team_id: str | None = None,
+    end_user: str | None = None,
 ) -> Select[Any]:
     """The rows of one table in [lo, hi), with the grouped columns ("hour", "day" named so)."""
     picked = [_grouped(dialect, table, column, name) for name in names]
@@ -344,6 +399,8 @@ def _part(
         stmt = stmt.where(table.c.key_id == key_id)
     if model is not None:
         stmt = stmt.where(table.c.model == model)
+    if end_user is not None:
+        stmt = stmt.where(table.c.end_user == end_user)
     if team_id is not None:
         stmt = stmt.where(
             table.c.key_id.in_(select(api_keys.c.id).where(api_keys.c.team_id == team_id))
@@ -365,6 +422,7 @@ def _check_record(r: UsageRecord) -> None:
         ("endpoint", r.endpoint, _ENDPOINT_CHARS),
         ("route", r.route, _ROUTE_CHARS),
         ("version", r.version, _VERSION_CHARS),
+        ("end_user", r.end_user, MAX_END_USER_CHARS),
     ):
         problem = _string_problem(value, limit)
         if problem is not None:
@@ -438,6 +496,7 @@ def _raw_row(r: UsageRecord) -> dict[str, Any]:
         "route": r.route or None,
         "continued": r.continued or None,
         "version": r.version or None,
+        "end_user": r.end_user or None,
     }
 
 
@@ -489,6 +548,37 @@ def _roll_up(
     ]
 
 
+def _roll_up_end_users(records: Sequence[UsageRecord]) -> list[dict[str, Any]]:
+    """The records that name an end user, summed per hour, key, end user and model."""
+    sums: dict[tuple[datetime, str, str, str], list[float]] = {}
+    for r in records:
+        if not r.end_user:
+            continue
+        group = (truncate_to_hour(r.ts), r.key_id or NO_KEY, r.end_user, r.model)
+        acc = sums.get(group)
+        if acc is None:
+            acc = sums[group] = [0, 0, 0, 0, 0.0]
+        acc[0] += 1
+        acc[1] += 1 if r.status >= 400 else 0
+        acc[2] += r.prompt_tokens
+        acc[3] += r.completion_tokens
+        acc[4] += r.latency_ms
+    return [
+        {
+            "hour": hour,
+            "key_id": key,
+            "end_user": end_user,
+            "model": model,
+            "requests": int(acc[0]),
+            "errors": int(acc[1]),
+            "prompt_tokens": int(acc[2]),
+            "completion_tokens": int(acc[3]),
+            "latency_ms_sum": acc[4],
+        }
+        for (hour, key, end_user, model), acc in sorted(sums.items(), key=lambda item: item[0])
+    ]
+
+
 def _sums(columns: Any) -> list[ColumnElement[Any]]:
     out: list[ColumnElement[Any]] = []
     for name in _SUMMED:
@@ -525,4 +615,5 @@ def _usage_row(row: Any, dims: frozenset[UsageDimension]) -> UsageRow:
         latency_ms_sum=float(row["latency_ms_sum"]),
         day=row["day"] if "day" in dims else None,
         team_id=row["team_id"] if "team" in dims else None,
+        end_user=row["end_user"] if "end-user" in dims else None,
     )

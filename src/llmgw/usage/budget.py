@@ -9,12 +9,13 @@ from the recorder (`UsageRecorder.unwritten_tokens`), so a budget counts what
 was served whether or not its records landed.
 
 A team's budget (`key_id` "team:" and the team's id, see `llmgw.limits`) is
-read as the stored tokens of every key that belongs to the team now.
+read as the stored tokens of every key that belongs to the team now; an end
+user's ("user:KEY:END_USER") as the stored tokens of that end user of that key.
 
 Not guaranteed: that other processes' unwritten tokens count here (each process
 adds its own; Redis-shared budgets keep their own counters), nor that dropped
 records count after this process restarts, nor that unwritten tokens count
-towards a team's budget (only its stored tokens do; with Redis, its shared
+towards a team's or an end user's budget (only their stored tokens do; with Redis, its shared
 counter holds every admitted request).
 """
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Protocol
 
-from llmgw.limits import TEAM_PREFIX
+from llmgw.limits import TEAM_PREFIX, split_end_user
 
 
 class StoredUsage(Protocol):
@@ -32,6 +33,8 @@ class StoredUsage(Protocol):
     async def tokens_used(self, key_id: str, since: datetime) -> int: ...
 
     async def team_tokens_used(self, team_id: str, since: datetime) -> int: ...
+
+    async def end_user_tokens_used(self, key_id: str, end_user: str, since: datetime) -> int: ...
 
 
 class UnwrittenUsage(Protocol):
@@ -52,6 +55,9 @@ class RecordedUsage:
         containing `since` on."""
         if key_id.startswith(TEAM_PREFIX):
             return await self._stored.team_tokens_used(key_id[len(TEAM_PREFIX) :], since)
+        end_user = split_end_user(key_id)
+        if end_user is not None:
+            return await self._stored.end_user_tokens_used(*end_user, since)
         stored = await self._stored.tokens_used(key_id, since)
         # Read after the store answered: a batch written meanwhile has left the tally.
         return stored + self._unwritten.unwritten_tokens(key_id, since)

@@ -28,6 +28,8 @@ def usage_row_view(
     if "key" in group_by:
         out["key_id"] = row.key_id
         out["key_name"] = names.get(row.key_id) if row.key_id is not None else None
+    if "end-user" in group_by:
+        out["end_user"] = row.end_user
     if "model" in group_by:
         out["model"] = row.model
     out.update(
@@ -60,4 +62,5 @@ def usage_record_view(record: UsageRecord, names: Mapping[str, str]) -> dict[str
         "queue_ms": round(record.queue_ms, 3),
         "continued": record.continued,
         "version": record.version or None,
+        "end_user": record.end_user or None,
     }

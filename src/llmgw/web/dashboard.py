@@ -8,10 +8,11 @@ API port through the portal:
     GET  /admin/nodes                 nodes (?q= filter, ?page=, GPU rows folded); drain / undrain
     GET  /admin/models                models and their state; add one
     GET  /admin/models/{name}         one model: replicas, failure + output tail, placement
-    GET  /admin/usage, /usage.csv     tokens and requests by key, model and hour
+    GET  /admin/usage, /usage.csv     tokens and requests by key, team, end user, model and hour
     GET  /admin/keys                  keys; create, edit, revoke, rotate
     GET  /admin/keys/{ref}/edit       one key's edit form (htmx only), outside the live part
     GET  /admin/events                recent decisions and transitions
+    GET  /admin/teams/{team}          a team's keys and usage (`llmgw.web.team_page`)
     GET  /admin/static/{file}         htmx and the stylesheet, from the package
     POST (see `llmgw.web.actions`)    the changes, answered with a message fragment
 
@@ -57,6 +58,7 @@ from llmgw.web.nodes_page import (
 )
 from llmgw.web.render import Renderer
 from llmgw.web.sources import DashboardSources
+from llmgw.web.team_page import TeamPages
 from llmgw.web.usage_page import (
     UsageInputError,
     parse_by,
@@ -77,7 +79,13 @@ NAV: tuple[tuple[str, str, str], ...] = (
 )
 # Paths the portal forwards to the admin app (besides /admin/api/).
 _PAGE_PATHS = frozenset(href for _, href, _ in NAV) | {"/admin/usage.csv"}
-_PAGE_PREFIXES = ("/admin/nodes/", "/admin/models/", "/admin/keys/", "/admin/static/")
+_PAGE_PREFIXES = (
+    "/admin/nodes/",
+    "/admin/models/",
+    "/admin/keys/",
+    "/admin/static/",
+    "/admin/teams/",
+)
 # htmx settings: no eval, no inline indicator styles (the CSP forbids both), and
 # 4xx answers are swapped in too, so an action's error message shows on the page.
 HTMX_CONFIG: dict[str, object] = {
@@ -342,7 +350,21 @@ def create_dashboard_routes(
     """
     dashboard = Dashboard(sources=sources, refresh_seconds=refresh_seconds)
     actions = Actions(sources=sources, renderer=dashboard.renderer)
+    team_routes: list[BaseRoute] = []
+    if sources.team_pages is not None:
+        teams = TeamPages(
+            sources=sources.team_pages,
+            actions=actions,
+            page=dashboard.page,
+            wall_clock=sources.wall_clock,
+        )
+        team_routes = [
+            Route("/admin/teams/{team}", teams.page, methods=["GET"]),
+            Route("/admin/teams/{team}/keys", teams.create_key, methods=["POST"]),
+            Route("/admin/teams/{team}/keys/{key}/revoke", teams.revoke_key, methods=["POST"]),
+        ]
     return [
+        *team_routes,
         Route("/admin/", dashboard.overview, methods=["GET"]),
         Route("/admin/nodes", dashboard.nodes, methods=["GET"]),
         Route("/admin/nodes/{node_id:path}/drain", actions.drain, methods=["POST"]),

@@ -23,8 +23,9 @@ without a valid session gets a 303 to the login page (browsers), a 401 with
 ended goes to the login), or a 401 (API clients); a user without an admin role
 gets 403 and no cluster data, and a user whose role may not do what is asked
 gets 403 naming the role. A user without the role may still reach their own
-team's keys and usage under `/admin/api/teams/T/` when their team role allows it
-(`llmgw.auth.teams`; `teams`). POST, PUT, PATCH and DELETE need the session's CSRF
+team's keys and usage under `/admin/api/teams/T/`, and its page `/admin/teams/T`,
+when their team role allows it (`llmgw.auth.teams`; `teams`), and the dashboard's
+static files. POST, PUT, PATCH and DELETE need the session's CSRF
 token in `X-CSRF-Token` (or a `csrf_token` form field); the cookie alone, which
 a browser attaches by itself, is never enough.
 
@@ -108,6 +109,7 @@ FORM_BODY_LIMIT = 64 * 1024
 # For the browser guard in front of the portal: the forms the portal checks itself
 # (origin, CSRF token) and the read that answers the session's CSRF token.
 FORM_PATHS = frozenset({LOGIN, LOGOUT})
+STATIC_PREFIX = "/admin/static/"
 SECRET_READS = frozenset({SESSION_API})
 _READ = frozenset({"GET", "HEAD"})
 _UNSAFE = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -200,7 +202,10 @@ class AdminPortal:
                 return _not_allowed(method, path, "GET")
             return json_response(_session_view(logged_in))
         role = logged_in.user.admin_role
-        if not may(role, method, path) and not (
+        # The dashboard's stylesheet and scripts hold no data: every logged-in user's pages
+        # need them (a team's page, for a user without an admin role).
+        static = method in _READ and path.startswith(STATIC_PREFIX)
+        if not (static or may(role, method, path)) and not (
             self._teams is not None and await self._teams.allows(logged_in.user.name, method, path)
         ):
             return self._not_allowed(scope, headers, logged_in, method, path)

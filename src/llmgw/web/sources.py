@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+from llmgw.auth import KeyService, TeamAccess
 from llmgw.metrics import HistoryPoint
-from llmgw.store import KEEP, ApiKey, Keep, UsageDimension, UsageRow
+from llmgw.store import KEEP, ApiKey, Keep, Team, UsageDimension, UsageRepository, UsageRow
 
 Json = dict[str, Any]
 
@@ -93,7 +94,30 @@ class UsageSource(Protocol):
         since: datetime | None = None,
         until: datetime | None = None,
         group_by: Sequence[UsageDimension] = ("key", "model"),
+        top: int | None = None,
     ) -> list[UsageRow]: ...
+
+
+class TeamNames(Protocol):
+    """`llmgw.store.TeamRepository` satisfies this."""
+
+    async def list(self) -> builtins.list[Team]: ...
+
+
+class TeamFinder(Protocol):
+    """`llmgw.store.TeamRepository` satisfies this."""
+
+    async def find(self, ref: str) -> Team | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TeamPageSources:
+    """What the team pages (`llmgw.web.team_page`) read and change."""
+
+    access: TeamAccess
+    teams: TeamFinder
+    keys: KeyService
+    usage: UsageRepository
 
 
 class HistorySource(Protocol):
@@ -128,7 +152,8 @@ class DashboardSources:
       remove_model(name)                DELETE /admin/api/models/{name}
       activate(name)                    POST /admin/api/models/{name}/activate
     Store-backed (their own exceptions: `KeyInputError`, `StoreError`):
-      keys, usage
+      keys, usage, teams (for the team names of usage by team; None: no teams),
+      team_pages (a team's keys and usage at /admin/teams/T; None: no such pages)
     Metrics:
       history           the router's last hour (requests/s, error rate, TTFT)
       wall_clock        aware UTC now, for usage ranges and key states
@@ -160,3 +185,6 @@ class DashboardSources:
     agent_listener: Json = field(default_factory=lambda: {"mode": "off", "text": ""})
     # This router's queue for a model (GET /admin/api/queue's entry); None: nothing known.
     queue: Callable[[str], Json | None] = field(default=lambda name: None)
+    teams: TeamNames | None = None
+    # The team pages (/admin/teams/T); None: the dashboard has none.
+    team_pages: TeamPageSources | None = None

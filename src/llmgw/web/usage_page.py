@@ -1,4 +1,5 @@
-"""The usage page and its CSV export: tokens and requests by key, by model and over time.
+"""The usage page and its CSV export: tokens and requests by key, by team, by end user,
+by model and over time.
 
 Rows come from the usage repository's roll-ups through the same
 `usage_row_view` the admin API's `/admin/api/usage` and `llmgw usage --json`
@@ -38,6 +39,8 @@ PRESETS: dict[str, timedelta] = {
 DEFAULT_PRESET = "24h"
 DIMENSIONS: tuple[str, ...] = get_args(UsageDimension)
 TOP = 10
+# End users shown on the page (the CSV by end user has them all).
+END_USER_ROWS = 50
 # Ranges longer than this are charted per day.
 HOURLY_CHART_LIMIT = timedelta(days=7)
 CSV_COLUMNS = (
@@ -106,12 +109,31 @@ def parse_by(text: str) -> tuple[UsageDimension, ...]:
 
 
 async def usage_rows(
-    sources: DashboardSources, span: UsageRange, by: Sequence[UsageDimension]
+    sources: DashboardSources,
+    span: UsageRange,
+    by: Sequence[UsageDimension],
+    top: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Rows as `/admin/api/usage` gives them; raises the store's `StoreError`."""
-    rows = await sources.usage.query(since=span.since, until=span.until, group_by=by)
+    """Rows as `/admin/api/usage` gives them (the `top` by tokens when given); raises the
+    store's `StoreError`."""
+    rows = await sources.usage.query(since=span.since, until=span.until, group_by=by, top=top)
     names = {k.id: k.name for k in await sources.keys.list(include_revoked=True)}
-    return [usage_row_view(r, by, names) for r in rows]
+    team_names = (
+        {t.id: t.name for t in await sources.teams.list()}
+        if sources.teams is not None and "team" in by and rows
+        else {}
+    )
+    return [usage_row_view(r, by, names, team_names) for r in rows]
+
+
+def team_label(row: Mapping[str, Any]) -> str:
+    if row.get("team"):
+        return str(row["team"])
+    return str(row["team_id"]) if row.get("team_id") else "(no team)"
+
+
+def end_user_label(row: Mapping[str, Any]) -> str:
+    return f"{row['end_user']} · {key_label(row)}"
 
 
 def key_label(row: Mapping[str, Any]) -> str:
@@ -184,18 +206,27 @@ async def usage_page(sources: DashboardSources, span: UsageRange) -> dict[str, A
     """The page's context; raises the store's `StoreError`."""
     by_key = await usage_rows(sources, span, ("key",))
     by_model = await usage_rows(sources, span, ("model",))
+    by_team = await usage_rows(sources, span, ("team",))
+    by_end_user = await usage_rows(sources, span, ("key", "end-user"), top=END_USER_ROWS)
     step = chart_step(span)
     over_time = await usage_rows(sources, span, (step,))
     for row in by_key:
         row["label"] = key_label(row)
     for row in by_model:
         row["label"] = row["model"]
+    for row in by_team:
+        row["label"] = team_label(row)
+    for row in by_end_user:
+        row["label"] = end_user_label(row)
     totals = {c: sum(r[c] for r in by_model) for c in CSV_COLUMNS if c != "mean_latency_ms"}
     return {
         "span": span,
         "presets": list(PRESETS),
         "by_key": sorted(by_key, key=lambda r: r["total_tokens"], reverse=True),
         "by_model": sorted(by_model, key=lambda r: r["total_tokens"], reverse=True),
+        "by_team": sorted(by_team, key=lambda r: r["total_tokens"], reverse=True),
+        # The top end users only (read so from the store): an application may have millions.
+        "by_end_user": sorted(by_end_user, key=lambda r: r["total_tokens"], reverse=True),
         "key_bars": _bars(by_key, "label"),
         "model_bars": _bars(by_model, "label"),
         "charts": _charts(over_time, span, step),
@@ -216,8 +247,12 @@ def usage_csv(rows: Sequence[Mapping[str, Any]], by: Sequence[UsageDimension]) -
         columns.append("hour")
     if "day" in by:
         columns.append("day")
+    if "team" in by:
+        columns += ["team_id", "team"]
     if "key" in by:
         columns += ["key_id", "key_name"]
+    if "end-user" in by:
+        columns.append("end_user")
     if "model" in by:
         columns.append("model")
     columns += CSV_COLUMNS
