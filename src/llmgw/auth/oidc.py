@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-import httpx
+import httpx2
 from authlib.integrations.base_client.errors import OAuthError
 from authlib.integrations.httpx_client import AsyncOAuth2Client
 from authlib.oidc.core import CodeIDToken
@@ -138,7 +138,7 @@ class ProviderMetadata:
     def __init__(
         self,
         *,
-        client: httpx.AsyncClient,
+        client: AsyncOAuth2Client,
         issuer: str,
         clock: Callable[[], float],
         metadata_ttl: float = 3600.0,
@@ -192,8 +192,8 @@ class ProviderMetadata:
 
     async def _get_json(self, url: str, what: str) -> dict[str, Any]:
         try:
-            response = await self._client.get(url)
-        except httpx.HTTPError as exc:
+            response = await self._client.request("GET", url, withhold_token=True)
+        except httpx2.HTTPError as exc:
             raise ProviderUnavailable(
                 f"cannot reach the identity provider for {what} ({url}): {exc}; "
                 "try again shortly, or check auth.oidc.issuer"
@@ -299,7 +299,7 @@ class SingleSignOn:
                 f"the identity provider refused the sign-in code ({exc.error}: "
                 f"{exc.description or 'no description'}); start again from the login page"
             ) from exc
-        except httpx.HTTPError as exc:
+        except httpx2.HTTPError as exc:
             raise ProviderUnavailable(
                 f"cannot reach the identity provider's token endpoint: {exc}; try again shortly"
             ) from exc
