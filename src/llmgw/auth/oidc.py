@@ -98,11 +98,10 @@ class ProviderUnavailable(SsoError):
 
 @dataclass(frozen=True, slots=True)
 class SsoSettings:
-    """What `auth.oidc` says, with the client secret read from its file."""
+    """What `auth.oidc` says (the client secret lives in the HTTP client only)."""
 
     issuer: str
     client_id: str
-    client_secret: str
     scopes: Sequence[str]
     groups_claim: str
     allowed_domains: Sequence[str]

@@ -77,7 +77,6 @@ def build_sso(
     settings = SsoSettings(
         issuer=oidc.issuer,
         client_id=oidc.client_id,
-        client_secret=client.client_secret,
         scopes=tuple(oidc.scopes),
         groups_claim=oidc.groups_claim,
         allowed_domains=tuple(oidc.allowed_domains),
