@@ -103,7 +103,15 @@ def test_a_user_signs_in_gets_the_role_of_their_groups_and_logs_out(
             llmgw("users", "list", "--data-dir", str(server.data_dir)),
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
-        assert "ann@example.com" in listed.stdout, listed.stdout + listed.stderr
+        (row,) = [line for line in listed.stdout.splitlines() if "ann@example.com" in line]
+        assert row.split()[:3] == ["ann@example.com", "operator", "sso"], listed.stdout
+        passwd = subprocess.run(
+            llmgw("users", "passwd", "ann@example.com", "--password-stdin",
+                  "--data-dir", str(server.data_dir)),
+            input=PASSWORD + "\n", capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert passwd.returncode != 0
+        assert "signs in through single sign-on and has no password here" in passwd.stderr
         out = client.post("/admin/logout", headers={"X-CSRF-Token": session["csrf_token"]})
         assert out.status_code == 303
         assert client.get("/admin/api/session").status_code == 401
@@ -172,6 +180,22 @@ def test_a_replayed_state_is_refused(server: Server, issuer: OidcIssuer) -> None
         assert forged.status_code == 400 and "not known here" in forged.text
         # One token request only: the replays never reached the provider.
         assert issuer.token_requests == 1
+
+
+def test_a_refusal_at_the_provider_is_shown(server: Server, issuer: OidcIssuer) -> None:
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        callback = httpx.URL(start_sign_in(client, issuer))
+        answer = client.get(
+            "/admin/oidc/callback",
+            params={
+                "error": "access_denied",
+                "error_description": "the user said no",
+                "state": callback.params["state"],
+            },
+        )
+        assert answer.status_code == 403
+        assert "did not sign you in (access_denied: the user said no)" in answer.text
+        assert client.get("/admin/api/session").status_code == 401
 
 
 def test_a_rotated_signing_key_is_fetched_again(server: Server, issuer: OidcIssuer) -> None:
