@@ -285,3 +285,25 @@ def test_config_errors_name_the_field_and_file(tmp_path: Path, issuer: OidcIssue
     assert f"{config}: auth.oidc.client_secret_file: " in result.stderr
     assert "missing-secret does not exist" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_provider_that_is_down_gets_a_page_saying_so(tmp_path: Path) -> None:
+    secret = tmp_path / "client-secret"
+    secret.write_text(CLIENT_SECRET + "\n")
+    # A provider that was there once and is gone: its port no longer answers.
+    with OidcIssuer() as gone:
+        settings = sso_config(gone, str(secret))
+    issuer_url = gone.url
+    config = tmp_path / "llmgw.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    server = Server("--endpoint", ENDPOINT, "--config", str(config), wait_ready=False)
+    try:
+        answer = httpx.get(server.url + "/admin/oidc/login", timeout=30)
+        assert answer.status_code == 502
+        assert "cannot reach the identity provider" in answer.text
+        assert issuer_url in answer.text
+        assert "Back to the login page" in answer.text
+        # Password logins still work beside it.
+        assert httpx.get(server.url + "/admin/login", timeout=30).status_code == 200
+    finally:
+        server.proc.stop()
