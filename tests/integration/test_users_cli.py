@@ -67,8 +67,8 @@ def test_create_list_passwd_disable(tmp_path: Path) -> None:
     assert (alice["admin_role"], bob["admin_role"]) == ("admin", None)
 
     table = ok("users", "list", data_dir=tmp_path)
-    assert table.splitlines()[0].split() == ["NAME", "ROLE", "CREATED", "STATE"]
-    assert table.splitlines()[1].split()[:2] == ["alice", "admin"]
+    assert table.splitlines()[0].split() == ["NAME", "ROLE", "LOGIN", "CREATED", "STATE"]
+    assert table.splitlines()[1].split()[:3] == ["alice", "admin", "password"]
     assert table.splitlines()[2].split()[:2] == ["bob", "none"]
     assert "argon2" not in table
     listed = json.loads(ok("users", "list", "--json", data_dir=tmp_path))

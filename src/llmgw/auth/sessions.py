@@ -76,7 +76,8 @@ class AdminSessions:
         user = None
         if 0 < len(name) <= MAX_USER_NAME:
             user = await self._users.get_by_name(name)
-        if user is None or len(password) > MAX_PASSWORD_LENGTH:
+        if user is None or user.is_sso or len(password) > MAX_PASSWORD_LENGTH:
+            # Single sign-on users have no password here: as slow as a wrong one.
             await self._passwords.verify_nobody(password)
             raise LoginFailed
         if not await self._passwords.verify(user.password_hash, password) or user.disabled:
@@ -86,6 +87,11 @@ class AdminSessions:
             # at hand only now, so upgrade it now. Other sessions stay.
             new_hash = await self._passwords.hash(password)
             user = await self._users.set_password(user.name, new_hash, end_sessions=False)
+        return await self.start(user)
+
+    async def start(self, user: User) -> tuple[str, LoggedIn]:
+        """A new session for `user`, whose identity the caller has checked (a password
+        above, or the identity provider's ID token)."""
         now = self._wall_clock()
         await self._sessions.delete_expired(now)
         token = self._new_token()

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import uvloop
+from authlib.integrations.httpx_client import AsyncOAuth2Client
 from prometheus_client import CollectorRegistry
 
 from llmgw import __version__
@@ -53,6 +54,7 @@ from llmgw.cli.serving import (
     make_server,
     raise_open_files_limit,
 )
+from llmgw.cli.sso_wiring import SsoSetupError, build_sso, open_sso_client
 from llmgw.config import ListenAddress, ServerConfig
 from llmgw.config.routing import ScorerWeights
 from llmgw.control.adminapi import (
@@ -352,6 +354,10 @@ async def _run(
         raise StartupError(str(exc)) from exc
     if tracing is not None:
         log.info("tracing: spans go to %s (OTLP/HTTP)", tracing.endpoint)
+    try:
+        sso_client = open_sso_client(cfg, config_file)
+    except SsoSetupError as exc:
+        raise StartupError(str(exc)) from exc
     store = await _open_store(url)
     # Logins hash passwords here, never in the default executor the rest shares.
     login_pool = ThreadPoolExecutor(
@@ -366,8 +372,11 @@ async def _run(
             reload_source,
             login_pool=login_pool,
             tracing=tracing,
+            sso_client=sso_client,
         )
     finally:
+        if sso_client is not None:
+            await sso_client.aclose()
         login_pool.shutdown(wait=False, cancel_futures=True)
         await store.close()
         if tracing is not None:
@@ -432,6 +441,7 @@ async def _serve(
     *,
     login_pool: Executor,
     tracing: Tracing | None = None,
+    sso_client: AsyncOAuth2Client | None = None,
 ) -> None:
     loop = asyncio.get_running_loop()
     router_tracer = tracing.tracer("llmgw.router") if tracing is not None else None
@@ -859,6 +869,12 @@ async def _serve(
         secure_cookies=cfg.api_tls is not None,
         passwords=Passwords(executor=login_pool, max_waiting=LOGIN_HASH_WAITING),
         teams=team_access,
+        sso=(
+            build_sso(cfg, client=sso_client, store=store, clock=clock, wall_clock=utc_now)
+            if sso_client is not None
+            else None
+        ),
+        local_login=cfg.auth.local_login,
     )
     apps: dict[str, Any] = {
         "API": RouterApp(

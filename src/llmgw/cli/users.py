@@ -188,6 +188,8 @@ def list_users(
                     "role": u.admin_role,
                     "created_at": iso(u.created_at),
                     "disabled_at": iso(u.disabled_at),
+                    # Signs in through single sign-on (no password here): its issuer.
+                    "sso_issuer": u.sso_issuer,
                 }
                 for u in users
             ]
@@ -200,12 +202,13 @@ def list_users(
         [
             u.name,
             u.admin_role or "none",
+            "sso" if u.is_sso else "password",
             format_time(u.created_at),
             f"disabled {format_time(u.disabled_at)}" if u.disabled else "active",
         ]
         for u in users
     ]
-    typer.echo(render_table(["NAME", "ROLE", "CREATED", "STATE"], rows))
+    typer.echo(render_table(["NAME", "ROLE", "LOGIN", "CREATED", "STATE"], rows))
 
 
 @users_app.command("disable")

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from llmgw.config.continuation import ContinuationConfig
 from llmgw.config.models import ModelConfig
+from llmgw.config.oidc import OidcConfig
 from llmgw.config.queue import QueueConfig
 from llmgw.config.routing import RoutingConfig
 from llmgw.config.telemetry import TelemetryConfig
@@ -346,6 +347,30 @@ class AuthConfig(_Strict):
             "lock out the real user."
         ),
     )
+    local_login: bool = Field(
+        default=True,
+        description=(
+            "Whether users created with `llmgw users create` may log in with a password "
+            "on /admin. Turn it off once everyone signs in through `oidc`, so that a "
+            "leaked local password opens nothing."
+        ),
+    )
+    oidc: OidcConfig | None = Field(
+        default=None,
+        description=(
+            "Single sign-on for the dashboard through an OpenID Connect provider. "
+            "Unset: local users and passwords only."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _some_login(self) -> AuthConfig:
+        if not self.local_login and self.oidc is None:
+            raise ValueError(
+                "local_login is false and oidc is not set, so nobody could log in to the "
+                "dashboard: configure oidc, or leave local_login on"
+            )
+        return self
 
 
 class LimitsConfig(_Strict):

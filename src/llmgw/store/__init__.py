@@ -64,6 +64,7 @@ from llmgw.store.nodeids import (
     NodeIdentityRepository,
     Revocation,
 )
+from llmgw.store.oidc_logins import OidcLoginRepository, PendingLogin
 from llmgw.store.pki import (
     IssuedCertificate,
     PkiRepository,
@@ -114,6 +115,8 @@ __all__ = [
     "NodeBinding",
     "NodeIdentityRepository",
     "NotFound",
+    "OidcLoginRepository",
+    "PendingLogin",
     "PkiRepository",
     "PlacementRepository",
     "PublishedEndpoint",

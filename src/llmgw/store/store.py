@@ -28,6 +28,7 @@ from llmgw.store.leadership import LeadershipRepository
 from llmgw.store.migrate import current_revision, upgrade_engine
 from llmgw.store.models import utc_now
 from llmgw.store.nodeids import NodeIdentityRepository
+from llmgw.store.oidc_logins import OidcLoginRepository
 from llmgw.store.pki import PkiRepository
 from llmgw.store.placements import PlacementRepository
 from llmgw.store.rollouts import RolloutRepository
@@ -49,6 +50,7 @@ class Store:
         self.users = UserRepository(engine=engine, clock=clock)
         self.teams = TeamRepository(engine=engine, clock=clock)
         self.sessions = SessionRepository(engine=engine)
+        self.oidc_logins = OidcLoginRepository(engine=engine)
         self.pki = PkiRepository(engine=engine, clock=clock)
         self.nodeids = NodeIdentityRepository(engine=engine)
         self.placements = PlacementRepository(engine=engine, clock=clock)

@@ -323,6 +323,25 @@ users = Table(
     Column("disabled_at", UTCDateTime, nullable=True),
     # admin, operator or viewer (llmgw.auth.roles); NULL: may log in but see nothing.
     Column("admin_role", String(16), nullable=True),
+    # Users who sign in through OpenID Connect: the provider's issuer and the
+    # user's `sub` there (the only stable identity; e-mails change). NULL for
+    # local users. Such users have no password (an empty password_hash).
+    Column("sso_issuer", String(255), nullable=True),
+    Column("sso_subject", String(255), nullable=True),
+    Index("ix_users_sso", "sso_issuer", "sso_subject", unique=True),
+)
+
+oidc_logins = Table(
+    "oidc_logins",
+    metadata,
+    # SHA-256 (hex) of the `state` sent to the provider: a copy of the database
+    # does not let anyone finish a sign-in that is under way.
+    Column("id", String(64), primary_key=True),
+    Column("nonce", String(128), nullable=False),
+    Column("code_verifier", String(128), nullable=False),
+    Column("redirect_uri", String(1024), nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime, nullable=False, index=True),
 )
 
 admin_sessions = Table(

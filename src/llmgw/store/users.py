@@ -38,6 +38,7 @@ from llmgw.store.tables import admin_sessions, users
 MAX_USER_NAME = 64
 _MAX_HASH = 255
 _MAX_CSRF = 64
+_MAX_SSO = 255
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 _LIST_HINT = "`llmgw users list` shows the names"
 
@@ -58,10 +59,19 @@ class User:
     admin_role: AdminRole | None
     created_at: datetime
     disabled_at: datetime | None
+    # Set for users who sign in through OpenID Connect (their provider's issuer and
+    # their `sub` there); such users have no password (`password_hash` is "").
+    sso_issuer: str | None = None
+    sso_subject: str | None = None
 
     @property
     def disabled(self) -> bool:
         return self.disabled_at is not None
+
+    @property
+    def is_sso(self) -> bool:
+        """Whether the user signs in through single sign-on (and has no password)."""
+        return self.sso_subject is not None
 
     @property
     def is_admin(self) -> bool:
@@ -117,6 +127,58 @@ class UserRepository:
                 f"({_LIST_HINT}, disabled users included)"
             ) from exc
         return user
+
+    async def sign_in_sso(
+        self, *, issuer: str, subject: str, name: str, admin_role: AdminRole | None
+    ) -> User:
+        """The user `subject` of `issuer` with `admin_role`, created on first sign-in under
+        `name` (no password); the role of one who exists is replaced by `admin_role`.
+
+        `AlreadyExists` when `name` is taken by another user (local, or another
+        subject): a sign-in never takes over an account it did not create.
+        """
+        _check_name(name)
+        _check_role(admin_role)
+        if not 0 < len(issuer) <= _MAX_SSO or not 0 < len(subject) <= _MAX_SSO:
+            raise InvalidValue(f"an issuer and a subject must be 1 to {_MAX_SSO} characters")
+        found = select(users).where(users.c.sso_issuer == issuer, users.c.sso_subject == subject)
+        try:
+            async with transaction(self._engine, f"signing in user {name!r}") as conn:
+                user = await _select_user(conn, found)
+                if user is not None:
+                    await conn.execute(
+                        update(users)
+                        .where(users.c.id == user.id)
+                        .values(admin_role=admin_role, admin=admin_role == "admin")
+                    )
+                    return dataclasses.replace(user, admin_role=admin_role)
+                user = User(
+                    id=self._new_id(),
+                    name=name,
+                    password_hash="",
+                    admin_role=admin_role,
+                    created_at=self._clock(),
+                    disabled_at=None,
+                    sso_issuer=issuer,
+                    sso_subject=subject,
+                )
+                await conn.execute(users.insert().values(_user_row(user)))
+        except IntegrityError as exc:
+            raise AlreadyExists(
+                f"the user name {name!r} is already taken by another user; an admin may "
+                f"rename or disable that one ({_LIST_HINT})"
+            ) from exc
+        return user
+
+    async def revoke_sso_role(self, *, issuer: str, subject: str) -> None:
+        """Take the role away from the user `subject` of `issuer`, if there is one: their
+        groups no longer map to any role. Their sessions then see nothing."""
+        async with transaction(self._engine, "revoking a single sign-on role") as conn:
+            await conn.execute(
+                update(users)
+                .where(users.c.sso_issuer == issuer, users.c.sso_subject == subject)
+                .values(admin_role=None, admin=False)
+            )
 
     async def get(self, user_id: str) -> User | None:
         """The user with this id, disabled or not."""
@@ -179,6 +241,11 @@ class UserRepository:
             user = await _select_user(conn, select(users).where(users.c.name == name))
             if user is None:
                 raise NotFound(f"there is no user {name!r}; {_LIST_HINT}")
+            if user.is_sso:
+                raise InvalidValue(
+                    f"user {name!r} signs in through single sign-on and has no password here; "
+                    "change it at the identity provider"
+                )
             await conn.execute(
                 update(users).where(users.c.id == user.id).values(password_hash=password_hash)
             )
@@ -307,6 +374,8 @@ def _user_row(user: User) -> dict[str, Any]:
         "admin_role": user.admin_role,
         "created_at": user.created_at,
         "disabled_at": user.disabled_at,
+        "sso_issuer": user.sso_issuer,
+        "sso_subject": user.sso_subject,
     }
 
 
@@ -318,6 +387,8 @@ def _user(row: RowMapping) -> User:
         admin_role=cast("AdminRole | None", row["admin_role"]),
         created_at=row["created_at"],
         disabled_at=row["disabled_at"],
+        sso_issuer=row["sso_issuer"],
+        sso_subject=row["sso_subject"],
     )
 
 

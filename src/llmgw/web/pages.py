@@ -1,4 +1,5 @@
-"""The portal's own pages: login and "not for your role" (the dashboard has the rest).
+"""The portal's own pages: login, single sign-on's answers and "not for your role" (the
+dashboard has the rest).
 
 Plain HTML with inline CSS and no scripts or external assets, so the login page
 works with the strictest Content-Security-Policy and leaks nothing to other
@@ -49,12 +50,25 @@ def _page(title: str, body: str, status: int) -> HTMLResponse:
     return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
 
 
-def login_page(*, error: str | None = None, username: str = "", status: int = 200) -> HTMLResponse:
-    """The login form; `error` (escaped) is shown above it."""
+def login_page(
+    *,
+    error: str | None = None,
+    username: str = "",
+    status: int = 200,
+    local: bool = True,
+    sso: bool = False,
+) -> HTMLResponse:
+    """The login page: the password form when `local` logins are on, the single sign-on
+    link when `sso` is configured; `error` (escaped) is shown above them."""
     message = f"<p class=error role=alert>{escape(error)}</p>" if error else ""
-    body = (
-        "<h1>llmgw admin</h1>"
-        f"{message}"
+    # A link, not a form: the CSP's form-action 'self' would stop a form's redirect
+    # to the provider.
+    sso_link = (
+        '<p><a class=sso id=sso-login href="/admin/oidc/login">Sign in with single sign-on</a></p>'
+        if sso
+        else ""
+    )
+    form = (
         '<form method=post action="/admin/login">'
         "<label for=username>User name</label>"
         f'<input id=username name=username type=text value="{escape(username)}" '
@@ -62,8 +76,42 @@ def login_page(*, error: str | None = None, username: str = "", status: int = 20
         "<label for=password>Password</label>"
         "<input id=password name=password type=password autocomplete=current-password required>"
         "<button type=submit>Log in</button></form>"
+        if local
+        else ""
     )
+    body = f"<h1>llmgw admin</h1>{message}{sso_link}{form}"
     return _page("llmgw admin: log in", body, status)
+
+
+def signed_in_page(user: str) -> HTMLResponse:
+    """After a single sign-on: moves on to the dashboard by itself.
+
+    A page rather than a redirect, so that the dashboard's first request starts on
+    this site and carries the new SameSite=Strict session cookie.
+    """
+    body = (
+        "<h1>llmgw admin</h1>"
+        f"<p>Signed in as <strong>{escape(user)}</strong>.</p>"
+        '<p><a id=continue href="/admin/">Continue to the dashboard</a></p>'
+    )
+    html = (
+        "<!doctype html><html lang=en><head><meta charset=utf-8>"
+        '<meta http-equiv=refresh content="0;url=/admin/">'
+        f"<title>llmgw admin: signed in</title><style>{_STYLE}</style></head>"
+        f"<body>{body}</body></html>"
+    )
+    return HTMLResponse(html, status_code=200, headers=SECURITY_HEADERS)
+
+
+def sso_failed_page(message: str, status: int) -> HTMLResponse:
+    """A single sign-on that did not work: why, and the way back to the login page."""
+    body = (
+        "<h1>llmgw admin</h1>"
+        "<p>Single sign-on did not work.</p>"
+        f"<p class=error role=alert>{escape(message)}</p>"
+        '<p><a href="/admin/login">Back to the login page</a></p>'
+    )
+    return _page("llmgw admin: sign-in refused", body, status)
 
 
 def _logout_form(csrf_token: str) -> str:

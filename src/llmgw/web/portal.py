@@ -9,6 +9,7 @@ held to what the role may do (`llmgw.auth.roles`):
     POST /admin/login        username + password -> session cookie, 303 to /admin/
     POST /admin/logout       ends the session (CSRF-checked), 303 to /admin/login
     GET  /admin/api/session  who is logged in, and the CSRF token (any user)
+    GET  /admin/oidc/...     single sign-on, when configured (`llmgw.web.sso`)
     *    /admin/api/...      passed unchanged to the admin app (by role, CSRF-checked)
     *    /admin/, dashboard  the dashboard's pages, actions and static files
                              (`llmgw.web.dashboard.is_dashboard_path`), likewise
@@ -28,6 +29,9 @@ when their team role allows it (`llmgw.auth.teams`; `teams`), and the dashboard'
 static files. POST, PUT, PATCH and DELETE need the session's CSRF
 token in `X-CSRF-Token` (or a `csrf_token` form field); the cookie alone, which
 a browser attaches by itself, is never enough.
+
+With `local_login` off the password form is gone and a posted password is
+refused (403): only single sign-on opens a session.
 
 Repeated failed logins slow the answers down (`LoginThrottle`); the wait is
 injected (`sleep`) so tests do not wait for real. Passwords are checked in the
@@ -65,6 +69,7 @@ from llmgw.auth import (
     refusal,
     team_path,
 )
+from llmgw.auth.oidc import SingleSignOn
 from llmgw.store import SessionRepository, StoreError, UserRepository
 from llmgw.web.dashboard import is_dashboard_path
 from llmgw.web.http import (
@@ -91,6 +96,7 @@ from llmgw.web.http import (
     wants_html,
 )
 from llmgw.web.pages import forbidden_page, login_page
+from llmgw.web.sso import SSO_PREFIX, SsoRoutes
 
 log = logging.getLogger("llmgw.web")
 
@@ -136,8 +142,23 @@ class AdminPortal:
         secure_cookies: bool,
         sleep: Callable[[float], Awaitable[None]],
         teams: TeamAccess | None = None,
+        sso: SingleSignOn | None = None,
+        local_login: bool = True,
     ) -> None:
         self._teams = teams
+        self._local = local_login
+        self._sso = (
+            SsoRoutes(
+                sso=sso,
+                sessions=sessions,
+                session_cookie=lambda token: session_cookie(
+                    token, max_age=session_max_age, secure=secure_cookies
+                ),
+                secure_cookies=secure_cookies,
+            )
+            if sso is not None
+            else None
+        )
         self._sessions = sessions
         self._throttle = throttle
         self._admin_app = admin_app
@@ -183,9 +204,12 @@ class AdminPortal:
             return _not_found(method, path)
         if path == "/admin":
             return RedirectResponse(HOME, status_code=303)
+        if path.startswith(SSO_PREFIX):
+            answer = await self._sso.handle(scope, headers) if self._sso is not None else None
+            return answer if answer is not None else _not_found(method, path)
         if path == LOGIN:
             if method in _READ:
-                return login_page()
+                return self._login_page()
             if method == "POST":
                 return await self._login(scope, receive, headers)
             return _not_allowed(method, path, "GET, POST")
@@ -218,7 +242,24 @@ class AdminPortal:
             return _Forward(receive, user)
         return _not_found(method, path)
 
+    def _login_page(
+        self, *, error: str | None = None, username: str = "", status: int = 200
+    ) -> Response:
+        return login_page(
+            error=error,
+            username=username,
+            status=status,
+            local=self._local,
+            sso=self._sso is not None,
+        )
+
     async def _login(self, scope: Scope, receive: Receive, headers: dict[str, str]) -> Response:
+        if not self._local:
+            return self._login_page(
+                error="password logins are turned off on this server (auth.local_login: "
+                "false); sign in with single sign-on",
+                status=403,
+            )
         # The login form carries no CSRF token (there is no session yet to tie one
         # to), and SameSite=Strict does not stop another site from posting a login
         # form (it limits which requests *send* cookies, not which set them). So a
@@ -251,10 +292,10 @@ class AdminPortal:
             token, logged_in = await self._sessions.login(username, password)
         except LoginFailed as exc:
             log.info("failed admin login from %s for %r", address, username)
-            return login_page(error=str(exc), username=username, status=401)
+            return self._login_page(error=str(exc), username=username, status=401)
         except PasswordsBusy as exc:
             log.warning("admin login from %s for %r refused: %s", address, username, exc)
-            busy = login_page(error=str(exc), username=username, status=503)
+            busy = self._login_page(error=str(exc), username=username, status=503)
             busy.headers["retry-after"] = str(LOGIN_BUSY_RETRY_AFTER)
             return busy
         self._throttle.succeeded(address, username)
@@ -354,6 +395,8 @@ def create_admin_portal(
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     passwords: Passwords | None = None,
     teams: TeamAccess | None = None,
+    sso: SingleSignOn | None = None,
+    local_login: bool = True,
 ) -> AdminPortal:
     """The portal for the API listener's `/admin` paths.
 
@@ -363,7 +406,8 @@ def create_admin_portal(
     `wall_clock` (aware UTC) the sessions. `secure_cookies` adds `Secure` to the
     cookie: set it whenever browsers reach this port over HTTPS. `passwords`
     defaults to argon2id with argon2-cffi's default cost in asyncio's default
-    executor; the server passes one with a pool of its own.
+    executor; the server passes one with a pool of its own. `sso` adds single
+    sign-on (`llmgw.web.sso`); `local_login` False refuses passwords.
     """
     return AdminPortal(
         sessions=AdminSessions(
@@ -379,6 +423,8 @@ def create_admin_portal(
         secure_cookies=secure_cookies,
         sleep=sleep,
         teams=teams,
+        sso=sso,
+        local_login=local_login,
     )
 
 
