@@ -28,6 +28,7 @@ from llmgw.engines.spec import (
     EngineSpec,
     EngineTimings,
     LaunchPlan,
+    SleepApi,
 )
 from llmgw.engines.vllm import VllmAdapter
 
@@ -46,6 +47,7 @@ __all__ = [
     "Sample",
     "SglangAdapter",
     "SimAdapter",
+    "SleepApi",
     "UnknownEngine",
     "VllmAdapter",
     "adapter_for",

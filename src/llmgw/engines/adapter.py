@@ -27,6 +27,9 @@ class EngineAdapter(Protocol):
     (`llmgw.engines.routes`) to the engine's own path for it; `continues` names
     the routes on which it can continue a generation another replica began (the
     router's mid-stream continuation sends those requests only to such engines).
+    `sleeps` says whether the engine can release its GPU memory and keep its process
+    (vLLM's sleep mode, SGLang's memory saver, the sim's copy of vLLM's): a spec with
+    `sleep_mode` is started so, and its `LaunchPlan.sleep` says how.
     """
 
     name: str
@@ -34,6 +37,7 @@ class EngineAdapter(Protocol):
     gpu_ranks: bool
     routes: Mapping[str, str]
     continues: frozenset[str]
+    sleeps: bool
 
     def native_apis(self, engine_args: Sequence[str]) -> frozenset[str]:
         """The client APIs besides OpenAI's (`llmgw.engines.apis`: "messages",
