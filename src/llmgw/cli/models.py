@@ -124,6 +124,7 @@ def model_from_flags(
     target_queue_depth: int | None = None,
     target_kv_use: float | None = None,
     target_queue_wait: float | None = None,
+    sleep_after: str | None = None,
 ) -> dict[str, Any]:
     """A one-profile model from `add`'s flags; unset flags keep the server's defaults."""
     missing = [
@@ -154,6 +155,8 @@ def model_from_flags(
         model["max_replicas"] = max_replicas
     if keep_alive is not None:
         model["keep_alive"] = _number_or_text(keep_alive)
+    if sleep_after is not None:
+        model["sleep_after"] = _number_or_text(sleep_after)
     if not activation:
         model["activation"] = False
     if target_in_flight is not None:
@@ -292,6 +295,11 @@ def _show_text(model: dict[str, Any]) -> str:
         f"weights:     {model['weights']}",
         f"replicas:    {model['min_replicas']} to {model['max_replicas']}",
         f"keep alive:  {_keep_alive(model['keep_alive'])}",
+        *(
+            [f"sleep after: {_keep_alive(model['sleep_after'])}"]
+            if model.get("sleep_after") is not None
+            else []
+        ),
         f"scaling:     {_scaling(model)}",
         *_load_lines(model),
         f"routing:     {_routing(model)}",
@@ -518,6 +526,14 @@ def add(
             show_default=False,
         ),
     ] = None,
+    sleep_after: Annotated[
+        str | None,
+        typer.Option(
+            help="Idle time before replicas sleep (GPU memory released, woken by the next "
+            "request), shorter than --keep-alive: 60, 2m [default: off].",
+            show_default=False,
+        ),
+    ] = None,
     target_in_flight: Annotated[
         int | None,
         typer.Option(
@@ -597,7 +613,7 @@ def add(
     flags = (
         name, weights, engine, gpus, gpu_memory, min_replicas, max_replicas, keep_alive,
         target_in_flight, scale_down_delay, target_queue_depth, target_kv_use,
-        target_queue_wait,
+        target_queue_wait, sleep_after,
     )  # fmt: skip
     flags_given = any(v is not None for v in flags) or bool(engine_arg or alias or no_activation)
     if file is not None:
@@ -625,6 +641,7 @@ def add(
             target_queue_depth=target_queue_depth,
             target_kv_use=target_kv_use,
             target_queue_wait=target_queue_wait,
+            sleep_after=sleep_after,
         )
     if dry_run and replace:
         fail("--dry-run stores nothing, so --replace means nothing with it", EXIT_BAD_INPUT)

@@ -91,6 +91,7 @@ from llmgw.control.reconciler.errors import (
 from llmgw.control.reconciler.plan import explain, plan
 from llmgw.control.reconciler.rollbook import RolloutBook, RolloutLedger
 from llmgw.control.reconciler.rollout import runs_current
+from llmgw.control.reconciler.sleep import SleepBook
 from llmgw.control.reconciler.state import (
     EndpointPublisher,
     Event,
@@ -291,6 +292,16 @@ class Controller:
         self._served: set[str] = set()
         self._events: deque[Event] = deque(maxlen=MAX_EVENTS)
         self._routed = routed
+        self._sleep = SleepBook(
+            dispatcher=dispatcher,
+            clock=clock,
+            tracer=self._tracer,
+            spawn=self._spawn,
+            event=self._event,
+            wake_loop=self._wake.set,
+            command_timeout=activation_timeout,
+            metrics=activation_metrics,
+        )
         self._rollout_book = RolloutBook(
             ledger=rollouts,
             event=lambda model, message: self._event("rollout", model, "", message),
@@ -423,6 +434,7 @@ class Controller:
                 self._act(result.actions)
         else:
             self._act(result.actions)
+        self._sleep.step(models, nodes, self.demand, self._wanted(), now)
         # After the stops are marked: a stopping replica leaves the router before
         # its engine hears of it.
         self._publish(self._inventory.nodes())
@@ -439,6 +451,15 @@ class Controller:
         if starts:
             # One write records them all (a multi-node replica's shards together).
             self._spawn(self._record_and_start(starts), f"start {len(starts)} shard(s)")
+
+    def _wanted(self) -> set[str]:
+        """Models a request waits for, here or on another server (by canonical name)."""
+        wanted = set(self._activations)
+        for name in self.demand.remote_wanted():
+            model = self._catalog.get(name)
+            if model is not None:
+                wanted.add(model.name)
+        return wanted
 
     def _routed_ids(self, nodes: Sequence[Node]) -> frozenset[str] | None:
         """The Ready replicas this server's router routes to (None: not known here)."""
@@ -899,6 +920,7 @@ class Controller:
                     shard.state == "ready"
                     and shard.endpoint_url
                     and shard.id not in self._stopping
+                    and shard.id not in self._sleep.falling
                     and rank == 0
                 ):
                     spec = shard.spec
@@ -1140,9 +1162,21 @@ class Controller:
             + _ASK_OPERATOR.format(model=name),
         )
 
+    def activity(self, name: str) -> str:
+        """What a request waiting for `name` waits on, for its keep-alive comments:
+        "waking model M (replica R)" while a sleeping replica is woken, else
+        "is starting model M"."""
+        model = self._catalog.get(name)
+        wake = self._sleep.waking(model.name if model is not None else name)
+        if wake is not None:
+            return f"waking model {name} (replica {wake.shard_id})"
+        return f"is starting model {name}"
+
     def _progress(self, model: str) -> str:
+        waking = self._sleep.waking(model)
         states = [
-            f"replica {shard.id} on node {node.id} is {shard.state}"
+            f"replica {shard.id} on node {node.id} is "
+            + ("waking" if waking is not None and waking.shard_id == shard.id else shard.state)
             for node in self._inventory.nodes()
             for shard in node.shards.values()
             if shard.model == model

@@ -485,6 +485,7 @@ def _starts(
             master_addr=master_addr,
             master_port=placement.master_port if gang else 0,
             replica_id=replica_id if gang else "",
+            sleep_mode=model.sleep_after is not None,
         )
         starts.append(
             Start(node_id=shard.node_id, model=model.name, profile=profile.name, spec=spec)

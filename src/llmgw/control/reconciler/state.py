@@ -192,10 +192,12 @@ class ModelState:
 
     @property
     def state(self) -> str:
-        """ready / starting / backoff / unplaceable / stopped, for people."""
+        """ready / sleeping / starting / backoff / unplaceable / stopped, for people."""
         live = [s for n, s in self.replicas if s.holds_gpus and n.state != "lost"]
         if any(s.state == "ready" and routable(n) for n, s in self.replicas):
             return "ready"
+        if live and not self.pending and all(s.state == "sleeping" for s in live):
+            return "sleeping"
         if live or self.pending:
             return "starting"
         if self.last_failure is not None and self.retry_in > 0:
