@@ -178,9 +178,7 @@ def test_a_bad_sleep_after_is_refused_naming_the_field(tmp_path: Path) -> None:
 
         # The config file: the server refuses to start, naming the file and the field.
         config = tmp_path / "bad.yaml"
-        config.write_text(
-            "models:\n" + sim_model("x", sleep_after="1h", keep_alive="10m")
-        )
+        config.write_text("models:\n" + sim_model("x", sleep_after="1h", keep_alive="10m"))
         started = subprocess.run(
             procs.llmgw("server", "--config", str(config), "--data-dir", str(tmp_path / "d2")),
             capture_output=True,
