@@ -188,3 +188,26 @@ def test_a_bad_sleep_after_is_refused_naming_the_field(tmp_path: Path) -> None:
         )
         assert started.returncode != 0
         assert str(config) in started.stderr and "sleep_after" in started.stderr, started.stderr
+
+
+def test_a_sleeping_replica_is_stopped_when_placement_needs_its_gpus(tmp_path: Path) -> None:
+    # One node with two GPUs: the sleeping model holds both; another model needs one.
+    models = sim_model(
+        "wide", gpus=2, args="--zero-delay", sleep_after=1, keep_alive=300
+    ) + sim_model("other", args="--zero-delay")
+    with fleet(tmp_path, models, nodes=1) as f:
+        assert f.chat("wide").status_code == 200
+        wait_for(lambda: sleeping(f, "wide"), "wide to sleep")
+        (asleep,) = replicas(f, "wide")
+
+        answer = f.chat("other", timeout=90)
+        assert answer.status_code == 200, answer.text
+        assert replicas(f, "wide") == [] or all(
+            r["state"] != "sleeping" for r in replicas(f, "wide")
+        )
+        stops = [e for e in f.events("wide") if e["kind"] == "stop"]
+        assert stops and asleep["id"] in stops[0]["message"], f.events("wide")
+        assert "its GPUs are needed" in stops[0]["message"]
+        assert "model other needs its GPUs" in stops[0]["message"]
+        (placed,) = replicas(f, "other")
+        assert placed["state"] == "ready"

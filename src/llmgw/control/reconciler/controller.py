@@ -91,7 +91,7 @@ from llmgw.control.reconciler.errors import (
 from llmgw.control.reconciler.plan import explain, plan
 from llmgw.control.reconciler.rollbook import RolloutBook, RolloutLedger
 from llmgw.control.reconciler.rollout import runs_current
-from llmgw.control.reconciler.sleep import SleepBook
+from llmgw.control.reconciler.sleep import SleepBook, dozing
 from llmgw.control.reconciler.state import (
     EndpointPublisher,
     Event,
@@ -532,11 +532,20 @@ class Controller:
         if model.scales_on_load:
             wanted = max(wanted, self._for_load(model, now))
         health = self._health.get(model.name)
+        # An idle model past sleep_after keeps the replicas it has (asleep) but starts
+        # none: one stopped to make room for another model comes back on request.
+        asleep = (
+            model.min_replicas == 0
+            and model.name not in self._activations
+            and dozing(self.demand, model, now)
+        )
         return Desired(
             model=model,
             replicas=min(wanted, model.max_replicas),
             # Replicas Ready under the previous leader are waited for, not duplicated.
-            hold=model.name in self._expected or (health is not None and now < health.retry_at),
+            hold=model.name in self._expected
+            or (health is not None and now < health.retry_at)
+            or asleep,
             avoid_nodes=frozenset(health.avoid) if health is not None else frozenset(),
             avoid_ports=frozenset(health.avoid_ports) if health is not None else frozenset(),
             halted=self._rollout_book.halted(model),
@@ -759,6 +768,7 @@ class Controller:
             "not_in_catalog": "its model is no longer in the catalog",
             "gang_broken": "another shard of its multi-node replica is gone",
             "rollout": "it runs the model's previous spec, and enough new replicas are Ready",
+            "make_room": "it sleeps, and its GPUs are needed",
         }[action.reason]
         message = f"stopping replica {action.shard_id} on node {action.node_id}: {why}"
         if action.detail:

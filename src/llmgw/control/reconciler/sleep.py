@@ -215,6 +215,13 @@ class SleepBook:
             self._wake_loop()
 
 
+def dozing(demand: DemandBook, model: CatalogModel, now: float) -> bool:
+    """Whether `model` is past its `sleep_after` with no request in flight: its
+    replicas sleep, and one stopped to make room for another model is not replaced
+    until a request asks for the model again (beyond its min_replicas)."""
+    return _idle(demand, model, now)
+
+
 def _idle(demand: DemandBook, model: CatalogModel, now: float) -> bool:
     if model.sleep_after is None or demand.in_flight(model.name) > 0:
         return False
