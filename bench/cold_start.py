@@ -224,6 +224,9 @@ def report(times: dict[str, list[float]], args: argparse.Namespace) -> None:
         f"Activation overhead above the engine's own load: {overhead * 1000:.0f} ms "
         f"(target <= 1000 ms). The sleeping replica's first token took {share:.0%} of (b).",
         f"Rounds (s): {each}.",
+        "Both the engine alone and (b) start the sim's Python process; on a shared 2-core "
+        "machine rounds differ by up to a second, so an overhead near zero (or below) is "
+        "within that noise.",
         "",
         "(a) weights on no node (a hub download) is not measured here: the agent does not "
         "download weights yet.",
