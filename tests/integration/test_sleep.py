@@ -91,14 +91,26 @@ def test_an_idle_replica_sleeps_the_next_request_wakes_it_and_keep_alive_stops_i
         assert lines[0].startswith(": llmgw waking model nap"), lines
         assert lines[-1] == "data: [DONE]"
         (woken,) = replicas(f, "nap")
-        assert (woken["id"], woken["state"]) == (replica["id"], "ready")
+        assert woken["id"] == replica["id"]
+        assert woken["state"] in ("ready", "sleeping")
         kinds = [e["kind"] for e in f.events("nap")]
         assert "start" not in kinds[: kinds.index("sleep")], "a wake must not start a replica"
         woke = [e for e in f.events("nap") if e["kind"] == "woke"]
         assert woke and " woke in " in woke[0]["message"]
         assert "llmgw_replica_wake_seconds_count" in f.server.metrics()
         after = httpx.get(replica["endpoint_url"] + "/sim/stats", timeout=10).json()["sleep"]
-        assert (after["sleeps"], after["wakes"]) == (1, 1)
+        # One wake; it may be asleep again already (sleep_after is 1 s).
+        assert after["wakes"] == 1 and after["sleeps"] >= 1
+        last = f.status("nap")["last_wake"]
+        assert last["replica"] == replica["id"] and last["seconds"] > 0
+        again = subprocess.run(
+            procs.llmgw("models", "show", "nap", "--admin", f.server.admin),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert f"last wake:   replica {replica['id']} woke in " in again.stdout
 
         # Asleep again, then keep_alive stops it as it would a Ready replica.
         wait_for(lambda: sleeping(f, "nap"), "the replica to sleep again")
@@ -127,7 +139,8 @@ def test_bursts_of_requests_across_sleeps_and_wakes_fail_none(tmp_path: Path) ->
             for thread in threads:
                 thread.join(90)
         assert statuses == [200] * 24
-        assert len([e for e in f.events("busy") if e["kind"] == "woke"]) == 3
+        # At least one wake per burst (a slow machine may let it doze within a burst too).
+        assert len([e for e in f.events("busy") if e["kind"] == "woke"]) >= 3
         assert len([e for e in f.events("busy") if e["kind"] == "start"]) == 1
 
 

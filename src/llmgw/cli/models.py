@@ -287,6 +287,13 @@ def _list_table(models: list[dict[str, Any]]) -> str:
     return render_table(headers, rows, right=frozenset({3}))
 
 
+def _wake_line(status: dict[str, Any]) -> list[str]:
+    wake = status.get("last_wake")
+    if not isinstance(wake, dict):
+        return []
+    return [f"last wake:   replica {wake.get('replica')} woke in {wake.get('seconds')} s"]
+
+
 def _show_text(model: dict[str, Any]) -> str:
     status = _status(model)
     lines = [
@@ -305,6 +312,7 @@ def _show_text(model: dict[str, Any]) -> str:
         f"routing:     {_routing(model)}",
         f"activation:  {'on request' if model['activation'] else 'off (operator starts it)'}",
         f"state:       {status.get('state', '-')} ({_replicas(model)} ready)",
+        *_wake_line(status),
         "",
         "profiles (in order of preference):",
     ]

@@ -1270,6 +1270,7 @@ class Controller:
             retry_in=max(0.0, health.retry_at - now) if health is not None else 0.0,
             unplaced=self._unplaced.get(model.name),
             activating=model.name in self._activations,
+            last_wake=self._sleep.last_wake(model.name),
             rollout=self.rollout(model.name),
             outdated=frozenset(
                 s.id

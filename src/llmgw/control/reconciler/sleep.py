@@ -81,11 +81,16 @@ class SleepBook:
         self._metrics = metrics
         self._falling: dict[str, str] = {}
         self._waking: dict[str, Wake] = {}
+        self._last_wake: dict[str, tuple[str, float]] = {}
 
     @property
     def falling(self) -> frozenset[str]:
         """Replicas sent to sleep that still report Ready: kept out of the routers."""
         return frozenset(self._falling)
+
+    def last_wake(self, model: str) -> tuple[str, float] | None:
+        """The model's last finished wake: (replica id, seconds it took)."""
+        return self._last_wake.get(model)
 
     def waking(self, model: str) -> Wake | None:
         """The wake in flight for `model`, if any."""
@@ -201,6 +206,7 @@ class SleepBook:
         else:
             seconds = self._clock() - wake.started
             span.set_attribute("llmgw.wake.seconds", seconds)
+            self._last_wake[model] = (wake.shard_id, seconds)
             self._event(
                 "woke",
                 model,

@@ -189,6 +189,8 @@ class ModelState:
     outdated: frozenset[str] = frozenset()
     # A model with a canary: the version each replica (and start in flight) runs, by id.
     versions: Mapping[str, str] = field(default_factory=dict)
+    # The model's last wake of a sleeping replica: (replica id, seconds it took).
+    last_wake: tuple[str, float] | None = None
 
     @property
     def state(self) -> str:
