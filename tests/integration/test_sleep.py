@@ -17,6 +17,8 @@ from typing import Any
 
 import httpx
 import procs
+import pytest
+from otlp_receiver import OtlpReceiver
 from test_control_plane import fleet, sim_model
 
 # Sleep after 1 s idle; stop after 20 s (the test checks the sleeping state in between).
@@ -224,3 +226,28 @@ def test_a_sleeping_replica_is_stopped_when_placement_needs_its_gpus(tmp_path: P
         assert "model other needs its GPUs" in stops[0]["message"]
         (placed,) = replicas(f, "other")
         assert placed["state"] == "ready"
+
+
+def test_sleep_and_wake_are_traced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+    with OtlpReceiver() as receiver:
+        telemetry = f"telemetry: {{otlp_endpoint: '{receiver.url}'}}\n"
+        with fleet(tmp_path, NAP, nodes=1, extra=telemetry) as f:
+            assert f.chat("nap").status_code == 200
+            (replica,) = replicas(f, "nap")
+            wait_for(lambda: sleeping(f, "nap"), "the idle replica to sleep")
+            assert f.chat("nap").status_code == 200
+
+            def spans() -> dict[str, Any] | None:
+                found = {s.name: s for s in receiver.spans()}
+                wanted = ("llmgw.shard.sleep", "llmgw.shard.wake")
+                return found if all(name in found for name in wanted) else None
+
+            found = wait_for(spans, "the sleep and wake spans")
+            asleep, woke = found["llmgw.shard.sleep"], found["llmgw.shard.wake"]
+            for span in (asleep, woke):
+                assert span.attributes["llmgw.model"] == "nap"
+                assert span.attributes["llmgw.replica"] == replica["id"]
+                assert span.attributes["llmgw.node"] == "node-1"
+            assert asleep.attributes["llmgw.sleep.level"] == 1
+            assert woke.attributes["llmgw.wake.seconds"] > 0
