@@ -28,6 +28,9 @@ next reconcile places it again). A shard that ended takes its record with it,
 and so does a node the operator removed. Only recorded shards reach the
 inventory (the agent service refuses the others), so only they are published.
 
+A model with `sleep_after` has its idle replicas put to sleep and woken by the
+next request instead of a start (`sleep.SleepBook`); `keep_alive` stops them later.
+
 A change to what a model's replicas run rolls them (`rollout`, inside `plan`):
 new replicas first, old ones drain once new ones are Ready and routed to. A
 replica of the new spec that fails stops the rollout (a `Halt`, kept in the

@@ -12,9 +12,15 @@ sleep (an activation, here or on another server), one of them is woken
 and it is published as usual. The time each wake took is an event, a metric and
 a span.
 
+A sleeping replica's GPUs count as free for placement: when only they let another
+model's replica be placed, `plan()` stops the sleeping replica first (`make_room`)
+and places the other once they are free; a model idle past `sleep_after` is on
+hold meanwhile (`dozing`: not started again elsewhere until a request asks).
+
 `SleepBook` keeps what is in flight: replicas being put to sleep (kept out of
-the routers until they report `sleeping`) and replicas being woken. It sends
-nothing on its own: the controller calls `step` on each reconcile.
+the routers until they report `sleeping`) and replicas being woken. It decides
+only when the controller calls `step` (each reconcile), and sends each sleep or
+wake as a task of its own.
 
 Not guaranteed: multi-node replicas never sleep (their ranks would have to sleep
 together); a replica adopted after an agent restart while asleep is seen as
