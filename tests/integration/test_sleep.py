@@ -19,6 +19,7 @@ import httpx
 import procs
 import pytest
 from otlp_receiver import OtlpReceiver
+from procs import Proc, free_port_block, llmgw
 from test_control_plane import fleet, sim_model
 
 # Sleep after 1 s idle; stop after 20 s (the test checks the sleeping state in between).
@@ -251,3 +252,34 @@ def test_sleep_and_wake_are_traced(tmp_path: Path, monkeypatch: pytest.MonkeyPat
                 assert span.attributes["llmgw.node"] == "node-1"
             assert asleep.attributes["llmgw.sleep.level"] == 1
             assert woke.attributes["llmgw.wake.seconds"] > 0
+
+
+def test_a_restarted_agent_adopts_a_sleeping_engine_as_sleeping(tmp_path: Path) -> None:
+    with fleet(tmp_path, BUSY, nodes=0) as f:
+        low = free_port_block(5)
+        argv = llmgw(
+            "agent", "--server", f"127.0.0.1:{f.agent_port}", "--node-id", "node-s",
+            "--gpus", "1x24GiB", "--weights-dir", str(tmp_path / "w"),
+            "--state-dir", str(tmp_path / "s"), "--port-range", f"{low}-{low + 4}",
+        )  # fmt: skip
+        # The first agent leaves its engines running when it stops (as in production);
+        # the second, the test's default, stops them on its way out.
+        agents = [Proc(argv, env={"LLMGW_AGENT_STOP_ENGINES_ON_EXIT": "0"})]
+        try:
+            assert f.chat("busy").status_code == 200
+            wait_for(lambda: sleeping(f, "busy"), "the replica to sleep")
+            (asleep,) = replicas(f, "busy")
+            # SIGTERM: the agent leaves its engines running for the next one to adopt.
+            agents[0].popen.terminate()
+            agents[0].popen.wait(30)
+            agents.append(Proc(argv))
+            wait_for(lambda: "adopted 1 engine" in agents[1].output(), "the engine adopted")
+            wait_for(lambda: sleeping(f, "busy"), "the adopted replica to show sleeping")
+            assert [r["id"] for r in replicas(f, "busy")] == [asleep["id"]]
+            assert not [e for e in f.server.endpoints() if "busy" in e["models"]]
+            # And a request wakes it, as before the restart.
+            assert f.chat("busy").status_code == 200
+            assert [r["id"] for r in replicas(f, "busy")] == [asleep["id"]]
+        finally:
+            for agent in agents:
+                agent.stop()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 
 
 class ProbeError(Exception):
@@ -69,3 +70,26 @@ async def http_post(host: str, port: int, path: str, body: bytes) -> tuple[int, 
     if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
         raise ProbeError(f"not an HTTP response: {status_line[:80]!r}")
     return int(parts[1]), rest.partition(b"\r\n\r\n")[2]
+
+
+async def is_sleeping(host: str, port: int, path: str) -> bool:
+    """GET vLLM's `/is_sleeping` (`{"is_sleeping": true}`); False for any other answer."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(
+            f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            "User-Agent: llmgw-agent\r\nConnection: close\r\n\r\n".encode("ascii")
+        )
+        await writer.drain()
+        answer = await reader.read(4096)
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    if not head.startswith((b"HTTP/1.1 200", b"HTTP/1.0 200")):
+        return False
+    try:
+        return json.loads(body).get("is_sleeping") is True
+    except (ValueError, AttributeError):
+        return False

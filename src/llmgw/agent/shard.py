@@ -26,7 +26,8 @@ process group gets SIGTERM, and SIGKILL after the command's grace period.
 `sleep_engine()` and `wake()` POST the engine's own sleep endpoints (the
 `SleepApi` of its launch plan: vLLM's `/sleep?level=N` and `/wake_up`) and move a
 ready shard to `sleeping` and back; a sleeping engine keeps its process and is
-probed as before (vLLM's `/health` answers while it sleeps).
+probed as before (vLLM's `/health` answers while it sleeps). An adopted engine
+that says it sleeps (`/is_sleeping`) starts at `sleeping`.
 
 `detach()` ends the watch and leaves the engine running (the agent stops, a
 later agent adopts it); so does cancelling `run()`.

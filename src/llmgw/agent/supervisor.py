@@ -54,6 +54,7 @@ from llmgw.agent.errors import (
     WeightsPathError,
 )
 from llmgw.agent.flags import PortRange
+from llmgw.agent.probe import is_sleeping
 from llmgw.agent.process import EngineProcess, attach, spawn
 from llmgw.agent.settings import SupervisorSettings
 from llmgw.agent.shard import ProbeTarget, Shard, ShardReport, ShardState, probe_once
@@ -242,8 +243,14 @@ class Supervisor:
                 for record, _ in found
             )
         )
+        asleep = await asyncio.gather(
+            *(
+                self._adopted_asleep(record) if not problem else _false()
+                for (record, _), problem in zip(found, probes, strict=True)
+            )
+        )
         adopted: list[ShardReport] = []
-        for (record, process), problem in zip(found, probes, strict=True):
+        for (record, process), problem, sleeping in zip(found, probes, asleep, strict=True):
             shard = Shard(
                 spec=record.spec,
                 process=process,
@@ -260,7 +267,13 @@ class Supervisor:
                 on_change=self._changed,
                 wall_clock=self._wall_clock,
                 sleep=self._sleep,
-                adopted=ShardState.LOADING if problem else ShardState.READY,
+                adopted=(
+                    ShardState.LOADING
+                    if problem
+                    else ShardState.SLEEPING
+                    if sleeping
+                    else ShardState.READY
+                ),
                 been_ready=record.been_ready,
                 sleep_api=self._adopted_sleep_api(record.spec),
             )
@@ -484,6 +497,17 @@ class Supervisor:
         except EngineError as exc:
             raise SpecError("engine", str(exc)) from exc
 
+    async def _adopted_asleep(self, record: EngineRecord) -> bool:
+        """Whether an adopted engine is asleep (its /health answers either way)."""
+        api = self._adopted_sleep_api(record.spec)
+        if api is None or not api.state_path:
+            return False
+        try:
+            async with asyncio.timeout(self._settings.probe_timeout_seconds):
+                return await is_sleeping(record.probe_host, record.port, api.state_path)
+        except (OSError, TimeoutError):
+            return False
+
     def _adopted_sleep_api(self, spec: agent_pb2.ShardSpec) -> SleepApi | None:
         """How an adopted engine sleeps, planned again from its recorded spec."""
         if not spec.sleep_mode:
@@ -595,6 +619,10 @@ class Supervisor:
                 "%s; engines started since keep running but a restarted agent will not adopt them",
                 exc,
             )
+
+
+async def _false() -> bool:
+    return False
 
 
 def local_weights(weights_dir: Path, weights: str) -> str:

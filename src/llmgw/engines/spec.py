@@ -75,6 +75,8 @@ class SleepApi:
     sleep_path: str
     wake_path: str
     body: bytes = b""
+    # GET: `{"is_sleeping": bool}` (vLLM's); "" where the engine has no such path.
+    state_path: str = ""
 
     def sleep_target(self, level: int) -> str:
         return self.sleep_path.format(level=level)

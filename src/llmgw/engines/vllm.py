@@ -82,7 +82,9 @@ UNSET_ENV: tuple[str, ...] = ("VLLM_API_KEY",)
 """vLLM reads an API key from this variable when --api-key is absent."""
 
 
-VLLM_SLEEP = SleepApi(sleep_path="/sleep?level={level}", wake_path="/wake_up")
+VLLM_SLEEP = SleepApi(
+    sleep_path="/sleep?level={level}", wake_path="/wake_up", state_path="/is_sleeping"
+)
 """vLLM's sleep endpoints (`--enable-sleep-mode`, `VLLM_SERVER_DEV_MODE=1`)."""
 
 TIMINGS = EngineTimings(load_timeout=1800.0, unhealthy_after=60.0, drain_grace=30.0)

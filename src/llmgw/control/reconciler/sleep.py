@@ -23,8 +23,9 @@ only when the controller calls `step` (each reconcile), and sends each sleep or
 wake as a task of its own.
 
 Not guaranteed: multi-node replicas never sleep (their ranks would have to sleep
-together); a replica adopted after an agent restart while asleep is seen as
-Ready by the agent's first probe (vLLM's `/health` answers while asleep).
+together); an engine adopted after an agent restart is known to be asleep only
+where it says so (vLLM's and the sim's `/is_sleeping`; SGLang has no such path, so
+an adopted sleeping SGLang engine is taken as Ready).
 """
 
 from __future__ import annotations
