@@ -113,8 +113,10 @@ def fleet(
     nodes: int = 2,
     placement: str = "pack",
     first_port: int | None = None,
+    extra: str = "",
 ) -> Iterator[Fleet]:
-    (tmp / "llmgw.yaml").write_text(CONTROL % placement + "models:\n" + models)
+    """`extra`: more top-level config (e.g. `telemetry:`)."""
+    (tmp / "llmgw.yaml").write_text(CONTROL % placement + extra + "models:\n" + models)
     agent_port = free_port()
     server = start_server(tmp, agent_port)
     agents: dict[str, Proc] = {}

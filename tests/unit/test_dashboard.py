@@ -217,6 +217,18 @@ async def test_a_model_page_shows_its_load_targets_and_signals(dash: Dash) -> No
     assert "0 in routers) · longest wait 0.0 s ·" in page.text
 
 
+async def test_a_model_page_shows_its_sleep_after(dash: Dash) -> None:
+    base = dash.fleet.catalog.get("model-001")
+    assert base is not None
+    await dash.fleet.catalog.add(
+        dataclasses.replace(base, name="napper", aliases=(), sleep_after=120.0)
+    )
+    page = await dash.client.get("/admin/models/napper")
+    assert page.status_code == 200
+    assert '<dt>sleep after</dt><dd id="sleep-after">' in page.text
+    assert "sleep after" not in (await dash.client.get("/admin/models/model-001")).text
+
+
 async def test_a_model_that_fits_nowhere_explains_why_node_by_node(dash: Dash) -> None:
     page = await dash.client.get("/admin/models/model-016")  # wants a B200; none exists
     assert page.status_code == 200

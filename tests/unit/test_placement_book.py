@@ -135,6 +135,14 @@ class Dispatcher:
     async def drain_shard(self, node_id: str, shard_id: str, grace_seconds: float) -> None:
         pass
 
+    async def sleep_shard(
+        self, node_id: str, shard_id: str, level: int, wait_seconds: float
+    ) -> None:
+        raise AssertionError("no replica sleeps here")
+
+    async def wake_shard(self, node_id: str, shard_id: str, wait_seconds: float) -> None:
+        raise AssertionError("no replica sleeps here")
+
     async def remove_weights(self, node_id: str, path: str) -> None:
         pass
 

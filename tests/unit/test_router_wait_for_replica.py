@@ -127,6 +127,9 @@ class ControlPlane:
     def request_started(self, model: str) -> None:
         pass
 
+    def activity(self, model: str) -> str:
+        return f"is starting model {model}"
+
     def request_finished(self, model: str) -> None:
         pass
 

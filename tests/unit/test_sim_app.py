@@ -373,6 +373,7 @@ async def test_last_request_and_stats_shape() -> None:
         "prefix_cache_queries",
         "prefix_cache_hits",
         "last_request",
+        "sleep",
     }
     last = stats["last_request"]
     assert last["path"] == "/v1/chat/completions"

@@ -461,12 +461,17 @@ class Connection:
             return supervisor.stop(drain.shard_id, grace=drain.grace_seconds, drain=True)
         if kind == "remove_weights":
             return supervisor.remove_weights(message.remove_weights.path)
+        if kind == "sleep_shard":
+            sleep = message.sleep_shard
+            return supervisor.sleep(sleep.shard_id, sleep.level)
+        if kind == "wake_shard":
+            return supervisor.wake(message.wake_shard.shard_id)
         if kind == "registered":
             log.warning("ignoring a second Registered on an established stream")
             return None
         return CommandError(
             f"unknown command {kind or '(empty)'!r}; this agent knows StartShard, StopShard, "
-            "DrainShard and RemoveWeights"
+            "DrainShard, SleepShard, WakeShard and RemoveWeights"
         )
 
     async def _answer(

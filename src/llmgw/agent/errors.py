@@ -59,6 +59,11 @@ class LaunchError(CommandError):
     """The engine process could not be spawned (missing executable, fork failure)."""
 
 
+class SleepError(CommandError):
+    """A sleep or wake the shard cannot take (wrong state, no sleep mode) or the
+    engine refused."""
+
+
 class AgentClosingError(CommandError):
     """The agent is shutting down; it starts nothing new."""
 

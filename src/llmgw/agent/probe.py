@@ -1,4 +1,5 @@
-"""One HTTP GET against an engine's readiness path, with the stdlib only.
+"""One HTTP GET against an engine's readiness path (and the POSTs that put an engine
+to sleep and wake it), with the stdlib only.
 
 The agent only needs the status code of a local GET, so it speaks just enough
 HTTP/1.1 over an asyncio stream (one connection per probe, `Connection: close`)
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 
 
 class ProbeError(Exception):
@@ -41,3 +43,53 @@ async def http_status(host: str, port: int, path: str) -> int:
     if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
         raise ProbeError(f"not an HTTP response: {status_line[:80]!r}")
     return int(parts[1])
+
+
+async def http_post(host: str, port: int, path: str, body: bytes) -> tuple[int, bytes]:
+    """POST `body` (JSON when not empty) to `path` on host:port; the status and up to
+    4 KiB of the answer, for an error message. No deadline of its own."""
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: llmgw-agent\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    try:
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            writer.write(head.encode("ascii") + body)
+            await writer.drain()
+            answer = await reader.read(4096)
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+    except OSError as exc:
+        raise ProbeError(exc.strerror or str(exc)) from exc
+    status_line, _, rest = answer.partition(b"\r\n")
+    parts = status_line.split(maxsplit=2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
+        raise ProbeError(f"not an HTTP response: {status_line[:80]!r}")
+    return int(parts[1]), rest.partition(b"\r\n\r\n")[2]
+
+
+async def is_sleeping(host: str, port: int, path: str) -> bool:
+    """GET vLLM's `/is_sleeping` (`{"is_sleeping": true}`); False for any other answer."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(
+            f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            "User-Agent: llmgw-agent\r\nConnection: close\r\n\r\n".encode("ascii")
+        )
+        await writer.drain()
+        answer = await reader.read(4096)
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    if not head.startswith((b"HTTP/1.1 200", b"HTTP/1.0 200")):
+        return False
+    try:
+        return json.loads(body).get("is_sleeping") is True
+    except (ValueError, AttributeError):
+        return False

@@ -1,6 +1,7 @@
 """One engine process on this node and its state machine.
 
     starting ──> loading ──> ready ──┐        (ready ──> loading when probes keep failing)
+                             ready <──> sleeping                  (SleepShard / WakeShard)
         │           │          │     ├──> draining ──> stopped    (DrainShard)
         │           │          │     └──────────────> stopped    (StopShard, unconfirmed adoption)
         └───────────┴──────────┴────────────────────> failed     (exit while not stopping,
@@ -22,6 +23,12 @@ A stop (and a drain) sends SIGTERM to the engine's *main process* only and
 gives its in-flight requests up to `drain_grace` seconds; then the whole
 process group gets SIGTERM, and SIGKILL after the command's grace period.
 
+`sleep_engine()` and `wake()` POST the engine's own sleep endpoints (the
+`SleepApi` of its launch plan: vLLM's `/sleep?level=N` and `/wake_up`) and move a
+ready shard to `sleeping` and back; a sleeping engine keeps its process and is
+probed as before (vLLM's `/health` answers while it sleeps). An adopted engine
+that says it sleeps (`/is_sleeping`) starts at `sleeping`.
+
 `detach()` ends the watch and leaves the engine running (the agent stops, a
 later agent adopts it); so does cancelling `run()`.
 
@@ -42,11 +49,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmgw.agent.errors import SleepError
 from llmgw.agent.output import LogFollower, OutputTail
-from llmgw.agent.probe import ProbeError, http_status
+from llmgw.agent.probe import ProbeError, http_post, http_status
 from llmgw.agent.process import EngineProcess
 from llmgw.agent.settings import SupervisorSettings
-from llmgw.engines import EngineTimings
+from llmgw.engines import EngineTimings, SleepApi
 from llmgw.proto import agent_pb2
 
 log = logging.getLogger("llmgw.agent.shard")
@@ -62,6 +70,7 @@ class ShardState(enum.StrEnum):
     DRAINING = "draining"
     STOPPED = "stopped"
     FAILED = "failed"
+    SLEEPING = "sleeping"
 
     @property
     def terminal(self) -> bool:
@@ -146,11 +155,14 @@ class Shard:
         sleep: Callable[[float], Awaitable[None]],
         adopted: ShardState | None = None,
         been_ready: bool = False,
+        sleep_api: SleepApi | None = None,
     ) -> None:
         """`adopted`: the state an engine taken over from an earlier agent starts in;
         `been_ready`: it was ready before (its probe failing is then a health problem,
         not a slow load)."""
         self._spec = spec
+        self._sleep_api = sleep_api
+        self._sleep_lock = asyncio.Lock()
         self._process = process
         self._probe = probe
         self._timings = timings
@@ -247,6 +259,60 @@ class Shard:
             self._request_end(_End.STOP, reason)
         await self._done.wait()
         return self._report
+
+    async def sleep_engine(self, level: int) -> ShardReport:
+        """Put a ready engine to sleep (`level` 1: weights to host RAM; 2: discarded)."""
+        async with self._sleep_lock:
+            state = self._report.state
+            if state is ShardState.SLEEPING:
+                return self._report
+            api = self._checked_api("sleep", ShardState.READY)
+            began = self._wall_clock()
+            await self._post(api.sleep_target(level), api.body, "sleep")
+            took = self._wall_clock() - began
+            kept = "weights kept in host memory" if level == 1 else "weights discarded"
+            self._set(
+                ShardState.SLEEPING,
+                f"asleep (level {level}, {kept}; GPU memory released in {took:.2f}s)",
+            )
+            return self._report
+
+    async def wake(self) -> ShardReport:
+        """Wake a sleeping engine; returns once it serves again (`ready`)."""
+        async with self._sleep_lock:
+            if self._report.state is ShardState.READY:
+                return self._report
+            api = self._checked_api("wake", ShardState.SLEEPING)
+            began = self._wall_clock()
+            await self._post(api.wake_path, api.body, "wake")
+            self._set(ShardState.READY, f"woken in {self._wall_clock() - began:.2f}s")
+            return self._report
+
+    def _checked_api(self, what: str, needs: ShardState) -> SleepApi:
+        if self._sleep_api is None:
+            raise SleepError(
+                f"cannot {what} shard {self._spec.shard_id!r}: its engine was not started in "
+                "sleep mode (the model has no sleep_after)"
+            )
+        if self._report.state is not needs:
+            raise SleepError(
+                f"cannot {what} shard {self._spec.shard_id!r}: it is {self._report.state}, "
+                f"not {needs}"
+            )
+        return self._sleep_api
+
+    async def _post(self, path: str, body: bytes, what: str) -> None:
+        deadline = self._timings.load_timeout
+        try:
+            async with asyncio.timeout(deadline):
+                status, answer = await http_post(self._probe.host, self._probe.port, path, body)
+        except ProbeError as exc:
+            raise SleepError(f"{what}: POST {path} failed: {exc}") from exc
+        except TimeoutError:
+            raise SleepError(f"{what}: POST {path} did not answer within {deadline:g}s") from None
+        if status != 200:
+            text = answer.decode("utf-8", "replace").strip()[:300]
+            raise SleepError(f"{what}: the engine answered POST {path} with {status}: {text}")
 
     async def detach(self) -> None:
         """End the watch and leave the engine running; waits for the watch to end."""

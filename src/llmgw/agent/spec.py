@@ -71,4 +71,5 @@ def engine_spec(
         node_rank=spec.node_rank,
         master_addr=spec.master_addr,
         master_port=spec.master_port,
+        sleep_mode=spec.sleep_mode,
     )

@@ -49,10 +49,12 @@ from llmgw.agent.errors import (
     CommandError,
     LaunchError,
     ShardConflictError,
+    SleepError,
     SpecError,
     WeightsPathError,
 )
 from llmgw.agent.flags import PortRange
+from llmgw.agent.probe import is_sleeping
 from llmgw.agent.process import EngineProcess, attach, spawn
 from llmgw.agent.settings import SupervisorSettings
 from llmgw.agent.shard import ProbeTarget, Shard, ShardReport, ShardState, probe_once
@@ -67,7 +69,14 @@ from llmgw.agent.state import (
     read_identity,
 )
 from llmgw.agent.weights import remove_path, resolve_removable
-from llmgw.engines import EngineAdapter, EngineError, EngineTimings, LaunchPlan, ProfileError
+from llmgw.engines import (
+    EngineAdapter,
+    EngineError,
+    EngineTimings,
+    LaunchPlan,
+    ProfileError,
+    SleepApi,
+)
 from llmgw.proto import agent_pb2
 
 log = logging.getLogger("llmgw.agent.supervisor")
@@ -234,8 +243,14 @@ class Supervisor:
                 for record, _ in found
             )
         )
+        asleep = await asyncio.gather(
+            *(
+                self._adopted_asleep(record) if not problem else _false()
+                for (record, _), problem in zip(found, probes, strict=True)
+            )
+        )
         adopted: list[ShardReport] = []
-        for (record, process), problem in zip(found, probes, strict=True):
+        for (record, process), problem, sleeping in zip(found, probes, asleep, strict=True):
             shard = Shard(
                 spec=record.spec,
                 process=process,
@@ -252,8 +267,15 @@ class Supervisor:
                 on_change=self._changed,
                 wall_clock=self._wall_clock,
                 sleep=self._sleep,
-                adopted=ShardState.LOADING if problem else ShardState.READY,
+                adopted=(
+                    ShardState.LOADING
+                    if problem
+                    else ShardState.SLEEPING
+                    if sleeping
+                    else ShardState.READY
+                ),
                 been_ready=record.been_ready,
+                sleep_api=self._adopted_sleep_api(record.spec),
             )
             await asyncio.to_thread(shard.follower.start_at_end)
             self._shards[record.shard_id] = shard
@@ -339,6 +361,22 @@ class Supervisor:
             grace = self._settings.default_grace_seconds
         return await shard.stop(grace=grace, drain=drain)
 
+    async def sleep(self, shard_id: str, level: int) -> ShardReport:
+        """Put a ready shard's engine to sleep (level 0 means 1, proto3's unset)."""
+        if level not in (0, 1, 2):
+            raise SpecError("level", f"must be 1 or 2, got {level}")
+        return await self._live(shard_id, "sleep").sleep_engine(level or 1)
+
+    async def wake(self, shard_id: str) -> ShardReport:
+        """Wake a sleeping shard's engine; returns once it serves again."""
+        return await self._live(shard_id, "wake").wake()
+
+    def _live(self, shard_id: str, what: str) -> Shard:
+        shard = self._shards.get(shard_id)
+        if shard is None or not shard.live:
+            raise SleepError(f"cannot {what} shard {shard_id!r}: it is not running on this node")
+        return shard
+
     async def remove_weights(self, path: str) -> Path | None:
         """Remove a file or tree inside the weights dir; None when it was already absent."""
         users = [(s.spec.shard_id, s.spec.weights) for s in self._shards.values() if s.live]
@@ -415,6 +453,7 @@ class Supervisor:
                 on_change=self._changed,
                 wall_clock=self._wall_clock,
                 sleep=self._sleep,
+                sleep_api=plan.sleep,
             )
             self._shards[spec.shard_id] = shard
             self._records[spec.shard_id] = EngineRecord(
@@ -457,6 +496,26 @@ class Supervisor:
             raise SpecError(exc.field, exc.message) from exc
         except EngineError as exc:
             raise SpecError("engine", str(exc)) from exc
+
+    async def _adopted_asleep(self, record: EngineRecord) -> bool:
+        """Whether an adopted engine is asleep (its /health answers either way)."""
+        api = self._adopted_sleep_api(record.spec)
+        if api is None or not api.state_path:
+            return False
+        try:
+            async with asyncio.timeout(self._settings.probe_timeout_seconds):
+                return await is_sleeping(record.probe_host, record.port, api.state_path)
+        except (OSError, TimeoutError):
+            return False
+
+    def _adopted_sleep_api(self, spec: agent_pb2.ShardSpec) -> SleepApi | None:
+        """How an adopted engine sleeps, planned again from its recorded spec."""
+        if not spec.sleep_mode:
+            return None
+        try:
+            return self._plan(spec, local_weights(self._weights_dir, spec.weights)).sleep
+        except CommandError:
+            return None
 
     def _spawn(
         self, spec: agent_pb2.ShardSpec, argv: tuple[str, ...], env: dict[str, str], log: Path
@@ -560,6 +619,10 @@ class Supervisor:
                 "%s; engines started since keep running but a restarted agent will not adopt them",
                 exc,
             )
+
+
+async def _false() -> bool:
+    return False
 
 
 def local_weights(weights_dir: Path, weights: str) -> str:

@@ -23,6 +23,7 @@ _STATES = {
     ShardState.DRAINING: agent_pb2.SHARD_STATE_DRAINING,
     ShardState.STOPPED: agent_pb2.SHARD_STATE_STOPPED,
     ShardState.FAILED: agent_pb2.SHARD_STATE_FAILED,
+    ShardState.SLEEPING: agent_pb2.SHARD_STATE_SLEEPING,
 }
 
 

@@ -145,6 +145,9 @@ class ControllerActivator:
                 exc.public, code="replica_unreachable", retry_after=math.ceil(exc.retry_after)
             ) from None
 
+    def activity(self, model: str) -> str:
+        return self._controller.activity(model)
+
     def request_started(self, model: str) -> None:
         self._controller.request_started(model)
 

@@ -126,6 +126,7 @@ def model_from_flags(
     target_queue_depth: int | None = None,
     target_kv_use: float | None = None,
     target_queue_wait: float | None = None,
+    sleep_after: str | None = None,
 ) -> dict[str, Any]:
     """A one-profile model from `add`'s flags; unset flags keep the server's defaults."""
     missing = [
@@ -156,6 +157,8 @@ def model_from_flags(
         model["max_replicas"] = max_replicas
     if keep_alive is not None:
         model["keep_alive"] = _number_or_text(keep_alive)
+    if sleep_after is not None:
+        model["sleep_after"] = _number_or_text(sleep_after)
     if not activation:
         model["activation"] = False
     if target_in_flight is not None:
@@ -286,6 +289,13 @@ def _list_table(models: list[dict[str, Any]]) -> str:
     return render_table(headers, rows, right=frozenset({3}))
 
 
+def _wake_line(status: dict[str, Any]) -> list[str]:
+    wake = status.get("last_wake")
+    if not isinstance(wake, dict):
+        return []
+    return [f"last wake:   replica {wake.get('replica')} woke in {wake.get('seconds')} s"]
+
+
 def _show_text(model: dict[str, Any]) -> str:
     status = _status(model)
     lines = [
@@ -294,11 +304,17 @@ def _show_text(model: dict[str, Any]) -> str:
         f"weights:     {model['weights']}",
         f"replicas:    {model['min_replicas']} to {model['max_replicas']}",
         f"keep alive:  {_keep_alive(model['keep_alive'])}",
+        *(
+            [f"sleep after: {_keep_alive(model['sleep_after'])}"]
+            if model.get("sleep_after") is not None
+            else []
+        ),
         f"scaling:     {_scaling(model)}",
         *_load_lines(model),
         f"routing:     {_routing(model)}",
         f"activation:  {'on request' if model['activation'] else 'off (operator starts it)'}",
         f"state:       {status.get('state', '-')} ({_replicas(model)} ready)",
+        *_wake_line(status),
         "",
         "profiles (in order of preference):",
     ]
@@ -522,6 +538,14 @@ def add(
             show_default=False,
         ),
     ] = None,
+    sleep_after: Annotated[
+        str | None,
+        typer.Option(
+            help="Idle time before replicas sleep (GPU memory released, woken by the next "
+            "request), shorter than --keep-alive: 60, 2m [default: off].",
+            show_default=False,
+        ),
+    ] = None,
     target_in_flight: Annotated[
         int | None,
         typer.Option(
@@ -601,7 +625,7 @@ def add(
     flags = (
         name, weights, engine, gpus, gpu_memory, min_replicas, max_replicas, keep_alive,
         target_in_flight, scale_down_delay, target_queue_depth, target_kv_use,
-        target_queue_wait,
+        target_queue_wait, sleep_after,
     )  # fmt: skip
     flags_given = any(v is not None for v in flags) or bool(engine_arg or alias or no_activation)
     if file is not None:
@@ -629,6 +653,7 @@ def add(
             target_queue_depth=target_queue_depth,
             target_kv_use=target_kv_use,
             target_queue_wait=target_queue_wait,
+            sleep_after=sleep_after,
         )
     if dry_run and replace:
         fail("--dry-run stores nothing, so --replace means nothing with it", EXIT_BAD_INPUT)

@@ -30,6 +30,24 @@ def sim(
     load_time: Annotated[
         float, typer.Option(min=0.0, help="Seconds before /health turns 200 (503 before).")
     ] = 0.0,
+    sleep_time: Annotated[
+        float, typer.Option(min=0.0, help="Seconds POST /sleep takes (vLLM's sleep mode).")
+    ] = 0.1,
+    wake_time: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="Seconds POST /wake_up takes after a level-1 sleep (a level-2 wake adds "
+            "--load-time: the weights are reloaded).",
+        ),
+    ] = 0.3,
+    weights_bytes: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Simulated weights size: GPU memory while awake, host memory in a level-1 sleep.",
+        ),
+    ] = 1 << 30,
     prefill_per_token: Annotated[
         float, typer.Option(min=0.0, help="Prefill seconds per prompt token not in the cache.")
     ] = 0.0002,
@@ -219,6 +237,9 @@ def sim(
         native_apis=apis,
         models=tuple(model) if model else ("sim-model",),
         load_time=load_time,
+        sleep_time=sleep_time,
+        wake_time=wake_time,
+        weights_bytes=weights_bytes,
         prefill_per_token=prefill_per_token,
         itl=itl,
         itl_per_running=itl_per_running,

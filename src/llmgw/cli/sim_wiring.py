@@ -25,6 +25,7 @@ from llmgw.sim.gang import GangError, GangSettings, Rendezvous, fail, follow, ga
 from llmgw.sim.metrics import SimCollector
 from llmgw.sim.scheduler import Clock, Scheduler, Sleep, TimingModel
 from llmgw.sim.settings import SimSettings
+from llmgw.sim.sleep import SleepMode, SleepTimes
 from llmgw.sim.stats import SimStats
 from llmgw.sim.tokens import TextGenerator
 
@@ -76,6 +77,15 @@ def build_app(
         tool_calls=settings.tool_call_parser == "hermes" and settings.text == "sequence",
         clock=clock,
         wall_clock=wall_clock,
+        sleep_mode=SleepMode(
+            times=SleepTimes(
+                sleep_time=settings.sleep_time,
+                wake_time=settings.wake_time,
+                reload_time=settings.load_time,
+            ),
+            weights_bytes=settings.weights_bytes,
+            sleep=sleep,
+        ),
     )
 
 

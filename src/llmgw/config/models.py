@@ -606,6 +606,17 @@ class ModelConfig(_Strict):
             "finds the model loaded, an abandoned one frees its GPUs soon."
         ),
     )
+    sleep_after: float | None = Field(
+        default=None,
+        description=(
+            "Idle time before the model's replicas are put to sleep: seconds or a duration "
+            "('2m'), shorter than keep_alive. A sleeping replica releases its GPU memory "
+            "and keeps its process (weights in host memory), and the next request wakes "
+            "it in a fraction of a start; keep_alive later stops it as usual. Only for "
+            "engines that can sleep (vllm on GPUs, sglang, sim). Off by default: a "
+            "sleeping engine still holds host memory."
+        ),
+    )
     activation: bool = Field(
         default=True,
         description=(
@@ -797,6 +808,34 @@ class ModelConfig(_Strict):
     @classmethod
     def _parse_keep_alive(cls, value: object) -> float:
         return parse_duration(value)
+
+    @field_validator("sleep_after", mode="before")
+    @classmethod
+    def _parse_sleep_after(cls, value: object) -> float | None:
+        if value is None:
+            return None
+        try:
+            seconds = parse_duration(value)
+        except ValueError:
+            seconds = -1.0
+        if seconds <= 0:
+            raise ValueError(
+                f"{value!r} is not an idle time; give more than 0 seconds (120) or a "
+                "duration ('2m'), or leave sleep_after out"
+            )
+        return seconds
+
+    @field_validator("sleep_after")
+    @classmethod
+    def _check_sleep_after(cls, value: float | None, info: ValidationInfo) -> float | None:
+        keep_alive = info.data.get("keep_alive")
+        if value is not None and isinstance(keep_alive, float) and 0 <= keep_alive <= value:
+            raise ValueError(
+                f"sleep_after ({value:g}s) must be shorter than keep_alive "
+                f"({keep_alive:g}s): a replica sleeps first and is stopped later; lower "
+                "sleep_after or raise keep_alive"
+            )
+        return value
 
     @field_validator("scale_down_delay", mode="before")
     @classmethod

@@ -35,6 +35,7 @@ from llmgw.engines.spec import (
     EngineSpec,
     EngineTimings,
     LaunchPlan,
+    SleepApi,
 )
 from llmgw.engines.vllm import VllmAdapter
 
@@ -53,6 +54,7 @@ __all__ = [
     "Sample",
     "SglangAdapter",
     "SimAdapter",
+    "SleepApi",
     "UnknownEngine",
     "VllmAdapter",
     "adapter_for",

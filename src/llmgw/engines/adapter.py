@@ -32,6 +32,9 @@ class EngineAdapter(Protocol):
     can be continued with the thought written back in that markup;
     `tool_parsers` the same for tool parsers (`--tool-call-parser`) that write a
     call as hermes' `<tool_call>{"name": ..., "arguments": ...}</tool_call>`.
+    `sleeps` says whether the engine can release its GPU memory and keep its process
+    (vLLM's sleep mode, SGLang's memory saver, the sim's copy of vLLM's): a spec with
+    `sleep_mode` is started so, and its `LaunchPlan.sleep` says how.
     """
 
     name: str
@@ -41,6 +44,7 @@ class EngineAdapter(Protocol):
     continues: frozenset[str]
     thought_parsers: frozenset[str]
     tool_parsers: frozenset[str]
+    sleeps: bool
 
     def native_apis(self, engine_args: Sequence[str]) -> frozenset[str]:
         """The client APIs besides OpenAI's (`llmgw.engines.apis`: "messages",

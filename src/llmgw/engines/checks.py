@@ -317,3 +317,21 @@ def _managed_flag(name: str, managed: Mapping[str, str], *, abbreviations: bool)
         if flag.startswith(name):
             return flag
     return None
+
+
+def check_sleep(spec: EngineSpec, name: str, *, sleeps: bool, cpu: bool = True) -> None:
+    """A spec in sleep mode is for an engine that can sleep, on GPUs where it must."""
+    if not spec.sleep_mode:
+        return
+    if not sleeps:
+        raise ProfileError(
+            "sleep_after",
+            f"{name} cannot sleep (release its GPU memory and keep its process); remove "
+            "sleep_after, or serve the model with vllm, sglang or sim",
+        )
+    if not cpu and not spec.gpu_indices:
+        raise ProfileError(
+            "sleep_after",
+            f"{name} sleeps only on GPUs (its sleep mode is refused on CPU); remove "
+            "sleep_after or give the profile GPUs",
+        )

@@ -90,6 +90,7 @@ class LlamaCppAdapter:
     needs_gpus = False
     gpu_ranks = False
     routes = LLAMACPP_ROUTES
+    sleeps = False
     continues = CONTINUES_COMPLETIONS
     # The --reasoning-parser names whose thought it writes as <think>...</think>, which a
     # continuation can write back (see `EngineAdapter.thought_parsers`).
@@ -137,6 +138,7 @@ class LlamaCppAdapter:
             )
         checks.check_engine_args(spec, MANAGED_ARGS)
         checks.check_env(spec, RESERVED_ENV)
+        checks.check_sleep(spec, "llama.cpp", sleeps=False)
 
     def plan(self, spec: EngineSpec) -> LaunchPlan:
         """Validate `spec`, then build its `python -m llama_cpp.server` command."""

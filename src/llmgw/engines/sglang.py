@@ -39,6 +39,7 @@ from llmgw.engines.spec import (
     EngineSpec,
     EngineTimings,
     LaunchPlan,
+    SleepApi,
 )
 
 RUNNING = "sglang:num_running_reqs"
@@ -71,6 +72,11 @@ MANAGED_ARGS: Mapping[str, str] = {
 """Options llmgw sets or must not see set, with what to do instead."""
 
 
+SGLANG_SLEEP = SleepApi(
+    sleep_path="/release_memory_occupation", wake_path="/resume_memory_occupation", body=b"{}"
+)
+"""SGLang's memory saver (`--enable-memory-saver`): it takes no level."""
+
 TIMINGS = EngineTimings(load_timeout=1800.0, unhealthy_after=60.0, drain_grace=30.0)
 """SGLang may download weights and capture CUDA graphs before it listens (30 min);
 in-flight requests get 30 s after SIGTERM; a minute of failed /health is a hang."""
@@ -89,6 +95,7 @@ class SglangAdapter:
     thought_parsers: frozenset[str] = frozenset({"deepseek-r1", "qwen3"})
     # The --tool-call-parser names whose calls it writes as <tool_call>{json}</tool_call>.
     tool_parsers: frozenset[str] = frozenset({"qwen25"})
+    sleeps = True
 
     def __init__(self, *, settings: EngineSettings) -> None:
         self._settings = settings
@@ -110,6 +117,7 @@ class SglangAdapter:
         checks.check_memory_fraction(spec)
         checks.check_engine_args(spec, MANAGED_ARGS)
         checks.check_env(spec, checks.GPU_ENV)
+        checks.check_sleep(spec, "SGLang", sleeps=True)
 
     def plan(self, spec: EngineSpec) -> LaunchPlan:
         """Validate `spec`, then build its `python -m sglang.launch_server` command."""
@@ -143,6 +151,8 @@ class SglangAdapter:
                 "--dist-init-addr",
                 checks.host_port(spec.master_addr, spec.master_port),
             ]
+        if spec.sleep_mode:
+            argv.append("--enable-memory-saver")
         argv += spec.engine_args
         return LaunchPlan(
             argv=tuple(argv),
@@ -151,6 +161,7 @@ class SglangAdapter:
             ready_path="/health" if spec.node_rank == 0 else "",
             timings=TIMINGS.resolve(spec),
             metrics_path="/metrics",
+            sleep=SGLANG_SLEEP if spec.sleep_mode else None,
         )
 
     def parse_metrics(self, text: str) -> EngineLoad:

@@ -27,7 +27,7 @@ from llmgw.engines.spec import (
     EngineTimings,
     LaunchPlan,
 )
-from llmgw.engines.vllm import parse_vllm_metrics
+from llmgw.engines.vllm import VLLM_SLEEP, parse_vllm_metrics
 
 MANAGED_ARGS: Mapping[str, str] = {
     "--host": checks.USE_HOST,
@@ -58,6 +58,7 @@ class SimAdapter:
     thought_parsers: frozenset[str] = frozenset({"deepseek_r1", "qwen3"})
     # The --tool-call-parser names whose calls it writes as <tool_call>{json}</tool_call>.
     tool_parsers: frozenset[str] = frozenset({"hermes"})
+    sleeps = True
 
     def __init__(self, *, settings: EngineSettings) -> None:
         self._settings = settings
@@ -81,6 +82,7 @@ class SimAdapter:
         checks.check_memory_fraction(spec)
         checks.check_engine_args(spec, MANAGED_ARGS, abbreviations=False)
         checks.check_env(spec, checks.GPU_ENV)
+        checks.check_sleep(spec, "llmgw sim", sleeps=True)
         value = flag_value(spec.engine_args, "--native-apis")
         if value is not None:
             try:
@@ -110,6 +112,8 @@ class SimAdapter:
             ready_path="/health" if spec.node_rank == 0 else "",
             timings=TIMINGS.resolve(spec),
             metrics_path="/metrics",
+            # The sim always serves vLLM's sleep endpoints.
+            sleep=VLLM_SLEEP if spec.sleep_mode else None,
         )
 
     def parse_metrics(self, text: str) -> EngineLoad:

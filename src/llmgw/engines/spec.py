@@ -62,6 +62,24 @@ class EngineSpec:
     load_timeout: float | None = None
     unhealthy_after: float | None = None
     drain_grace: float | None = None
+    # Start the engine so that it can sleep (the model has a `sleep_after`).
+    sleep_mode: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SleepApi:
+    """How an engine started in sleep mode is put to sleep and woken: HTTP POSTs to
+    its own port. `sleep_path` holds `{level}` (1: weights to host RAM, 2: weights
+    discarded) where the engine takes a level; `body` is sent with both requests."""
+
+    sleep_path: str
+    wake_path: str
+    body: bytes = b""
+    # GET: `{"is_sleeping": bool}` (vLLM's); "" where the engine has no such path.
+    state_path: str = ""
+
+    def sleep_target(self, level: int) -> str:
+        return self.sleep_path.format(level=level)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +122,8 @@ class LaunchPlan:
     `metrics_path` serves Prometheus text, or is None when the engine has none.
     `timings` are the spec's deadlines with the engine kind's defaults filled in
     (the default value suits a quick engine; every adapter sets its own).
+    `sleep` says how to put the engine to sleep and wake it, when it was started in
+    sleep mode (None otherwise).
     """
 
     argv: tuple[str, ...]
@@ -116,6 +136,7 @@ class LaunchPlan:
             load_timeout=120.0, unhealthy_after=60.0, drain_grace=10.0
         )
     )
+    sleep: SleepApi | None = None
 
 
 @dataclass(frozen=True, slots=True)

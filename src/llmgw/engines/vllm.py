@@ -40,6 +40,7 @@ from llmgw.engines.spec import (
     EngineSpec,
     EngineTimings,
     LaunchPlan,
+    SleepApi,
 )
 
 RUNNING = "vllm:num_requests_running"
@@ -81,6 +82,11 @@ UNSET_ENV: tuple[str, ...] = ("VLLM_API_KEY",)
 """vLLM reads an API key from this variable when --api-key is absent."""
 
 
+VLLM_SLEEP = SleepApi(
+    sleep_path="/sleep?level={level}", wake_path="/wake_up", state_path="/is_sleeping"
+)
+"""vLLM's sleep endpoints (`--enable-sleep-mode`, `VLLM_SERVER_DEV_MODE=1`)."""
+
 TIMINGS = EngineTimings(load_timeout=1800.0, unhealthy_after=60.0, drain_grace=30.0)
 """vLLM may download tens of GB of weights before it listens (30 min); requests in
 flight get 30 s after SIGTERM; a /health that fails for a minute is a hung engine."""
@@ -100,6 +106,7 @@ class VllmAdapter:
     thought_parsers: frozenset[str] = frozenset({"deepseek_r1", "qwen3"})
     # The --tool-call-parser names whose calls it writes as <tool_call>{json}</tool_call>.
     tool_parsers: frozenset[str] = frozenset({"hermes"})
+    sleeps = True
 
     def __init__(self, *, settings: EngineSettings) -> None:
         self._settings = settings
@@ -121,6 +128,7 @@ class VllmAdapter:
         checks.check_memory_fraction(spec)
         checks.check_engine_args(spec, MANAGED_ARGS)
         checks.check_env(spec, RESERVED_ENV)
+        checks.check_sleep(spec, "vLLM", sleeps=True, cpu=False)
 
     def plan(self, spec: EngineSpec) -> LaunchPlan:
         """Validate `spec`, then build its `vllm serve` command."""
@@ -163,14 +171,20 @@ class VllmAdapter:
         # says how long to drain (vLLM 0.18 and later; 0, its default, is abort). Whole
         # seconds, rounded down, so that vLLM is done before the agent's own grace ends.
         argv += ["--shutdown-timeout", str(math.floor(timings.drain_grace))]
+        env = {**checks.weights_env(spec, self._settings.weights_dir), **checks.plan_env(spec)}
+        if spec.sleep_mode:
+            # vLLM serves /sleep, /wake_up and /is_sleeping only in its dev mode.
+            argv.append("--enable-sleep-mode")
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         argv += spec.engine_args
         return LaunchPlan(
             argv=tuple(argv),
-            env={**checks.weights_env(spec, self._settings.weights_dir), **checks.plan_env(spec)},
+            env=env,
             unset_env=UNSET_ENV,
             ready_path="/health" if spec.node_rank == 0 else "",
             timings=timings,
             metrics_path="/metrics",
+            sleep=VLLM_SLEEP if spec.sleep_mode else None,
         )
 
     def parse_metrics(self, text: str) -> EngineLoad:

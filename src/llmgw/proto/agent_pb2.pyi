@@ -16,6 +16,7 @@ class ShardState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SHARD_STATE_DRAINING: _ClassVar[ShardState]
     SHARD_STATE_STOPPED: _ClassVar[ShardState]
     SHARD_STATE_FAILED: _ClassVar[ShardState]
+    SHARD_STATE_SLEEPING: _ClassVar[ShardState]
 SHARD_STATE_UNSPECIFIED: ShardState
 SHARD_STATE_STARTING: ShardState
 SHARD_STATE_LOADING: ShardState
@@ -23,6 +24,7 @@ SHARD_STATE_READY: ShardState
 SHARD_STATE_DRAINING: ShardState
 SHARD_STATE_STOPPED: ShardState
 SHARD_STATE_FAILED: ShardState
+SHARD_STATE_SLEEPING: ShardState
 
 class JoinRequest(_message.Message):
     __slots__ = ("token", "node_id", "csr_pem")
@@ -212,20 +214,24 @@ class CommandResult(_message.Message):
     def __init__(self, command_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
-    __slots__ = ("registered", "start_shard", "stop_shard", "drain_shard", "remove_weights", "command_id")
+    __slots__ = ("registered", "start_shard", "stop_shard", "drain_shard", "remove_weights", "sleep_shard", "wake_shard", "command_id")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     START_SHARD_FIELD_NUMBER: _ClassVar[int]
     STOP_SHARD_FIELD_NUMBER: _ClassVar[int]
     DRAIN_SHARD_FIELD_NUMBER: _ClassVar[int]
     REMOVE_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    SLEEP_SHARD_FIELD_NUMBER: _ClassVar[int]
+    WAKE_SHARD_FIELD_NUMBER: _ClassVar[int]
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     registered: Registered
     start_shard: StartShard
     stop_shard: StopShard
     drain_shard: DrainShard
     remove_weights: RemoveWeights
+    sleep_shard: SleepShard
+    wake_shard: WakeShard
     command_id: str
-    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., start_shard: _Optional[_Union[StartShard, _Mapping]] = ..., stop_shard: _Optional[_Union[StopShard, _Mapping]] = ..., drain_shard: _Optional[_Union[DrainShard, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ..., command_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., start_shard: _Optional[_Union[StartShard, _Mapping]] = ..., stop_shard: _Optional[_Union[StopShard, _Mapping]] = ..., drain_shard: _Optional[_Union[DrainShard, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ..., sleep_shard: _Optional[_Union[SleepShard, _Mapping]] = ..., wake_shard: _Optional[_Union[WakeShard, _Mapping]] = ..., command_id: _Optional[str] = ...) -> None: ...
 
 class Registered(_message.Message):
     __slots__ = ("heartbeat_interval_seconds", "leader_id", "server_version")
@@ -238,7 +244,7 @@ class Registered(_message.Message):
     def __init__(self, heartbeat_interval_seconds: _Optional[float] = ..., leader_id: _Optional[str] = ..., server_version: _Optional[str] = ...) -> None: ...
 
 class ShardSpec(_message.Message):
-    __slots__ = ("shard_id", "model", "engine", "weights", "gpu_indices", "port", "engine_args", "env", "tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization", "load_timeout_seconds", "unhealthy_after_seconds", "drain_grace_seconds", "nodes", "node_rank", "master_addr", "master_port", "replica_id")
+    __slots__ = ("shard_id", "model", "engine", "weights", "gpu_indices", "port", "engine_args", "env", "tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization", "load_timeout_seconds", "unhealthy_after_seconds", "drain_grace_seconds", "nodes", "node_rank", "master_addr", "master_port", "replica_id", "sleep_mode")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -265,6 +271,7 @@ class ShardSpec(_message.Message):
     MASTER_ADDR_FIELD_NUMBER: _ClassVar[int]
     MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    SLEEP_MODE_FIELD_NUMBER: _ClassVar[int]
     shard_id: str
     model: str
     engine: str
@@ -284,7 +291,8 @@ class ShardSpec(_message.Message):
     master_addr: str
     master_port: int
     replica_id: str
-    def __init__(self, shard_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., weights: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., port: _Optional[int] = ..., engine_args: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., tensor_parallel_size: _Optional[int] = ..., pipeline_parallel_size: _Optional[int] = ..., gpu_memory_utilization: _Optional[float] = ..., load_timeout_seconds: _Optional[float] = ..., unhealthy_after_seconds: _Optional[float] = ..., drain_grace_seconds: _Optional[float] = ..., nodes: _Optional[int] = ..., node_rank: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., replica_id: _Optional[str] = ...) -> None: ...
+    sleep_mode: bool
+    def __init__(self, shard_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., weights: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., port: _Optional[int] = ..., engine_args: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., tensor_parallel_size: _Optional[int] = ..., pipeline_parallel_size: _Optional[int] = ..., gpu_memory_utilization: _Optional[float] = ..., load_timeout_seconds: _Optional[float] = ..., unhealthy_after_seconds: _Optional[float] = ..., drain_grace_seconds: _Optional[float] = ..., nodes: _Optional[int] = ..., node_rank: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., replica_id: _Optional[str] = ..., sleep_mode: _Optional[bool] = ...) -> None: ...
 
 class StartShard(_message.Message):
     __slots__ = ("spec",)
@@ -307,6 +315,20 @@ class DrainShard(_message.Message):
     shard_id: str
     grace_seconds: float
     def __init__(self, shard_id: _Optional[str] = ..., grace_seconds: _Optional[float] = ...) -> None: ...
+
+class SleepShard(_message.Message):
+    __slots__ = ("shard_id", "level")
+    SHARD_ID_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    shard_id: str
+    level: int
+    def __init__(self, shard_id: _Optional[str] = ..., level: _Optional[int] = ...) -> None: ...
+
+class WakeShard(_message.Message):
+    __slots__ = ("shard_id",)
+    SHARD_ID_FIELD_NUMBER: _ClassVar[int]
+    shard_id: str
+    def __init__(self, shard_id: _Optional[str] = ...) -> None: ...
 
 class RemoveWeights(_message.Message):
     __slots__ = ("path",)

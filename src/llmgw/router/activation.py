@@ -28,6 +28,11 @@ class Activator(Protocol):
         `llmgw.router.errors.ModelUnavailable` (with the reason) otherwise."""
         ...
 
+    def activity(self, model: str) -> str:
+        """What a request waiting for `model` waits on, said in its keep-alive comments
+        (`: llmgw ACTIVITY`): e.g. "is starting model M", "waking model M (replica R)"."""
+        ...
+
     def request_started(self, model: str) -> None:
         """A request for `model` began (keeps the model from being scaled down)."""
         ...

@@ -345,7 +345,7 @@ class Proxy:
                         if not started:
                             await send(_stream_start(200, request_id, extra_headers))
                             started = True
-                        comment = f": llmgw is starting model {req.model}\n\n".encode()
+                        comment = f": llmgw {activator.activity(req.model)}\n\n".encode()
                         await send(
                             {"type": "http.response.body", "body": comment, "more_body": True}
                         )

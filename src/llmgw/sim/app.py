@@ -6,6 +6,11 @@ OpenAI error bodies. Until `load_time` seconds (on the injected clock) have pass
 since the app was created, every route except `/metrics` and `/sim/*` answers 503
 `loading`, like an engine still loading weights.
 
+vLLM's sleep mode is played by `llmgw.sim.sleep`: `/sleep`, `/wake_up` and
+`/is_sleeping`; while the model sleeps, the routes that need its weights answer 503
+`sleeping`, the others (`/health`, `/v1/models`, `/tokenize`, `/detokenize`) keep
+answering, as on vLLM.
+
 With `native_apis` the Anthropic Messages and OpenAI Responses APIs are served
 too (`llmgw.sim.native`); without, those paths are 404 like on llama.cpp's server.
 
@@ -30,11 +35,27 @@ from llmgw.sim.faults import Faults, FaultsError
 from llmgw.sim.inference import Inference
 from llmgw.sim.native import NativeApis
 from llmgw.sim.scheduler import Clock
+from llmgw.sim.sleep import SleepMode
 from llmgw.sim.stats import SimStats
 from llmgw.sim.tokens import TextGenerator
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+# Routes that answer while the model sleeps (vLLM's do not need the weights).
+_SERVED_ASLEEP: Final = frozenset(
+    {
+        "/health",
+        "/v1/models",
+        "/tokenize",
+        "/detokenize",
+        "/metrics",
+        "/sim/stats",
+        "/sim/faults",
+        "/sleep",
+        "/wake_up",
+        "/is_sleeping",
+    }
+)
 _METRICS_HEADERS: Final = ((b"content-type", CONTENT_TYPE_LATEST.encode()),)
 
 
@@ -54,9 +75,11 @@ class SimApp:
         load_time: float,
         clock: Clock,
         wall_clock: Clock,
+        sleep_mode: SleepMode,
         native_apis: frozenset[str] = frozenset(),
     ) -> None:
         self._engine = engine
+        self._sleep_mode = sleep_mode
         self._stats = stats
         self._faults = faults
         self._registry = registry
@@ -73,10 +96,14 @@ class SimApp:
                 ],
             }
         )
-        # path -> (needs the model loaded, {method: handler})
+        # path -> (needs the model loaded, {method: handler}); the paths that need
+        # the weights (refused while the model sleeps) are in `_weights_paths`.
         self._routes: dict[str, tuple[bool, dict[str, Handler]]] = {
             "/health": (True, {"GET": self._health}),
             "/v1/models": (True, {"GET": self._models}),
+            "/sleep": (True, {"POST": self._sleep}),
+            "/wake_up": (True, {"POST": self._wake_up}),
+            "/is_sleeping": (True, {"GET": self._is_sleeping}),
             "/v1/chat/completions": (True, {"POST": inference.chat}),
             "/v1/completions": (True, {"POST": inference.completions}),
             "/v1/embeddings": (True, {"POST": inference.embeddings}),
@@ -95,6 +122,7 @@ class SimApp:
             self._routes["/v1/messages"] = (True, {"POST": native.messages})
         if RESPONSES in native_apis:
             self._routes["/v1/responses"] = (True, {"POST": native.responses})
+        self._awake_only = frozenset(self._routes) - _SERVED_ASLEEP
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -136,6 +164,9 @@ class SimApp:
                 await send_error(send, SimError(503, "model is loading", code="loading"))
                 return
             self._ready = True
+        if path in self._awake_only and not self._sleep_mode.serving:
+            await send_error(send, self._sleep_mode.refusal())
+            return
         await handler(scope, receive, send)
 
     async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -144,12 +175,36 @@ class SimApp:
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send_bytes(send, 200, self._models_body)
 
+    async def _sleep(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self._sleep_mode.put_to_sleep(scope.get("query_string", b""))
+        except SimError as exc:
+            await send_error(send, exc)
+            return
+        await send_bytes(send, 200, b"", ())
+
+    async def _wake_up(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._sleep_mode.wake_up()
+        await send_bytes(send, 200, b"", ())
+
+    async def _is_sleeping(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_json(send, 200, {"is_sleeping": not self._sleep_mode.serving})
+
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send_bytes(send, 200, generate_latest(self._registry), _METRICS_HEADERS)
 
     async def _sim_stats(self, scope: Scope, receive: Receive, send: Send) -> None:
         scheduler = self._engine.scheduler
         snapshot = self._stats.snapshot(running=scheduler.running, waiting=scheduler.waiting)
+        memory = self._sleep_mode.memory()
+        snapshot["sleep"] = {
+            "phase": self._sleep_mode.phase.value,
+            "level": self._sleep_mode.level,
+            "sleeps": self._sleep_mode.sleeps,
+            "wakes": self._sleep_mode.wakes,
+            "weights_gpu_bytes": memory.gpu_bytes,
+            "weights_host_bytes": memory.host_bytes,
+        }
         await send_json(send, 200, snapshot)
 
     async def _get_faults(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -199,6 +254,7 @@ def create_app(
     embedding_dim: int,
     clock: Clock,
     wall_clock: Clock,
+    sleep_mode: SleepMode,
     native_apis: frozenset[str] = frozenset(),
     sequence: bool = False,
     reasoning_words: int = 0,
@@ -234,5 +290,6 @@ def create_app(
         load_time=load_time,
         clock=clock,
         wall_clock=wall_clock,
+        sleep_mode=sleep_mode,
         native_apis=native_apis,
     )

@@ -25,6 +25,24 @@ class SimSettings(BaseModel):
         description="Seconds before /health turns 200, to exercise a gateway's wait for "
         "loading replicas. 0: ready at once.",
     )
+    sleep_time: float = Field(
+        default=0.1,
+        ge=0.0,
+        description="Seconds `POST /sleep` takes (vLLM offloads a small model's weights in "
+        "well under a second).",
+    )
+    wake_time: float = Field(
+        default=0.3,
+        ge=0.0,
+        description="Seconds `POST /wake_up` takes after a level-1 sleep (vLLM's published "
+        "wakes take 0.3-3 s; a level-2 wake also takes `load_time`, to reload the weights).",
+    )
+    weights_bytes: int = Field(
+        default=1 << 30,
+        ge=0,
+        description="Size of the simulated weights (1 GiB): on the GPU while awake, in host "
+        "RAM during a level-1 sleep, nowhere during a level-2 sleep (`/sim/stats`).",
+    )
     prefill_per_token: float = Field(
         default=0.0002,
         ge=0.0,

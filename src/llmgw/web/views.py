@@ -20,12 +20,13 @@ from llmgw.web.charts import LineChart, line_chart, share
 from llmgw.web.sources import DashboardSources, HistorySource, Json
 
 NODE_STATES = ("ready", "unreachable", "lost")
-MODEL_STATES = ("ready", "starting", "backoff", "unplaceable", "stopped")
+MODEL_STATES = ("ready", "sleeping", "starting", "backoff", "unplaceable", "stopped")
 REPLICA_STATES = (
     "placing",
     "starting",
     "loading",
     "ready",
+    "sleeping",
     "in_doubt",
     "draining",
     "stopping",

@@ -45,6 +45,7 @@ _STATES: dict[int, ShardState] = {
     agent_pb2.SHARD_STATE_DRAINING: "draining",
     agent_pb2.SHARD_STATE_STOPPED: "stopped",
     agent_pb2.SHARD_STATE_FAILED: "failed",
+    agent_pb2.SHARD_STATE_SLEEPING: "sleeping",
 }
 
 
@@ -155,7 +156,8 @@ def shard_report(msg: agent_pb2.ShardStatus) -> ShardReport:
     if state is None:
         raise BadAgentMessage(
             f"ShardStatus for shard {msg.shard_id!r} has no state (got {msg.state}); "
-            "the agent must send one of starting, loading, ready, draining, stopped, failed"
+            "the agent must send one of starting, loading, ready, draining, stopped, failed, "
+            "sleeping"
         )
     return ShardReport(
         shard_id=msg.shard_id,
@@ -192,6 +194,7 @@ def shard_spec(msg: agent_pb2.ShardSpec) -> ShardSpec:
         master_addr=msg.master_addr,
         master_port=msg.master_port,
         replica_id=msg.replica_id,
+        sleep_mode=msg.sleep_mode,
     )
 
 
@@ -216,4 +219,5 @@ def shard_spec_message(spec: ShardSpec) -> agent_pb2.ShardSpec:
         master_addr=spec.master_addr,
         master_port=spec.master_port,
         replica_id=spec.replica_id,
+        sleep_mode=spec.sleep_mode,
     )

@@ -33,6 +33,17 @@ class Dispatcher(Protocol):
         """Let a shard finish its in-flight requests (up to `grace_seconds`), then stop it."""
         ...
 
+    async def sleep_shard(
+        self, node_id: str, shard_id: str, level: int, wait_seconds: float
+    ) -> None:
+        """Put a Ready shard's engine to sleep (level 1: weights to host RAM, 2: dropped);
+        returns once it sleeps (the engine gets `wait_seconds`)."""
+        ...
+
+    async def wake_shard(self, node_id: str, shard_id: str, wait_seconds: float) -> None:
+        """Wake a sleeping shard's engine; returns once it serves again."""
+        ...
+
     async def remove_weights(self, node_id: str, path: str) -> None:
         """Delete weights at `path`, which must be inside the node's weights directory."""
         ...

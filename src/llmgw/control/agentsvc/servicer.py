@@ -570,6 +570,26 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             self._command_timeout + grace_seconds,
         )
 
+    async def sleep_shard(
+        self, node_id: str, shard_id: str, level: int, wait_seconds: float
+    ) -> None:
+        await self._command(
+            node_id,
+            agent_pb2.ServerMessage(
+                sleep_shard=agent_pb2.SleepShard(shard_id=shard_id, level=level)
+            ),
+            f"put shard {shard_id!r} to sleep",
+            self._command_timeout + wait_seconds,
+        )
+
+    async def wake_shard(self, node_id: str, shard_id: str, wait_seconds: float) -> None:
+        await self._command(
+            node_id,
+            agent_pb2.ServerMessage(wake_shard=agent_pb2.WakeShard(shard_id=shard_id)),
+            f"wake shard {shard_id!r}",
+            self._command_timeout + wait_seconds,
+        )
+
     async def remove_weights(self, node_id: str, path: str) -> None:
         await self._command(
             node_id,

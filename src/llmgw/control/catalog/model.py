@@ -107,6 +107,8 @@ class CatalogModel:
     min_replicas: int = 0
     max_replicas: int = 1
     keep_alive: float = 300.0
+    # Idle seconds before its replicas sleep (None: they never do; see `reconciler.sleep`).
+    sleep_after: float | None = None
     activation: bool = True
     source: ModelSource = "config"
     target_in_flight: int | None = None

@@ -72,6 +72,9 @@ _PROFILE_REMEDIES = {
     ),
 }
 
+# Fields of the model (not of a profile) that an engine's checks may name.
+_MODEL_FIELDS = frozenset({"weights", "sleep_after"})
+
 # A message that already starts by saying which model/profile it is about.
 _SCOPED = re.compile(r"^(?:model '[^']*'(?:, profile '[^']*')?|profile '[^']*'): ")
 
@@ -86,6 +89,7 @@ def model_from_config(cfg: ModelConfig, *, source: ModelSource) -> CatalogModel:
         min_replicas=cfg.min_replicas,
         max_replicas=cfg.max_replicas,
         keep_alive=cfg.keep_alive,
+        sleep_after=cfg.sleep_after,
         activation=cfg.activation,
         source=source,
         target_in_flight=cfg.target_in_flight,
@@ -201,6 +205,7 @@ def model_to_dict(model: CatalogModel) -> dict[str, Any]:
         "min_replicas": model.min_replicas,
         "max_replicas": model.max_replicas,
         "keep_alive": _number(model.keep_alive),
+        **({"sleep_after": _number(model.sleep_after)} if model.sleep_after is not None else {}),
         "activation": model.activation,
         "target_in_flight": model.target_in_flight,
         "target_queue_depth": model.target_queue_depth,
@@ -298,7 +303,7 @@ def _check_engine(model: CatalogModel, index: int, profile: Profile, *, at: str 
     """`at`: the field path prefix of the profiles' owner ("versions.1." for a canary)."""
 
     def fail(field: str, message: str) -> InvalidModel:
-        path = at + ("weights" if field == "weights" else f"profiles.{index}.{field}")
+        path = at + (field if field in _MODEL_FIELDS else f"profiles.{index}.{field}")
         return InvalidModel(_message(model.name, profile.name, field, message), path)
 
     try:
@@ -350,6 +355,7 @@ def _check_engine(model: CatalogModel, index: int, profile: Profile, *, at: str 
         load_timeout=profile.load_timeout,
         unhealthy_after=profile.unhealthy_after,
         drain_grace=profile.drain_grace,
+        sleep_mode=model.sleep_after is not None,
     )
     try:
         adapter.validate(spec)
@@ -371,6 +377,7 @@ def _profile_field(exc: ProfileError, profile: Profile) -> tuple[str, str]:
         "engine_args",
         "env",
         "weights",
+        "sleep_after",
         "gpu_memory_utilization",
         "load_timeout",
         "unhealthy_after",

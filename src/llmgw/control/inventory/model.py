@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Literal, get_args
 
 NodeState = Literal["ready", "unreachable", "lost"]
-ShardState = Literal["starting", "loading", "ready", "draining", "stopped", "failed"]
+ShardState = Literal["starting", "loading", "ready", "draining", "stopped", "failed", "sleeping"]
 
 NODE_STATES: tuple[NodeState, ...] = get_args(NodeState)
 SHARD_STATES: tuple[ShardState, ...] = get_args(ShardState)
@@ -53,6 +53,8 @@ class ShardSpec:
     master_addr: str = ""
     master_port: int = 0
     replica_id: str = ""
+    # Started so that it can sleep (its model has a sleep_after).
+    sleep_mode: bool = False
 
     @property
     def replica(self) -> str:

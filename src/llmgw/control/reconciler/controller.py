@@ -28,6 +28,9 @@ next reconcile places it again). A shard that ended takes its record with it,
 and so does a node the operator removed. Only recorded shards reach the
 inventory (the agent service refuses the others), so only they are published.
 
+A model with `sleep_after` has its idle replicas put to sleep and woken by the
+next request instead of a start (`sleep.SleepBook`); `keep_alive` stops them later.
+
 A change to what a model's replicas run rolls them (`rollout`, inside `plan`):
 new replicas first, old ones drain once new ones are Ready and routed to. A
 replica of the new spec that fails stops the rollout (a `Halt`, kept in the
@@ -94,6 +97,7 @@ from llmgw.control.reconciler.errors import (
 from llmgw.control.reconciler.plan import explain, plan
 from llmgw.control.reconciler.rollbook import RolloutBook, RolloutLedger
 from llmgw.control.reconciler.rollout import runs_current
+from llmgw.control.reconciler.sleep import SleepBook, dozing
 from llmgw.control.reconciler.state import (
     EndpointPublisher,
     Event,
@@ -296,6 +300,16 @@ class Controller:
         self._served: set[str] = set()
         self._events: deque[Event] = deque(maxlen=MAX_EVENTS)
         self._routed = routed
+        self._sleep = SleepBook(
+            dispatcher=dispatcher,
+            clock=clock,
+            tracer=self._tracer,
+            spawn=self._spawn,
+            event=self._event,
+            wake_loop=self._wake.set,
+            command_timeout=activation_timeout,
+            metrics=activation_metrics,
+        )
         self._rollout_book = RolloutBook(
             ledger=rollouts,
             canary_ledger=canary_halts,
@@ -429,6 +443,7 @@ class Controller:
                 self._act(result.actions)
         else:
             self._act(result.actions)
+        self._sleep.step(models, nodes, self.demand, self._wanted(), now)
         # After the stops are marked: a stopping replica leaves the router before
         # its engine hears of it.
         self._publish(self._inventory.nodes())
@@ -445,6 +460,15 @@ class Controller:
         if starts:
             # One write records them all (a multi-node replica's shards together).
             self._spawn(self._record_and_start(starts), f"start {len(starts)} shard(s)")
+
+    def _wanted(self) -> set[str]:
+        """Models a request waits for, here or on another server (by canonical name)."""
+        wanted = set(self._activations)
+        for name in self.demand.remote_wanted():
+            model = self._catalog.get(name)
+            if model is not None:
+                wanted.add(model.name)
+        return wanted
 
     def _routed_ids(self, nodes: Sequence[Node]) -> frozenset[str] | None:
         """The Ready replicas this server's router routes to (None: not known here)."""
@@ -517,11 +541,20 @@ class Controller:
         if model.scales_on_load:
             wanted = max(wanted, self._for_load(model, now))
         health = self._health.get(model.name)
+        # An idle model past sleep_after keeps the replicas it has (asleep) but starts
+        # none: one stopped to make room for another model comes back on request.
+        asleep = (
+            model.min_replicas == 0
+            and model.name not in self._activations
+            and dozing(self.demand, model, now)
+        )
         return Desired(
             model=model,
             replicas=min(wanted, model.max_replicas),
             # Replicas Ready under the previous leader are waited for, not duplicated.
-            hold=model.name in self._expected or (health is not None and now < health.retry_at),
+            hold=model.name in self._expected
+            or (health is not None and now < health.retry_at)
+            or asleep,
             avoid_nodes=frozenset(health.avoid) if health is not None else frozenset(),
             avoid_ports=frozenset(health.avoid_ports) if health is not None else frozenset(),
             halted=self._rollout_book.halted(model),
@@ -745,6 +778,7 @@ class Controller:
             "not_in_catalog": "its model is no longer in the catalog",
             "gang_broken": "another shard of its multi-node replica is gone",
             "rollout": "it runs the model's previous spec, and enough new replicas are Ready",
+            "make_room": "it sleeps, and its GPUs are needed",
         }[action.reason]
         message = f"stopping replica {action.shard_id} on node {action.node_id}: {why}"
         if action.detail:
@@ -906,6 +940,7 @@ class Controller:
                     shard.state == "ready"
                     and shard.endpoint_url
                     and shard.id not in self._stopping
+                    and shard.id not in self._sleep.falling
                     and rank == 0
                 ):
                     spec = shard.spec
@@ -1147,9 +1182,21 @@ class Controller:
             + _ASK_OPERATOR.format(model=name),
         )
 
+    def activity(self, name: str) -> str:
+        """What a request waiting for `name` waits on, for its keep-alive comments:
+        "waking model M (replica R)" while a sleeping replica is woken, else
+        "is starting model M"."""
+        model = self._catalog.get(name)
+        wake = self._sleep.waking(model.name if model is not None else name)
+        if wake is not None:
+            return f"waking model {name} (replica {wake.shard_id})"
+        return f"is starting model {name}"
+
     def _progress(self, model: str) -> str:
+        waking = self._sleep.waking(model)
         states = [
-            f"replica {shard.id} on node {node.id} is {shard.state}"
+            f"replica {shard.id} on node {node.id} is "
+            + ("waking" if waking is not None and waking.shard_id == shard.id else shard.state)
             for node in self._inventory.nodes()
             for shard in node.shards.values()
             if shard.model == model
@@ -1233,6 +1280,7 @@ class Controller:
             retry_in=max(0.0, health.retry_at - now) if health is not None else 0.0,
             unplaced=self._unplaced.get(model.name),
             activating=model.name in self._activations,
+            last_wake=self._sleep.last_wake(model.name),
             rollout=self.rollout(model.name),
             outdated=frozenset(
                 s.id

@@ -165,9 +165,20 @@ def plan(
         actual.nodes, actual.pending, policy=policy, filters=filters, mgmt_interface=mgmt_interface
     )
     nodes = {n.id: n for n in actual.nodes}
-    starts, unplaced = _place(
-        short, fleet, new_shard_id, lambda node_id: mgmt_address(nodes[node_id], mgmt_interface)
+    awake, sleepers = _without_sleepers(actual)
+    roomy = (
+        Fleet(awake, actual.pending, policy=policy, filters=filters, mgmt_interface=mgmt_interface)
+        if sleepers
+        else None
     )
+    starts, unplaced, making_room = _place(
+        short,
+        fleet,
+        new_shard_id,
+        lambda node_id: mgmt_address(nodes[node_id], mgmt_interface),
+        _Room(roomy, sleepers, actual.stopping) if roomy is not None else None,
+    )
+    stops += making_room
     stops.sort(key=lambda s: (s.node_id, s.shard_id))
     in_doubt = {
         name: tuple(sorted(shard.id for _, shard in have.in_doubt))
@@ -417,14 +428,55 @@ def _surplus_detail(count: int, wanted: int, kept: list[tuple[Node, Shard]], pen
     return f"{text}; keeping {', '.join(parts)}; Ready ones are kept first, then the oldest"
 
 
+@dataclass(slots=True)
+class _Room:
+    """The fleet as if sleeping replicas were gone (their GPUs count as free), and
+    which sleeping replica holds each (node, GPU)."""
+
+    fleet: Fleet
+    sleepers: dict[tuple[str, int], tuple[Node, Shard]]
+    stopping: frozenset[str]
+
+
+def _without_sleepers(
+    actual: Actual,
+) -> tuple[list[Node], dict[tuple[str, int], tuple[Node, Shard]]]:
+    """The nodes without their sleeping single-node shards, and those shards by GPU.
+
+    A sleeping engine released its GPU memory, so placement may use its GPUs: it
+    is stopped first (`make_room`)."""
+    nodes: list[Node] = []
+    sleepers: dict[tuple[str, int], tuple[Node, Shard]] = {}
+    for node in actual.nodes:
+        asleep = [
+            s
+            for s in node.shards.values()
+            if s.state == "sleeping" and (s.spec is None or s.spec.nodes <= 1)
+        ]
+        if not asleep:
+            nodes.append(node)
+            continue
+        copy = node.copy()
+        for shard in asleep:
+            del copy.shards[shard.id]
+            for index in shard.gpu_indices:
+                sleepers[(node.id, index)] = (node, shard)
+        nodes.append(copy)
+    return nodes, sleepers
+
+
 def _place(
     short: list[tuple[Desired, int]],
     fleet: Fleet,
     new_shard_id: Callable[[str], str],
     mgmt: Callable[[str], MgmtAddress | str],
-) -> tuple[list[Start], dict[str, Explanation]]:
+    room: _Room | None = None,
+) -> tuple[list[Start], dict[str, Explanation], list[Stop]]:
+    """Starts for the missing replicas; what cannot be placed; and the sleeping
+    replicas to stop first where only their GPUs would let a replica be placed."""
     starts: list[Start] = []
     unplaced: dict[str, Explanation] = {}
+    making_room: dict[str, Stop] = {}
     short.sort(key=lambda item: (-_size(item[0].model), item[0].model.name))
     for want, missing in short:
         model = want.model
@@ -433,13 +485,41 @@ def _place(
                 model, avoid_nodes=want.avoid_nodes, avoid_ports=want.avoid_ports
             )
             if placement is None:
-                unplaced[model.name] = fleet.explain(
-                    model, avoid_nodes=want.avoid_nodes, avoid_ports=want.avoid_ports
-                )
+                stops = _make_room(room, want) if room is not None else None
+                if stops is None:
+                    unplaced[model.name] = fleet.explain(
+                        model, avoid_nodes=want.avoid_nodes, avoid_ports=want.avoid_ports
+                    )
+                for stop in stops or ():
+                    making_room.setdefault(stop.shard_id, stop)
                 break
             fleet.reserve(placement, model.name)
+            if room is not None:
+                room.fleet.reserve(placement, model.name)
             starts += _starts(model, placement, new_shard_id(model.name), mgmt)
-    return starts, dict(sorted(unplaced.items()))
+    return starts, dict(sorted(unplaced.items())), list(making_room.values())
+
+
+def _make_room(room: _Room, want: Desired) -> list[Stop] | None:
+    """The stops of the sleeping replicas whose GPUs would let `want` be placed (empty
+    when they are already stopping), or None when it would not fit even without them;
+    the start comes once they are gone."""
+    model = want.model
+    spot = room.fleet.place(model, avoid_nodes=want.avoid_nodes, avoid_ports=want.avoid_ports)
+    if spot is None:
+        return None
+    room.fleet.reserve(spot, model.name)
+    victims: dict[str, tuple[Node, Shard]] = {}
+    for rank in spot.ranks:
+        for index in rank.gpu_indices:
+            found = room.sleepers.get((rank.node_id, index))
+            if found is not None and found[1].id not in room.stopping:
+                victims[found[1].id] = found
+    detail = f"model {model.name} needs its GPUs"
+    return [
+        _stop(node, shard, "make_room", drain=False, detail=detail)
+        for node, shard in victims.values()
+    ]
 
 
 def _size(model: CatalogModel) -> int:
@@ -487,6 +567,7 @@ def _starts(
             master_addr=master_addr,
             master_port=placement.master_port if gang else 0,
             replica_id=replica_id if gang else "",
+            sleep_mode=model.sleep_after is not None,
         )
         starts.append(
             Start(node_id=shard.node_id, model=model.name, profile=profile.name, spec=spec)

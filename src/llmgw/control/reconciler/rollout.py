@@ -69,6 +69,8 @@ def _same_launch(model: CatalogModel, profile: Profile, spec: ShardSpec) -> bool
         and spec.pipeline_parallel_size == profile.pipeline_parallel
         and spec.gpu_memory_utilization == profile.gpu_memory_utilization
         and spec.nodes == profile.nodes
+        # An engine is started able to sleep or not: a change of sleep_after restarts it.
+        and spec.sleep_mode == (model.sleep_after is not None)
         # A multi-node rank's environment adds its network's variables to the profile's.
         and all(spec.env.get(key) == value for key, value in profile.env.items())
         and (profile.nodes > 1 or len(spec.env) == len(profile.env))

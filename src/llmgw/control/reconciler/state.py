@@ -191,13 +191,17 @@ class ModelState:
     versions: Mapping[str, str] = field(default_factory=dict)
     # Why the model's canary is stopped (a replica of it failed), or None.
     canary_halt: str | None = None
+    # The model's last wake of a sleeping replica: (replica id, seconds it took).
+    last_wake: tuple[str, float] | None = None
 
     @property
     def state(self) -> str:
-        """ready / starting / backoff / unplaceable / stopped, for people."""
+        """ready / sleeping / starting / backoff / unplaceable / stopped, for people."""
         live = [s for n, s in self.replicas if s.holds_gpus and n.state != "lost"]
         if any(s.state == "ready" and routable(n) for n, s in self.replicas):
             return "ready"
+        if live and not self.pending and all(s.state == "sleeping" for s in live):
+            return "sleeping"
         if live or self.pending:
             return "starting"
         if self.last_failure is not None and self.retry_in > 0:

@@ -81,7 +81,13 @@ class Start:
 
 
 StopReason = Literal[
-    "scale_down", "node_draining", "not_in_catalog", "ended", "gang_broken", "rollout"
+    "scale_down",
+    "node_draining",
+    "not_in_catalog",
+    "ended",
+    "gang_broken",
+    "rollout",
+    "make_room",
 ]
 
 
@@ -93,7 +99,9 @@ class Stop:
     replacement is ready), `not_in_catalog` (no model of that name any more),
     `ended` (the shard already stopped or failed: the stop makes the agent forget it),
     `gang_broken` (another shard of its multi-node replica is gone: the rest stop too),
-    `rollout` (it runs a spec the catalog replaced, and enough new replicas are Ready).
+    `rollout` (it runs a spec the catalog replaced, and enough new replicas are Ready),
+    `make_room` (it sleeps, and another model's replica needs its GPUs: it stops
+    first, and that replica is placed once its GPUs are free).
     `detail`: for people (events, logs), e.g. which replicas a scale down keeps;
     not part of the action's identity.
     """

@@ -136,6 +136,11 @@ def state_view(state: ModelState, reach: Reachability | None = None) -> dict[str
         "in_flight": state.in_flight,
         "load": signals_view(state.model, state.load),
         "idle_seconds": None if state.idle_for is None else round(state.idle_for, 1),
+        "last_wake": (
+            None
+            if state.last_wake is None
+            else {"replica": state.last_wake[0], "seconds": round(state.last_wake[1], 3)}
+        ),
         "activating": state.activating,
         "failures": state.failures,
         "retry_in_seconds": round(state.retry_in, 1),
