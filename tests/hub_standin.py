@@ -92,13 +92,13 @@ class _Handler(BaseHTTPRequestHandler):
     hub: HubStandin
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         return  # keep pytest output clean
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:
         self._serve(head=True)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._serve(head=False)
 
     def _serve(self, *, head: bool) -> None:
@@ -149,7 +149,9 @@ class _Handler(BaseHTTPRequestHandler):
                 "tags": [],
                 "downloads": 0,
                 "likes": 0,
-                "siblings": [{"rfilename": name, "size": len(data)} for name, data in files.items()],
+                "siblings": [
+                    {"rfilename": name, "size": len(data)} for name, data in files.items()
+                ],
                 "lastModified": "2026-01-01T00:00:00.000Z",
                 "createdAt": "2026-01-01T00:00:00.000Z",
                 "usedStorage": sum(len(d) for d in files.values()),

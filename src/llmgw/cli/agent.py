@@ -105,6 +105,15 @@ def agent(
         str,
         typer.Option(help="Directory of model weights; created if missing."),
     ] = DEFAULT_WEIGHTS_DIR,
+    hub_token_file: Annotated[
+        str | None,
+        typer.Option(
+            help="File holding the token for downloading hub weights (a private hub or "
+            "mirror). Unset: HF_TOKEN from the environment, if any. The hub itself is "
+            "HF_ENDPOINT (default: huggingface.co).",
+            show_default=False,
+        ),
+    ] = None,
     port_range: Annotated[
         str, typer.Option(help="Ports engines on this node may listen on, START-END.")
     ] = "20000-20999",
@@ -258,6 +267,7 @@ def agent(
             # Last: the only checks with a side effect (they create directories).
             weights_dir=_weights_dir(weights_dir),
             state_dir=_state_dir(state_dir),
+            hub_token_file=_hub_token_file(hub_token_file),
         )
     except FlagError as exc:
         raise _fail(str(exc)) from None
@@ -299,6 +309,7 @@ class _Options:
     labels: dict[str, str]
     fabric: dict[str, str]
     weights_dir: Path
+    hub_token_file: Path | None
     port_range: PortRange
     declared_gpus: tuple[int, ...]
     advertise_host: str | None
@@ -426,6 +437,15 @@ def _node_id(
     return node_id
 
 
+def _hub_token_file(value: str | None) -> Path | None:
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise FlagError("--hub-token-file", f"{path} is not a readable file; give the token's file")
+    return path
+
+
 def _weights_dir(value: str) -> Path:
     path = Path(value).expanduser()
     try:
@@ -528,6 +548,7 @@ async def _serve(
     from llmgw.agent.connection import Connection
     from llmgw.agent.feed import StatusFeed
     from llmgw.agent.hardware import Hardware, discover_gpus, load_nvml
+    from llmgw.agent.hub import Snapshots
     from llmgw.agent.node import run_node
     from llmgw.agent.settings import ConnectionSettings, SupervisorSettings
     from llmgw.agent.supervisor import Supervisor
@@ -601,6 +622,11 @@ async def _serve(
             settings=supervisor_settings,
             on_change=feed.publish,
             store=store,
+            snapshots=Snapshots(
+                weights_dir=options.weights_dir,
+                environ=os.environ,
+                token_file=options.hub_token_file,
+            ),
         )
         connection = Connection(
             addresses=options.addresses,

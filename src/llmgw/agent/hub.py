@@ -1,0 +1,225 @@
+"""Hub snapshots on this node's disk: one download per (repo, revision) at a time.
+
+Before an engine whose weights are a hub reference (`org/name@sha`) starts, the
+supervisor asks `Snapshots.ensure` for the local snapshot directory. A snapshot
+already complete on disk is returned at once, with no network; otherwise the
+real `huggingface_hub` client downloads it into the weights directory's `hub/`
+cache (the layout vLLM and transformers read), honouring `HF_ENDPOINT` and a
+token from the agent's environment (`HF_TOKEN`) or from `--hub-token-file`.
+Every caller that needs the same (repo, revision) while it downloads awaits the
+same download. A download an earlier agent left half done is resumed by the
+client (it keeps `.incomplete` files and asks for the rest with `Range`).
+
+`progress(ref)` reads the bytes on disk against the snapshot's total (from the
+hub's file list), for the shard's status message.
+
+Not guaranteed: retries (a failed download raises `DownloadError`; the shard
+fails with the hub's reason and the control plane retries it with backoff);
+disk space checks before the download; files the hub changes under a commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llmgw.agent.errors import LaunchError
+from llmgw.config.hub import HubRef
+
+
+class DownloadError(LaunchError):
+    """A snapshot could not be downloaded; the message carries the hub's reason."""
+
+
+@dataclass
+class _Download:
+    ref: HubRef
+    task: asyncio.Task[Path]
+    started: float
+    total: int = 0  # bytes of the snapshot, once the file list is known
+    start_bytes: int = 0  # already on disk when this download began (resumed)
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """How far a download is: bytes on disk of the total, and the rate since it began."""
+
+    done: int
+    total: int
+    rate: float  # bytes per second since this download began
+
+    def describe(self, ref: HubRef) -> str:
+        """`downloading org/name@abc1234: 41% of 15.2 MB, 2 min left`."""
+        if self.total <= 0:
+            return f"downloading {ref.short()}: listing files"
+        percent = min(100, int(100 * self.done / self.total))
+        text = f"downloading {ref.short()}: {percent}% of {_size(self.total)}"
+        if self.rate > 0 and self.done < self.total:
+            text += f", {_duration((self.total - self.done) / self.rate)} left"
+        return text
+
+
+def _size(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "kB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} TB"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{max(1, round(seconds))} s"
+    if seconds < 5400:
+        return f"{round(seconds / 60)} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+@dataclass
+class Snapshots:
+    """The hub snapshots of one weights directory, and the downloads under way."""
+
+    weights_dir: Path
+    environ: Mapping[str, str]
+    token_file: Path | None = None
+    _running: dict[HubRef, _Download] = field(default_factory=dict)
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.weights_dir / "hub"
+
+    def _endpoint(self) -> str | None:
+        return self.environ.get("HF_ENDPOINT") or None
+
+    def _token(self) -> str | None:
+        if self.token_file is not None:
+            try:
+                token = self.token_file.read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise DownloadError(
+                    f"cannot read the hub token file {self.token_file}: "
+                    f"{exc.strerror or exc}; fix --hub-token-file"
+                ) from exc
+            return token or None
+        return self.environ.get("HF_TOKEN") or None
+
+    def local(self, ref: HubRef) -> Path | None:
+        """The complete snapshot on disk, or None (blocking: reads the cache)."""
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+        try:
+            return Path(
+                snapshot_download(
+                    ref.repo,
+                    revision=ref.revision,
+                    cache_dir=self.cache_dir,
+                    local_files_only=True,
+                )
+            )
+        except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError):
+            return None
+
+    async def ensure(self, ref: HubRef) -> Path:
+        """The snapshot's directory, downloading it first when it is not on disk."""
+        found = await asyncio.to_thread(self.local, ref)
+        if found is not None:
+            return found
+        running = self._running.get(ref)
+        if running is None:
+            task = asyncio.get_running_loop().create_task(
+                self._download(ref), name=f"download {ref}"
+            )
+            running = _Download(ref=ref, task=task, started=time.monotonic())
+            self._running[ref] = running
+            task.add_done_callback(lambda _: self._running.pop(ref, None))
+        # Shielded: one shard's start being cancelled must not end another's download.
+        return await asyncio.shield(running.task)
+
+    def progress(self, ref: HubRef) -> Progress | None:
+        """How far the download of `ref` is; None when none is running (blocking: stat)."""
+        running = self._running.get(ref)
+        if running is None:
+            return None
+        done = _bytes_under(self.cache_dir / ("models--" + ref.repo.replace("/", "--")))
+        elapsed = time.monotonic() - running.started
+        rate = (done - running.start_bytes) / elapsed if elapsed > 0 else 0.0
+        return Progress(done=min(done, running.total or done), total=running.total, rate=rate)
+
+    async def _download(self, ref: HubRef) -> Path:
+        running = self._running[ref]
+        running.start_bytes = await asyncio.to_thread(
+            _bytes_under, self.cache_dir / ("models--" + ref.repo.replace("/", "--"))
+        )
+        running.total = await asyncio.to_thread(self._total, ref)
+        return await asyncio.to_thread(self._fetch, ref)
+
+    def _total(self, ref: HubRef) -> int:
+        from huggingface_hub import HfApi
+        from huggingface_hub.errors import HfHubHTTPError
+
+        api = HfApi(endpoint=self._endpoint(), token=self._token())
+        try:
+            info = api.model_info(ref.repo, revision=ref.revision, files_metadata=True)
+        except HfHubHTTPError as exc:
+            raise DownloadError(_hub_reason(ref, exc)) from exc
+        except OSError as exc:
+            raise DownloadError(
+                f"cannot reach the hub at {api.endpoint} to download {ref}: {exc}; set "
+                "HF_ENDPOINT on the agent to a reachable hub or mirror"
+            ) from exc
+        return sum(s.size or 0 for s in info.siblings or [])
+
+    def _fetch(self, ref: HubRef) -> Path:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+        try:
+            return Path(
+                snapshot_download(
+                    ref.repo,
+                    revision=ref.revision,
+                    cache_dir=self.cache_dir,
+                    endpoint=self._endpoint(),
+                    token=self._token(),
+                )
+            )
+        except HfHubHTTPError as exc:
+            raise DownloadError(_hub_reason(ref, exc)) from exc
+        except (LocalEntryNotFoundError, OSError) as exc:
+            raise DownloadError(f"downloading {ref} failed: {exc}") from exc
+
+
+def _hub_reason(ref: HubRef, exc: Exception) -> str:
+    """The hub's own words: its error message header, else the client's first line."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    reason = ""
+    if isinstance(exc, HfHubHTTPError) and exc.response is not None:
+        reason = exc.response.headers.get("X-Error-Message", "")
+        status = exc.response.status_code
+    else:
+        status = 0
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    detail = f"{reason} ({first})" if reason else first
+    prefix = f"the hub refused {ref}"
+    return f"{prefix}: {detail}" if status else f"downloading {ref} failed: {detail}"
+
+
+def _bytes_under(path: Path) -> int:
+    """Bytes of the regular files under `path` (blobs and `.incomplete` parts)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            full = os.path.join(root, name)
+            try:
+                if not os.path.islink(full):
+                    total += os.path.getsize(full)
+            except OSError:
+                continue
+    return total

@@ -1,0 +1,121 @@
+"""Hub weights are the agent's job: downloaded once per node with the real hub client.
+
+A real `llmgw server`, real agents and `llmgw sim` engines, and a hub stand-in
+(`hub_standin`) serving a small repo over the API the real `huggingface_hub`
+client uses; agents get `HF_ENDPOINT` pointing at it. The stand-in throttles
+its bytes so a download lasts long enough to be seen (and killed) mid-way.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from hub_standin import HubRepo, HubStandin, make_repo, serve_hub
+from procs import Proc, Server, free_port, free_port_block, llmgw, wait_for
+
+WEIGHT_BYTES = 600_000
+
+
+def tiny_repo(repo_id: str = "org/tiny", **kwargs: Any) -> HubRepo:
+    return make_repo(
+        repo_id,
+        {
+            "config.json": b'{"model_type": "llama"}',
+            "model.safetensors": os.urandom(WEIGHT_BYTES),
+        },
+        **kwargs,
+    )
+
+
+def config(weights: str, *, min_replicas: int = 1, max_replicas: int = 1) -> str:
+    return (
+        "control: {heartbeat_interval: 0.3, reconcile_interval: 0.3, retry_base: 0.5, "
+        "retry_max: 2, activation_timeout: 120}\n"
+        "models:\n"
+        f"  - name: tiny\n    weights: {weights}\n    min_replicas: {min_replicas}\n"
+        f"    max_replicas: {max_replicas}\n    keep_alive: -1\n"
+        "    profiles: [{name: sim, engine: sim, engine_args: [--zero-delay]}]\n"
+    )
+
+
+@pytest.fixture
+def hub() -> Iterator[HubStandin]:
+    with serve_hub() as standin:
+        yield standin
+
+
+def start_agent(
+    agent_port: int, tmp: Path, hub: HubStandin, node: str = "node-a", *extra: str
+) -> Proc:
+    low = free_port_block(4)
+    return Proc(
+        llmgw(
+            "agent", "--server", f"127.0.0.1:{agent_port}", "--node-id", node,
+            "--weights-dir", str(tmp / node / "weights"), "--state-dir", str(tmp / node / "state"),
+            "--port-range", f"{low}-{low + 3}", "--stop-engines-on-exit", *extra,
+        ),
+        env={"HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_TELEMETRY": "1"},
+    )  # fmt: skip
+
+
+def shards(server: Server) -> list[dict[str, Any]]:
+    nodes = httpx.get(server.admin + "/admin/api/nodes", timeout=10).json()["nodes"]
+    return [s for n in nodes for s in n["shards"]]
+
+
+def proc_env(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+def proc_argv(pid: int) -> list[str]:
+    return [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+
+
+def test_the_agent_downloads_hub_weights_and_starts_the_engine_offline_on_the_snapshot(
+    tmp_path: Path, hub: HubStandin
+) -> None:
+    repo = hub.add(tiny_repo())
+    sha = repo.refs["main"]
+    hub.bytes_per_second = 150_000  # about 4 s: progress is seen before it is done
+    (tmp_path / "llmgw.yaml").write_text(config(f"org/tiny@{sha}"))
+    agent_port = free_port()
+    server = Server(
+        "--agent-listen", f"127.0.0.1:{agent_port}", "--config", str(tmp_path / "llmgw.yaml"),
+        data_dir=tmp_path / "data",
+    )  # fmt: skip
+    agent = start_agent(agent_port, tmp_path, hub)
+    try:
+        seen = wait_for(
+            lambda: [s for s in shards(server) if "% of 600.0 kB" in s.get("message", "")],
+            "download progress in the node's shard",
+        )
+        assert seen[0]["message"].startswith(f"downloading org/tiny@{sha[:7]}: "), seen
+        ready = wait_for(
+            lambda: [s for s in shards(server) if s["state"] == "ready"], "the replica ready"
+        )
+        pid = ready[0]["pid"]
+        snapshot = tmp_path / "node-a" / "weights" / "hub" / "models--org--tiny" / "snapshots" / sha
+        argv = proc_argv(pid)
+        assert argv[argv.index("--weights") + 1] == str(snapshot)
+        assert proc_env(pid)["HF_HUB_OFFLINE"] == "1"
+        assert (snapshot / "model.safetensors").stat().st_size == WEIGHT_BYTES
+        answer = httpx.post(
+            server.url + "/v1/chat/completions",
+            json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=30,
+        )
+        assert answer.status_code == 200, answer.text
+        assert len(hub.file_gets("model.safetensors")) == 1
+    except BaseException:
+        print(server.proc.output())
+        print(agent.output())
+        raise
+    finally:
+        agent.stop()
+        server.proc.stop()
