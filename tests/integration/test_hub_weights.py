@@ -9,6 +9,7 @@ its bytes so a download lasts long enough to be seen (and killed) mid-way.
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,10 @@ import pytest
 from hub_standin import HubRepo, HubStandin, make_repo, serve_hub
 from procs import Proc, Server, free_port, free_port_block, llmgw, wait_for
 
-WEIGHT_BYTES = 600_000
+# The hub client writes in 10 MB pieces: three of them make a download whose progress
+# moves in steps (33%, 66%) while the stand-in paces it.
+WEIGHT_BYTES = 30_000_000
+RATE = 6_000_000
 
 
 def tiny_repo(repo_id: str = "org/tiny", **kwargs: Any) -> HubRepo:
@@ -82,7 +86,7 @@ def test_the_agent_downloads_hub_weights_and_starts_the_engine_offline_on_the_sn
 ) -> None:
     repo = hub.add(tiny_repo())
     sha = repo.refs["main"]
-    hub.bytes_per_second = 150_000  # about 4 s: progress is seen before it is done
+    hub.bytes_per_second = RATE  # about 5 s: progress is seen before it is done
     (tmp_path / "llmgw.yaml").write_text(config(f"org/tiny@{sha}"))
     agent_port = free_port()
     server = Server(
@@ -92,7 +96,7 @@ def test_the_agent_downloads_hub_weights_and_starts_the_engine_offline_on_the_sn
     agent = start_agent(agent_port, tmp_path, hub)
     try:
         seen = wait_for(
-            lambda: [s for s in shards(server) if "% of 600.0 kB" in s.get("message", "")],
+            lambda: [s for s in shards(server) if "% of 30.0 MB" in s.get("message", "")],
             "download progress in the node's shard",
         )
         assert seen[0]["message"].startswith(f"downloading org/tiny@{sha[:7]}: "), seen
@@ -112,6 +116,157 @@ def test_the_agent_downloads_hub_weights_and_starts_the_engine_offline_on_the_sn
         )
         assert answer.status_code == 200, answer.text
         assert len(hub.file_gets("model.safetensors")) == 1
+    except BaseException:
+        print(server.proc.output())
+        print(agent.output())
+        raise
+    finally:
+        agent.stop()
+        server.proc.stop()
+
+
+def models_show(server: Server, name: str = "tiny") -> str:
+    shown = subprocess.run(
+        llmgw("models", "show", name, "--admin", server.admin),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return shown.stdout + shown.stderr
+
+
+def test_two_replicas_on_one_node_share_one_download_and_models_show_its_progress(
+    tmp_path: Path, hub: HubStandin
+) -> None:
+    repo = hub.add(tiny_repo())
+    sha = repo.refs["main"]
+    hub.bytes_per_second = RATE
+    (tmp_path / "llmgw.yaml").write_text(config(f"org/tiny@{sha}", min_replicas=2, max_replicas=2))
+    agent_port = free_port()
+    server = Server(
+        "--agent-listen", f"127.0.0.1:{agent_port}", "--config", str(tmp_path / "llmgw.yaml"),
+        data_dir=tmp_path / "data",
+    )  # fmt: skip
+    agent = start_agent(agent_port, tmp_path, hub)
+    try:
+
+        def progress_shown() -> str | None:
+            text = models_show(server)
+            return text if "% of 30.0 MB" in text else None
+
+        shown = wait_for(progress_shown, "models show to print the download's progress")
+        assert f": downloading org/tiny@{sha[:7]}: " in shown, shown
+        wait_for(
+            lambda: len([s for s in shards(server) if s["state"] == "ready"]) == 2,
+            "both replicas ready",
+        )
+        # Both engines run on the one snapshot, fetched once.
+        assert len(hub.file_gets("model.safetensors")) == 1, hub.requests
+    except BaseException:
+        print(server.proc.output())
+        print(agent.output())
+        raise
+    finally:
+        agent.stop()
+        server.proc.stop()
+
+
+def test_a_download_killed_mid_way_is_resumed_by_the_restarted_agent(
+    tmp_path: Path, hub: HubStandin
+) -> None:
+    # Two weight files: the small one is done long before the big one.
+    first, second = os.urandom(10_000_000), os.urandom(40_000_000)
+    repo = hub.add(
+        make_repo(
+            "org/two",
+            {
+                "config.json": b'{"model_type": "llama"}',
+                "model-00001-of-00002.safetensors": first,
+                "model-00002-of-00002.safetensors": second,
+            },
+        )
+    )
+    sha = repo.refs["main"]
+    hub.bytes_per_second = RATE
+    (tmp_path / "llmgw.yaml").write_text(config(f"org/two@{sha}"))
+    agent_port = free_port()
+    server = Server(
+        "--agent-listen", f"127.0.0.1:{agent_port}", "--config", str(tmp_path / "llmgw.yaml"),
+        data_dir=tmp_path / "data",
+    )  # fmt: skip
+    agent = start_agent(agent_port, tmp_path, hub)
+    agents = [agent]
+    snapshot = tmp_path / "node-a" / "weights" / "hub" / "models--org--two" / "snapshots" / sha
+    blobs = snapshot.parent.parent / "blobs"
+    try:
+        wait_for(
+            lambda: (snapshot / "model-00001-of-00002.safetensors").exists(),
+            "the first file to be downloaded",
+        )
+        assert not (snapshot / "model-00002-of-00002.safetensors").exists()
+        agent.popen.kill()  # mid-way through the second file
+        agent.popen.wait(30)
+        assert list(blobs.glob("*.incomplete")), "the killed agent left a part file"
+        agent = start_agent(agent_port, tmp_path, hub)
+        agents.append(agent)
+        wait_for(
+            lambda: [s for s in shards(server) if s["state"] == "ready"],
+            "the replica ready after the restart",
+            within=120,
+        )
+        assert (snapshot / "model-00001-of-00002.safetensors").read_bytes() == first
+        assert (snapshot / "model-00002-of-00002.safetensors").read_bytes() == second
+        # The finished file was not fetched again; the one cut off was.
+        assert len(hub.file_gets("model-00001-of-00002.safetensors")) == 1
+        assert len(hub.file_gets("model-00002-of-00002.safetensors")) == 2
+        assert not list(blobs.glob("*.incomplete"))
+    except BaseException:
+        print(server.proc.output())
+        for proc in agents:
+            print(proc.output())
+        raise
+    finally:
+        for proc in agents:
+            proc.stop()
+        server.proc.stop()
+
+
+@pytest.mark.parametrize(
+    ("weights", "reason"),
+    [
+        ("org/missing@{sha}", "Repository not found"),
+        ("org/tiny@0000000000000000000000000000000000000000", "Invalid rev id"),
+    ],
+)
+def test_a_bad_repo_or_revision_fails_the_replica_with_the_hubs_reason(
+    tmp_path: Path, hub: HubStandin, weights: str, reason: str
+) -> None:
+    repo = hub.add(tiny_repo())
+    (tmp_path / "llmgw.yaml").write_text(config(weights.format(sha=repo.refs["main"])))
+    agent_port = free_port()
+    server = Server(
+        "--agent-listen", f"127.0.0.1:{agent_port}", "--config", str(tmp_path / "llmgw.yaml"),
+        data_dir=tmp_path / "data",
+    )  # fmt: skip
+    agent = start_agent(agent_port, tmp_path, hub)
+    try:
+
+        def failures() -> list[dict[str, Any]]:
+            events: list[dict[str, Any]] = httpx.get(
+                f"{server.admin}/admin/api/events", params={"model": "tiny"}, timeout=10
+            ).json()["events"]
+            return [e for e in events if e["kind"] == "failed" and reason in e["message"]]
+
+        # Failed, with the hub's words, and retried (a second failure) with backoff.
+        def twice() -> list[dict[str, Any]] | None:
+            found = failures()
+            return found if len(found) >= 2 else None
+
+        found = wait_for(twice, "the hub's refusal, twice")
+        assert "the hub refused org/" in found[0]["message"], found
+        assert "exit code" not in found[0]["message"], found
+        assert reason in models_show(server)
     except BaseException:
         print(server.proc.output())
         print(agent.output())

@@ -7,8 +7,10 @@ real `huggingface_hub` client downloads it into the weights directory's `hub/`
 cache (the layout vLLM and transformers read), honouring `HF_ENDPOINT` and a
 token from the agent's environment (`HF_TOKEN`) or from `--hub-token-file`.
 Every caller that needs the same (repo, revision) while it downloads awaits the
-same download. A download an earlier agent left half done is resumed by the
-client (it keeps `.incomplete` files and asks for the rest with `Range`).
+same download. A download an earlier agent left half done is resumed file by
+file: the files it finished are kept and not fetched again; the client writes
+each file to a process-unique `.incomplete` file, so the part of a file that
+was being written is fetched again (those leftovers are removed first).
 
 `progress(ref)` reads the bytes on disk against the snapshot's total (from the
 hub's file list), for the shard's status message.
@@ -153,9 +155,11 @@ class Snapshots:
 
     async def _download(self, ref: HubRef) -> Path:
         running = self._running[ref]
-        running.start_bytes = await asyncio.to_thread(
-            _bytes_under, self.cache_dir / ("models--" + ref.repo.replace("/", "--"))
-        )
+        folder = self.cache_dir / ("models--" + ref.repo.replace("/", "--"))
+        # Parts an earlier agent (killed mid-file) left: this agent is the only
+        # writer of its weights directory, and one download per repo runs at a time.
+        await asyncio.to_thread(_remove_leftovers, folder / "blobs")
+        running.start_bytes = await asyncio.to_thread(_bytes_under, folder)
         running.total = await asyncio.to_thread(self._total, ref)
         return await asyncio.to_thread(self._fetch, ref)
 
@@ -223,3 +227,13 @@ def _bytes_under(path: Path) -> int:
             except OSError:
                 continue
     return total
+
+
+def _remove_leftovers(blobs: Path) -> None:
+    """Delete the `.incomplete` parts of files a killed download was writing."""
+    try:
+        parts = list(blobs.glob("*.incomplete"))
+    except OSError:
+        return
+    for part in parts:
+        part.unlink(missing_ok=True)

@@ -495,7 +495,9 @@ class Supervisor:
     ) -> ShardReport:
         """Report the shard `starting` (downloading) now; launch it once its weights are here."""
         report = self._fetch_report(spec, ShardState.STARTING, "downloading weights")
-        self._fetching[spec.shard_id] = report
+        # Told before the command's answer, as a spawned shard is: a control plane that
+        # saw the answer first would think nothing runs and place the replica again.
+        self._fetch_changed(report)
         self._launching[spec.shard_id] = spec.port  # the port stays reserved meanwhile
         task = group.create_task(self._fetch(spec, group), name=f"fetch {spec.shard_id}")
         self._fetch_tasks[spec.shard_id] = task

@@ -351,6 +351,12 @@ def _show_text(model: dict[str, Any]) -> str:
         heads = ["REPLICA", "NODE", "STATE", *(["VERSION"] if versioned else []), "GPUS"]
         table = render_table([*heads, "ENDPOINT"], rows)
         lines += ["", "replicas:", *("  " + line for line in table.splitlines())]
+        # What a starting replica is doing (downloading its weights: how far, how long).
+        lines += [
+            f"  replica {r.get('id')}: {r['message']}"
+            for r in replicas
+            if r.get("state") == "starting" and str(r.get("message") or "").startswith("download")
+        ]
         # A multi-node replica's row is its rank 0's; its shards by rank follow.
         for r in replicas:
             shards = r.get("shards") or []

@@ -165,7 +165,9 @@ def shard_report(msg: agent_pb2.ShardStatus) -> ShardReport:
         pid=msg.pid or None,
         endpoint_url=msg.endpoint_url,
         output_tail=tuple(msg.output_tail),
-        exit_code=msg.exit_code if state in TERMINAL_SHARD_STATES else None,
+        # A shard that failed before its process existed (its weights could not be
+        # downloaded) has no exit code; proto3 would read it as 0.
+        exit_code=msg.exit_code if state in TERMINAL_SHARD_STATES and msg.pid else None,
         spec=shard_spec(msg.spec) if msg.HasField("spec") else None,
         since=datetime.fromtimestamp(msg.since_unix, UTC) if msg.since_unix > 0 else None,
     )
