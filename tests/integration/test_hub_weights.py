@@ -201,7 +201,7 @@ def test_a_download_killed_mid_way_is_resumed_by_the_restarted_agent(
     blobs = snapshot.parent.parent / "blobs"
     try:
         wait_for(
-            lambda: (snapshot / "model-00001-of-00002.safetensors").exists(),
+            (snapshot / "model-00001-of-00002.safetensors").exists,
             "the first file to be downloaded",
         )
         assert not (snapshot / "model-00002-of-00002.safetensors").exists()
