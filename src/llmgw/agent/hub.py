@@ -164,6 +164,7 @@ class Snapshots:
         return await asyncio.to_thread(self._fetch, ref)
 
     def _total(self, ref: HubRef) -> int:
+        import httpx2
         from huggingface_hub import HfApi
         from huggingface_hub.errors import HfHubHTTPError
 
@@ -172,7 +173,7 @@ class Snapshots:
             info = api.model_info(ref.repo, revision=ref.revision, files_metadata=True)
         except HfHubHTTPError as exc:
             raise DownloadError(_hub_reason(ref, exc)) from exc
-        except OSError as exc:
+        except (OSError, httpx2.TransportError) as exc:
             raise DownloadError(
                 f"cannot reach the hub at {api.endpoint} to download {ref}: {exc}; set "
                 "HF_ENDPOINT on the agent to a reachable hub or mirror"
@@ -180,6 +181,7 @@ class Snapshots:
         return sum(s.size or 0 for s in info.siblings or [])
 
     def _fetch(self, ref: HubRef) -> Path:
+        import httpx2
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
@@ -195,7 +197,7 @@ class Snapshots:
             )
         except HfHubHTTPError as exc:
             raise DownloadError(_hub_reason(ref, exc)) from exc
-        except (LocalEntryNotFoundError, OSError) as exc:
+        except (LocalEntryNotFoundError, OSError, httpx2.TransportError) as exc:
             raise DownloadError(f"downloading {ref} failed: {exc}") from exc
 
 

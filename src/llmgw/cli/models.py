@@ -289,7 +289,8 @@ def _show_text(model: dict[str, Any]) -> str:
     lines = [
         f"model:       {model['name']} ({model.get('source', '-')})",
         f"aliases:     {', '.join(model['aliases']) or '-'}",
-        f"weights:     {model['weights']}",
+        f"weights:     {model['weights']}"
+        + (f" (commit {model['weights_commit']})" if model.get("weights_commit") else ""),
         f"replicas:    {model['min_replicas']} to {model['max_replicas']}",
         f"keep alive:  {_keep_alive(model['keep_alive'])}",
         f"scaling:     {_scaling(model)}",
