@@ -47,6 +47,12 @@ def config(weights: str, *, min_replicas: int = 1, max_replicas: int = 1) -> str
     )
 
 
+SEED = (
+    "control: {reconcile_interval: 0.3}\n"
+    "models:\n  - name: seed\n    weights: none\n    profiles: [{name: p, engine: sim}]\n"
+)  # a control plane needs one model to start; the tests add theirs through the admin API
+
+
 @pytest.fixture
 def hub() -> Iterator[HubStandin]:
     with serve_hub() as standin:
@@ -273,4 +279,93 @@ def test_a_bad_repo_or_revision_fails_the_replica_with_the_hubs_reason(
         raise
     finally:
         agent.stop()
+        server.proc.stop()
+
+
+def test_adding_a_model_pins_its_hub_revision_and_refuses_what_the_hub_refuses(
+    tmp_path: Path, hub: HubStandin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = hub.add(tiny_repo())
+    hub.add(tiny_repo("org/private", token="hf_secret"))
+    sha = repo.refs["main"]
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    (tmp_path / "llmgw.yaml").write_text(SEED)
+    agent_port = free_port()
+    server = Server(
+        "--agent-listen", f"127.0.0.1:{agent_port}", "--config", str(tmp_path / "llmgw.yaml"),
+        data_dir=tmp_path / "data",
+    )  # fmt: skip
+    agent = start_agent(agent_port, tmp_path, hub)
+
+    def add(name: str, weights: str) -> httpx.Response:
+        body = {"name": name, "weights": weights, "profiles": [{"name": "p", "engine": "sim"}]}
+        return httpx.post(server.admin + "/admin/api/models", json=body, timeout=30)
+
+    try:
+        added = add("tiny", "org/tiny")  # the branch main, resolved now
+        assert added.status_code == 201, added.text
+        assert added.json()["weights"] == "org/tiny"
+        assert added.json()["weights_commit"] == sha
+        shown = models_show(server)
+        assert f"weights:     org/tiny (commit {sha})" in shown, shown
+        # The branch moves on: the model still runs the commit it was added at.
+        moved = make_repo("org/tiny", {"config.json": b"{}"}, seed="later")
+        repo.commits.update(moved.commits)
+        repo.refs["main"] = moved.refs["main"]
+        answer = httpx.post(
+            server.url + "/v1/chat/completions",
+            json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=120,
+        )
+        assert answer.status_code == 200, answer.text
+        [shard] = shards(server)
+        argv = proc_argv(shard["pid"])
+        assert argv[argv.index("--weights") + 1].endswith(f"/snapshots/{sha}")
+
+        for name, weights, said in [
+            ("nope", "org/nope", "Repository not found"),
+            ("badrev", "org/tiny@v9", "Invalid rev id: v9"),
+            ("private", "org/private", "Repository not found"),
+        ]:
+            refused = add(name, weights)
+            assert refused.status_code == 400, refused.text
+            error = refused.json()["error"]
+            assert error["param"] == "weights" and error["code"] == "invalid_model", error
+            assert f"the hub refused {weights.split('@')[0]!r}" in error["message"], error
+            assert said in error["message"], error
+        listed = httpx.get(server.admin + "/admin/api/models", timeout=10).json()["models"]
+        assert sorted(m["name"] for m in listed) == ["seed", "tiny"]
+    except BaseException:
+        print(server.proc.output())
+        print(agent.output())
+        raise
+    finally:
+        agent.stop()
+        server.proc.stop()
+
+
+def test_an_unreachable_hub_is_a_503_naming_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")
+    (tmp_path / "llmgw.yaml").write_text(SEED)
+    server = Server("--config", str(tmp_path / "llmgw.yaml"), data_dir=tmp_path / "data")
+    try:
+        body = {"name": "m", "weights": "org/m", "profiles": [{"name": "p", "engine": "sim"}]}
+        refused = httpx.post(server.admin + "/admin/api/models", json=body, timeout=60)
+        assert refused.status_code == 503, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "hub_unavailable" and error["param"] == "weights", error
+        assert "cannot resolve org/m@main" in error["message"], error
+        assert "give weights_commit" in error["message"], error
+        # Pinned by hand, it needs no hub.
+        pinned = httpx.post(
+            server.admin + "/admin/api/models",
+            json={**body, "weights_commit": "a" * 40},
+            timeout=60,
+        )
+        assert pinned.status_code == 201, pinned.text
+        assert pinned.json()["weights_commit"] == "a" * 40
+    finally:
         server.proc.stop()
