@@ -39,7 +39,7 @@ def tiny_repo(repo_id: str = "org/tiny", **kwargs: Any) -> HubRepo:
 def config(weights: str, *, min_replicas: int = 1, max_replicas: int = 1) -> str:
     return (
         "control: {heartbeat_interval: 0.3, reconcile_interval: 0.3, retry_base: 0.5, "
-        "retry_max: 2, activation_timeout: 120}\n"
+        "retry_max: 2, activation_timeout: 120, activation_keepalive: 0.5}\n"
         "models:\n"
         f"  - name: tiny\n    weights: {weights}\n    min_replicas: {min_replicas}\n"
         f"    max_replicas: {max_replicas}\n    keep_alive: -1\n"
@@ -105,7 +105,7 @@ def test_the_agent_downloads_hub_weights_and_starts_the_engine_offline_on_the_sn
             lambda: [s for s in shards(server) if "% of 30.0 MB" in s.get("message", "")],
             "download progress in the node's shard",
         )
-        assert seen[0]["message"].startswith(f"downloading org/tiny@{sha[:7]}: "), seen
+        assert seen[0]["message"].startswith(f"downloading org/tiny@{sha[:7]} "), seen
         ready = wait_for(
             lambda: [s for s in shards(server) if s["state"] == "ready"], "the replica ready"
         )
@@ -162,7 +162,7 @@ def test_two_replicas_on_one_node_share_one_download_and_models_show_its_progres
             return text if "% of 30.0 MB" in text else None
 
         shown = wait_for(progress_shown, "models show to print the download's progress")
-        assert f": downloading org/tiny@{sha[:7]}: " in shown, shown
+        assert f": downloading org/tiny@{sha[:7]} " in shown, shown
         wait_for(
             lambda: len([s for s in shards(server) if s["state"] == "ready"]) == 2,
             "both replicas ready",
@@ -368,4 +368,51 @@ def test_an_unreachable_hub_is_a_503_naming_what_to_do(
         assert pinned.status_code == 201, pinned.text
         assert pinned.json()["weights_commit"] == "a" * 40
     finally:
+        server.proc.stop()
+
+
+def test_a_request_waiting_for_an_activation_sees_the_download_in_its_keepalive_comments(
+    tmp_path: Path, hub: HubStandin
+) -> None:
+    repo = hub.add(tiny_repo())
+    sha = repo.refs["main"]
+    hub.bytes_per_second = RATE
+    (tmp_path / "llmgw.yaml").write_text(config(f"org/tiny@{sha}", min_replicas=0))
+    agent_port = free_port()
+    server = Server(
+        "--agent-listen", f"127.0.0.1:{agent_port}", "--config", str(tmp_path / "llmgw.yaml"),
+        data_dir=tmp_path / "data",
+    )  # fmt: skip
+    agent = start_agent(agent_port, tmp_path, hub)
+    try:
+        wait_for(
+            lambda: httpx.get(server.admin + "/admin/api/nodes", timeout=10).json()["nodes"],
+            "the node to register",
+        )
+        comments: list[str] = []
+        data: list[str] = []
+        body = {
+            "model": "tiny",
+            "stream": True,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4,
+        }
+        with httpx.stream(
+            "POST", server.url + "/v1/chat/completions", json=body, timeout=120
+        ) as answer:
+            assert answer.status_code == 200
+            for line in answer.iter_lines():
+                if line.startswith(":"):
+                    comments.append(line)
+                elif line.startswith("data:"):
+                    data.append(line)
+        assert data[-1] == "data: [DONE]", data
+        progress = [c for c in comments if c.startswith(f": llmgw downloading org/tiny@{sha[:7]} ")]
+        assert any("% of 30.0 MB" in c and " left" in c for c in progress), comments
+    except BaseException:
+        print(server.proc.output())
+        print(agent.output())
+        raise
+    finally:
+        agent.stop()
         server.proc.stop()

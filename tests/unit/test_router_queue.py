@@ -401,6 +401,9 @@ class Demand:
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
 
+    def starting_note(self, model: str) -> str | None:
+        return None
+
     def request_finished(self, model: str) -> None:
         self.in_flight -= 1
 

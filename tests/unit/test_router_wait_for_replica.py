@@ -127,6 +127,9 @@ class ControlPlane:
     def request_started(self, model: str) -> None:
         pass
 
+    def starting_note(self, model: str) -> str | None:
+        return None
+
     def request_finished(self, model: str) -> None:
         pass
 

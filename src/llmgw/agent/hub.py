@@ -55,11 +55,11 @@ class Progress:
     rate: float  # bytes per second since this download began
 
     def describe(self, ref: HubRef) -> str:
-        """`downloading org/name@abc1234: 41% of 15.2 MB, 2 min left`."""
+        """`downloading org/name@abc1234 41% of 15.2 GB, 2 min left`."""
         if self.total <= 0:
-            return f"downloading {ref.short()}: listing files"
+            return f"downloading {ref.short()} (listing its files)"
         percent = min(100, int(100 * self.done / self.total))
-        text = f"downloading {ref.short()}: {percent}% of {_size(self.total)}"
+        text = f"downloading {ref.short()} {percent}% of {_size(self.total)}"
         if self.rate > 0 and self.done < self.total:
             text += f", {_duration((self.total - self.done) / self.rate)} left"
         return text

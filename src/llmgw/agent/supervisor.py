@@ -494,7 +494,9 @@ class Supervisor:
         self, spec: agent_pb2.ShardSpec, group: asyncio.TaskGroup
     ) -> ShardReport:
         """Report the shard `starting` (downloading) now; launch it once its weights are here."""
-        report = self._fetch_report(spec, ShardState.STARTING, "downloading weights")
+        ref = hub_ref(spec.weights)
+        note = f"downloading {ref.short()}" if ref is not None else "downloading weights"
+        report = self._fetch_report(spec, ShardState.STARTING, note)
         # Told before the command's answer, as a spawned shard is: a control plane that
         # saw the answer first would think nothing runs and place the replica again.
         self._fetch_changed(report)

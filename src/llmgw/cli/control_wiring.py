@@ -137,6 +137,9 @@ class ControllerActivator:
                 exc.public, code="replica_unreachable", retry_after=math.ceil(exc.retry_after)
             ) from None
 
+    def starting_note(self, model: str) -> str | None:
+        return self._controller.starting_note(model)
+
     def request_started(self, model: str) -> None:
         self._controller.request_started(model)
 

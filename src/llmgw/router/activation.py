@@ -28,6 +28,11 @@ class Activator(Protocol):
         `llmgw.router.errors.ModelUnavailable` (with the reason) otherwise."""
         ...
 
+    def starting_note(self, model: str) -> str | None:
+        """What the activation of `model` is doing now (downloading its weights, how
+        far), for the keep-alive comments of waiting streams; None: nothing to add."""
+        ...
+
     def request_started(self, model: str) -> None:
         """A request for `model` began (keeps the model from being scaled down)."""
         ...

@@ -345,7 +345,12 @@ class Proxy:
                         if not started:
                             await send(_stream_start(200, request_id, extra_headers))
                             started = True
-                        comment = f": llmgw is starting model {req.model}\n\n".encode()
+                        note = activator.starting_note(req.model)
+                        comment = (
+                            f": llmgw {note}\n\n"
+                            if note
+                            else f": llmgw is starting model {req.model}\n\n"
+                        ).encode()
                         await send(
                             {"type": "http.response.body", "body": comment, "more_body": True}
                         )
