@@ -78,6 +78,11 @@ def shards(server: Server) -> list[dict[str, Any]]:
     return [s for n in nodes for s in n["shards"]]
 
 
+def node_view(server: Server, node: str = "node-a") -> dict[str, Any]:
+    found: dict[str, Any] = httpx.get(f"{server.admin}/admin/api/nodes/{node}", timeout=10).json()
+    return found
+
+
 def proc_env(pid: int) -> dict[str, str]:
     raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
@@ -122,6 +127,15 @@ def test_the_agent_downloads_hub_weights_and_starts_the_engine_offline_on_the_sn
         )
         assert answer.status_code == 200, answer.text
         assert len(hub.file_gets("model.safetensors")) == 1
+        # The node reports what it holds: the admin API and `llmgw nodes show` list it.
+        held = wait_for(lambda: node_view(server)["weights"], "the node to report its weights")
+        assert [(w["repo"], w["revision"]) for w in held] == [("org/tiny", sha)]
+        assert held[0]["bytes"] >= WEIGHT_BYTES and held[0]["last_used"] is not None
+        shown = subprocess.run(
+            llmgw("nodes", "show", "node-a", "--admin", server.admin),
+            capture_output=True, text=True, timeout=60, check=True,
+        ).stdout  # fmt: skip
+        assert f"org/tiny@{sha[:7]}" in shown and "30.0 MB" in shown, shown
     except BaseException:
         print(server.proc.output())
         print(agent.output())

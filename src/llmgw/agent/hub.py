@@ -13,7 +13,10 @@ each file to a process-unique `.incomplete` file, so the part of a file that
 was being written is fetched again (those leftovers are removed first).
 
 `progress(ref)` reads the bytes on disk against the snapshot's total (from the
-hub's file list), for the shard's status message.
+hub's file list), for the shard's status message. `held()` lists the complete
+snapshots on disk with their size and when an engine last started on each
+(kept in `.llmgw-weights-used.json` in the weights directory), for the
+heartbeat.
 
 Not guaranteed: retries (a failed download raises `DownloadError`; the shard
 fails with the hub's reason and the control plane retries it with backoff);
@@ -23,6 +26,8 @@ disk space checks before the download; files the hub changes under a commit.
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import os
 import time
 from collections.abc import Mapping
@@ -31,6 +36,8 @@ from pathlib import Path
 
 from llmgw.agent.errors import LaunchError
 from llmgw.config.hub import HubRef
+
+log = logging.getLogger("llmgw.agent.hub")
 
 
 class DownloadError(LaunchError):
@@ -82,6 +89,19 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A complete snapshot on this node's disk."""
+
+    ref: HubRef  # the revision is the commit
+    bytes: int
+    last_used: float  # unix time an engine last started on it; 0: never
+
+
+USED_FILE = ".llmgw-weights-used.json"
+_HELD_SECONDS = 10.0
+
+
 @dataclass
 class Snapshots:
     """The hub snapshots of one weights directory, and the downloads under way."""
@@ -90,6 +110,7 @@ class Snapshots:
     environ: Mapping[str, str]
     token_file: Path | None = None
     _running: dict[HubRef, _Download] = field(default_factory=dict)
+    _held: tuple[float, list[Held]] | None = None  # when scanned, what was found
 
     @property
     def cache_dir(self) -> Path:
@@ -128,10 +149,16 @@ class Snapshots:
             return None
 
     async def ensure(self, ref: HubRef) -> Path:
-        """The snapshot's directory, downloading it first when it is not on disk."""
+        """The snapshot's directory, downloading it first when it is not on disk; an
+        engine is about to start on it (its last use is now)."""
         found = await asyncio.to_thread(self.local, ref)
-        if found is not None:
-            return found
+        if found is None:
+            found = await self._shared_download(ref)
+        await asyncio.to_thread(self._mark_used, HubRef(ref.repo, found.name), time.time())
+        self._held = None  # scanned again at the next heartbeat
+        return found
+
+    async def _shared_download(self, ref: HubRef) -> Path:
         running = self._running.get(ref)
         if running is None:
             task = asyncio.get_running_loop().create_task(
@@ -142,6 +169,56 @@ class Snapshots:
             task.add_done_callback(lambda _: self._running.pop(ref, None))
         # Shielded: one shard's start being cancelled must not end another's download.
         return await asyncio.shield(running.task)
+
+    async def held(self) -> list[Held]:
+        """Every complete snapshot on disk, with its size and last use.
+
+        The disk is scanned at most every `_HELD_SECONDS`, and after each download or
+        engine start (heartbeats ask far more often than the disk changes)."""
+        now = time.monotonic()
+        if self._held is None or now - self._held[0] >= _HELD_SECONDS:
+            busy = frozenset(r.repo for r in self._running)
+            self._held = (now, await asyncio.to_thread(self._scan, busy))
+        return self._held[1]
+
+    def _scan(self, downloading: frozenset[str]) -> list[Held]:
+        used = self._used()
+        found: list[Held] = []
+        try:
+            folders = sorted(self.cache_dir.glob("models--*--*"))
+        except OSError:
+            return []
+        for folder in folders:
+            repo = folder.name.removeprefix("models--").replace("--", "/", 1)
+            if repo in downloading:
+                continue
+            for snapshot in sorted((folder / "snapshots").glob("*")):
+                ref = HubRef(repo, snapshot.name)
+                if not ref.pinned or self.local(ref) is None:
+                    continue
+                size = _bytes_under(snapshot, follow=True)
+                found.append(Held(ref=ref, bytes=size, last_used=used.get(str(ref), 0.0)))
+        return found
+
+    def _used(self) -> dict[str, float]:
+        try:
+            data = json.loads((self.weights_dir / USED_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(data, dict):
+            return {}
+        return {str(k): float(v) for k, v in data.items() if isinstance(v, int | float)}
+
+    def _mark_used(self, ref: HubRef, when: float) -> None:
+        used = self._used()
+        used[str(ref)] = when
+        path = self.weights_dir / USED_FILE
+        partial = path.with_name(path.name + ".tmp")
+        try:
+            partial.write_text(json.dumps(used, sort_keys=True), encoding="utf-8")
+            partial.replace(path)
+        except OSError as exc:
+            log.warning("cannot record the use of %s in %s: %s", ref, path, exc.strerror or exc)
 
     def progress(self, ref: HubRef) -> Progress | None:
         """How far the download of `ref` is; None when none is running (blocking: stat)."""
@@ -217,14 +294,15 @@ def _hub_reason(ref: HubRef, exc: Exception) -> str:
     return f"{prefix}: {detail}" if status else f"downloading {ref} failed: {detail}"
 
 
-def _bytes_under(path: Path) -> int:
-    """Bytes of the regular files under `path` (blobs and `.incomplete` parts)."""
+def _bytes_under(path: Path, *, follow: bool = False) -> int:
+    """Bytes of the regular files under `path` (blobs and `.incomplete` parts); with
+    `follow`, of the files its symlinks name (a snapshot's files are links to blobs)."""
     total = 0
     for root, _dirs, files in os.walk(path):
         for name in files:
             full = os.path.join(root, name)
             try:
-                if not os.path.islink(full):
+                if follow or not os.path.islink(full):
                     total += os.path.getsize(full)
             except OSError:
                 continue

@@ -613,6 +613,11 @@ async def _serve(
         engine_addresses = EngineAddresses(
             advertise_host=options.advertise_host, engine_host=options.engine_host
         )
+        snapshots = Snapshots(
+            weights_dir=options.weights_dir,
+            environ=os.environ,
+            token_file=options.hub_token_file,
+        )
         supervisor = Supervisor(
             adapters=functools.partial(adapter_for, settings=_engine_settings(options)),
             port_range=options.port_range,
@@ -622,11 +627,7 @@ async def _serve(
             settings=supervisor_settings,
             on_change=feed.publish,
             store=store,
-            snapshots=Snapshots(
-                weights_dir=options.weights_dir,
-                environ=os.environ,
-                token_file=options.hub_token_file,
-            ),
+            snapshots=snapshots,
         )
         connection = Connection(
             addresses=options.addresses,
@@ -644,6 +645,7 @@ async def _serve(
             supervisor=supervisor,
             feed=feed,
             hardware=Hardware(gpus=gpus, weights_dir=options.weights_dir),
+            snapshots=snapshots,
             backoff=Backoff(rng=random.Random()),
             settings=ConnectionSettings(connect_timeout_seconds=options.dial_timeout),
             tls=keeper.material if keeper is not None else options.tls,

@@ -23,6 +23,7 @@ from llmgw.control.inventory.model import (
     TERMINAL_SHARD_STATES,
     GpuInfo,
     GpuUsage,
+    HeldWeights,
     NetInterface,
     NodeRegistration,
     ShardReport,
@@ -144,6 +145,20 @@ def gpu_usage(gpus: Iterable[agent_pb2.GpuUsage]) -> list[GpuUsage]:
     return [
         GpuUsage(g.index, g.utilization_percent, g.memory_used_bytes, g.memory_free_bytes)
         for g in gpus
+    ]
+
+
+def held_weights(weights: Iterable[agent_pb2.HeldWeights]) -> list[HeldWeights]:
+    return [
+        HeldWeights(
+            repo=w.repo,
+            revision=w.revision,
+            bytes=w.bytes,
+            last_used=(
+                datetime.fromtimestamp(w.last_used_unix, UTC) if w.last_used_unix > 0 else None
+            ),
+        )
+        for w in weights
     ]
 
 
