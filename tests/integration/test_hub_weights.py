@@ -430,3 +430,58 @@ def test_a_request_waiting_for_an_activation_sees_the_download_in_its_keepalive_
     finally:
         agent.stop()
         server.proc.stop()
+
+
+def test_placement_prefers_the_node_holding_the_weights_and_explain_says_why(
+    tmp_path: Path, hub: HubStandin
+) -> None:
+    from huggingface_hub import snapshot_download
+
+    repo = hub.add(tiny_repo())
+    sha = repo.refs["main"]
+    # node-b (which sorts after node-a, so ids would pick node-a) holds the snapshot.
+    snapshot_download(
+        "org/tiny", revision=sha, cache_dir=tmp_path / "node-b" / "weights" / "hub",
+        endpoint=hub.url,
+    )  # fmt: skip
+    before = len(hub.file_gets("model.safetensors"))
+    (tmp_path / "llmgw.yaml").write_text(config(f"org/tiny@{sha}", min_replicas=0))
+    agent_port = free_port()
+    server = Server(
+        "--agent-listen", f"127.0.0.1:{agent_port}", "--config", str(tmp_path / "llmgw.yaml"),
+        data_dir=tmp_path / "data",
+    )  # fmt: skip
+    agents = [start_agent(agent_port, tmp_path, hub, node) for node in ("node-a", "node-b")]
+    try:
+        wait_for(lambda: node_view(server, "node-b").get("weights"), "node-b's weights")
+
+        def explain() -> str:
+            return subprocess.run(
+                llmgw("models", "explain", "tiny", "--admin", server.admin),
+                capture_output=True, text=True, timeout=60, check=True,
+            ).stdout  # fmt: skip
+
+        for _ in range(3):  # every time, not by luck
+            shown = explain()
+            assert "the next replica goes to node node-b" in shown, shown
+            assert f"node-b: has org/tiny@{sha[:7]} on disk" in shown, shown
+            assert f"node-a: must download 30.0 MB (org/tiny@{sha[:7]})" in shown, shown
+        answer = httpx.post(
+            server.url + "/v1/chat/completions",
+            json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=120,
+        )
+        assert answer.status_code == 200, answer.text
+        [shard] = [s for s in shards(server) if s["state"] == "ready"]
+        assert node_view(server, "node-b")["shards"][0]["id"] == shard["id"]
+        # Started on what was there: nothing downloaded again.
+        assert len(hub.file_gets("model.safetensors")) == before
+    except BaseException:
+        print(server.proc.output())
+        for agent in agents:
+            print(agent.output())
+        raise
+    finally:
+        for agent in agents:
+            agent.stop()
+        server.proc.stop()

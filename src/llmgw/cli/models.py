@@ -420,6 +420,10 @@ def explain_text(explanation: dict[str, Any]) -> str:
         rejected = verdict.get("rejected") or []
         lines += ["", f"profile {verdict.get('profile')}:"]
         lines.append(f"  fits:     {', '.join(fits) if fits else 'no node'}")
+        notes = verdict.get("weights") or []
+        if notes:
+            lines.append("  weights:")
+            lines += [f"    {note}" for note in notes]
         groups = verdict.get("groups") or []
         if groups:
             lines.append("  fabric groups short of nodes:")
