@@ -118,7 +118,12 @@ def test_the_agent_downloads_hub_weights_and_starts_the_engine_offline_on_the_sn
         snapshot = tmp_path / "node-a" / "weights" / "hub" / "models--org--tiny" / "snapshots" / sha
         argv = proc_argv(pid)
         assert argv[argv.index("--weights") + 1] == str(snapshot)
-        assert proc_env(pid)["HF_HUB_OFFLINE"] == "1"
+        env = proc_env(pid)
+        assert env["HF_HUB_OFFLINE"] == "1"
+        # Compile caches live beside the weights, so a second start on this node reuses them.
+        weights = tmp_path / "node-a" / "weights"
+        assert env["VLLM_CACHE_ROOT"] == str(weights / ".engine-cache" / "vllm")
+        assert env["TORCHINDUCTOR_CACHE_DIR"] == str(weights / ".engine-cache" / "torchinductor")
         assert (snapshot / "model.safetensors").stat().st_size == WEIGHT_BYTES
         answer = httpx.post(
             server.url + "/v1/chat/completions",

@@ -8,6 +8,12 @@ from the agent: its own session and process group, stdout and stderr appended
 to a log file in the state directory (`process.spawn`). `stop` and `drain` end
 a shard; `remove_weights` deletes files strictly inside the weights directory.
 
+Hub weights (`org/name@commit`) are made sure of first (`hub.Snapshots`): a
+snapshot not on disk is downloaded while the shard is reported `starting` with
+the download's progress as its message, and the engine then starts on the local
+snapshot with `HF_HUB_OFFLINE=1`. Engines get their compile caches
+(`VLLM_CACHE_ROOT`, torch inductor, Triton) in the weights directory.
+
 Engines outlive the agent. Every change is written to the engines state file
 (`state.py`); `adopt()`, run once at start before the first Register, takes
 back each engine an earlier agent left that is still the same process, probes
@@ -100,6 +106,22 @@ def launch_env(plan: LaunchPlan, base: Mapping[str, str]) -> dict[str, str]:
     }
     env.update(plan.env)
     return env
+
+
+CACHE_DIR = ".engine-cache"
+"""Under the weights directory: engines' compile and graph caches, kept across starts."""
+
+
+def cache_env(weights_dir: Path) -> dict[str, str]:
+    """Where engines keep what they compile (vLLM's cache root, torch.compile's inductor
+    and Triton kernels): in the weights directory, so the second start of an engine on
+    this node skips the compile. A profile's own `env` (or the agent's) wins."""
+    root = weights_dir / CACHE_DIR
+    return {
+        "VLLM_CACHE_ROOT": str(root / "vllm"),
+        "TORCHINDUCTOR_CACHE_DIR": str(root / "torchinductor"),
+        "TRITON_CACHE_DIR": str(root / "triton"),
+    }
 
 
 def _in_use(weights_dir: Path, target: Path, shards: list[tuple[str, str]]) -> str | None:
@@ -426,6 +448,8 @@ class Supervisor:
                     "this agent's engines); stop it or move --port-range off it",
                 )
             env = launch_env(plan, self._environ)
+            for key, value in cache_env(self._weights_dir).items():
+                env.setdefault(key, value)
             program = await asyncio.to_thread(shutil.which, plan.argv[0], path=env.get("PATH"))
             if program is None:
                 raise LaunchError(
