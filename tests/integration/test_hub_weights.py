@@ -490,3 +490,39 @@ def test_placement_prefers_the_node_holding_the_weights_and_explain_says_why(
         for agent in agents:
             agent.stop()
         server.proc.stop()
+
+
+def test_models_activate_follows_the_download(tmp_path: Path, hub: HubStandin) -> None:
+    repo = hub.add(tiny_repo())
+    sha = repo.refs["main"]
+    hub.bytes_per_second = RATE
+    (tmp_path / "llmgw.yaml").write_text(config(f"org/tiny@{sha}", min_replicas=0))
+    agent_port = free_port()
+    server = Server(
+        "--agent-listen", f"127.0.0.1:{agent_port}", "--config", str(tmp_path / "llmgw.yaml"),
+        data_dir=tmp_path / "data",
+    )  # fmt: skip
+    agent = start_agent(agent_port, tmp_path, hub)
+    try:
+        wait_for(lambda: node_view(server).get("connected"), "the node to register")
+        done = subprocess.run(
+            llmgw("models", "activate", "tiny", "--admin", server.admin, "--poll-interval", "0.2"),
+            capture_output=True, text=True, timeout=180, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        steps = [
+            line
+            for line in done.stderr.splitlines()
+            if f"starting on node-a: downloading org/tiny@{sha[:7]} " in line
+            and "% of 30.0 MB" in line
+        ]
+        assert steps, done.stderr
+        assert "model tiny is ready" in done.stdout + done.stderr, done
+        assert not [line for line in steps if " h left" in line], steps
+    except BaseException:
+        print(server.proc.output())
+        print(agent.output())
+        raise
+    finally:
+        agent.stop()
+        server.proc.stop()

@@ -59,7 +59,7 @@ class Progress:
 
     done: int
     total: int
-    rate: float  # bytes per second since this download began
+    rate: float  # bytes per second since this download began; 0 until it can be told
 
     def describe(self, ref: HubRef) -> str:
         """`downloading org/name@abc1234 41% of 15.2 GB, 2 min left`."""
@@ -227,7 +227,9 @@ class Snapshots:
             return None
         done = _bytes_under(self.cache_dir / ("models--" + ref.repo.replace("/", "--")))
         elapsed = time.monotonic() - running.started
-        rate = (done - running.start_bytes) / elapsed if elapsed > 0 else 0.0
+        fetched = done - running.start_bytes
+        # The client writes in 10 MB pieces: until one landed, no rate (nor ETA) is known.
+        rate = fetched / elapsed if elapsed > 0 and fetched * 100 >= running.total else 0.0
         return Progress(done=min(done, running.total or done), total=running.total, rate=rate)
 
     async def _download(self, ref: HubRef) -> Path:
