@@ -526,3 +526,59 @@ def test_models_activate_follows_the_download(tmp_path: Path, hub: HubStandin) -
     finally:
         agent.stop()
         server.proc.stop()
+
+
+def test_over_the_weights_limit_the_least_recently_used_unused_snapshot_is_evicted(
+    tmp_path: Path, hub: HubStandin
+) -> None:
+    first = hub.add(tiny_repo("org/first"))
+    second = hub.add(tiny_repo("org/second"))
+    (tmp_path / "llmgw.yaml").write_text(
+        "control: {heartbeat_interval: 0.3, reconcile_interval: 0.3, activation_timeout: 120}\n"
+        "models:\n"
+        + "".join(
+            f"  - name: {name}\n    weights: org/{name}@{repo.refs['main']}\n"
+            f"    keep_alive: {keep}\n    profiles: [{{name: sim, engine: sim}}]\n"
+            for name, repo, keep in (("first", first, 1), ("second", second, 600))
+        )
+    )
+    agent_port = free_port()
+    server = Server(
+        "--agent-listen", f"127.0.0.1:{agent_port}", "--config", str(tmp_path / "llmgw.yaml"),
+        data_dir=tmp_path / "data",
+    )  # fmt: skip
+    # Room for one 30 MB snapshot, not two.
+    agent = start_agent(agent_port, tmp_path, hub, "node-a", "--weights-max-use", "45MB")
+    hub_dir = tmp_path / "node-a" / "weights" / "hub"
+
+    def ask(model: str) -> None:
+        answer = httpx.post(
+            server.url + "/v1/chat/completions",
+            json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
+            timeout=120,
+        )
+        assert answer.status_code == 200, answer.text
+
+    def held() -> list[str]:
+        return [w["repo"] for w in node_view(server).get("weights") or []]
+
+    try:
+        ask("first")
+        wait_for(lambda: held() == ["org/first"], "org/first on the node")
+        # `first` goes idle and stops; `second` comes in: `first` is evicted for it.
+        wait_for(lambda: not shards(server), "first to scale to zero", within=60)
+        ask("second")
+        wait_for(lambda: held() == ["org/second"], "only org/second on the node")
+        assert not (hub_dir / "models--org--first" / "snapshots" / first.refs["main"]).exists()
+        assert "removed org/first@" in agent.output()
+        # In use, a snapshot is kept even over the limit: `first` comes back, `second`
+        # (running) stays, and both are on disk until `second` stops.
+        ask("first")
+        wait_for(lambda: sorted(held()) == ["org/first", "org/second"], "both on the node")
+    except BaseException:
+        print(server.proc.output())
+        print(agent.output())
+        raise
+    finally:
+        agent.stop()
+        server.proc.stop()

@@ -29,12 +29,14 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmgw.agent.errors import LaunchError
+from llmgw.agent.flags import WeightsLimit
 from llmgw.config.hub import HubRef
 
 log = logging.getLogger("llmgw.agent.hub")
@@ -199,6 +201,46 @@ class Snapshots:
                 size = _bytes_under(snapshot, follow=True)
                 found.append(Held(ref=ref, bytes=size, last_used=used.get(str(ref), 0.0)))
         return found
+
+    async def make_room(self, limit: WeightsLimit, keep: frozenset[str]) -> list[Held]:
+        """Remove the least recently used snapshots, none of repos `keep` (in use) nor
+        being downloaded, while the weights are over `limit`; those removed."""
+        busy = frozenset(r.repo for r in self._running)
+        evicted = await asyncio.to_thread(self._evict, limit, keep | busy)
+        if evicted:
+            self._held = None
+        return evicted
+
+    def _evict(self, limit: WeightsLimit, keep: frozenset[str]) -> list[Held]:
+        from huggingface_hub import scan_cache_dir
+
+        held = self._scan(frozenset())
+        total = sum(h.bytes for h in held)
+        evicted: list[Held] = []
+        candidates = [h for h in held if h.ref.repo not in keep]
+        for candidate in sorted(candidates, key=lambda h: h.last_used):
+            if not self._over(limit, total):
+                break
+            scan_cache_dir(self.cache_dir).delete_revisions(candidate.ref.revision).execute()
+            total -= candidate.bytes
+            evicted.append(candidate)
+            log.warning(
+                "removed %s (%d bytes, last used %s) from %s: the weights are over %s",
+                candidate.ref.short(),
+                candidate.bytes,
+                time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(candidate.last_used))
+                if candidate.last_used
+                else "never",
+                self.weights_dir,
+                limit,
+            )
+        return evicted
+
+    def _over(self, limit: WeightsLimit, total: int) -> bool:
+        if limit.size is not None:
+            return total > limit.size
+        usage = shutil.disk_usage(self.weights_dir)
+        return limit.fraction is not None and usage.used > limit.fraction * usage.total
 
     def _used(self) -> dict[str, float]:
         try:

@@ -58,7 +58,7 @@ from llmgw.agent.errors import (
     SpecError,
     WeightsPathError,
 )
-from llmgw.agent.flags import PortRange
+from llmgw.agent.flags import PortRange, WeightsLimit
 from llmgw.agent.hub import Snapshots
 from llmgw.agent.process import EngineProcess, attach, spawn
 from llmgw.agent.settings import SupervisorSettings
@@ -162,6 +162,7 @@ class Supervisor:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         environ: Mapping[str, str] = os.environ,
         snapshots: Snapshots | None = None,
+        weights_limit: WeightsLimit | None = None,
     ) -> None:
         """`store` is the engines state directory, already locked by the caller;
         `snapshots` downloads hub weights (None: from `environ`, no token file)."""
@@ -192,6 +193,7 @@ class Supervisor:
         self._closing = False
         self._closed = asyncio.Event()
         self._snapshots = snapshots or Snapshots(weights_dir=weights_dir, environ=environ)
+        self._weights_limit = weights_limit  # None: snapshots are never evicted
         # Shards waiting for their hub weights: their report (a failed one until
         # forgotten) and the task that downloads, then launches.
         self._fetching: dict[str, ShardReport] = {}
@@ -512,7 +514,13 @@ class Supervisor:
         ref = hub_ref(spec.weights)
         if ref is None or local != spec.weights:
             return local, False
-        return str(await self._snapshots.ensure(ref)), True
+        snapshot = await self._snapshots.ensure(ref)
+        if self._weights_limit is not None:
+            # Room for what came in, from what no shard here runs on (nor this one).
+            users = (hub_ref(s.spec.weights) for s in self._shards.values() if s.live)
+            keep = frozenset({ref.repo, *(u.repo for u in users if u is not None)})
+            await self._snapshots.make_room(self._weights_limit, keep)
+        return str(snapshot), True
 
     def _fetch_then_launch(
         self, spec: agent_pb2.ShardSpec, group: asyncio.TaskGroup

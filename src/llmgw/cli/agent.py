@@ -37,10 +37,12 @@ import typer
 from llmgw.agent.errors import FlagError
 from llmgw.agent.flags import (
     PortRange,
+    WeightsLimit,
     parse_gpus,
     parse_key_values,
     parse_port_range,
     parse_servers,
+    parse_weights_limit,
 )
 from llmgw.cli.logopts import LogFormat
 from llmgw.telemetry.logs import configure_logging
@@ -105,6 +107,15 @@ def agent(
         str,
         typer.Option(help="Directory of model weights; created if missing."),
     ] = DEFAULT_WEIGHTS_DIR,
+    weights_max_use: Annotated[
+        str | None,
+        typer.Option(
+            help="Evict the least recently used hub snapshots that no engine here runs on "
+            "when the weights disk is fuller than this share (85%) or the snapshots take "
+            "more than this size (200GB). Unset: nothing is evicted.",
+            show_default=False,
+        ),
+    ] = None,
     hub_token_file: Annotated[
         str | None,
         typer.Option(
@@ -268,6 +279,7 @@ def agent(
             weights_dir=_weights_dir(weights_dir),
             state_dir=_state_dir(state_dir),
             hub_token_file=_hub_token_file(hub_token_file),
+            weights_limit=parse_weights_limit(weights_max_use),
         )
     except FlagError as exc:
         raise _fail(str(exc)) from None
@@ -310,6 +322,7 @@ class _Options:
     fabric: dict[str, str]
     weights_dir: Path
     hub_token_file: Path | None
+    weights_limit: WeightsLimit | None
     port_range: PortRange
     declared_gpus: tuple[int, ...]
     advertise_host: str | None
@@ -628,6 +641,7 @@ async def _serve(
             on_change=feed.publish,
             store=store,
             snapshots=snapshots,
+            weights_limit=options.weights_limit,
         )
         connection = Connection(
             addresses=options.addresses,
