@@ -309,7 +309,12 @@ class Catalog:
             ) from exc
         # Aliases and limits stay as they are now; only what runs goes back.
         current = self._models[canonical]
-        restored = dataclasses.replace(current, weights=earlier.weights, profiles=earlier.profiles)
+        restored = dataclasses.replace(
+            current,
+            weights=earlier.weights,
+            weights_commit=earlier.weights_commit,
+            profiles=earlier.profiles,
+        )
         return await self.replace(canonical, restored)
 
     async def promote(self, name: str) -> CatalogModel:
