@@ -386,6 +386,14 @@ def test_an_unreachable_hub_is_a_503_naming_what_to_do(
         )
         assert pinned.status_code == 201, pinned.text
         assert pinned.json()["weights_commit"] == "a" * 40
+        # So is a revision that is a commit already.
+        at_commit = httpx.post(
+            server.admin + "/admin/api/models",
+            json={**body, "name": "m2", "weights": "org/m@" + "b" * 40},
+            timeout=60,
+        )
+        assert at_commit.status_code == 201, at_commit.text
+        assert at_commit.json()["weights_commit"] == "b" * 40
     finally:
         server.proc.stop()
 

@@ -392,7 +392,12 @@ class Catalog:
         wait for it. `InvalidModel` (field weights) when the hub refuses the repo or
         revision; `HubUnavailable` when it cannot be reached."""
         ref = hub_ref(model.weights)
-        if self._revisions is None or ref is None or model.weights_commit is not None:
+        if ref is None or model.weights_commit is not None:
+            return model
+        if ref.pinned:
+            # A full commit SHA names the same bytes whatever the hub says now.
+            return dataclasses.replace(model, weights_commit=ref.revision)
+        if self._revisions is None:
             return model
         try:
             commit = await self._revisions.commit(ref)
