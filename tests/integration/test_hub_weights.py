@@ -590,3 +590,35 @@ def test_over_the_weights_limit_the_least_recently_used_unused_snapshot_is_evict
     finally:
         agent.stop()
         server.proc.stop()
+
+
+def test_an_agent_told_to_stop_does_not_wait_for_a_download(
+    tmp_path: Path, hub: HubStandin
+) -> None:
+    repo = hub.add(tiny_repo())
+    sha = repo.refs["main"]
+    hub.bytes_per_second = 200_000  # 150 s for the whole file: far longer than a stop
+    (tmp_path / "llmgw.yaml").write_text(config(f"org/tiny@{sha}"))
+    agent_port = free_port()
+    server = Server(
+        "--agent-listen", f"127.0.0.1:{agent_port}", "--config", str(tmp_path / "llmgw.yaml"),
+        data_dir=tmp_path / "data",
+    )  # fmt: skip
+    agent = start_agent(agent_port, tmp_path, hub)
+    try:
+        wait_for(
+            lambda: [s for s in shards(server) if "downloading" in s.get("message", "")],
+            "the download to begin",
+        )
+        agent.popen.terminate()
+        assert agent.popen.wait(120) == 0, agent.output()
+        # It stopped before the download ended: the file was never completed.
+        snapshot = tmp_path / "node-a" / "weights" / "hub" / "models--org--tiny" / "snapshots"
+        assert not (snapshot / sha / "model.safetensors").exists()
+    except BaseException:
+        print(server.proc.output())
+        print(agent.output())
+        raise
+    finally:
+        agent.stop()
+        server.proc.stop()

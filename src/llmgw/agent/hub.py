@@ -26,12 +26,14 @@ disk space checks before the download; files the hub changes under a commit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import shutil
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -282,7 +284,7 @@ class Snapshots:
         await asyncio.to_thread(_remove_leftovers, folder / "blobs")
         running.start_bytes = await asyncio.to_thread(_bytes_under, folder)
         running.total = await asyncio.to_thread(self._total, ref)
-        return await asyncio.to_thread(self._fetch, ref)
+        return await _in_daemon_thread(self._fetch, ref, name=f"download {ref}")
 
     def _total(self, ref: HubRef) -> int:
         import httpx2
@@ -351,6 +353,34 @@ def _bytes_under(path: Path, *, follow: bool = False) -> int:
             except OSError:
                 continue
     return total
+
+
+async def _in_daemon_thread(fn: Callable[[HubRef], Path], ref: HubRef, *, name: str) -> Path:
+    """`fn(ref)` in a daemon thread of its own: a download may take hours, and an agent
+    told to stop must not wait for it (the default executor's threads are joined at
+    exit). The next agent resumes what this one left."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Path] = loop.create_future()
+
+    def settle(result: Path | None, error: BaseException | None) -> None:
+        if done.cancelled():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            assert result is not None
+            done.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = fn(ref), None
+        except Exception as exc:  # handed to the awaiting task, which handles or raises it
+            result, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return await done
 
 
 def _remove_leftovers(blobs: Path) -> None:
