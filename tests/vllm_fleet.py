@@ -295,7 +295,8 @@ def _running_fleet(work: Path) -> Iterator[Fleet]:
         start_agent(fleet)
         spec = {
             "name": MODEL,
-            "weights": HUB_ID,
+            # Pinned to the snapshot's commit: the server needs no hub to add it.
+            "weights": f"{HUB_ID}@{COMMIT}",
             "profiles": [
                 {
                     "name": "cpu",

@@ -146,6 +146,18 @@ def test_loopback() -> None:
         (["--server", "h:1", "--advertise-host", "http://x/"], "error: --advertise-host:"),
         (["--server", "h:1", "--engine-host", "a b"], "error: --engine-host: 'a b' is not a host"),
         (["--server", "h:1", "--node-id", " "], "error: --node-id:"),
+        (
+            ["--server", "h:1", "--weights-max-use", "120%"],
+            "error: --weights-max-use: '120%' is not a share between 0% and 100%",
+        ),
+        (
+            ["--server", "h:1", "--weights-max-use", "lots"],
+            "error: --weights-max-use: 'lots' is neither a share of the disk (85%) nor a size",
+        ),
+        (
+            ["--server", "h:1", "--hub-token-file", "/no/such/token"],
+            "error: --hub-token-file: /no/such/token is not a readable file",
+        ),
     ],
 )
 def test_cli_flag_errors_are_one_line_and_exit_2(args: list[str], message: str) -> None:

@@ -21,6 +21,7 @@ from hashlib import sha256
 from pathlib import Path
 
 import pytest
+from hub_standin import make_repo, serve_hub
 from procs import free_port_block
 
 from llmgw.agent.errors import (
@@ -197,6 +198,7 @@ def make_supervisor(
     advertise: str = "127.0.0.1",
     ports: PortRange | None = None,
     settings: SupervisorSettings = FAST,
+    hub_url: str = "http://127.0.0.1:9",  # no hub: nothing in these tests downloads by accident
 ) -> tuple[Supervisor, PortRange]:
     if ports is None:
         low = free_port_block(6)
@@ -216,7 +218,7 @@ def make_supervisor(
         settings=settings,
         on_change=reports.append,
         store=EngineStore(tmp_path / "state", node_id="n1"),
-        environ={**os.environ, "LLMGW_UNSET_ME": "x"},
+        environ={**os.environ, "LLMGW_UNSET_ME": "x", "HF_ENDPOINT": hub_url},
     )
     return supervisor, ports
 
@@ -240,14 +242,16 @@ async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
         "crash": ScriptAdapter(CRASH),
         "missing": ScriptAdapter("", program="no-such-engine-binary-xyz"),
     }
-    supervisor, ports = make_supervisor(tmp_path, reports, adapters)
-    running = asyncio.create_task(supervisor.run())
-    await asyncio.sleep(0)
-    try:
-        yield Harness(supervisor, reports, adapters, ports, tmp_path)
-    finally:
-        await supervisor.shutdown(grace=1.0)
-        await running
+    with serve_hub() as hub:
+        hub.add(make_repo("org/model", {"config.json": b"{}", "model.safetensors": b"w" * 1000}))
+        supervisor, ports = make_supervisor(tmp_path, reports, adapters, hub_url=hub.url)
+        running = asyncio.create_task(supervisor.run())
+        await asyncio.sleep(0)
+        try:
+            yield Harness(supervisor, reports, adapters, ports, tmp_path)
+        finally:
+            await supervisor.shutdown(grace=1.0)
+            await running
 
 
 def cmdline_of(pid: int) -> bytes:
@@ -678,7 +682,8 @@ async def test_a_hub_download_in_use_is_not_removed(harness: Harness) -> None:
     (cache / "snapshots").mkdir(parents=True)
     spec = harness.spec("v")
     spec.weights = "org/model"
-    await harness.supervisor.start(spec)
+    await harness.supervisor.start(spec)  # downloads from the hub stand-in first
+    await harness.wait_for("v", ShardState.READY)
     with pytest.raises(WeightsPathError, match="shard 'v' is running from it"):
         await harness.supervisor.remove_weights("hub/models--org--model")
     with pytest.raises(WeightsPathError, match="shard 'v' is running from it"):
@@ -694,9 +699,12 @@ async def test_relative_weights_resolve_in_the_weights_dir(harness: Harness) -> 
     await harness.supervisor.start(spec)
     assert harness.adapters["serve"].specs[-1].weights == str(harness.weights / "models/m.gguf")
     hub = harness.spec("x", port=harness.ports.start + 1)
-    hub.weights = "org/model"  # not in the weights dir: a hub id, as given
+    hub.weights = "org/model"  # not in the weights dir: a hub repo, downloaded first
     await harness.supervisor.start(hub)
-    assert harness.adapters["serve"].specs[-1].weights == "org/model"
+    await harness.wait_for("x", ShardState.READY)
+    snapshots = harness.weights / "hub" / "models--org--model" / "snapshots"
+    [snapshot] = snapshots.iterdir()
+    assert harness.adapters["serve"].specs[-1].weights == str(snapshot)
 
 
 async def until_ready(reports: list[ShardReport]) -> None:

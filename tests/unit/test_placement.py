@@ -10,7 +10,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from llmgw.control.catalog.model import CatalogModel, Profile
-from llmgw.control.inventory.model import Gpu, Node, NodeState, Shard, ShardSpec, ShardState
+from llmgw.control.inventory.model import (
+    Gpu,
+    HeldWeights,
+    Node,
+    NodeState,
+    Shard,
+    ShardSpec,
+    ShardState,
+)
 from llmgw.control.reconciler import (
     Explanation,
     Fleet,
@@ -518,3 +526,36 @@ def test_fleet_place_of_gangs_agrees_with_explain_as_the_fleet_fills_up(
     # Both found places, then the fleet filled up.
     assert gangs_placed > 3
     assert refused > 0
+
+
+def test_a_node_holding_the_pinned_hub_weights_wins_over_pack_spread_and_ids() -> None:
+    commit = "c" * 40
+    model = dataclasses.replace(make_model(), weights="org/llama@main", weights_commit=commit)
+    held = HeldWeights("org/llama", commit, 15_200_000_000, None)
+    # node-c holds the snapshot; node-a is the busier node (pack) and the lowest id.
+    nodes = [
+        busy_and_empty()[0],
+        make_node("node-b"),
+        dataclasses.replace(make_node("node-c"), weights=(held,)),
+    ]
+    for policy in ("pack", "spread"):
+        result = explain(model, nodes, policy=policy)
+        assert result.placement is not None and result.placement.node_id == "node-c"
+        fast = Fleet(nodes, policy=policy).place(model)
+        assert fast is not None and fast.node_id == "node-c"
+    assert explain(model, nodes).verdicts[0].weights == (
+        "node-a: must download 15.2 GB (org/llama@ccccccc)",
+        "node-b: must download 15.2 GB (org/llama@ccccccc)",
+        "node-c: has org/llama@ccccccc on disk",
+    )
+    # Another commit of the same repo is not the model's weights: pack decides.
+    other = dataclasses.replace(model, weights_commit="d" * 40)
+    result = explain(other, nodes, policy="pack")
+    assert result.placement is not None and result.placement.node_id == "node-a"
+    assert result.verdicts[0].weights[2] == "node-c: must download org/llama@ddddddd"
+    # A node already running a replica of the model is still passed over for a fresh one.
+    busy_holder = dataclasses.replace(
+        nodes[2], shards={"r1": make_shard("r1", "llama", port=20000)}
+    )
+    result = explain(model, [nodes[1], busy_holder], policy="pack")
+    assert result.placement is not None and result.placement.node_id == "node-b"

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from procs import wait_for
-from vllm_fleet import HUB_ID, MODEL, NODE, Fleet, data_events, start_agent
+from vllm_fleet import COMMIT, HUB_ID, MODEL, NODE, Fleet, data_events, start_agent
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
@@ -35,7 +35,7 @@ get_peft_model(base, config).save_pretrained(sys.argv[2])
 
 def test_a_vllm_that_cannot_start_is_reported_with_its_own_output(vllm_fleet: Fleet) -> None:
     vllm_fleet.cli(
-        "models", "add", "--name", "broken", "--weights", HUB_ID, "--engine", "vllm",
+        "models", "add", "--name", "broken", "--weights", f"{HUB_ID}@{COMMIT}", "--engine", "vllm",
         "--engine-arg", "--no-such-flag",
     )  # fmt: skip
     try:

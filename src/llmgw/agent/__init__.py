@@ -18,6 +18,8 @@ Modules, each importable on its own (this package re-exports nothing, so that
 - `spec`        wire ShardSpec → engines' EngineSpec, with this node's checks
 - `probe`       the readiness GET; `output` the engine output ring buffer and log follower
 - `weights`     removal strictly inside the weights directory
+- `hub`         hub snapshots on disk: one download per repo and commit, progress,
+                what the node holds, eviction over `--weights-max-use`
 - `node`        the process lifecycle: guarded loops in one TaskGroup, shutdown order
 - `errors`      the exception tree
 - `_deathsig_exec.py`  run as a script: arms PR_SET_PDEATHSIG, then execs (`llmgw up`'s agent)

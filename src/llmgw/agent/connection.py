@@ -60,6 +60,7 @@ from llmgw.agent.backoff import Backoff
 from llmgw.agent.errors import CommandError, ConnectError
 from llmgw.agent.feed import StatusFeed
 from llmgw.agent.hardware import Hardware
+from llmgw.agent.hub import Snapshots
 from llmgw.agent.refusal import explain, is_standby, retry_after
 from llmgw.agent.settings import ConnectionSettings
 from llmgw.agent.shard import ShardReport
@@ -142,6 +143,7 @@ class Connection:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         engine_addresses: EngineAddresses | None = None,
         silent: SilentServers | None = None,
+        snapshots: Snapshots | None = None,
     ) -> None:
         """`engine_addresses`: told the local address of each connection before
         Register (unless --advertise-host fixed it), for the engines' URLs.
@@ -157,6 +159,7 @@ class Connection:
         self._supervisor = supervisor
         self._feed = feed
         self._hardware = hardware
+        self._snapshots = snapshots  # the hub weights on disk, listed in every heartbeat
         self._backoff = backoff
         self._settings = settings
         self._sleep = sleep
@@ -515,6 +518,7 @@ class Connection:
     async def _heartbeat_loop(self, outbox: asyncio.Queue[_Outgoing], interval: float) -> None:
         while True:
             usage = await self._hardware.usage()
+            held = await self._snapshots.held() if self._snapshots is not None else []
             self._sequence += 1
-            outbox.put_nowait(wire.heartbeat(self._sequence, usage))
+            outbox.put_nowait(wire.heartbeat(self._sequence, usage, held))
             await self._sleep(interval)

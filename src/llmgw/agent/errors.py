@@ -9,6 +9,7 @@ AgentError
 │   ├── ShardConflictError  the shard id or its port is taken by another running shard
 │   ├── WeightsPathError a RemoveWeights path outside the weights directory, or in use
 │   ├── LaunchError      the engine process could not be spawned at all
+│   │   └── hub.DownloadError  its hub weights could not be downloaded (the hub's reason)
 │   └── AgentClosingError the agent is shutting down and starts nothing new
 └── ConnectError         one control-plane address could not be registered with
                          (refused, stream refused, no answer in time): try the next

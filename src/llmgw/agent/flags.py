@@ -141,3 +141,40 @@ def is_loopback(host: str) -> bool:
     """Whether engines bound to this host are reachable from this machine only."""
     bare = host.strip("[]").lower()
     return bare in ("localhost", "::1") or bare.startswith("127.")
+
+
+@dataclass(frozen=True, slots=True)
+class WeightsLimit:
+    """`--weights-max-use`: a share of the weights disk in use (`85%`), or a size the
+    hub snapshots together may take (`200GB`)."""
+
+    fraction: float | None = None
+    size: int | None = None
+
+    def __str__(self) -> str:
+        if self.fraction is not None:
+            return f"{self.fraction * 100:g}% of the weights disk"
+        return f"{self.size} bytes of hub snapshots"
+
+
+def parse_weights_limit(
+    text: str | None, *, flag: str = "--weights-max-use"
+) -> WeightsLimit | None:
+    """`85%` or a size such as `200GB`; None (no eviction) when not given."""
+    if text is None:
+        return None
+    value = text.strip()
+    if value.endswith("%"):
+        try:
+            percent = float(value[:-1])
+        except ValueError:
+            percent = -1.0
+        if not 0 < percent < 100:
+            raise FlagError(flag, f"{value!r} is not a share between 0% and 100% (e.g. 85%)")
+        return WeightsLimit(fraction=percent / 100)
+    try:
+        return WeightsLimit(size=parse_size(flag, value))
+    except FlagError:
+        raise FlagError(
+            flag, f"{value!r} is neither a share of the disk (85%) nor a size (200GB)"
+        ) from None

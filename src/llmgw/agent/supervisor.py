@@ -8,6 +8,12 @@ from the agent: its own session and process group, stdout and stderr appended
 to a log file in the state directory (`process.spawn`). `stop` and `drain` end
 a shard; `remove_weights` deletes files strictly inside the weights directory.
 
+Hub weights (`org/name@commit`) are made sure of first (`hub.Snapshots`): a
+snapshot not on disk is downloaded while the shard is reported `starting` with
+the download's progress as its message, and the engine then starts on the local
+snapshot with `HF_HUB_OFFLINE=1`. Engines get their compile caches
+(`VLLM_CACHE_ROOT`, torch inductor, Triton) in the weights directory.
+
 Engines outlive the agent. Every change is written to the engines state file
 (`state.py`); `adopt()`, run once at start before the first Register, takes
 back each engine an earlier agent left that is still the same process, probes
@@ -53,7 +59,8 @@ from llmgw.agent.errors import (
     SpecError,
     WeightsPathError,
 )
-from llmgw.agent.flags import PortRange
+from llmgw.agent.flags import PortRange, WeightsLimit
+from llmgw.agent.hub import Snapshots
 from llmgw.agent.probe import is_sleeping
 from llmgw.agent.process import EngineProcess, attach, spawn
 from llmgw.agent.settings import SupervisorSettings
@@ -69,6 +76,7 @@ from llmgw.agent.state import (
     read_identity,
 )
 from llmgw.agent.weights import remove_path, resolve_removable
+from llmgw.config.hub import hub_ref
 from llmgw.engines import (
     EngineAdapter,
     EngineError,
@@ -80,6 +88,9 @@ from llmgw.engines import (
 from llmgw.proto import agent_pb2
 
 log = logging.getLogger("llmgw.agent.supervisor")
+
+# How often a download's progress is read from disk and, when it moved, reported.
+_PROGRESS_SECONDS = 1.0
 
 
 def endpoint_url(host: str, port: int) -> str:
@@ -106,6 +117,22 @@ def launch_env(plan: LaunchPlan, base: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+CACHE_DIR = ".engine-cache"
+"""Under the weights directory: engines' compile and graph caches, kept across starts."""
+
+
+def cache_env(weights_dir: Path) -> dict[str, str]:
+    """Where engines keep what they compile (vLLM's cache root, torch.compile's inductor
+    and Triton kernels): in the weights directory, so the second start of an engine on
+    this node skips the compile. A profile's own `env` (or the agent's) wins."""
+    root = weights_dir / CACHE_DIR
+    return {
+        "VLLM_CACHE_ROOT": str(root / "vllm"),
+        "TORCHINDUCTOR_CACHE_DIR": str(root / "torchinductor"),
+        "TRITON_CACHE_DIR": str(root / "triton"),
+    }
+
+
 def _in_use(weights_dir: Path, target: Path, shards: list[tuple[str, str]]) -> str | None:
     """The first shard whose weights lie at or under `target` (blocking: realpath).
 
@@ -116,9 +143,9 @@ def _in_use(weights_dir: Path, target: Path, shards: list[tuple[str, str]]) -> s
         if not weights:
             continue
         places = [weights_dir / weights]
-        parts = weights.split("/")
-        if len(parts) == 2 and all(parts) and not weights.startswith((".", "~")):
-            places.append(weights_dir / "hub" / f"models--{parts[0]}--{parts[1]}")
+        ref = hub_ref(weights)
+        if ref is not None:
+            places.append(weights_dir / "hub" / ("models--" + ref.repo.replace("/", "--")))
         for place in places:
             used = Path(os.path.realpath(place))
             if used == target or used.is_relative_to(target):
@@ -143,8 +170,11 @@ class Supervisor:
         wall_clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         environ: Mapping[str, str] = os.environ,
+        snapshots: Snapshots | None = None,
+        weights_limit: WeightsLimit | None = None,
     ) -> None:
-        """`store` is the engines state directory, already locked by the caller."""
+        """`store` is the engines state directory, already locked by the caller;
+        `snapshots` downloads hub weights (None: from `environ`, no token file)."""
         self._adapters = adapters
         self._port_range = port_range
         # Read at each launch: the connection learns the advertised address (addresses.py).
@@ -171,6 +201,12 @@ class Supervisor:
         self._group: asyncio.TaskGroup | None = None
         self._closing = False
         self._closed = asyncio.Event()
+        self._snapshots = snapshots or Snapshots(weights_dir=weights_dir, environ=environ)
+        self._weights_limit = weights_limit  # None: snapshots are never evicted
+        # Shards waiting for their hub weights: their report (a failed one until
+        # forgotten) and the task that downloads, then launches.
+        self._fetching: dict[str, ShardReport] = {}
+        self._fetch_tasks: dict[str, asyncio.Task[None]] = {}
 
     # ---- lifecycle ----
 
@@ -195,6 +231,8 @@ class Supervisor:
         engine (SIGTERM, SIGKILL after `grace`); without, leaving them running."""
         self._closing = True
         grace = self._settings.default_grace_seconds if grace is None else grace
+        for task in list(self._fetch_tasks.values()):
+            task.cancel()  # a half-done download is resumed by the next agent
         while True:
             launches = list(self._launches)
             live = [shard for shard in self._shards.values() if shard.live]
@@ -329,11 +367,24 @@ class Supervisor:
                 f"shard {spec.shard_id!r} is already running here with another spec "
                 f"(model {current.spec.model!r}, port {current.spec.port}); stop it first"
             )
+        fetching = self._fetching.get(spec.shard_id)
+        if fetching is not None and not fetching.state.terminal:
+            if fetching.spec == spec:
+                return fetching
+            raise ShardConflictError(
+                f"shard {spec.shard_id!r} is already waiting for its weights here with "
+                "another spec; stop it first"
+            )
         if spec.shard_id in self._launching:
             raise ShardConflictError(f"shard {spec.shard_id!r} is already being started")
         for other_id, port in self._ports_in_use():
             if port == spec.port:
                 raise SpecError("port", f"{spec.port} is in use by shard {other_id!r} on this node")
+        ref = hub_ref(spec.weights)
+        if ref is not None and not (self._weights_dir / spec.weights).exists():
+            snapshot = await asyncio.to_thread(self._snapshots.local, ref)
+            if snapshot is None:
+                return self._fetch_then_launch(spec, group)
         self._launching[spec.shard_id] = spec.port
         # Spawned in the supervisor's group so that a dropped stream (which cancels the
         # command) cannot leave a process running that no shard watches.
@@ -351,9 +402,16 @@ class Supervisor:
         `grace` <= 0 means the default (proto3 cannot send "unset"). A stop for a
         shard that already stopped or failed returns that report and forgets it.
         """
+        fetch = self._fetch_tasks.get(shard_id)
+        if fetch is not None:
+            fetch.cancel()
+            await asyncio.wait({fetch})
         shard = self._shards.get(shard_id)
         if shard is None:
-            return None
+            waiting = self._fetching.get(shard_id)
+            if waiting is not None:
+                self.forget(waiting)
+            return waiting
         if not shard.live:
             self.forget(shard.report)
             return shard.report
@@ -395,10 +453,13 @@ class Supervisor:
 
     def reports(self) -> list[ShardReport]:
         """Every shard's current report: running ones, and stopped/failed ones not forgotten."""
-        return [shard.report for shard in self._shards.values()]
+        reports = [shard.report for shard in self._shards.values()]
+        return reports + [r for r in self._fetching.values() if r.shard_id not in self._shards]
 
     def forget(self, report: ShardReport) -> None:
         """The control plane was told this terminal report; drop the shard if still at it."""
+        if self._fetching.get(report.shard_id) is report and report.state.terminal:
+            del self._fetching[report.shard_id]
         shard = self._shards.get(report.shard_id)
         if shard is not None and shard.report is report and report.state.terminal:
             del self._shards[report.shard_id]
@@ -415,8 +476,11 @@ class Supervisor:
     ) -> ShardReport | CommandError:
         # A refusal is returned, not raised: a failed task would end the whole group.
         try:
-            weights = await asyncio.to_thread(local_weights, self._weights_dir, spec.weights)
+            weights, offline = await self._local_weights(spec)
             plan = self._plan(spec, weights)
+            if offline:
+                # The snapshot is on disk: the engine must read it, never the network.
+                plan = replace(plan, env={**plan.env, "HF_HUB_OFFLINE": "1"})
             if not await asyncio.to_thread(port_is_free, self._addresses.bind, spec.port):
                 raise SpecError(
                     "port",
@@ -424,6 +488,8 @@ class Supervisor:
                     "this agent's engines); stop it or move --port-range off it",
                 )
             env = launch_env(plan, self._environ)
+            for key, value in cache_env(self._weights_dir).items():
+                env.setdefault(key, value)
             program = await asyncio.to_thread(shutil.which, plan.argv[0], path=env.get("PATH"))
             if program is None:
                 raise LaunchError(
@@ -480,6 +546,82 @@ class Supervisor:
             return exc
         finally:
             self._launching.pop(spec.shard_id, None)
+
+    async def _local_weights(self, spec: agent_pb2.ShardSpec) -> tuple[str, bool]:
+        """The weights the engine is started on, and whether they are a hub snapshot."""
+        local = await asyncio.to_thread(local_weights, self._weights_dir, spec.weights)
+        ref = hub_ref(spec.weights)
+        if ref is None or local != spec.weights:
+            return local, False
+        snapshot = await self._snapshots.ensure(ref)
+        if self._weights_limit is not None:
+            # Room for what came in, from what no shard here runs on (nor this one).
+            users = (hub_ref(s.spec.weights) for s in self._shards.values() if s.live)
+            keep = frozenset({ref.repo, *(u.repo for u in users if u is not None)})
+            await self._snapshots.make_room(self._weights_limit, keep)
+        return str(snapshot), True
+
+    def _fetch_then_launch(
+        self, spec: agent_pb2.ShardSpec, group: asyncio.TaskGroup
+    ) -> ShardReport:
+        """Report the shard `starting` (downloading) now; launch it once its weights are here."""
+        ref = hub_ref(spec.weights)
+        note = f"downloading {ref.short()}" if ref is not None else "downloading weights"
+        report = self._fetch_report(spec, ShardState.STARTING, note)
+        # Told before the command's answer, as a spawned shard is: a control plane that
+        # saw the answer first would think nothing runs and place the replica again.
+        self._fetch_changed(report)
+        self._launching[spec.shard_id] = spec.port  # the port stays reserved meanwhile
+        task = group.create_task(self._fetch(spec, group), name=f"fetch {spec.shard_id}")
+        self._fetch_tasks[spec.shard_id] = task
+        task.add_done_callback(lambda _: self._fetch_tasks.pop(spec.shard_id, None))
+        return report
+
+    def _fetch_report(
+        self, spec: agent_pb2.ShardSpec, state: ShardState, message: str
+    ) -> ShardReport:
+        return ShardReport(
+            shard_id=spec.shard_id,
+            model=spec.model,
+            state=state,
+            since=self._wall_clock(),
+            spec=spec,
+            message=message,
+        )
+
+    def _fetch_changed(self, report: ShardReport) -> None:
+        self._fetching[report.shard_id] = report
+        self._on_change(report)
+
+    async def _fetch(self, spec: agent_pb2.ShardSpec, group: asyncio.TaskGroup) -> None:
+        ref = hub_ref(spec.weights)
+        assert ref is not None  # only hub weights are fetched
+        download = asyncio.ensure_future(self._snapshots.ensure(ref))
+        try:
+            while not download.done():
+                progress = await asyncio.to_thread(self._snapshots.progress, ref)
+                message = progress.describe(ref) if progress is not None else "downloading"
+                if message != self._fetching[spec.shard_id].message:
+                    self._fetch_changed(self._fetch_report(spec, ShardState.STARTING, message))
+                await asyncio.wait({download}, timeout=_PROGRESS_SECONDS)
+            download.result()
+        except asyncio.CancelledError:
+            download.cancel()
+            self._launching.pop(spec.shard_id, None)
+            self._fetch_changed(
+                self._fetch_report(spec, ShardState.STOPPED, "stopped while downloading weights")
+            )
+            raise
+        except CommandError as exc:
+            self._launching.pop(spec.shard_id, None)
+            self._fetch_changed(self._fetch_report(spec, ShardState.FAILED, str(exc)))
+            return
+        outcome = await self._launch(spec, group)
+        if isinstance(outcome, CommandError):
+            self._fetch_changed(self._fetch_report(spec, ShardState.FAILED, str(outcome)))
+            return
+        del self._fetching[spec.shard_id]
+        self._on_change(outcome)
 
     def _plan(self, spec: agent_pb2.ShardSpec, weights: str) -> LaunchPlan:
         converted = engine_spec(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from llmgw.agent.flags import PortRange
 from llmgw.agent.hardware import GpuUsage, HardwareReport
+from llmgw.agent.hub import Held
 from llmgw.agent.interfaces import Interface
 from llmgw.agent.shard import ShardReport, ShardState
 from llmgw.proto import agent_pb2
@@ -104,10 +105,21 @@ def register(
     )
 
 
-def heartbeat(sequence: int, usage: Iterable[GpuUsage]) -> agent_pb2.AgentMessage:
+def heartbeat(
+    sequence: int, usage: Iterable[GpuUsage], held: Iterable[Held] = ()
+) -> agent_pb2.AgentMessage:
     return agent_pb2.AgentMessage(
         heartbeat=agent_pb2.Heartbeat(
             sequence=sequence,
+            weights=[
+                agent_pb2.HeldWeights(
+                    repo=h.ref.repo,
+                    revision=h.ref.revision,
+                    bytes=h.bytes,
+                    last_used_unix=h.last_used,
+                )
+                for h in held
+            ],
             gpus=[
                 agent_pb2.GpuUsage(
                     index=gpu.index,

@@ -37,10 +37,12 @@ import typer
 from llmgw.agent.errors import FlagError
 from llmgw.agent.flags import (
     PortRange,
+    WeightsLimit,
     parse_gpus,
     parse_key_values,
     parse_port_range,
     parse_servers,
+    parse_weights_limit,
 )
 from llmgw.cli.logopts import LogFormat
 from llmgw.telemetry.logs import configure_logging
@@ -105,6 +107,24 @@ def agent(
         str,
         typer.Option(help="Directory of model weights; created if missing."),
     ] = DEFAULT_WEIGHTS_DIR,
+    weights_max_use: Annotated[
+        str | None,
+        typer.Option(
+            help="Evict the least recently used hub snapshots that no engine here runs on "
+            "when the weights disk is fuller than this share (85%) or the snapshots take "
+            "more than this size (200GB). Unset: nothing is evicted.",
+            show_default=False,
+        ),
+    ] = None,
+    hub_token_file: Annotated[
+        str | None,
+        typer.Option(
+            help="File holding the token for downloading hub weights (a private hub or "
+            "mirror). Unset: HF_TOKEN from the environment, if any. The hub itself is "
+            "HF_ENDPOINT (default: huggingface.co).",
+            show_default=False,
+        ),
+    ] = None,
     port_range: Annotated[
         str, typer.Option(help="Ports engines on this node may listen on, START-END.")
     ] = "20000-20999",
@@ -258,6 +278,8 @@ def agent(
             # Last: the only checks with a side effect (they create directories).
             weights_dir=_weights_dir(weights_dir),
             state_dir=_state_dir(state_dir),
+            hub_token_file=_hub_token_file(hub_token_file),
+            weights_limit=parse_weights_limit(weights_max_use),
         )
     except FlagError as exc:
         raise _fail(str(exc)) from None
@@ -299,6 +321,8 @@ class _Options:
     labels: dict[str, str]
     fabric: dict[str, str]
     weights_dir: Path
+    hub_token_file: Path | None
+    weights_limit: WeightsLimit | None
     port_range: PortRange
     declared_gpus: tuple[int, ...]
     advertise_host: str | None
@@ -426,6 +450,15 @@ def _node_id(
     return node_id
 
 
+def _hub_token_file(value: str | None) -> Path | None:
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise FlagError("--hub-token-file", f"{path} is not a readable file; give the token's file")
+    return path
+
+
 def _weights_dir(value: str) -> Path:
     path = Path(value).expanduser()
     try:
@@ -528,6 +561,7 @@ async def _serve(
     from llmgw.agent.connection import Connection
     from llmgw.agent.feed import StatusFeed
     from llmgw.agent.hardware import Hardware, discover_gpus, load_nvml
+    from llmgw.agent.hub import Snapshots
     from llmgw.agent.node import run_node
     from llmgw.agent.settings import ConnectionSettings, SupervisorSettings
     from llmgw.agent.supervisor import Supervisor
@@ -592,6 +626,11 @@ async def _serve(
         engine_addresses = EngineAddresses(
             advertise_host=options.advertise_host, engine_host=options.engine_host
         )
+        snapshots = Snapshots(
+            weights_dir=options.weights_dir,
+            environ=os.environ,
+            token_file=options.hub_token_file,
+        )
         supervisor = Supervisor(
             adapters=functools.partial(adapter_for, settings=_engine_settings(options)),
             port_range=options.port_range,
@@ -601,6 +640,8 @@ async def _serve(
             settings=supervisor_settings,
             on_change=feed.publish,
             store=store,
+            snapshots=snapshots,
+            weights_limit=options.weights_limit,
         )
         connection = Connection(
             addresses=options.addresses,
@@ -618,6 +659,7 @@ async def _serve(
             supervisor=supervisor,
             feed=feed,
             hardware=Hardware(gpus=gpus, weights_dir=options.weights_dir),
+            snapshots=snapshots,
             backoff=Backoff(rng=random.Random()),
             settings=ConnectionSettings(connect_timeout_seconds=options.dial_timeout),
             tls=keeper.material if keeper is not None else options.tls,

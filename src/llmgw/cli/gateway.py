@@ -79,6 +79,7 @@ from llmgw.control.agentsvc.cluster_pki import ClusterPki, ClusterPkiError
 from llmgw.control.agentsvc.join import serve_cluster_agents
 from llmgw.control.catalog import Catalog, CatalogError, model_from_config
 from llmgw.control.catalog.reload import ConfigReloader, ConfigSource
+from llmgw.control.catalog.hub import HubRevisions
 from llmgw.control.inventory import FleetMetrics, Inventory
 from llmgw.control.leadership import (
     LEASE_NAME,
@@ -296,6 +297,7 @@ async def _load_catalog(cfg: ServerConfig, store: Store, config_file: str | None
             repo=store.catalog,
             config_models=[model_from_config(m, source="config") for m in cfg.models],
             config_file=config_file,
+            revisions=HubRevisions(environ=os.environ),
         )
         warnings = await catalog.load()
     except (CatalogError, StoreError) as exc:

@@ -301,7 +301,8 @@ def _show_text(model: dict[str, Any]) -> str:
     lines = [
         f"model:       {model['name']} ({model.get('source', '-')})",
         f"aliases:     {', '.join(model['aliases']) or '-'}",
-        f"weights:     {model['weights']}",
+        f"weights:     {model['weights']}"
+        + (f" (commit {model['weights_commit']})" if model.get("weights_commit") else ""),
         f"replicas:    {model['min_replicas']} to {model['max_replicas']}",
         f"keep alive:  {_keep_alive(model['keep_alive'])}",
         *(
@@ -369,6 +370,12 @@ def _show_text(model: dict[str, Any]) -> str:
         heads = ["REPLICA", "NODE", "STATE", *(["VERSION"] if versioned else []), "GPUS"]
         table = render_table([*heads, "ENDPOINT"], rows)
         lines += ["", "replicas:", *("  " + line for line in table.splitlines())]
+        # What a starting replica is doing (downloading its weights: how far, how long).
+        lines += [
+            f"  replica {r.get('id')}: {r['message']}"
+            for r in replicas
+            if r.get("state") == "starting" and str(r.get("message") or "").startswith("download")
+        ]
         # A multi-node replica's row is its rank 0's; its shards by rank follow.
         for r in replicas:
             shards = r.get("shards") or []
@@ -433,6 +440,10 @@ def explain_text(explanation: dict[str, Any]) -> str:
         rejected = verdict.get("rejected") or []
         lines += ["", f"profile {verdict.get('profile')}:"]
         lines.append(f"  fits:     {', '.join(fits) if fits else 'no node'}")
+        notes = verdict.get("weights") or []
+        if notes:
+            lines.append("  weights:")
+            lines += [f"    {note}" for note in notes]
         groups = verdict.get("groups") or []
         if groups:
             lines.append("  fabric groups short of nodes:")

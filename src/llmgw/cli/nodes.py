@@ -191,7 +191,32 @@ def _show_text(node: dict[str, Any]) -> str:
                 lines += ["    | " + line for line in shard["output_tail"]]
     else:
         lines.append("  none")
+    lines += ["", "weights on disk (hub snapshots):"]
+    held = node.get("weights") or []
+    if held:
+        rows = [
+            [
+                f"{w['repo']}@{str(w['revision'])[:7]}",
+                _decimal_size(int(w["bytes"])),
+                _time(w["last_used"]) if w["last_used"] else "never",
+            ]
+            for w in held
+        ]
+        table = render_table(["WEIGHTS", "SIZE", "LAST USED (UTC)"], rows)
+        lines += ["  " + line for line in table.splitlines()]
+    else:
+        lines.append("  none")
     return "\n".join(lines)
+
+
+def _decimal_size(count: int) -> str:
+    """Bytes as the hub counts them (1 GB = 10^9 bytes), as download progress shows."""
+    value = float(count)
+    for unit in ("B", "kB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} TB"
 
 
 # ---- commands ----

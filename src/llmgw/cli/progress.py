@@ -91,11 +91,19 @@ def describe(replica: Mapping[str, Any]) -> str:
         return f"draining on {node} (finishing its requests)"
     if state == "failed":
         return f"failed on {node}: {message or 'no reason given'}"
+    if state == "starting" and message.startswith("downloading"):
+        return f"starting on {node}: {message}"
     if state == "lost":
         return f"lost: node {node} stopped answering"
     if state == "in_doubt":
         return f"in doubt: node {node} is not answering; out of the routers until it does"
     return f"{state} on {node}"
+
+
+def _downloaded_more(before: Mapping[str, Any], now: Mapping[str, Any]) -> bool:
+    """A starting replica's download moved on (its node reports each step)."""
+    message = str(now.get("message") or "")
+    return message.startswith("downloading") and message != before.get("message")
 
 
 class ReplicaWatch:
@@ -117,7 +125,7 @@ class ReplicaWatch:
             state = str(replica.get("state"))
             current[rid] = (state, replica)
             before = self._seen.get(rid)
-            if before is None or before[0] != state:
+            if before is None or before[0] != state or _downloaded_more(before[1], replica):
                 lines.append(f"{self._label(replica)} {describe(replica)}")
         for rid, (state, replica) in self._seen.items():
             if rid not in current and state not in ENDED_STATES:

@@ -8,6 +8,7 @@ on their own) and then closes them.
 """
 
 import math
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -188,6 +189,14 @@ def sim(
             "finish them; 1 s keeps tests with stalled streams quick).",
         ),
     ] = 1.0,
+    weights: Annotated[
+        str | None,
+        typer.Option(
+            help="A model directory to serve, as a real engine would (it must hold a "
+            "config.json); the sim reads nothing else from it. Unset: no weights.",
+            show_default=False,
+        ),
+    ] = None,
     log_format: LogFormat = "human",
 ) -> None:
     """Run a simulated OpenAI-compatible engine, or one rank of a multi-node one."""
@@ -200,6 +209,10 @@ def sim(
     from llmgw.sim.faults import FaultSettings
     from llmgw.sim.settings import SimSettings
 
+    if weights is not None and not (Path(weights) / "config.json").is_file():
+        raise typer.BadParameter(
+            f"{weights} is not a model directory (no config.json in it)", param_hint="--weights"
+        )
     gang = gang_settings(nnodes, node_rank, master_addr or "", master_port)
     if gang is not None and gang.node_rank > 0:
         run_follower(gang)

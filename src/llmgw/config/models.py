@@ -35,6 +35,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from llmgw.config.hub import COMMIT, hub_ref
 from llmgw.config.routing import ModelRouting
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
@@ -573,6 +574,14 @@ class ModelConfig(_Strict):
             "id. Required: there is nothing sensible to guess."
         ),
     )
+    weights_commit: str | None = Field(
+        default=None,
+        description=(
+            "The commit SHA that a hub `weights` revision resolved to. Unset: the server "
+            "asks the hub when the model is added through the admin API, so every node "
+            "runs the same bytes; set it to pin a commit without asking the hub."
+        ),
+    )
     profiles: list[ProfileConfig] = Field(
         min_length=1,
         description=(
@@ -741,6 +750,17 @@ class ModelConfig(_Strict):
             raise ValueError("is empty; give a local path, a GGUF file or a hub id")
         if value != value.strip():
             raise ValueError(f"{value!r} has surrounding spaces; remove them")
+        return value
+
+    @field_validator("weights_commit")
+    @classmethod
+    def _check_commit(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        if COMMIT.match(value) is None:
+            raise ValueError(f"{value!r} is not a commit SHA (40 lowercase hex digits)")
+        if hub_ref(str(info.data.get("weights", ""))) is None:
+            raise ValueError("is only for hub weights (org/name or org/name@revision)")
         return value
 
     @field_validator("profiles")

@@ -1,6 +1,8 @@
 """The simulated engine: `llmgw sim` serving the spec's model name on the spec's address.
 
-It needs no GPUs and no weights (`weights` is ignored and may be empty). When
+It needs no GPUs and no weights. An absolute `weights` directory (a hub snapshot
+the agent downloaded) is passed as `--weights`, which must hold a config.json,
+as a real engine would need; anything else in `weights` is ignored. When
 given GPUs it is pinned to them like a real engine, so placement tests see the
 same environment; parallel sizes are accepted as given, not checked against the
 GPU count. It exports vLLM's metric names, read by the vLLM parser. A rank of a
@@ -103,6 +105,7 @@ class SimAdapter:
             "--model",
             spec.model,
             *_rank_args(spec),
+            *_weights_args(spec),
             *spec.engine_args,
         )
         return LaunchPlan(
@@ -119,6 +122,14 @@ class SimAdapter:
     def parse_metrics(self, text: str) -> EngineLoad:
         """Load from the sim's vLLM-named metrics; never raises."""
         return parse_vllm_metrics(text)
+
+
+def _weights_args(spec: EngineSpec) -> tuple[str, ...]:
+    """`--weights DIR` for a model directory on this node (a hub snapshot the agent
+    downloaded); anything else (`none`, a name) is not read by the sim."""
+    if spec.weights.startswith("/") and not spec.weights.endswith(".gguf"):
+        return ("--weights", spec.weights)
+    return ()
 
 
 def _rank_args(spec: EngineSpec) -> tuple[str, ...]:

@@ -172,12 +172,26 @@ class GpuUsage(_message.Message):
     def __init__(self, index: _Optional[int] = ..., utilization_percent: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_free_bytes: _Optional[int] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("gpus", "sequence")
+    __slots__ = ("gpus", "sequence", "weights")
     GPUS_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     gpus: _containers.RepeatedCompositeFieldContainer[GpuUsage]
     sequence: int
-    def __init__(self, gpus: _Optional[_Iterable[_Union[GpuUsage, _Mapping]]] = ..., sequence: _Optional[int] = ...) -> None: ...
+    weights: _containers.RepeatedCompositeFieldContainer[HeldWeights]
+    def __init__(self, gpus: _Optional[_Iterable[_Union[GpuUsage, _Mapping]]] = ..., sequence: _Optional[int] = ..., weights: _Optional[_Iterable[_Union[HeldWeights, _Mapping]]] = ...) -> None: ...
+
+class HeldWeights(_message.Message):
+    __slots__ = ("repo", "revision", "bytes", "last_used_unix")
+    REPO_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    LAST_USED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    repo: str
+    revision: str
+    bytes: int
+    last_used_unix: float
+    def __init__(self, repo: _Optional[str] = ..., revision: _Optional[str] = ..., bytes: _Optional[int] = ..., last_used_unix: _Optional[float] = ...) -> None: ...
 
 class ShardStatus(_message.Message):
     __slots__ = ("shard_id", "model", "state", "message", "pid", "endpoint_url", "output_tail", "exit_code", "spec", "since_unix")

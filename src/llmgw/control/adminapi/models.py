@@ -39,6 +39,7 @@ from llmgw.control.adminapi.paging import BadPageQuery, page_query, take_page, w
 from llmgw.control.adminapi.responses import error_response, json_response
 from llmgw.control.catalog.errors import (
     CatalogError,
+    HubUnavailable,
     InvalidModel,
     ModelExists,
     NameTaken,
@@ -120,6 +121,8 @@ def _catalog_error(exc: CatalogError) -> Response:
         return error_response(400, exc.message, code=exc.code, param=exc.field or None)
     if isinstance(exc, UnknownModel):
         return error_response(404, exc.message, code=exc.code, param="name")
+    if isinstance(exc, HubUnavailable):
+        return error_response(503, exc.message, code=exc.code, param="weights")
     for kind, param in _CONFLICTS.items():
         if isinstance(exc, kind):
             return error_response(409, exc.message, code=exc.code, param=param)

@@ -64,6 +64,15 @@ def node_view(node: Node, heartbeat_age: float) -> dict[str, Any]:
         "memory_total_bytes": node.memory_total,
         "weights_disk_free_bytes": node.weights_disk_free,
         "weights_dir": node.weights_dir,
+        "weights": [
+            {
+                "repo": w.repo,
+                "revision": w.revision,
+                "bytes": w.bytes,
+                "last_used": _iso(w.last_used) if w.last_used is not None else None,
+            }
+            for w in node.weights
+        ],
         "port_range": list(node.port_range),
         "labels": dict(node.labels),
         "fabric": dict(node.fabric),

@@ -23,6 +23,7 @@ from llmgw.control.inventory.model import (
     TERMINAL_SHARD_STATES,
     GpuInfo,
     GpuUsage,
+    HeldWeights,
     NetInterface,
     NodeRegistration,
     ShardReport,
@@ -148,6 +149,20 @@ def gpu_usage(gpus: Iterable[agent_pb2.GpuUsage]) -> list[GpuUsage]:
     ]
 
 
+def held_weights(weights: Iterable[agent_pb2.HeldWeights]) -> list[HeldWeights]:
+    return [
+        HeldWeights(
+            repo=w.repo,
+            revision=w.revision,
+            bytes=w.bytes,
+            last_used=(
+                datetime.fromtimestamp(w.last_used_unix, UTC) if w.last_used_unix > 0 else None
+            ),
+        )
+        for w in weights
+    ]
+
+
 def shard_report(msg: agent_pb2.ShardStatus) -> ShardReport:
     """A ShardStatus message as a `ShardReport`; raises `BadAgentMessage`."""
     if not msg.shard_id:
@@ -167,7 +182,9 @@ def shard_report(msg: agent_pb2.ShardStatus) -> ShardReport:
         pid=msg.pid or None,
         endpoint_url=msg.endpoint_url,
         output_tail=tuple(msg.output_tail),
-        exit_code=msg.exit_code if state in TERMINAL_SHARD_STATES else None,
+        # A shard that failed before its process existed (its weights could not be
+        # downloaded) has no exit code; proto3 would read it as 0.
+        exit_code=msg.exit_code if state in TERMINAL_SHARD_STATES and msg.pid else None,
         spec=shard_spec(msg.spec) if msg.HasField("spec") else None,
         since=datetime.fromtimestamp(msg.since_unix, UTC) if msg.since_unix > 0 else None,
     )

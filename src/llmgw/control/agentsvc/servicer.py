@@ -82,6 +82,7 @@ from llmgw.control.agentsvc.refusals import ShardRefusals
 from llmgw.control.agentsvc.session import CommandOutcome, NodeSession
 from llmgw.control.inventory.model import (
     GpuUsage,
+    HeldWeights,
     NodeRegistration,
     ShardReport,
     ShardSpec,
@@ -126,7 +127,9 @@ class NodeReports(Protocol):
 
     def register(self, registration: NodeRegistration, /) -> object: ...
 
-    def heartbeat(self, node_id: str, gpus: Sequence[GpuUsage], /) -> None: ...
+    def heartbeat(
+        self, node_id: str, gpus: Sequence[GpuUsage], weights: Sequence[HeldWeights], /
+    ) -> None: ...
 
     def shard_status(self, node_id: str, report: ShardReport, /) -> object: ...
 
@@ -495,7 +498,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         node_id = session.node_id
         kind: str | None = message.WhichOneof("kind")
         if kind == "heartbeat":
-            self._inventory.heartbeat(node_id, convert.gpu_usage(message.heartbeat.gpus))
+            self._inventory.heartbeat(
+                node_id,
+                convert.gpu_usage(message.heartbeat.gpus),
+                convert.held_weights(message.heartbeat.weights),
+            )
         elif kind == "shard_status":
             report = convert.shard_report(message.shard_status)
             assert session.where is not None  # set when the session was opened

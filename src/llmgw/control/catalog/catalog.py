@@ -33,7 +33,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from llmgw.config.hub import hub_ref
 from llmgw.control.catalog.errors import (
+    HubUnavailable,
     InvalidModel,
     ModelExists,
     NameTaken,
@@ -43,6 +45,7 @@ from llmgw.control.catalog.errors import (
     ReadOnlyModel,
     UnknownModel,
 )
+from llmgw.control.catalog.hub import HubRefused, HubUnreachable, RevisionResolver
 from llmgw.control.catalog.model import CatalogModel, canary_model, launch_key
 from llmgw.control.catalog.validate import check_names_free, model_to_dict, parse_model
 from llmgw.store import AlreadyExists, NotFound, StoredModel
@@ -88,9 +91,13 @@ class Catalog:
         repo: CatalogStore | None,
         config_models: Sequence[CatalogModel],
         config_file: str | None,
+        revisions: RevisionResolver | None = None,
     ) -> None:
-        """`NameTaken` if two config models share a name or alias (a config mistake)."""
+        """`NameTaken` if two config models share a name or alias (a config mistake).
+
+        `revisions` pins hub weights to a commit on add and replace (None: not pinned)."""
         self._repo = repo
+        self._revisions = revisions
         self._config_file = config_file
         self._config = self._declared(config_models)
         self._stored: dict[str, CatalogModel] = {}
@@ -249,6 +256,7 @@ class Catalog:
         already (or a skipped stored model's); `NameTaken` when a name or alias
         clashes with another model's.
         """
+        model = await self._pinned(model)
         async with self._lock:
             repo = self._require_store(model.name)
             model = dataclasses.replace(model, source="store")
@@ -280,6 +288,7 @@ class Catalog:
         model; `InvalidModel` (field "name") when `model` has another name: a
         model cannot be renamed. A skipped stored model may be replaced, to fix it.
         """
+        model = await self._pinned(model)
         async with self._lock:
             canonical = self._index.get(name) or (name if name in self._skipped else None)
             if canonical is None:
@@ -353,7 +362,12 @@ class Catalog:
             ) from exc
         # Aliases and limits stay as they are now; only what runs goes back.
         current = self._models[canonical]
-        restored = dataclasses.replace(current, weights=earlier.weights, profiles=earlier.profiles)
+        restored = dataclasses.replace(
+            current,
+            weights=earlier.weights,
+            weights_commit=earlier.weights_commit,
+            profiles=earlier.profiles,
+        )
         return await self.replace(canonical, restored)
 
     async def promote(self, name: str) -> CatalogModel:
@@ -423,6 +437,37 @@ class Catalog:
         return reason
 
     # ---- helpers ----
+
+    async def _pinned(self, model: CatalogModel) -> CatalogModel:
+        """`model` with `weights_commit` from the hub, for hub weights not pinned yet.
+
+        Asked before the lock is taken: the hub may be slow, and other writes need not
+        wait for it. `InvalidModel` (field weights) when the hub refuses the repo or
+        revision; `HubUnavailable` when it cannot be reached."""
+        ref = hub_ref(model.weights)
+        if ref is None or model.weights_commit is not None:
+            return model
+        if ref.pinned:
+            # A full commit SHA names the same bytes whatever the hub says now.
+            return dataclasses.replace(model, weights_commit=ref.revision)
+        if self._revisions is None:
+            return model
+        try:
+            commit = await self._revisions.commit(ref)
+        except HubRefused as exc:
+            raise InvalidModel(
+                f"model {model.name!r}, field 'weights': the hub refused {ref.repo!r} at "
+                f"revision {ref.revision!r}: {exc.reason}; give an existing repo and revision "
+                "(and HF_TOKEN on the server for a private one)",
+                "weights",
+            ) from exc
+        except HubUnreachable as exc:
+            raise HubUnavailable(
+                f"model {model.name!r}: cannot resolve {ref} to a commit: {exc}; set "
+                "HF_ENDPOINT on the server to a reachable hub or mirror, or give "
+                "weights_commit in the model"
+            ) from exc
+        return dataclasses.replace(model, weights_commit=commit)
 
     def _rebuild(self) -> None:
         self._models = {**self._stored, **self._config}

@@ -6,7 +6,9 @@
     ├── ModelExists         adding a model whose name is already a model's name
     ├── NameTaken           a name or alias is already another model's name or alias
     ├── ReadOnlyModel       the model is declared in the config file: edit it there
-    └── NoStore             the server runs without a store: a written model would vanish
+    ├── NoStore             the server runs without a store: a written model would vanish
+    └── HubUnavailable      the hub that pins hub weights to a commit did not answer
+                            (the only one that may pass: a retry can succeed)
 
 Every one is permanent for the request that caused it (the same request fails
 the same way) and carries a stable `code` for the admin API's error bodies.
@@ -98,3 +100,9 @@ class NoCanary(CatalogError):
     """The model has no canary (`versions:`) to promote or abort."""
 
     code = "no_canary"
+
+
+class HubUnavailable(CatalogError):
+    """The hub that would pin a model's weights to a commit could not be reached."""
+
+    code = "hub_unavailable"

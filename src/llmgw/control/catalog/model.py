@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from llmgw.config.hub import hub_ref
 from llmgw.config.routing import ScorerWeights
 
 ModelSource = Literal["config", "store"]
@@ -126,6 +127,17 @@ class CatalogModel:
     max_unavailable: int = 0
     # A canary beside the model's own spec (the stable version), or None.
     canary: Canary | None = None
+    # The commit a hub `weights` revision resolved to when the model was added (or as
+    # given); None for local weights and for config models (not resolved).
+    weights_commit: str | None = None
+
+    @property
+    def launch_weights(self) -> str:
+        """What the nodes are told to run: `org/name@COMMIT` once pinned, else `weights`."""
+        ref = hub_ref(self.weights)
+        if ref is None or self.weights_commit is None:
+            return self.weights
+        return f"{ref.repo}@{self.weights_commit}"
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -167,7 +179,15 @@ def canary_model(model: CatalogModel) -> CatalogModel | None:
     canary = model.canary
     if canary is None:
         return None
-    return replace(model, weights=canary.weights, profiles=canary.profiles, canary=None)
+    # The canary's weights are its own: not pinned (its nodes download them as written).
+    commit = model.weights_commit if canary.weights == model.weights else None
+    return replace(
+        model,
+        weights=canary.weights,
+        profiles=canary.profiles,
+        canary=None,
+        weights_commit=commit,
+    )
 
 
 def launch_key(model: CatalogModel) -> str:
@@ -176,7 +196,7 @@ def launch_key(model: CatalogModel) -> str:
     Two versions of a model with the same key run the same replicas, so a change
     between them applies in place; a change of key rolls the replicas."""
     launch = [
-        model.weights,
+        model.launch_weights,
         [
             [
                 p.engine,

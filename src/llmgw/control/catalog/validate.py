@@ -84,6 +84,7 @@ def model_from_config(cfg: ModelConfig, *, source: ModelSource) -> CatalogModel:
     model = CatalogModel(
         name=cfg.name,
         weights=cfg.weights,
+        weights_commit=cfg.weights_commit,
         profiles=tuple(_profile(p) for p in cfg.profiles),
         aliases=tuple(cfg.aliases),
         min_replicas=cfg.min_replicas,
@@ -169,6 +170,7 @@ def model_to_dict(model: CatalogModel) -> dict[str, Any]:
         "name": model.name,
         "aliases": list(model.aliases),
         "weights": model.weights,
+        **({"weights_commit": model.weights_commit} if model.weights_commit else {}),
         "profiles": [
             {
                 "name": p.name,

@@ -28,6 +28,7 @@ from llmgw.control.inventory.errors import UnknownNode
 from llmgw.control.inventory.model import (
     Gpu,
     GpuUsage,
+    HeldWeights,
     Node,
     NodeBrief,
     NodeRegistration,
@@ -173,9 +174,17 @@ class Inventory:
             self._emit("shard_removed", node.id, shard_id)
         return node.copy()
 
-    def heartbeat(self, node_id: str, gpus: Sequence[GpuUsage]) -> None:
-        """Record a sign of life and the GPUs' load; an unreachable or lost node is ready again."""
+    def heartbeat(
+        self,
+        node_id: str,
+        gpus: Sequence[GpuUsage],
+        weights: Sequence[HeldWeights] | None = None,
+    ) -> None:
+        """Record a sign of life, the GPUs' load and (when given) the hub weights on the
+        node's disk; an unreachable or lost node is ready again."""
         node = self._get(node_id)
+        if weights is not None:
+            node.weights = tuple(weights)
         now = self._clock()
         silent_for = now - node.last_heartbeat
         node.last_heartbeat = now

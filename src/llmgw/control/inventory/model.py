@@ -186,6 +186,20 @@ class NodeBrief:
     fabric: Mapping[str, str]
 
 
+@dataclass(frozen=True, slots=True)
+class HeldWeights:
+    """A hub snapshot complete on a node's disk, as its agent last reported it."""
+
+    repo: str
+    revision: str  # the commit SHA
+    bytes: int
+    last_used: datetime | None  # when an engine last started on it; None: never
+
+    def short(self) -> str:
+        """`org/name@abc1234`."""
+        return f"{self.repo}@{self.revision[:7]}"
+
+
 @dataclass(slots=True)
 class Node:
     """A machine running an agent, as the inventory knows it.
@@ -216,6 +230,7 @@ class Node:
     advertise_host: str = ""
     seen_from: str = ""
     interfaces: tuple[NetInterface, ...] = ()
+    weights: tuple[HeldWeights, ...] = ()  # the hub snapshots on its disk (heartbeats)
 
     def address_warning(self) -> str | None:
         """Why this node's engine URLs cannot work from this server, if they cannot."""
@@ -254,6 +269,7 @@ class Node:
             self.advertise_host,
             self.seen_from,
             self.interfaces,
+            self.weights,
         )
 
     def gpus_in_use(self) -> frozenset[int]:

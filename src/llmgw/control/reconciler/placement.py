@@ -43,6 +43,7 @@ import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from llmgw.config.hub import hub_ref
 from llmgw.control.catalog.model import CatalogModel, Profile
 from llmgw.control.inventory.model import Gpu, Node
 from llmgw.control.reconciler.mgmt import mgmt_address
@@ -331,6 +332,16 @@ def rejection(cap: NodeCapacity, need: Need, filters: Sequence[Filter]) -> str |
     return None
 
 
+def decimal_size(count: int) -> str:
+    """Bytes as the hub counts them (1 GB = 10^9 bytes)."""
+    value = float(count)
+    for unit in ("B", "kB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} TB"
+
+
 def gib(size: int) -> str:
     return f"{round(size / GIB, 1):g} GiB"
 
@@ -442,6 +453,12 @@ class Fleet:
         self._mgmt = mgmt_interface
         self._score = scorer_for(policy)
         self._caps = {n.id: NodeCapacity.of(n) for n in sorted(nodes, key=lambda n: n.id)}
+        # Per hub snapshot (`org/name@commit`), the nodes holding it and its size there.
+        self._held: dict[str, dict[str, int]] = {}
+        for node in self._caps.values():
+            for held in node.node.weights:
+                key = f"{held.repo}@{held.revision}"
+                self._held.setdefault(key, {})[node.node.id] = held.bytes
         self._candidates: dict[Need, _Candidates] = {}
         # Every node reserved on, in order: the candidate heaps catch up on it lazily.
         self._changed: list[str] = []
@@ -507,13 +524,15 @@ class Fleet:
                     profile=profile.name,
                     fits=tuple(c.node.id for c in fits),
                     rejections=rejections,
+                    weights=self._weights_notes(model, fits),
                 )
             )
             if fits:
+                holders = self._holders(model)
                 best = min(
                     fits,
                     key=lambda c: (
-                        _tier(c, model.name, avoid_nodes),
+                        _tier(c, model.name, avoid_nodes, holders),
                         *self._score(c, need),
                         c.node.id,
                     ),
@@ -538,10 +557,11 @@ class Fleet:
                 if gang is not None:
                     return gang
                 continue
+            holders = self._holders(model)
             if self._indexed and need.gpus > 0:
-                cap = self._pick_by_free(need, model.name, avoid_nodes)
+                cap = self._pick_by_free(need, model.name, avoid_nodes, holders)
             else:
-                cap = self._pick(need, model.name, avoid_nodes)
+                cap = self._pick(need, model.name, avoid_nodes, holders)
             if cap is not None:
                 return _placement(cap, profile, need, avoid_ports)
         return None
@@ -725,7 +745,35 @@ class Fleet:
             found.seen = len(self._changed)
         return found.heap
 
-    def _pick(self, need: Need, model: str, avoid_nodes: frozenset[str]) -> NodeCapacity | None:
+    def _holders(self, model: CatalogModel) -> frozenset[str]:
+        """The nodes holding `model`'s pinned hub weights on disk (empty: none does, or
+        the weights are not a pinned hub snapshot, and locality decides nothing)."""
+        held = self._held.get(model.launch_weights)
+        return frozenset(held) if held else frozenset()
+
+    def _weights_notes(self, model: CatalogModel, fits: list[NodeCapacity]) -> tuple[str, ...]:
+        """Per fitting node, whether it holds the model's hub snapshot or must download it."""
+        ref = hub_ref(model.launch_weights)
+        if ref is None or not ref.pinned:
+            return ()
+        held = self._held.get(model.launch_weights, {})
+        size = max(held.values(), default=0)
+        short = ref.short()
+        what = f"{decimal_size(size)} ({short})" if size else short
+        return tuple(
+            f"{c.node.id}: has {short} on disk"
+            if c.node.id in held
+            else f"{c.node.id}: must download {what}"
+            for c in fits
+        )
+
+    def _pick(
+        self,
+        need: Need,
+        model: str,
+        avoid_nodes: frozenset[str],
+        holders: frozenset[str] = frozenset(),
+    ) -> NodeCapacity | None:
         heap = self._heap(need)
         checked = self._memo(need)
         popped: list[_Entry] = []
@@ -737,7 +785,7 @@ class Fleet:
                 heapq.heappop(heap)
                 continue
             popped.append(heapq.heappop(heap))
-            tier = _tier(cap, model, avoid_nodes)
+            tier = _tier(cap, model, avoid_nodes, holders)
             if best is None or tier < best[0]:
                 best = (tier, cap)
             if tier == 0:
@@ -786,7 +834,11 @@ class Fleet:
         index.where[node_id] = (free, order)
 
     def _pick_by_free(
-        self, need: Need, model: str, avoid_nodes: frozenset[str]
+        self,
+        need: Need,
+        model: str,
+        avoid_nodes: frozenset[str],
+        holders: frozenset[str] = frozenset(),
     ) -> NodeCapacity | None:
         """`_pick` for a single-node need with GPUs under the default filters: walk the
         fixed part's nodes best first (by free GPUs, shards, id) from those with enough
@@ -807,7 +859,7 @@ class Fleet:
                     checked.reasons[node_id] = reason
                 if reason is not None:
                     continue
-                tier = _tier(cap, model, avoid_nodes)
+                tier = _tier(cap, model, avoid_nodes, holders)
                 if tier == 0:
                     return cap
                 if best is None or tier < best[0]:
@@ -858,11 +910,19 @@ def _short_groups(fits: list[NodeCapacity], need: Need) -> tuple[str, ...]:
     )
 
 
-def _tier(cap: NodeCapacity, model: str, avoid_nodes: frozenset[str]) -> int:
-    """0: a fresh node for this model; 1: it already runs a replica there; 2: avoid."""
+def _tier(
+    cap: NodeCapacity,
+    model: str,
+    avoid_nodes: frozenset[str],
+    holders: frozenset[str] = frozenset(),
+) -> int:
+    """By twos: 0 a fresh node for this model, 2 it already runs a replica there, 4
+    avoid; plus 1 when other nodes hold the model's weights on disk and this one does
+    not (it would download them first, so its replica starts later)."""
+    local = 1 if holders and cap.node.id not in holders else 0
     if cap.node.id in avoid_nodes:
-        return 2
-    return 1 if cap.models.get(model) else 0
+        return 4 + local
+    return (2 if cap.models.get(model) else 0) + local
 
 
 def _placement(

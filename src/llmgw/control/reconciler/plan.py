@@ -551,7 +551,7 @@ def _starts(
             shard_id=replica_id if rank == 0 else f"{replica_id}-r{rank}",
             model=model.name,
             engine=profile.engine,
-            weights=model.weights,
+            weights=model.launch_weights,
             gpu_indices=shard.gpu_indices,
             port=shard.port,
             engine_args=profile.engine_args,

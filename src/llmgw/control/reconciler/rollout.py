@@ -62,7 +62,7 @@ def runs_current(model: CatalogModel, spec: ShardSpec | None) -> bool:
 def _same_launch(model: CatalogModel, profile: Profile, spec: ShardSpec) -> bool:
     return (
         spec.engine == profile.engine
-        and spec.weights == model.weights
+        and spec.weights == model.launch_weights
         and spec.engine_args == profile.engine_args
         and len(spec.gpu_indices) == profile.gpus
         and spec.tensor_parallel_size == profile.tensor_parallel

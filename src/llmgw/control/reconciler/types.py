@@ -138,6 +138,9 @@ class ProfileVerdict:
     fits: tuple[str, ...]
     rejections: tuple[Rejection, ...]
     groups: tuple[str, ...] = ()
+    # Per fitting node, for pinned hub weights: "node-a: has org/name@abc1234 on disk"
+    # or "node-b: must download 15.2 GB (org/name@abc1234)".
+    weights: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

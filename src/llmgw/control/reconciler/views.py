@@ -56,6 +56,7 @@ def explanation_view(explanation: Explanation) -> dict[str, object]:
                 "profile": verdict.profile,
                 "fits": list(verdict.fits),
                 "groups": list(verdict.groups),
+                "weights": list(verdict.weights),
                 "rejected": [{"node": r.node_id, "reason": r.reason} for r in verdict.rejections],
             }
             for verdict in explanation.verdicts
