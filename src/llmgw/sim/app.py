@@ -6,6 +6,9 @@ OpenAI error bodies. Until `load_time` seconds (on the injected clock) have pass
 since the app was created, every route except `/metrics` and `/sim/*` answers 503
 `loading`, like an engine still loading weights.
 
+With `adapters` (`--enable-lora`) vLLM's runtime LoRA endpoints are served
+(`llmgw.sim.lora`) and `/v1/models` lists the loaded adapters after the base models.
+
 With `native_apis` the Anthropic Messages and OpenAI Responses APIs are served
 too (`llmgw.sim.native`); without, those paths are 404 like on llama.cpp's server.
 
@@ -28,6 +31,7 @@ from llmgw.sim.errors import SimError, bad_request
 from llmgw.sim.extras import Extras
 from llmgw.sim.faults import Faults, FaultsError
 from llmgw.sim.inference import Inference
+from llmgw.sim.lora import LoraAdapters
 from llmgw.sim.native import NativeApis
 from llmgw.sim.scheduler import Clock
 from llmgw.sim.stats import SimStats
@@ -55,24 +59,22 @@ class SimApp:
         clock: Clock,
         wall_clock: Clock,
         native_apis: frozenset[str] = frozenset(),
+        adapters: LoraAdapters | None = None,
     ) -> None:
         self._engine = engine
+        self._adapters = adapters
+        self._created = int(wall_clock())
         self._stats = stats
         self._faults = faults
         self._registry = registry
         self._clock = clock
         self._ready_at = clock() + load_time
         self._ready = load_time <= 0
-        created = int(wall_clock())
-        self._models_body = orjson.dumps(
-            {
-                "object": "list",
-                "data": [
-                    {"id": name, "object": "model", "created": created, "owned_by": "llmgw-sim"}
-                    for name in models
-                ],
-            }
-        )
+        self._model_cards: list[dict[str, object]] = [
+            {"id": name, "object": "model", "created": self._created, "owned_by": "llmgw-sim"}
+            for name in models
+        ]
+        self._models_body = orjson.dumps({"object": "list", "data": self._model_cards})
         # path -> (needs the model loaded, {method: handler})
         self._routes: dict[str, tuple[bool, dict[str, Handler]]] = {
             "/health": (True, {"GET": self._health}),
@@ -90,6 +92,9 @@ class SimApp:
             "/sim/stats": (False, {"GET": self._sim_stats}),
             "/sim/faults": (False, {"GET": self._get_faults, "POST": self._post_faults}),
         }
+        if adapters is not None:
+            self._routes["/v1/load_lora_adapter"] = (True, {"POST": adapters.load})
+            self._routes["/v1/unload_lora_adapter"] = (True, {"POST": adapters.unload})
         native = NativeApis(inference=inference)
         if MESSAGES in native_apis:
             self._routes["/v1/messages"] = (True, {"POST": native.messages})
@@ -142,7 +147,12 @@ class SimApp:
         await send_bytes(send, 200, b"", ())
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send_bytes(send, 200, self._models_body)
+        adapters = self._adapters
+        if adapters is None or not adapters.registered:
+            await send_bytes(send, 200, self._models_body)
+            return
+        cards = [*self._model_cards, *adapters.cards()]
+        await send_json(send, 200, {"object": "list", "data": cards})
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send_bytes(send, 200, generate_latest(self._registry), _METRICS_HEADERS)
@@ -150,6 +160,8 @@ class SimApp:
     async def _sim_stats(self, scope: Scope, receive: Receive, send: Send) -> None:
         scheduler = self._engine.scheduler
         snapshot = self._stats.snapshot(running=scheduler.running, waiting=scheduler.waiting)
+        if self._adapters is not None:
+            snapshot["lora"] = self._adapters.snapshot()
         await send_json(send, 200, snapshot)
 
     async def _get_faults(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -201,6 +213,7 @@ def create_app(
     wall_clock: Clock,
     native_apis: frozenset[str] = frozenset(),
     sequence: bool = False,
+    adapters: LoraAdapters | None = None,
 ) -> SimApp:
     """The sim's ASGI app over objects built by the caller (the CLI or a test)."""
     if not models:
@@ -215,6 +228,7 @@ def create_app(
         embedding_dim=embedding_dim,
         wall_clock=wall_clock,
         sequence=sequence,
+        adapters=adapters,
     )
     extras = Extras(
         inference=inference, engine=engine, stats=stats, faults=faults, wall_clock=wall_clock
@@ -231,4 +245,5 @@ def create_app(
         clock=clock,
         wall_clock=wall_clock,
         native_apis=native_apis,
+        adapters=adapters,
     )

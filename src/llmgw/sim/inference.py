@@ -33,6 +33,7 @@ from llmgw.sim.asgi import until_disconnect as _until_disconnect
 from llmgw.sim.engine import Engine, GenerationCut
 from llmgw.sim.errors import SimError, bad_request
 from llmgw.sim.faults import Faults, FaultSettings
+from llmgw.sim.lora import LoraAdapters
 from llmgw.sim.protocol import (
     GenerationRequest,
     parse_chat,
@@ -116,8 +117,10 @@ class Inference:
         embedding_dim: int,
         wall_clock: Callable[[], float],
         sequence: bool = False,
+        adapters: LoraAdapters | None = None,
     ) -> None:
         self._sequence = sequence
+        self._adapters = adapters
         self._default_model = models[0]
         self._served = ", ".join(models)
         self._engine = engine
@@ -137,6 +140,10 @@ class Inference:
         if name is None:
             name = self._default_model
         counters = self._stats.models.get(name)
+        adapters = self._adapters
+        if counters is None and adapters is not None and adapters.get(name) is not None:
+            # An adapter is counted under its base model, as vLLM labels its metrics.
+            return name, self._stats.models[adapters.parent]
         if counters is None:
             raise SimError(
                 404,
