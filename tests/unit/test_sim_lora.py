@@ -6,11 +6,11 @@ paid is read from the record.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import orjson
+from lora_adapters import sim_adapter
 from prometheus_client import CollectorRegistry, generate_latest
 from test_sim_app import call
 
@@ -18,14 +18,6 @@ from llmgw.cli.sim_wiring import build_app
 from llmgw.sim.app import SimApp
 from llmgw.sim.faults import FaultSettings
 from llmgw.sim.settings import SimSettings
-
-
-def adapter_dir(root: Path, name: str, rank: int = 8) -> Path:
-    path = root / name
-    path.mkdir()
-    config = {"r": rank, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}
-    (path / "adapter_config.json").write_text(json.dumps(config))
-    return path
 
 
 class Slept:
@@ -72,7 +64,7 @@ async def complete(app: SimApp, model: str) -> Any:
 async def test_a_loaded_adapter_is_listed_with_its_parent_and_served(tmp_path: Path) -> None:
     slept = Slept()
     app = lora_app(slept)
-    path = adapter_dir(tmp_path, "tone")
+    path = sim_adapter(tmp_path, "tone")
     loaded = await load(app, "tone", path)
     assert loaded.status == 200
     assert loaded.body == b"Success: LoRA adapter 'tone' added successfully."
@@ -92,7 +84,7 @@ async def test_more_adapters_than_slots_swap_in_on_request(tmp_path: Path) -> No
     registry = CollectorRegistry(auto_describe=False)
     app = lora_app(slept, registry)
     for name in ("a", "b", "c"):
-        assert (await load(app, name, adapter_dir(tmp_path, name))).status == 200
+        assert (await load(app, name, sim_adapter(tmp_path, name))).status == 200
     stats = (await call(app, "GET", "/sim/stats")).json()["lora"]
     assert stats["registered"] == ["a", "b", "c"]
     assert stats["resident"] == ["b", "c"]
@@ -110,7 +102,7 @@ async def test_more_adapters_than_slots_swap_in_on_request(tmp_path: Path) -> No
 
 async def test_unload_forgets_the_adapter(tmp_path: Path) -> None:
     app = lora_app(Slept())
-    assert (await load(app, "tone", adapter_dir(tmp_path, "tone"))).status == 200
+    assert (await load(app, "tone", sim_adapter(tmp_path, "tone"))).status == 200
     gone = await call(app, "POST", "/v1/unload_lora_adapter", {"lora_name": "tone"})
     assert gone.status == 200
     assert gone.body == b"Success: LoRA adapter 'tone' removed successfully."
@@ -135,7 +127,7 @@ async def test_bad_loads_answer_with_vllms_words(tmp_path: Path) -> None:
     assert missing.json()["error"]["message"] == (
         f"Loading lora ghost failed: No adapter found for {tmp_path / 'nowhere'}"
     )
-    big = await load(app, "big", adapter_dir(tmp_path, "big", rank=64))
+    big = await load(app, "big", sim_adapter(tmp_path, "big", rank=64))
     assert big.status == 400
     assert big.json()["error"]["message"] == "LoRA rank 64 is greater than max_lora_rank 8."
     assert big.json()["error"]["type"] == "BadRequestError"
@@ -154,7 +146,7 @@ async def test_bad_loads_answer_with_vllms_words(tmp_path: Path) -> None:
     assert not_object.status == 400
     # None of those spent the load time.
     assert slept.seconds == []
-    ok = adapter_dir(tmp_path, "ok")
+    ok = sim_adapter(tmp_path, "ok")
     assert (await load(app, "ok", ok)).status == 200
     twice = await load(app, "ok", ok)
     assert twice.status == 400
@@ -163,6 +155,6 @@ async def test_bad_loads_answer_with_vllms_words(tmp_path: Path) -> None:
 
 async def test_without_enable_lora_the_endpoints_are_not_served(tmp_path: Path) -> None:
     app = lora_app(Slept(), enable_lora=False)
-    reply = await load(app, "tone", adapter_dir(tmp_path, "tone"))
+    reply = await load(app, "tone", sim_adapter(tmp_path, "tone"))
     assert reply.status == 404
     assert orjson.loads(reply.body)["error"]["code"] == "not_found"
