@@ -128,9 +128,14 @@ async def test_bad_loads_answer_with_vllms_words(tmp_path: Path) -> None:
         f"Loading lora ghost failed: No adapter found for {tmp_path / 'nowhere'}"
     )
     big = await load(app, "big", sim_adapter(tmp_path, "big", rank=64))
-    assert big.status == 400
-    assert big.json()["error"]["message"] == "LoRA rank 64 is greater than max_lora_rank 8."
-    assert big.json()["error"]["type"] == "BadRequestError"
+    assert big.status == 500
+    assert big.json()["error"]["message"] == (
+        "Call to add_lora method failed: LoRA rank 64 is greater than max_lora_rank 8."
+    )
+    assert big.json()["error"]["type"] == "InternalServerError"
+    clash = await load(app, "base", sim_adapter(tmp_path, "clash"))
+    assert clash.status == 400
+    assert "conflicts with a served base model" in clash.json()["error"]["message"]
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "adapter_config.json").write_text("{not json")
@@ -150,7 +155,9 @@ async def test_bad_loads_answer_with_vllms_words(tmp_path: Path) -> None:
     assert (await load(app, "ok", ok)).status == 200
     twice = await load(app, "ok", ok)
     assert twice.status == 400
-    assert twice.json()["error"]["message"] == "The lora adapter 'ok' has already been loaded."
+    assert twice.json()["error"]["message"].startswith(
+        "The lora adapter 'ok' has already been loaded."
+    )
 
 
 async def test_without_enable_lora_the_endpoints_are_not_served(tmp_path: Path) -> None:

@@ -77,7 +77,8 @@ def test_a_lora_adapter_made_here_loads_into_the_running_vllm(
     vllm_fleet: Fleet, tmp_path: Path
 ) -> None:
     snapshot = next((vllm_fleet.hub_repo / "snapshots").iterdir())
-    adapter = make_peft_adapter(vllm_fleet.vllm.parent / "python", snapshot, tmp_path / "tiny-lora")
+    python = vllm_fleet.vllm.parent / "python"
+    adapter = make_peft_adapter(python, snapshot, tmp_path / "tiny-lora")
     engine = vllm_fleet.endpoint_url()
     # The profile's adapters turned runtime LoRA on (VLLM_ALLOW_RUNTIME_LORA_UPDATING,
     # --enable-lora): vLLM's own API loads the adapter and serves it under its name.
@@ -102,6 +103,26 @@ def test_a_lora_adapter_made_here_loads_into_the_running_vllm(
         engine + "/v1/unload_lora_adapter", json={"lora_name": "tiny-lora"}, timeout=60
     )
     assert unloaded.status_code == 200, unloaded.text
+    # What vLLM answers to bad loads, which `llmgw sim --enable-lora` answers alike.
+    missing = httpx.post(
+        engine + "/v1/load_lora_adapter",
+        json={"lora_name": "ghost", "lora_path": str(tmp_path / "nowhere")},
+        timeout=120,
+    )
+    assert missing.status_code == 404, missing.text
+    assert missing.json()["error"]["message"] == (
+        f"Loading lora ghost failed: No adapter found for {tmp_path / 'nowhere'}"
+    )
+    wide = make_peft_adapter(python, snapshot, tmp_path / "wide-lora", rank=16)
+    refused = httpx.post(
+        engine + "/v1/load_lora_adapter",
+        json={"lora_name": "wide", "lora_path": str(wide)},
+        timeout=120,
+    )
+    assert refused.status_code == 500, refused.text
+    assert refused.json()["error"]["message"].endswith(
+        "LoRA rank 16 is greater than max_lora_rank 8."
+    ), refused.text
 
 
 def remove_weights(fleet: Fleet) -> subprocess.CompletedProcess[str]:

@@ -64,6 +64,7 @@ def build_app(
     if settings.enable_lora:
         adapters = LoraAdapters(
             parent=settings.models[0],
+            served=settings.models,
             max_loras=settings.max_loras,
             max_lora_rank=settings.max_lora_rank,
             load_time=0.0 if settings.zero_delay else settings.lora_load_time,

@@ -12,8 +12,9 @@ model's counters (vLLM labels metrics with the base model too).
 Slots: like vLLM's `--max-loras`, at most that many adapters are resident at once;
 registering more is allowed (vLLM allows it too), but a request for an adapter that is
 not resident waits `--lora-load-time` while it is swapped in, evicting the least
-recently used one. Successes answer in plain text and errors with vLLM's messages,
-types and integer codes, so the gateway handles the sim and vLLM alike.
+recently used one. Successes answer in plain text and errors with vLLM 0.32's messages,
+types and integer codes (a rank above the limit is refused by vLLM's engine core, which
+its API server answers with 500), so the gateway handles the sim and vLLM alike.
 
 Not guaranteed: the adapter's weights files are not read (only `adapter_config.json`);
 a swap does not wait for requests using the evicted adapter (vLLM's scheduler does);
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,6 +68,7 @@ class LoraAdapters:
         self,
         *,
         parent: str,
+        served: Sequence[str],
         max_loras: int,
         max_lora_rank: int,
         load_time: float,
@@ -77,6 +80,7 @@ class LoraAdapters:
         if max_lora_rank < 1:
             raise ValueError(f"max_lora_rank must be at least 1, got {max_lora_rank}")
         self.parent = parent
+        self._served = frozenset(served)
         self.max_loras = max_loras
         self.max_lora_rank = max_lora_rank
         self._load_time = load_time
@@ -153,12 +157,23 @@ class LoraAdapters:
                 raise _invalid("Both 'lora_name' and 'lora_path' must be provided.")
             lock = self._locks.setdefault(name, asyncio.Lock())
             async with lock:
+                if name in self._served:
+                    raise _invalid(f"The lora adapter '{name}' conflicts with a served base model.")
                 if name in self._registered:
-                    raise _invalid(f"The lora adapter '{name}' has already been loaded.")
+                    raise _invalid(
+                        f"The lora adapter '{name}' has already been loaded. If you want to "
+                        "load the adapter in place, set 'load_inplace' to True."
+                    )
                 rank = await asyncio.to_thread(_read_rank, name, path)
                 if rank > self.max_lora_rank:
-                    raise _bad(
-                        f"LoRA rank {rank} is greater than max_lora_rank {self.max_lora_rank}."
+                    # vLLM's engine core refuses it, and its API server answers 500 with
+                    # the failed call's words.
+                    raise SimError(
+                        500,
+                        f"Call to add_lora method failed: LoRA rank {rank} is greater than "
+                        f"max_lora_rank {self.max_lora_rank}.",
+                        code=500,
+                        error_type="InternalServerError",
                     )
                 if self._load_time > 0:
                     await self._sleep(self._load_time)
