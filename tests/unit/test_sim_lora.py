@@ -124,8 +124,9 @@ async def test_bad_loads_answer_with_vllms_words(tmp_path: Path) -> None:
     app = lora_app(slept)
     missing = await load(app, "ghost", tmp_path / "nowhere")
     assert missing.status == 404
+    # vLLM hides the path (pytest's tmp_path is under /tmp).
     assert missing.json()["error"]["message"] == (
-        f"Loading lora ghost failed: No adapter found for {tmp_path / 'nowhere'}"
+        "Loading lora ghost failed: No adapter found for <path>"
     )
     big = await load(app, "big", sim_adapter(tmp_path, "big", rank=64))
     assert big.status == 500

@@ -12,7 +12,8 @@ model's counters (vLLM labels metrics with the base model too).
 Slots: like vLLM's `--max-loras`, at most that many adapters are resident at once;
 registering more is allowed (vLLM allows it too), but a request for an adapter that is
 not resident waits `--lora-load-time` while it is swapped in, evicting the least
-recently used one. Successes answer in plain text and errors with vLLM 0.32's messages,
+recently used one. Error messages show file system paths as `<path>`, as vLLM's
+do. Successes answer in plain text and errors with vLLM 0.32's messages,
 types and integer codes (a rank above the limit is refused by vLLM's engine core, which
 its API server answers with 500), so the gateway handles the sim and vLLM alike.
 
@@ -24,6 +25,7 @@ nothing is downloaded from a hub (a `lora_path` is a local directory).
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +39,15 @@ from llmgw.sim.errors import SimError
 from llmgw.sim.scheduler import Clock, Sleep
 
 _TEXT_HEADERS = ((b"content-type", b"text/plain; charset=utf-8"),)
+
+# vLLM 0.32 hides file system paths in every error message it answers: absolute paths
+# under these top-level directories, and any path to a file with an extension.
+_SYSTEM_PATH = re.compile(r"/(?:home|usr|opt|var|tmp|root|lib|mnt|srv)(?:/[\w.\-]+)+")
+_FILE_PATH = re.compile(r"(?:/[\w\-]+)+/[\w\-]+\.\w+")
+
+
+def _hide_paths(message: str) -> str:
+    return _FILE_PATH.sub("<path>", _SYSTEM_PATH.sub("<path>", message))
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +192,7 @@ class LoraAdapters:
                 self._make_resident(name)
                 self.loads += 1
         except SimError as exc:
+            exc.message = _hide_paths(exc.message)
             await send_error(send, exc)
             return
         message = f"Success: LoRA adapter '{name}' added successfully."
