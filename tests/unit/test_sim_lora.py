@@ -131,7 +131,8 @@ async def test_bad_loads_answer_with_vllms_words(tmp_path: Path) -> None:
     big = await load(app, "big", sim_adapter(tmp_path, "big", rank=64))
     assert big.status == 500
     assert big.json()["error"]["message"] == (
-        "Call to add_lora method failed: LoRA rank 64 is greater than max_lora_rank 8."
+        "Call to add_lora method failed: Worker failed with error 'LoRA rank 64 is greater "
+        "than max_lora_rank 8.', please check the stack trace above for the root cause"
     )
     assert big.json()["error"]["type"] == "InternalServerError"
     clash = await load(app, "base", sim_adapter(tmp_path, "clash"))

@@ -181,8 +181,9 @@ class LoraAdapters:
                     # the failed call's words.
                     raise SimError(
                         500,
-                        f"Call to add_lora method failed: LoRA rank {rank} is greater than "
-                        f"max_lora_rank {self.max_lora_rank}.",
+                        "Call to add_lora method failed: Worker failed with error 'LoRA rank "
+                        f"{rank} is greater than max_lora_rank {self.max_lora_rank}.', please "
+                        "check the stack trace above for the root cause",
                         code=500,
                         error_type="InternalServerError",
                     )
