@@ -60,14 +60,15 @@ NODE = "cpu-node"
 ENGINE_ARGS = [
     "--dtype", "float32", "--max-model-len", "2048", "--enable-prefix-caching",
     "--enforce-eager", "--max-num-seqs", "2",
-    "--enable-lora", "--max-loras", "1", "--max-lora-rank", "8",
 ]  # fmt: skip
 ENGINE_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_CPU_OMP_THREADS_BIND": "auto",
     "HF_HUB_OFFLINE": "1",
-    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
 }
+# Room for one LoRA adapter of rank 8 (the one `lora_adapters.make_peft_adapter` makes):
+# the profile's `adapters` turns on vLLM's LoRA flags and its runtime adapter API.
+ADAPTERS = {"max_loaded": 1, "max_rank": 8}
 CONFIG = (
     "control: {heartbeat_interval: 0.5, unreachable_after: 20, lost_after: 60, "
     "reconcile_interval: 0.5, retry_base: 2, retry_max: 8, activation_timeout: 400, "
@@ -304,6 +305,7 @@ def _running_fleet(work: Path) -> Iterator[Fleet]:
                     "gpus": 0,
                     "engine_args": ENGINE_ARGS,
                     "env": ENGINE_ENV,
+                    "adapters": ADAPTERS,
                 }
             ],
             "min_replicas": 0,

@@ -25,6 +25,7 @@ import pytest
 from dashboard_fleet import FAILED_TAIL, DashboardFleet, fleet_sources
 from starlette.applications import Starlette
 
+from llmgw.control.catalog import parse_model
 from llmgw.control.inventory.model import GpuInfo, NodeRegistration, ShardReport, ShardSpec
 from llmgw.store import Store, UsageRecord, open_store, store_url
 from llmgw.web import ActionError, DashboardSources, create_dashboard_routes
@@ -227,6 +228,23 @@ async def test_a_model_page_shows_its_sleep_after(dash: Dash) -> None:
     assert page.status_code == 200
     assert '<dt>sleep after</dt><dd id="sleep-after">' in page.text
     assert "sleep after" not in (await dash.client.get("/admin/models/model-001")).text
+
+
+async def test_a_model_page_shows_a_profiles_adapter_slots(dash: Dash) -> None:
+    await dash.fleet.catalog.add(
+        parse_model(
+            {
+                "name": "tuned",
+                "weights": "none",
+                "profiles": [
+                    {"name": "sim", "engine": "sim", "adapters": {"max_loaded": 4, "max_rank": 8}}
+                ],
+            }
+        )
+    )
+    page = await dash.client.get("/admin/models/tuned")
+    assert page.status_code == 200
+    assert "up to 4 LoRA adapters loaded at once (rank ≤ 8)" in page.text
 
 
 async def test_a_model_that_fits_nowhere_explains_why_node_by_node(dash: Dash) -> None:

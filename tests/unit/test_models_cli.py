@@ -334,3 +334,32 @@ def test_a_models_own_routing_is_kept_and_shown(admin_url: str, tmp_path: Path) 
     code, _, err = run("add", "-f", str(path), "--replace", "--admin", admin_url)
     assert code == 2 and "routing" in err and "prefix" in err
     run("remove", "chat", "--admin", admin_url)
+
+
+def test_a_profile_with_adapter_slots_is_added_and_shown_as_written(
+    admin_url: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "base.yaml"
+    path.write_text(
+        "name: tuned-base\n"
+        "weights: /models/base\n"
+        "profiles:\n"
+        "  - {name: sim, engine: sim, adapters: {max_loaded: 4, max_rank: 8}}\n"
+    )
+    code, _, err = run("add", "-f", str(path), "--admin", admin_url)
+    assert (code, err) == (0, "")
+    code, out, _ = run("show", "tuned-base", "--admin", admin_url)
+    assert code == 0
+    assert "args:    -\n" in out
+    assert "adapters: up to 4 LoRA adapters loaded at once, rank up to 8" in out
+    code, out, _ = run("show", "tuned-base", "--json", "--admin", admin_url)
+    assert json.loads(out)["profiles"][0]["adapters"] == {"max_loaded": 4, "max_rank": 8}
+    path.write_text(
+        "name: tuned-cpp\n"
+        "weights: /models/base.gguf\n"
+        "profiles:\n"
+        "  - {name: cpp, engine: llamacpp, adapters: {max_loaded: 2}}\n"
+    )
+    code, out, err = run("add", "-f", str(path), "--admin", admin_url)
+    assert code != 0
+    assert "field 'adapters': llamacpp cannot load LoRA adapters at run time" in out + err

@@ -14,23 +14,11 @@ from typing import Any
 
 import httpx
 import pytest
+from lora_adapters import make_peft_adapter
 from procs import wait_for
 from vllm_fleet import COMMIT, HUB_ID, MODEL, NODE, Fleet, data_events, start_agent
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
-
-# A LoRA adapter for SmolLM2, randomly initialised by peft (no download): rank 8 on
-# the attention's q_proj and v_proj, as vLLM's --max-lora-rank 8 allows.
-MAKE_ADAPTER = """
-import sys
-import torch
-from peft import LoraConfig, get_peft_model
-from transformers import AutoConfig, AutoModelForCausalLM
-base = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(sys.argv[1]))
-config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
-                    init_lora_weights=False)
-get_peft_model(base, config).save_pretrained(sys.argv[2])
-"""
 
 
 def test_a_vllm_that_cannot_start_is_reported_with_its_own_output(vllm_fleet: Fleet) -> None:
@@ -88,16 +76,11 @@ def test_a_restarted_agent_adopts_the_running_vllm(vllm_fleet: Fleet) -> None:
 def test_a_lora_adapter_made_here_loads_into_the_running_vllm(
     vllm_fleet: Fleet, tmp_path: Path
 ) -> None:
-    adapter = tmp_path / "tiny-lora"
     snapshot = next((vllm_fleet.hub_repo / "snapshots").iterdir())
-    made = subprocess.run(
-        [str(vllm_fleet.vllm.parent / "python"), "-c", MAKE_ADAPTER, str(snapshot), str(adapter)],
-        capture_output=True, text=True, timeout=300, check=False,
-        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
-    assert made.returncode == 0, made.stderr[-3000:]
+    python = vllm_fleet.vllm.parent / "python"
+    adapter = make_peft_adapter(python, snapshot, tmp_path / "tiny-lora")
     engine = vllm_fleet.endpoint_url()
-    # The profile's env and engine_args turned runtime LoRA on (VLLM_ALLOW_RUNTIME_LORA_UPDATING,
+    # The profile's adapters turned runtime LoRA on (VLLM_ALLOW_RUNTIME_LORA_UPDATING,
     # --enable-lora): vLLM's own API loads the adapter and serves it under its name.
     loaded = httpx.post(
         engine + "/v1/load_lora_adapter",
@@ -120,6 +103,25 @@ def test_a_lora_adapter_made_here_loads_into_the_running_vllm(
         engine + "/v1/unload_lora_adapter", json={"lora_name": "tiny-lora"}, timeout=60
     )
     assert unloaded.status_code == 200, unloaded.text
+    # What vLLM answers to bad loads, which `llmgw sim --enable-lora` answers alike.
+    missing = httpx.post(
+        engine + "/v1/load_lora_adapter",
+        json={"lora_name": "ghost", "lora_path": str(tmp_path / "nowhere")},
+        timeout=120,
+    )
+    assert missing.status_code == 404, missing.text
+    # vLLM hides file system paths in its error messages.
+    assert missing.json()["error"]["message"] == (
+        "Loading lora ghost failed: No adapter found for <path>"
+    )
+    wide = make_peft_adapter(python, snapshot, tmp_path / "wide-lora", rank=16)
+    refused = httpx.post(
+        engine + "/v1/load_lora_adapter",
+        json={"lora_name": "wide", "lora_path": str(wide)},
+        timeout=120,
+    )
+    assert refused.status_code == 500, refused.text
+    assert "'LoRA rank 16 is greater than max_lora_rank 8.'" in refused.json()["error"]["message"]
 
 
 def remove_weights(fleet: Fleet) -> subprocess.CompletedProcess[str]:

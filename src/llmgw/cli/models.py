@@ -341,6 +341,12 @@ def _show_text(model: dict[str, Any]) -> str:
             lines.append(f"     env:     {_pairs(p['env'])}")
         if p["gpu_memory_utilization"]:
             lines.append(f"     memory:  {p['gpu_memory_utilization']:g} of each GPU")
+        slots = p.get("adapters")
+        if slots:
+            lines.append(
+                f"     adapters: up to {slots['max_loaded']} LoRA adapters loaded at once, "
+                f"rank up to {slots['max_rank']}"
+            )
     versions = model.get("versions")
     if isinstance(versions, list) and len(versions) == 2:
         stable, canary = versions

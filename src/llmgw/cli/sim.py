@@ -181,6 +181,28 @@ def sim(
             show_default=False,
         ),
     ] = None,
+    enable_lora: Annotated[
+        bool,
+        typer.Option(
+            "--enable-lora",
+            help="Serve vLLM's runtime LoRA API (POST /v1/load_lora_adapter, "
+            "/v1/unload_lora_adapter) and requests for the loaded adapters.",
+        ),
+    ] = False,
+    max_loras: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Adapters resident at once, as vLLM's --max-loras; a request for another "
+            "loaded one waits --lora-load-time while it is swapped in.",
+        ),
+    ] = 1,
+    max_lora_rank: Annotated[
+        int, typer.Option(min=1, help="Highest adapter rank a load accepts (vLLM's default).")
+    ] = 16,
+    lora_load_time: Annotated[
+        float, typer.Option(min=0.0, help="Seconds an adapter load or swap-in takes.")
+    ] = 0.2,
     shutdown_grace: Annotated[
         float,
         typer.Option(
@@ -265,6 +287,10 @@ def sim(
         embedding_dim=embedding_dim,
         seed=seed,
         zero_delay=zero_delay,
+        enable_lora=enable_lora,
+        max_loras=max_loras,
+        max_lora_rank=max_lora_rank,
+        lora_load_time=lora_load_time,
     )
     faults = FaultSettings(
         error_rate=error_rate,

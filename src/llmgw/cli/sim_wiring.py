@@ -22,6 +22,7 @@ from llmgw.sim.cache import PrefixCache
 from llmgw.sim.engine import Engine
 from llmgw.sim.faults import Faults, FaultSettings
 from llmgw.sim.gang import GangError, GangSettings, Rendezvous, fail, follow, gate
+from llmgw.sim.lora import LoraAdapters
 from llmgw.sim.metrics import SimCollector
 from llmgw.sim.scheduler import Clock, Scheduler, Sleep, TimingModel
 from llmgw.sim.settings import SimSettings
@@ -60,10 +61,22 @@ def build_app(
         prefill_slots=0 if settings.zero_delay else settings.prefill_slots,
     )
     stats = SimStats(models=settings.models)
-    registry.register(SimCollector(stats=stats, cache=cache))
+    adapters = None
+    if settings.enable_lora:
+        adapters = LoraAdapters(
+            parent=settings.models[0],
+            served=settings.models,
+            max_loras=settings.max_loras,
+            max_lora_rank=settings.max_lora_rank,
+            load_time=0.0 if settings.zero_delay else settings.lora_load_time,
+            sleep=sleep,
+            wall_clock=wall_clock,
+        )
+    registry.register(SimCollector(stats=stats, cache=cache, adapters=adapters, clock=wall_clock))
     return create_app(
         models=settings.models,
-        engine=Engine(scheduler=scheduler, cache=cache),
+        adapters=adapters,
+        engine=Engine(scheduler=scheduler, cache=cache, adapters=adapters),
         generator=TextGenerator(seed=settings.seed),
         stats=stats,
         faults=Faults(settings=faults, rng=random.Random(settings.seed), exit_process=exit_process),

@@ -167,6 +167,27 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class AdapterSlotsConfig(_Strict):
+    """A base model's room for LoRA adapters loaded at run time (a profile's `adapters`)."""
+
+    max_loaded: StrictCount = Field(
+        ge=1,
+        description=(
+            "Adapters loaded at once in one replica (vLLM's --max-loras, SGLang's "
+            "--max-loras-per-batch and --max-loaded-loras). Required: it sizes the memory "
+            "the engine keeps for adapters, which only the operator can weigh."
+        ),
+    )
+    max_rank: StrictCount = Field(
+        default=16,
+        ge=1,
+        description=(
+            "Highest LoRA rank an adapter may have (the engines' --max-lora-rank). 16 by "
+            "default, vLLM's own default; an adapter of higher rank is refused on load."
+        ),
+    )
+
+
 class ProfileConfig(_Strict):
     """One way to serve a model: an engine, its arguments and what one replica needs."""
 
@@ -287,6 +308,14 @@ class ProfileConfig(_Strict):
             "restarted: seconds or a duration ('1m'). Unset by default: the engine's own "
             "(1 min for vllm and sglang, 2 min for llamacpp, 30 s for sim), long enough "
             "that a busy engine is not mistaken for a hung one."
+        ),
+    )
+    adapters: AdapterSlotsConfig | None = Field(
+        default=None,
+        description=(
+            "Start the engine ready to load LoRA adapters at run time, with this many "
+            "slots and this rank limit (vllm, sglang and sim; llama.cpp takes adapters "
+            "only at start). Unset by default: no adapter memory is set aside."
         ),
     )
     drain_grace: float | None = Field(

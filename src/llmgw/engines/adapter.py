@@ -52,6 +52,12 @@ class EngineAdapter(Protocol):
         router translates requests of the others into chat completions."""
         ...
 
+    def lora_launch(self, max_loaded: int, max_rank: int) -> tuple[tuple[str, ...], dict[str, str]]:
+        """The engine arguments and environment that start the engine ready to load LoRA
+        adapters at run time, `max_loaded` at once of rank up to `max_rank`; `ProfileError`
+        (field "adapters") when this engine cannot."""
+        ...
+
     def validate(self, spec: EngineSpec) -> None:
         """Raise `ProfileError` naming the field when the engine would refuse `spec`."""
         ...

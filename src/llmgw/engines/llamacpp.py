@@ -107,6 +107,18 @@ class LlamaCppAdapter:
         del engine_args
         return NONE
 
+    @staticmethod
+    def lora_launch(max_loaded: int, max_rank: int) -> tuple[tuple[str, ...], dict[str, str]]:
+        """Refused: llama.cpp's server applies LoRA files given at start (`--lora`), and
+        has no API to load one into a running server."""
+        del max_loaded, max_rank
+        raise ProfileError(
+            "adapters",
+            "llamacpp cannot load LoRA adapters at run time (its server takes them only at "
+            "start); serve the base model with vllm, sglang or sim to use adapters, or "
+            "remove adapters from this profile",
+        )
+
     def validate(self, spec: EngineSpec) -> None:
         """Raise `ProfileError` for a spec the llama.cpp server would refuse."""
         checks.check_engine(spec, self.name)

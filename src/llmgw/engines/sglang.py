@@ -106,6 +106,23 @@ class SglangAdapter:
         del engine_args
         return frozenset({RESPONSES})
 
+    @staticmethod
+    def lora_launch(max_loaded: int, max_rank: int) -> tuple[tuple[str, ...], dict[str, str]]:
+        """SGLang's LoRA flags (its "LoRA Serving" docs): with no adapter at start it must
+        be told the rank and target modules to size its adapter memory for."""
+        args = (
+            "--enable-lora",
+            "--max-loras-per-batch",
+            str(max_loaded),
+            "--max-loaded-loras",
+            str(max_loaded),
+            "--max-lora-rank",
+            str(max_rank),
+            "--lora-target-modules",
+            "all",
+        )
+        return args, {}
+
     def validate(self, spec: EngineSpec) -> None:
         """Raise `ProfileError` for a spec SGLang would refuse or llmgw could not serve."""
         checks.check_engine(spec, self.name)

@@ -75,6 +75,12 @@ class SimAdapter:
             # `validate` refuses such a spec; a sim started with it would not run.
             return frozenset()
 
+    @staticmethod
+    def lora_launch(max_loaded: int, max_rank: int) -> tuple[tuple[str, ...], dict[str, str]]:
+        """The sim's LoRA flags, named as vLLM's (`llmgw.sim.lora`)."""
+        args = ("--enable-lora", "--max-loras", str(max_loaded), "--max-lora-rank", str(max_rank))
+        return args, {}
+
     def validate(self, spec: EngineSpec) -> None:
         """Raise `ProfileError` for a spec `llmgw sim` would refuse."""
         checks.check_engine(spec, self.name)

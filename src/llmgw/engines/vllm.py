@@ -117,6 +117,13 @@ class VllmAdapter:
         del engine_args
         return BOTH
 
+    @staticmethod
+    def lora_launch(max_loaded: int, max_rank: int) -> tuple[tuple[str, ...], dict[str, str]]:
+        """vLLM's LoRA flags, and the variable that turns on its runtime adapter API
+        (`/v1/load_lora_adapter`, off by default because it changes what is served)."""
+        args = ("--enable-lora", "--max-loras", str(max_loaded), "--max-lora-rank", str(max_rank))
+        return args, {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+
     def validate(self, spec: EngineSpec) -> None:
         """Raise `ProfileError` for a spec vLLM would refuse or llmgw could not serve."""
         checks.check_engine(spec, self.name)

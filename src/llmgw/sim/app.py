@@ -11,6 +11,9 @@ vLLM's sleep mode is played by `llmgw.sim.sleep`: `/sleep`, `/wake_up` and
 `sleeping`, the others (`/health`, `/v1/models`, `/tokenize`, `/detokenize`) keep
 answering, as on vLLM.
 
+With `adapters` (`--enable-lora`) vLLM's runtime LoRA endpoints are served
+(`llmgw.sim.lora`) and `/v1/models` lists the loaded adapters after the base models.
+
 With `native_apis` the Anthropic Messages and OpenAI Responses APIs are served
 too (`llmgw.sim.native`); without, those paths are 404 like on llama.cpp's server.
 
@@ -33,6 +36,7 @@ from llmgw.sim.errors import SimError, bad_request
 from llmgw.sim.extras import Extras
 from llmgw.sim.faults import Faults, FaultsError
 from llmgw.sim.inference import Inference
+from llmgw.sim.lora import LoraAdapters
 from llmgw.sim.native import NativeApis
 from llmgw.sim.scheduler import Clock
 from llmgw.sim.sleep import SleepMode
@@ -77,25 +81,23 @@ class SimApp:
         wall_clock: Clock,
         sleep_mode: SleepMode,
         native_apis: frozenset[str] = frozenset(),
+        adapters: LoraAdapters | None = None,
     ) -> None:
         self._engine = engine
         self._sleep_mode = sleep_mode
+        self._adapters = adapters
+        self._created = int(wall_clock())
         self._stats = stats
         self._faults = faults
         self._registry = registry
         self._clock = clock
         self._ready_at = clock() + load_time
         self._ready = load_time <= 0
-        created = int(wall_clock())
-        self._models_body = orjson.dumps(
-            {
-                "object": "list",
-                "data": [
-                    {"id": name, "object": "model", "created": created, "owned_by": "llmgw-sim"}
-                    for name in models
-                ],
-            }
-        )
+        self._model_cards: list[dict[str, object]] = [
+            {"id": name, "object": "model", "created": self._created, "owned_by": "llmgw-sim"}
+            for name in models
+        ]
+        self._models_body = orjson.dumps({"object": "list", "data": self._model_cards})
         # path -> (needs the model loaded, {method: handler}); the paths that need
         # the weights (refused while the model sleeps) are in `_weights_paths`.
         self._routes: dict[str, tuple[bool, dict[str, Handler]]] = {
@@ -117,6 +119,9 @@ class SimApp:
             "/sim/stats": (False, {"GET": self._sim_stats}),
             "/sim/faults": (False, {"GET": self._get_faults, "POST": self._post_faults}),
         }
+        if adapters is not None:
+            self._routes["/v1/load_lora_adapter"] = (True, {"POST": adapters.load})
+            self._routes["/v1/unload_lora_adapter"] = (True, {"POST": adapters.unload})
         native = NativeApis(inference=inference)
         if MESSAGES in native_apis:
             self._routes["/v1/messages"] = (True, {"POST": native.messages})
@@ -173,7 +178,12 @@ class SimApp:
         await send_bytes(send, 200, b"", ())
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send_bytes(send, 200, self._models_body)
+        adapters = self._adapters
+        if adapters is None or not adapters.registered:
+            await send_bytes(send, 200, self._models_body)
+            return
+        cards = [*self._model_cards, *adapters.cards()]
+        await send_json(send, 200, {"object": "list", "data": cards})
 
     async def _sleep(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -205,6 +215,8 @@ class SimApp:
             "weights_gpu_bytes": memory.gpu_bytes,
             "weights_host_bytes": memory.host_bytes,
         }
+        if self._adapters is not None:
+            snapshot["lora"] = self._adapters.snapshot()
         await send_json(send, 200, snapshot)
 
     async def _get_faults(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -259,6 +271,7 @@ def create_app(
     sequence: bool = False,
     reasoning_words: int = 0,
     tool_calls: bool = False,
+    adapters: LoraAdapters | None = None,
 ) -> SimApp:
     """The sim's ASGI app over objects built by the caller (the CLI or a test)."""
     if not models:
@@ -275,6 +288,7 @@ def create_app(
         sequence=sequence,
         reasoning_words=reasoning_words,
         tool_calls=tool_calls,
+        adapters=adapters,
     )
     extras = Extras(
         inference=inference, engine=engine, stats=stats, faults=faults, wall_clock=wall_clock
@@ -292,4 +306,5 @@ def create_app(
         wall_clock=wall_clock,
         sleep_mode=sleep_mode,
         native_apis=native_apis,
+        adapters=adapters,
     )

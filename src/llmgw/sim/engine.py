@@ -4,6 +4,8 @@
 prefix cache, sleeps the prefill, then produces the given tokens one inter-token gap
 apart (longer while other requests' prefills stall the batch), handing each to `emit`
 (streaming) or just spending the time (non-streaming).
+A request for a LoRA adapter (`llmgw.sim.lora`) first waits for the adapter to be
+swapped into a slot if it is not resident.
 An injected stall stops the token flow for good; only cancellation (the client went
 away) ends such a request. An injected cut (`cut_after`) raises `GenerationCut` after
 that many tokens, for the caller to break the connection or exit. The running slot
@@ -20,6 +22,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 
 from llmgw.sim.cache import PrefixCache
+from llmgw.sim.lora import LoraAdapters
 from llmgw.sim.scheduler import Scheduler
 from llmgw.sim.stats import ModelCounters
 
@@ -33,9 +36,12 @@ class GenerationCut(Exception):
 class Engine:
     """Runs requests through the scheduler and the prefix cache."""
 
-    def __init__(self, *, scheduler: Scheduler, cache: PrefixCache) -> None:
+    def __init__(
+        self, *, scheduler: Scheduler, cache: PrefixCache, adapters: LoraAdapters | None = None
+    ) -> None:
         self.scheduler = scheduler
         self.cache = cache
+        self.adapters = adapters
 
     async def generate(
         self,
@@ -51,7 +57,14 @@ class Engine:
     ) -> None:
         scheduler = self.scheduler
         await scheduler.admit(counters)
+        adapters = self.adapters
+        lora = adapters is not None and adapters.get(model) is not None
+        began = False
         try:
+            if lora:
+                assert adapters is not None
+                await adapters.begin(model)
+                began = True
             cached = self.cache.match_and_insert(model, prompt)
             counters.prefix_cache_queries += len(prompt)
             counters.prefix_cache_hits += cached
@@ -79,6 +92,9 @@ class Engine:
                     await emit(index, token)
         finally:
             scheduler.release(counters)
+            if began:
+                assert adapters is not None
+                adapters.end(model)
 
     async def encode(
         self, *, counters: ModelCounters, prompt_tokens: int, slow_start: float

@@ -6,7 +6,8 @@ against it. `SimError` is raised anywhere on the request path and turned into a
 response in one place (`llmgw.sim.asgi.send_error`).
 
 Not guaranteed: the `type` strings follow OpenAI's, not vLLM's (which uses Python
-exception names such as "BadRequestError").
+exception names such as "BadRequestError"), except on the LoRA adapter endpoints
+(`llmgw.sim.lora`), which answer with vLLM's types and integer codes.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class SimError(Exception):
         status: int,
         message: str,
         *,
-        code: str,
+        code: str | int,
         error_type: str | None = None,
         param: str | None = None,
     ) -> None:

@@ -33,6 +33,7 @@ from llmgw.sim.asgi import until_disconnect as _until_disconnect
 from llmgw.sim.engine import Engine, GenerationCut
 from llmgw.sim.errors import SimError, bad_request
 from llmgw.sim.faults import Faults, FaultSettings
+from llmgw.sim.lora import LoraAdapters
 from llmgw.sim.protocol import (
     GenerationRequest,
     parse_chat,
@@ -122,12 +123,14 @@ class Inference:
         sequence: bool = False,
         reasoning_words: int = 0,
         tool_calls: bool = False,
+        adapters: LoraAdapters | None = None,
     ) -> None:
         # Acting as vLLM's hermes tool parser: a request offering tools gets a call.
         self._tool_calls = tool_calls and sequence
         self._sequence = sequence
         # Sequence words up to w<reasoning_words> are the thought (see `_thought`).
         self._reasoning_words = reasoning_words if sequence else 0
+        self._adapters = adapters
         self._default_model = models[0]
         self._served = ", ".join(models)
         self._engine = engine
@@ -147,6 +150,10 @@ class Inference:
         if name is None:
             name = self._default_model
         counters = self._stats.models.get(name)
+        adapters = self._adapters
+        if counters is None and adapters is not None and adapters.get(name) is not None:
+            # An adapter is counted under its base model, as vLLM labels its metrics.
+            return name, self._stats.models[adapters.parent]
         if counters is None:
             raise SimError(
                 404,

@@ -7,6 +7,8 @@ is `vllm:kv_cache_usage_perc`; `vllm:gpu_cache_usage_perc` is the name older vLL
 used, which llmgw also reads). The CLI registers it in a `CollectorRegistry` it creates; the
 default global registry is never touched.
 
+With LoRA on, `vllm:lora_requests_info` names the adapters with requests running.
+
 Not guaranteed: the full vLLM metric set (only the names a router reads: queue
 gauges, cache usage, prefix-cache and token counters, successes). The cache is shared
 by all served names, so `vllm:kv_cache_usage_perc` has the same value under each.
@@ -20,6 +22,8 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from llmgw.sim.cache import PrefixCache
+from llmgw.sim.lora import LoraAdapters
+from llmgw.sim.scheduler import Clock
 from llmgw.sim.stats import ModelCounters, SimStats
 
 _LABELS = ["engine", "model_name"]
@@ -55,9 +59,18 @@ def _value(counters: ModelCounters, field: str) -> float:
 class SimCollector(Collector):
     """Yields the sim's metrics from its live objects on every scrape."""
 
-    def __init__(self, *, stats: SimStats, cache: PrefixCache) -> None:
+    def __init__(
+        self,
+        *,
+        stats: SimStats,
+        cache: PrefixCache,
+        adapters: LoraAdapters | None = None,
+        clock: Clock | None = None,
+    ) -> None:
         self._stats = stats
         self._cache = cache
+        self._adapters = adapters
+        self._clock = clock
 
     def collect(self) -> Iterator[Metric]:
         models = self._stats.models
@@ -79,3 +92,15 @@ class SimCollector(Collector):
             for model, counters in models.items():
                 counter.add_metric([_ENGINE, model], _value(counters, field))
             yield counter
+        adapters = self._adapters
+        if adapters is not None and self._clock is not None:
+            # vLLM's one info gauge about LoRA: the names of the adapters with requests
+            # running, comma-joined, valued with the time of the scrape.
+            info = GaugeMetricFamily(
+                "vllm:lora_requests_info",
+                "Running stats on lora requests.",
+                labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+            )
+            running = ",".join(sorted(adapters.running))
+            info.add_metric([str(adapters.max_loras), running, ""], self._clock())
+            yield info

@@ -124,6 +124,29 @@ class SimSettings(BaseModel):
         "Messages at /v1/messages; `responses`: OpenAI Responses at /v1/responses), as vLLM "
         "does; none by default, like llama.cpp, so a gateway's translation is tested too.",
     )
+    enable_lora: bool = Field(
+        default=False,
+        description="Serve vLLM's runtime LoRA API (/v1/load_lora_adapter, "
+        "/v1/unload_lora_adapter) and requests for loaded adapters; off by default, like "
+        "vLLM without --enable-lora, where those paths are 404.",
+    )
+    max_loras: int = Field(
+        default=1,
+        ge=1,
+        description="Adapters resident at once (vLLM's --max-loras, whose default is 1); a "
+        "request for a registered adapter that is not resident waits for a swap.",
+    )
+    max_lora_rank: int = Field(
+        default=16,
+        ge=1,
+        description="Highest adapter rank accepted (vLLM's --max-lora-rank default, 16).",
+    )
+    lora_load_time: float = Field(
+        default=0.2,
+        ge=0.0,
+        description="Seconds a load or a swap-in of an adapter takes (200 ms: small "
+        "adapters load in a fraction of a second on a GPU; long enough to see in a benchmark).",
+    )
     zero_delay: bool = Field(
         default=False,
         description="No timing model at all (no sleeps, no queue) for router overhead "

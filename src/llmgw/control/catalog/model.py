@@ -27,6 +27,17 @@ PINNED = -1.0
 
 
 @dataclass(frozen=True, slots=True)
+class AdapterSlots:
+    """A profile's room for LoRA adapters loaded at run time, and what it adds to the
+    engine's command line (`args`, at the end of `engine_args`) and environment (`env`)."""
+
+    max_loaded: int
+    max_rank: int
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class Profile:
     """One way to serve a model: engine, its arguments and what one replica needs.
 
@@ -35,6 +46,10 @@ class Profile:
     have (0: any). `gpu_kind` is a case-insensitive substring of the GPU name
     ("H100", "L40S"); None accepts any. `labels` must all be present with the
     same value in the node's labels or fabric labels.
+
+    `adapters` (None: the engine loads no LoRA adapters) is already expanded into
+    `engine_args` and `env`, so everything that compares or launches a profile sees
+    what the engine runs with; `own_engine_args` and `own_env` are the profile's own.
 
     `nodes` is how many nodes one replica spans (each with `gpus` GPUs); a
     multi-node replica's nodes all have the same value of fabric label
@@ -62,6 +77,20 @@ class Profile:
     load_timeout: float | None = None
     unhealthy_after: float | None = None
     drain_grace: float | None = None
+    adapters: AdapterSlots | None = None
+
+    @property
+    def own_engine_args(self) -> tuple[str, ...]:
+        """`engine_args` as the profile gave them, without what `adapters` added."""
+        added = len(self.adapters.args) if self.adapters is not None else 0
+        return self.engine_args[: len(self.engine_args) - added]
+
+    @property
+    def own_env(self) -> Mapping[str, str]:
+        """`env` as the profile gave it, without what `adapters` added."""
+        if self.adapters is None:
+            return self.env
+        return {k: v for k, v in self.env.items() if k not in self.adapters.env}
 
     @property
     def tensor_parallel(self) -> int:

@@ -31,6 +31,7 @@ from pydantic import ValidationError
 from llmgw.config.models import ModelConfig, ProfileConfig
 from llmgw.control.catalog.errors import InvalidModel, NameTaken
 from llmgw.control.catalog.model import (
+    AdapterSlots,
     Canary,
     CatalogModel,
     ModelSource,
@@ -85,7 +86,9 @@ def model_from_config(cfg: ModelConfig, *, source: ModelSource) -> CatalogModel:
         name=cfg.name,
         weights=cfg.weights,
         weights_commit=cfg.weights_commit,
-        profiles=tuple(_profile(p) for p in cfg.profiles),
+        profiles=tuple(
+            _profile(p, model=cfg.name, at=f"profiles.{i}") for i, p in enumerate(cfg.profiles)
+        ),
         aliases=tuple(cfg.aliases),
         min_replicas=cfg.min_replicas,
         max_replicas=cfg.max_replicas,
@@ -125,7 +128,8 @@ def _canary(cfg: ModelConfig) -> Canary | None:
         stable_weight=stable.weight,
         weights=second.weights if second.weights is not None else cfg.weights,
         profiles=tuple(
-            _profile(p) for p in (second.profiles if second.profiles is not None else cfg.profiles)
+            _profile(p, model=cfg.name, at=f"versions.1.profiles.{i}")
+            for i, p in enumerate(second.profiles if second.profiles is not None else cfg.profiles)
         ),
     )
 
@@ -175,8 +179,18 @@ def model_to_dict(model: CatalogModel) -> dict[str, Any]:
             {
                 "name": p.name,
                 "engine": p.engine,
-                "engine_args": list(p.engine_args),
-                "env": dict(p.env),
+                "engine_args": list(p.own_engine_args),
+                "env": dict(p.own_env),
+                **(
+                    {
+                        "adapters": {
+                            "max_loaded": p.adapters.max_loaded,
+                            "max_rank": p.adapters.max_rank,
+                        }
+                    }
+                    if p.adapters is not None
+                    else {}
+                ),
                 "gpus": p.gpus,
                 "gpu_memory": p.gpu_memory,
                 "gpu_kind": p.gpu_kind,
@@ -273,12 +287,23 @@ def _clash_message(model: CatalogModel, other: CatalogModel, name: str) -> str:
     )
 
 
-def _profile(cfg: ProfileConfig) -> Profile:
+def _profile(cfg: ProfileConfig, *, model: str, at: str) -> Profile:
+    adapter_args, adapter_env = _adapter_launch(cfg, model=model, at=at)
     return Profile(
         name=cfg.name,
         engine=cfg.engine,
-        engine_args=tuple(cfg.engine_args),
-        env=dict(cfg.env),
+        engine_args=(*cfg.engine_args, *adapter_args),
+        env={**cfg.env, **adapter_env},
+        adapters=(
+            None
+            if cfg.adapters is None
+            else AdapterSlots(
+                max_loaded=cfg.adapters.max_loaded,
+                max_rank=cfg.adapters.max_rank,
+                args=adapter_args,
+                env=adapter_env,
+            )
+        ),
         gpus=cfg.gpus,
         gpu_memory=cfg.gpu_memory,
         gpu_kind=cfg.gpu_kind,
@@ -292,6 +317,39 @@ def _profile(cfg: ProfileConfig) -> Profile:
         unhealthy_after=cfg.unhealthy_after,
         drain_grace=cfg.drain_grace,
     )
+
+
+def _adapter_launch(
+    cfg: ProfileConfig, *, model: str, at: str
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The engine arguments and environment of the profile's `adapters` (none without),
+    refused when the engine cannot load adapters or the profile already sets them."""
+    slots = cfg.adapters
+    if slots is None:
+        return (), {}
+
+    def fail(message: str) -> InvalidModel:
+        return InvalidModel(_message(model, cfg.name, "adapters", message), f"{at}.adapters")
+
+    try:
+        adapter = adapter_for(cfg.engine, settings=_PROBE_SETTINGS)
+        args, env = adapter.lora_launch(slots.max_loaded, slots.max_rank)
+    except ProfileError as exc:
+        raise fail(exc.message) from exc
+    flags = {arg.split("=", 1)[0] for arg in cfg.engine_args if arg.startswith("--")}
+    twice = [arg for arg in args if arg.startswith("--") and arg in flags]
+    if twice:
+        raise fail(
+            f"engine_args also set {twice[0]}, which adapters sets for {cfg.engine}; "
+            f"remove {twice[0]} from engine_args (adapters says it once for every engine)"
+        )
+    clash = sorted(key for key in env if key in cfg.env and cfg.env[key] != env[key])
+    if clash:
+        raise fail(
+            f"env sets {clash[0]}={cfg.env[clash[0]]!r}, but adapters needs "
+            f"{clash[0]}={env[clash[0]]!r}; remove it from env"
+        )
+    return args, env
 
 
 def _number(value: float) -> int | float:
