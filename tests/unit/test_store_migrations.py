@@ -52,6 +52,8 @@ TABLES = {
     "teams",
     "team_members",
     "usage_end_users",
+    "oidc_logins",
+    "canary_halts",
 }
 
 
@@ -73,7 +75,7 @@ async def test_migrations_create_the_schema_from_empty(store_target: StoreTarget
     try:
         assert await store.revision() is None
         await store.upgrade()
-        assert await store.revision() == head_revision() == "0022"
+        assert await store.revision() == head_revision() == "0028"
         assert await store.keys.list(include_revoked=True) == []
         assert await store.usage.query() == []
     finally:

@@ -78,8 +78,8 @@ from llmgw.control.agentsvc import (
 from llmgw.control.agentsvc.cluster_pki import ClusterPki, ClusterPkiError
 from llmgw.control.agentsvc.join import serve_cluster_agents
 from llmgw.control.catalog import Catalog, CatalogError, model_from_config
-from llmgw.control.catalog.reload import ConfigReloader, ConfigSource
 from llmgw.control.catalog.hub import HubRevisions
+from llmgw.control.catalog.reload import ConfigReloader, ConfigSource
 from llmgw.control.inventory import FleetMetrics, Inventory
 from llmgw.control.leadership import (
     LEASE_NAME,

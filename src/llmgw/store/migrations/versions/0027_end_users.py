@@ -14,7 +14,7 @@ from alembic import op
 _UTC = sa.DateTime(timezone=True)
 
 revision: str = "0027"
-down_revision: str | None = "0022"
+down_revision: str | None = "0026"
 branch_labels: str | None = None
 depends_on: str | None = None
 

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0028"
-down_revision: str | None = "0022"
+down_revision: str | None = "0027"
 branch_labels: str | None = None
 depends_on: str | None = None
 
