@@ -153,14 +153,16 @@ def test_bad_input_names_the_field(body: dict[str, Any], field: str) -> None:
     assert field in info.value.message
 
 
-def test_answer_with_tool_calls_and_stop_sequence() -> None:
+# vLLM 0.32 names the thought `reasoning`; older releases and SGLang `reasoning_content`.
+@pytest.mark.parametrize("thought_field", ["reasoning", "reasoning_content"])
+def test_answer_with_tool_calls_and_stop_sequence(thought_field: str) -> None:
     chat = {
         "choices": [
             {
                 "message": {
                     "role": "assistant",
                     "content": "Looking",
-                    "reasoning_content": "think",
+                    thought_field: "think",
                     "tool_calls": [
                         {"id": "c1", "function": {"name": "w", "arguments": '{"city":"Oslo"}'}}
                     ],

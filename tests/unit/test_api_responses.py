@@ -142,11 +142,13 @@ def _events(data: bytes) -> list[dict[str, Any]]:
     return out
 
 
-def test_stream_reasoning_text_and_tool_call() -> None:
+# vLLM 0.32 names the thought `reasoning`; older releases and SGLang `reasoning_content`.
+@pytest.mark.parametrize("thought_field", ["reasoning", "reasoning_content"])
+def test_stream_reasoning_text_and_tool_call(thought_field: str) -> None:
     stream = ResponseStream(_shape())
     out = b""
     for delta in (
-        {"reasoning_content": "hm"},
+        {thought_field: "hm"},
         {"content": "Hi"},
         {"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "w", "arguments": '{"a"'}}]},
         {"tool_calls": [{"index": 0, "function": {"arguments": ":1}"}}]},

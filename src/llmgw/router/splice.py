@@ -26,6 +26,7 @@ import orjson
 
 from llmgw.router.requests import ParsedRequest
 from llmgw.router.sse import EVENT_END, event_payload
+from llmgw.router.sse import thought as thought_of
 
 _MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
 
@@ -198,23 +199,13 @@ def _choice_text(choice: object, *, chat: bool) -> tuple[str, str] | None:
         return ("", "text")
     if delta.get("tool_calls") or delta.get("function_call"):
         return None
-    thought = _thought(delta)
+    thought = thought_of(delta)
     piece = delta.get("content")
     if thought and piece:
         return None
     if thought:
         return (thought, "thought")
     return (piece if isinstance(piece, str) else "", "text")
-
-
-def _thought(delta: dict[str, Any]) -> str:
-    """The thought a chat delta adds: vLLM's `reasoning` (older releases and SGLang:
-    `reasoning_content`)."""
-    for name in ("reasoning", "reasoning_content"):
-        piece = delta.get(name)
-        if isinstance(piece, str) and piece:
-            return piece
-    return ""
 
 
 def remaining(body: dict[str, Any], sent_tokens: int) -> int | None:
@@ -338,7 +329,7 @@ def _continued_choice(choices: list[Any], splice: Splice) -> list[Any] | None:
         piece = delta.get("content")
         if splice.call is not None:
             return _continued_call(choice, delta, splice, splice.call)
-        thought = _thought(delta)
+        thought = thought_of(delta)
         if thought:
             splice.reasoning += thought
             splice.tokens += 1

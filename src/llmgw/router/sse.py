@@ -73,6 +73,16 @@ def _usage_of(chunk: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+def thought(part: dict[str, Any]) -> str:
+    """The thought a chat message or delta carries: vLLM's `reasoning` (older releases
+    and SGLang: `reasoning_content`); "" when it carries none."""
+    for name in ("reasoning", "reasoning_content"):
+        piece = part.get(name)
+        if isinstance(piece, str) and piece:
+            return piece
+    return ""
+
+
 def _carries_text(chunk: dict[str, Any]) -> bool:
     choices = chunk.get("choices")
     if not isinstance(choices, list):
@@ -84,10 +94,7 @@ def _carries_text(chunk: dict[str, Any]) -> bool:
             return True
         delta = choice.get("delta")
         if isinstance(delta, dict) and (
-            delta.get("content")
-            or delta.get("reasoning")
-            or delta.get("reasoning_content")
-            or delta.get("tool_calls")
+            delta.get("content") or thought(delta) or delta.get("tool_calls")
         ):
             return True
     return False

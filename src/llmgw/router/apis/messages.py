@@ -8,7 +8,7 @@ Anthropic's events, one for one as the chunks arrive: `message_start` (with the
 router's estimate of `input_tokens`, since engines report the prompt's tokens
 only at the end), `ping`, `content_block_start`/`_delta`/`_stop` for text,
 `tool_use` (arguments as `input_json_delta`) and `thinking` (from
-`reasoning_content`), `message_delta` (stop reason and the engine's usage, its
+`reasoning` or `reasoning_content`), `message_delta` (stop reason and the engine's usage, its
 exact `input_tokens` included) and `message_stop`. Every error has Anthropic's
 shape `{"type": "error", "error": {"type", "message"}}`, in a body or, once a
 stream began, as an `error` event.
@@ -32,6 +32,7 @@ from llmgw.router.apis.relay import ResumedSend, TranslatingSend, error_message,
 from llmgw.router.apis.sse_events import SSEEvents, format_event
 from llmgw.router.errors import RouterError
 from llmgw.router.requests import ParsedRequest, Resumable
+from llmgw.router.sse import thought
 
 # Anthropic's error type for each status (https://docs.anthropic.com/en/api/errors).
 _ERROR_TYPES = {
@@ -108,8 +109,8 @@ def message_from_chat(chat: dict[str, Any], model: str, stops: list[str], estima
     message = choice.get("message") if isinstance(choice, dict) else None
     message = message if isinstance(message, dict) else {}
     content: list[dict[str, Any]] = []
-    reasoning = message.get("reasoning_content")
-    if isinstance(reasoning, str) and reasoning:
+    reasoning = thought(message)
+    if reasoning:
         content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
     text = message.get("content")
     if isinstance(text, str) and text:
@@ -229,8 +230,8 @@ class MessageStream:
 
     def _choice_delta(self, delta: dict[str, Any]) -> bytes:
         out = b""
-        reasoning = delta.get("reasoning_content")
-        if isinstance(reasoning, str) and reasoning:
+        reasoning = thought(delta)
+        if reasoning:
             if self._block is None or self._block.kind != "thinking":
                 out += self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
             out += self._delta({"type": "thinking_delta", "thinking": reasoning})

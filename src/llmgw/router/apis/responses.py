@@ -4,7 +4,7 @@
 client's body for engines that serve the API natively (`native.with_native`:
 their answers pass through untouched); for the others its responder
 turns the engine's chat completion into a Response object (output items:
-`reasoning` from `reasoning_content`, a `message` with `output_text`, one
+`reasoning` from `reasoning` or `reasoning_content`, a `message` with `output_text`, one
 `function_call` per tool call), and a chat completion stream into the Responses
 events as chunks arrive: `response.created`, `response.in_progress`, then per
 item `response.output_item.added`, `response.content_part.added`,
@@ -35,6 +35,7 @@ from llmgw.router.apis.responses_request import TranslatedRequest, translate_req
 from llmgw.router.apis.sse_events import SSEEvents, format_event
 from llmgw.router.errors import RouterError, error_body, is_openai_error
 from llmgw.router.requests import ParsedRequest, Resumable
+from llmgw.router.sse import thought
 
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
@@ -149,8 +150,8 @@ def response_from_chat(shape: ResponseShape, chat: dict[str, Any]) -> bytes:
     finish = choice.get("finish_reason")
     item_status = "incomplete" if finish in _INCOMPLETE else "completed"
     output: list[dict[str, Any]] = []
-    reasoning = message.get("reasoning_content")
-    if isinstance(reasoning, str) and reasoning:
+    reasoning = thought(message)
+    if reasoning:
         output.append(_reasoning_item(_id("rs_"), reasoning, "completed"))
     text = message.get("content")
     if isinstance(text, str) and text:
@@ -295,8 +296,8 @@ class ResponseStream:
 
     def _delta(self, delta: dict[str, Any]) -> bytes:
         out = b""
-        reasoning = delta.get("reasoning_content")
-        if isinstance(reasoning, str) and reasoning:
+        reasoning = thought(delta)
+        if reasoning:
             out += self._text("reasoning", "response.reasoning_text.delta", reasoning)
         text = delta.get("content")
         if isinstance(text, str) and text:
