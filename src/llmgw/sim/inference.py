@@ -440,8 +440,27 @@ class Inference:
                 template = final if index == last else first if index == 0 else middle
             await send(template.message(token))
 
+        await self._generate_stream(
+            receive, send, request, tokens, head, counters, faults, emit=emit, cut=cut
+        )
+
+    async def _generate_stream(
+        self,
+        receive: Receive,
+        send: Send,
+        request: GenerationRequest,
+        tokens: Sequence[str],
+        head: dict[str, object],
+        counters: ModelCounters,
+        faults: FaultSettings,
+        *,
+        emit: Callable[[int, str], Awaitable[None]],
+        cut: int | None,
+    ) -> None:
+        """Generate `tokens` through `emit`, then end the stream: the usage chunk when
+        asked for and `[DONE]`; a cut (a fault) ends it with the body incomplete."""
         work = self._engine.generate(
-            model=model,
+            model=str(head["model"]),
             counters=counters,
             prompt=request.prompt,
             tokens=tokens,
@@ -513,32 +532,9 @@ class Inference:
             arguments = {"index": 0, "function": {"arguments": piece}}
             await send(chunk({"tool_calls": [arguments]}, "tool_calls" if index == last else None))
 
-        cut = self._cut(faults)
-        work = self._engine.generate(
-            model=str(head["model"]),
-            counters=counters,
-            prompt=request.prompt,
-            tokens=tokens,
-            stall_after=faults.stall_after_tokens,
-            slow_start=faults.slow_start,
-            emit=emit,
-            cut_after=cut,
+        await self._generate_stream(
+            receive, send, request, tokens, head, counters, faults, emit=emit, cut=self._cut(faults)
         )
-        try:
-            if not await self.watch(receive, work, self.needs_watch(faults)):
-                return
-        except GenerationCut:
-            if self._exits_at(faults, cut):
-                self._faults.exit_now()
-            if cut == 0:
-                await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-            return
-        if request.include_usage:
-            usage = _usage(len(request.prompt), len(tokens))
-            await send(_sse({**head, "choices": [], "usage": usage}))
-        await send({"type": "http.response.body", "body": _DONE, "more_body": False})
-        counters.request_success += 1
-        self._stats.requests_completed += 1
 
     async def embeddings(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
