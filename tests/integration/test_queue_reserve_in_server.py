@@ -251,7 +251,7 @@ def test_a_client_that_hangs_up_leaves_the_queue_and_usage_says_how_long_one_wai
     table = _usage("--requests", "3", "--key", "flood", fleet=fleet).splitlines()
     assert table[0].split() == [
         "TIME", "KEY", "MODEL", "ROUTE", "STATUS", "PROMPT", "COMPLETION",
-        "MS", "TTFT", "MS", "QUEUED", "MS", "REQUEST",
+        "MS", "TTFT", "MS", "QUEUED", "MS", "END", "USER", "REQUEST",
     ]  # fmt: skip
     assert len(table) == 4
     assert all(f"{flood_id} (flood)" in line for line in table[1:])
