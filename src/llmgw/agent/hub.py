@@ -31,8 +31,10 @@ import json
 import logging
 import os
 import shutil
+import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -379,8 +381,36 @@ async def _in_daemon_thread(fn: Callable[[HubRef], Path], ref: HubRef, *, name: 
         with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
             loop.call_soon_threadsafe(settle, result, error)
 
-    threading.Thread(target=run, name=name, daemon=True).start()
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    _DOWNLOADS.add(thread)
+    thread.start()
     return await done
+
+
+# Download threads started by this process (dead ones are ignored).
+_DOWNLOADS: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+
+
+def exit_if_downloading(code: int) -> None:
+    """End the process now, with `code`, when a download is still running.
+
+    The hub client fetches a snapshot's files in a thread pool of its own, whose
+    workers the interpreter joins at exit: an agent told to stop would otherwise
+    wait for every file being fetched to end (hours for large weights). The
+    agent's state is on disk and the next agent resumes the download, so nothing
+    is lost by not waiting. Returns when no download is running.
+    """
+    running = [t.name for t in list(_DOWNLOADS) if t.is_alive()]
+    if not running:
+        return
+    log.info(
+        "leaving %s unfinished; the next agent resumes it", ", ".join(sorted(running))
+    )
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
 
 
 def _remove_leftovers(blobs: Path) -> None:

@@ -298,6 +298,9 @@ def agent(
     # Joining, connecting and renewing share which servers just let a dial time out.
     silent = SilentServers()
     creds = _obtain_certificate(options, silent) if options.cluster else None
+    from llmgw.agent.hub import exit_if_downloading
+
+    code = 0
     try:
         asyncio.run(_serve(options, store, creds, silent))
     except Exception as exc:
@@ -306,7 +309,10 @@ def agent(
             "the agent stopped after an unexpected error",
             exc_info=not isinstance(exc, BaseExceptionGroup),
         )
-        raise typer.Exit(code=1) from None
+        code = 1
+    exit_if_downloading(code)
+    if code:
+        raise typer.Exit(code=code)
 
 
 @dataclass(frozen=True, slots=True)
