@@ -610,6 +610,8 @@ def test_an_agent_told_to_stop_does_not_wait_for_a_download(
             lambda: [s for s in shards(server) if "downloading" in s.get("message", "")],
             "the download to begin",
         )
+        # The weights file itself is being fetched (by the hub client's own worker thread).
+        wait_for(lambda: hub.file_gets("model.safetensors"), "the weights file's fetch to begin")
         agent.popen.terminate()
         assert agent.popen.wait(120) == 0, agent.output()
         # It stopped before the download ended: the file was never completed.
