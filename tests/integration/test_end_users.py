@@ -15,69 +15,30 @@ import io
 import json
 import secrets
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from clitools import REDIS_URL, cli, made
-from procs import Server, Sim, require_redis, wait_for
+from clitools import KeyedSim, cli, error_of, keyed_sim, made
+from procs import require_redis, wait_for
 
-
-@dataclass
-class Apps:
-    store: list[str]
-    model: str
-    sim: Sim
-    secrets: dict[str, str]
-    ids: dict[str, str]
-    tmp: Path
-
-    def router(self, *, redis: bool = True) -> Server:
-        args = ["--endpoint", f"s={self.sim.url}={self.model}", *self.store]
-        if redis:
-            config = self.tmp / f"router-{secrets.token_hex(4)}.yaml"
-            config.write_text(f"limits: {{redis_url: '{REDIS_URL}'}}\n")
-            args += ["--config", str(config)]
-        return Server(*args, auth=True)
-
-    def ask(self, server: Server, key: str, user: object = None, **extra: Any) -> httpx.Response:
-        body: dict[str, Any] = {
-            "model": self.model,
-            "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 4,
-            **extra,
-        }
-        if user is not None:
-            body["user"] = user
-        return httpx.post(
-            server.url + "/v1/chat/completions",
-            json=body,
-            headers={"authorization": f"Bearer {self.secrets[key]}"},
-            timeout=60,
-        )
+Apps = KeyedSim
 
 
 def _apps(store: list[str], tmp: Path) -> Iterator[Apps]:
     model = f"m-{secrets.token_hex(3)}"
     made("teams", "create", f"t-{model}", "--rpm", "1000", *store)
-    keys: dict[str, str] = {}
-    ids: dict[str, str] = {}
-    for name, flags in (
-        ("chat", ["--user-rpm", "2"]),
-        ("frugal", ["--user-budget", "1"]),
-        ("shared", ["--rpm", "3", "--user-rpm", "1", "--team", f"t-{model}"]),
-        ("free", []),
-        ("admin", ["--role", "admin"]),
-    ):
-        created = json.loads(made("keys", "create", "--name", name, "--json", *flags, *store))
-        keys[name], ids[name] = created["secret"], created["id"]
-    sim = Sim(model=model)
-    try:
-        yield Apps(store=store, model=model, sim=sim, secrets=keys, ids=ids, tmp=tmp)
-    finally:
-        sim.proc.stop()
+    yield from keyed_sim(
+        store, tmp, model,
+        [
+            ("chat", ["--user-rpm", "2"]),
+            ("frugal", ["--user-budget", "1"]),
+            ("shared", ["--rpm", "3", "--user-rpm", "1", "--team", f"t-{model}"]),
+            ("free", []),
+            ("admin", ["--role", "admin"]),
+        ],
+    )  # fmt: skip
 
 
 @pytest.fixture
@@ -91,14 +52,9 @@ def apps(tmp_path: Path) -> Iterator[Apps]:
     yield from _apps(["--data-dir", str(tmp_path / "data")], tmp_path)
 
 
-def _error(answer: httpx.Response) -> dict[str, Any]:
-    error: dict[str, Any] = answer.json()["error"]
-    return error
-
-
 def _refused_for(answer: httpx.Response, end_user: str, key: str, what: str) -> dict[str, Any]:
     assert answer.status_code == 429, answer.text
-    error = _error(answer)
+    error = error_of(answer)
     assert f"end user '{end_user}' of API key '{key}'" in error["message"], error
     assert what in error["message"], error
     assert int(answer.headers["retry-after"]) >= 1
@@ -155,8 +111,8 @@ def test_end_user_limits_hold_across_two_routers_and_usage_by_end_user_adds_up(
         assert apps.ask(a, "shared", "u2").status_code == 200
         assert apps.ask(b, "shared", "u3").status_code == 200
         over = apps.ask(a, "shared", "u4")
-        assert over.status_code == 429 and "key 'shared'" not in _error(over)["message"]
-        assert f"key '{apps.ids['shared']}'" in _error(over)["message"]
+        assert over.status_code == 429 and "key 'shared'" not in error_of(over)["message"]
+        assert f"key '{apps.ids['shared']}'" in error_of(over)["message"]
 
         # Usage by end user: every request that named one, refused ones too, summed.
         admin = httpx.Client(
@@ -238,10 +194,10 @@ def test_end_user_limits_without_redis_and_hostile_end_users(apps: Apps) -> None
         # Too long: refused with a 400 naming the field, before anything is charged.
         long = apps.ask(server, "chat", "x" * 257)
         assert long.status_code == 400, long.text
-        assert _error(long)["param"] == "user"
-        assert "257 characters long; an end user has at most 256" in _error(long)["message"]
+        assert error_of(long)["param"] == "user"
+        assert "257 characters long; an end user has at most 256" in error_of(long)["message"]
         nuls = apps.ask(server, "chat", "\x00" * 100)
-        assert nuls.status_code == 400 and "once its non-printable" in _error(nuls)["message"]
+        assert nuls.status_code == 400 and "once its non-printable" in error_of(nuls)["message"]
         assert apps.ask(server, "chat", 7).status_code == 400
         # Anything else is an end user like any other, held to its own limits.
         hostile = [

@@ -14,43 +14,18 @@ import contextlib
 import json
 import secrets
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from clitools import REDIS_URL, cli, made
-from procs import Server, Sim, require_redis, wait_for
+from clitools import KeyedSim, cli, error_of, keyed_sim, made
+from procs import Server, require_redis, wait_for
 
 PASSWORD = "correct horse battery staple"
 
 
-@dataclass
-class Fleet:
-    store: list[str]
-    model: str
-    sim: Sim
-    secrets: dict[str, str]
-    ids: dict[str, str]
-    tmp: Path
-
-    def router(self) -> Server:
-        config = self.tmp / f"router-{secrets.token_hex(4)}.yaml"
-        config.write_text(f"limits: {{redis_url: '{REDIS_URL}'}}\n")
-        return Server(
-            "--endpoint", f"s={self.sim.url}={self.model}", "--config", str(config),
-            *self.store, auth=True,
-        )  # fmt: skip
-
-    def ask(self, server: Server, key: str) -> httpx.Response:
-        return httpx.post(
-            server.url + "/v1/chat/completions",
-            json={"model": self.model, "messages": [{"role": "user", "content": "hi"}],
-                  "max_tokens": 4},
-            headers={"authorization": f"Bearer {self.secrets[key]}"},
-            timeout=60,
-        )  # fmt: skip
+Fleet = KeyedSim
 
 
 def _fleet(store: list[str], tmp: Path) -> Iterator[Fleet]:
@@ -64,23 +39,14 @@ def _fleet(store: list[str], tmp: Path) -> Iterator[Fleet]:
     made("teams", "members", "add", f"red-{tag}", "ann", "--role", "team-admin", *store)
     made("teams", "members", "add", f"blue-{tag}", "bob", "--role", "team-admin", *store)
     made("teams", "members", "add", f"red-{tag}", "carl", *store)
-    keys: dict[str, str] = {}
-    ids: dict[str, str] = {}
-    for name, team in (
-        ("red-1", "red"), ("red-2", "red"), ("blue-1", "blue"), ("blue-2", "blue"),
-        ("solo", None), ("admin", None),
-    ):  # fmt: skip
-        extra = ["--team", f"{team}-{tag}"] if team else []
-        if name == "admin":
-            extra = ["--role", "admin"]
-        created = json.loads(made("keys", "create", "--name", name, "--json", *extra, *store))
-        keys[name], ids[name] = created["secret"], created["id"]
-    ids["red"], ids["blue"] = f"red-{tag}", f"blue-{tag}"
-    sim = Sim(model=model)
-    try:
-        yield Fleet(store=store, model=model, sim=sim, secrets=keys, ids=ids, tmp=tmp)
-    finally:
-        sim.proc.stop()
+    flags = {"red": ["--team", f"red-{tag}"], "blue": ["--team", f"blue-{tag}"]}
+    made_keys = [
+        ("red-1", flags["red"]), ("red-2", flags["red"]), ("blue-1", flags["blue"]),
+        ("blue-2", flags["blue"]), ("solo", []), ("admin", ["--role", "admin"]),
+    ]  # fmt: skip
+    for fleet in keyed_sim(store, tmp, model, made_keys):
+        fleet.ids["red"], fleet.ids["blue"] = f"red-{tag}", f"blue-{tag}"
+        yield fleet
 
 
 @pytest.fixture
@@ -94,11 +60,6 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
     yield from _fleet(["--data-dir", str(tmp_path / "data")], tmp_path)
 
 
-def _error(answer: httpx.Response) -> dict[str, Any]:
-    error: dict[str, Any] = answer.json()["error"]
-    return error
-
-
 def test_team_limits_hold_across_two_routers_and_usage_by_team_adds_up(
     pg_fleet: Fleet,
 ) -> None:
@@ -110,7 +71,7 @@ def test_team_limits_hold_across_two_routers_and_usage_by_team_adds_up(
         assert fleet.ask(b, "red-2").status_code == 200
         refused = fleet.ask(a, "red-2")
         assert refused.status_code == 429, refused.text
-        error = _error(refused)
+        error = error_of(refused)
         assert f"team '{fleet.ids['red']}'" in error["message"]
         assert "requests per minute (RPM): limit 2" in error["message"]
         assert error["code"] == "rate_limit_exceeded"
@@ -122,7 +83,7 @@ def test_team_limits_hold_across_two_routers_and_usage_by_team_adds_up(
         assert fleet.ask(a, "blue-1").status_code == 200
         spent = fleet.ask(b, "blue-2")
         assert spent.status_code == 429, spent.text
-        error = _error(spent)
+        error = error_of(spent)
         assert error["code"] == "insufficient_quota"
         assert f"Token budget exhausted for team '{fleet.ids['blue']}'" in error["message"]
         assert "an administrator can raise the team's budget" in error["message"]
@@ -192,8 +153,8 @@ def test_a_team_admin_manages_only_their_own_team(fleet: Fleet) -> None:
             made_there = ann.post(f"/admin/api/teams/{blue}/keys", json={"name": "x"},
                                   headers=csrf)  # fmt: skip
             assert made_there.status_code == 403, made_there.text
-            assert _error(made_there)["code"] == "team_not_allowed"
-            assert "that team's team-admins" in _error(made_there)["message"]
+            assert error_of(made_there)["code"] == "team_not_allowed"
+            assert "that team's team-admins" in error_of(made_there)["message"]
             for ref in (fleet.ids["blue-1"], "blue-1"):
                 sneaky = ann.post(
                     f"/admin/api/teams/{red}/keys/{ref}/revoke", json={}, headers=csrf
@@ -239,9 +200,9 @@ def test_a_team_admin_manages_only_their_own_team(fleet: Fleet) -> None:
             assert moved.status_code == 200 and moved.json()["team"] == blue, moved.text
             nowhere = admin.patch(f"/admin/api/keys/{fleet.ids['solo']}", json={"team": "nope"})
             assert nowhere.status_code == 404
-            assert "there is no team 'nope'" in _error(nowhere)["message"]
+            assert "there is no team 'nope'" in error_of(nowhere)["message"]
             wrong = admin.post("/admin/api/keys", json={"name": "w", "team": 7})
-            assert wrong.status_code == 400 and _error(wrong)["param"] == "team"
+            assert wrong.status_code == 400 and error_of(wrong)["param"] == "team"
             back = admin.patch(f"/admin/api/keys/{fleet.ids['solo']}", json={"team": None})
             assert back.json()["team"] is None
             listed = admin.get("/admin/api/teams").json()["teams"]
