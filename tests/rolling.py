@@ -15,13 +15,29 @@ from procs import Server
 
 
 class Load:
-    """Chat requests one after another until stopped, without max_tokens: each reply's
-    completion tokens say which arguments served it. Every failure is kept."""
+    """Chat requests one after another until stopped; every failure is kept.
 
-    def __init__(self, url: str, model: str = "roll") -> None:
+    Without `max_tokens` each reply's completion tokens say which engine arguments
+    served it (`tokens`). With `distinct`, each request starts a new conversation
+    (its own first message), so no session or prefix holds it to one replica.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        model: str = "roll",
+        *,
+        max_tokens: int | None = None,
+        distinct: bool = False,
+        pause: float = 0.01,
+    ) -> None:
         self.url = url
         self.model = model
+        self.max_tokens = max_tokens
+        self.distinct = distinct
+        self.pause = pause
         self.sent = 0
+        self.longest = 0.0  # seconds, of the slowest request
         self.tokens: list[int] = []
         self.failures: list[str] = []
         self._stop = threading.Event()
@@ -35,14 +51,22 @@ class Load:
         self._stop.set()
         self._thread.join(60)
 
+    def _body(self) -> dict[str, object]:
+        content = f"load {self.sent + 1}" if self.distinct else "hi"
+        body: dict[str, object] = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": content}],
+        }
+        if self.max_tokens is not None:
+            body["max_tokens"] = self.max_tokens
+        return body
+
     def _run(self) -> None:
         with httpx.Client(timeout=30) as client:
             while not self._stop.is_set():
+                began = time.monotonic()
                 try:
-                    answer = client.post(
-                        self.url + "/v1/chat/completions",
-                        json={"model": self.model, "messages": [{"role": "user", "content": "hi"}]},
-                    )
+                    answer = client.post(self.url + "/v1/chat/completions", json=self._body())
                     if answer.status_code == 200:
                         self.tokens.append(answer.json()["usage"]["completion_tokens"])
                     else:
@@ -50,7 +74,8 @@ class Load:
                 except httpx.HTTPError as exc:
                     self.failures.append(repr(exc))
                 self.sent += 1
-                time.sleep(0.01)
+                self.longest = max(self.longest, time.monotonic() - began)
+                time.sleep(self.pause)
 
 
 class Watch:

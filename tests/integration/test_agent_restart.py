@@ -18,13 +18,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 from procs import Proc, Server, free_port, free_port_block, llmgw, wait_for
+from rolling import Load
 from streams import sim_pids
 
 CONFIG = (
@@ -50,47 +50,6 @@ def ready_shards(server: Server) -> list[dict[str, Any]]:
     return [s for s in node(server)["shards"] if s["state"] == "ready"]
 
 
-class Load:
-    """Chat requests one after another until stopped; every non-200 is kept."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.sent = 0
-        self.longest = 0.0
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run)
-
-    def __enter__(self) -> Load:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(60)
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=30) as client:
-            while not self._stop.is_set():
-                began = time.monotonic()
-                try:
-                    answer = client.post(
-                        self.url + "/v1/chat/completions",
-                        json={
-                            "model": "steady",
-                            "messages": [{"role": "user", "content": "hi"}],
-                            "max_tokens": 3,
-                        },
-                    )
-                    if answer.status_code != 200:
-                        self.failures.append(f"{answer.status_code} {answer.text}")
-                except httpx.HTTPError as exc:
-                    self.failures.append(repr(exc))
-                self.sent += 1
-                self.longest = max(self.longest, time.monotonic() - began)
-                time.sleep(0.02)
-
-
 def test_restarting_the_agent_under_load_loses_no_request(tmp_path: Path) -> None:
     (tmp_path / "llmgw.yaml").write_text(CONFIG)
     agent_port = free_port()
@@ -111,7 +70,7 @@ def test_restarting_the_agent_under_load_loses_no_request(tmp_path: Path) -> Non
         wait_for(lambda: len(ready_shards(server)) == 1, "the replica to be ready")
         [shard] = ready_shards(server)
         pid = shard["pid"]
-        with Load(server.url) as load:
+        with Load(server.url, "steady", max_tokens=3, pause=0.02) as load:
             wait_for(lambda: load.sent >= 20, "requests to flow")
             for how in ("SIGKILL", "SIGTERM"):
                 registered_before = node(server)["registered_at"]

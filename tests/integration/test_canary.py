@@ -24,13 +24,12 @@ server; `abort` ends it.
 from __future__ import annotations
 
 import subprocess
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 from procs import Proc, Server, free_port, free_port_block, llmgw, wait_for
+from rolling import Load
 
 CONFIG = (
     "control: {heartbeat_interval: 0.3, unreachable_after: 15, lost_after: 30, "
@@ -140,46 +139,6 @@ def ask(
     return tokens
 
 
-class Load:
-    """New conversations one after another until stopped; every failure is kept."""
-
-    def __init__(self, server: Server) -> None:
-        self.server = server
-        self.tokens: list[int] = []
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run)
-
-    def __enter__(self) -> Load:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(60)
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=30) as client:
-            n = 0
-            while not self._stop.is_set():
-                n += 1
-                try:
-                    answer = client.post(
-                        self.server.url + "/v1/chat/completions",
-                        json={
-                            "model": "can",
-                            "messages": [{"role": "user", "content": f"load {n}"}],
-                        },
-                    )
-                    if answer.status_code == 200:
-                        self.tokens.append(answer.json()["usage"]["completion_tokens"])
-                    else:
-                        self.failures.append(f"{answer.status_code} {answer.text}")
-                except httpx.HTTPError as exc:
-                    self.failures.append(repr(exc))
-                time.sleep(0.01)
-
-
 def test_a_canary_splits_by_weight_and_is_promoted_and_aborted_without_a_failed_request(
     tmp_path: Path,
 ) -> None:
@@ -261,7 +220,7 @@ def test_a_canary_splits_by_weight_and_is_promoted_and_aborted_without_a_failed_
         assert 'model="can",status="200",version="stable"' in metrics, metrics
 
         # 3. Promote under load: the canary's spec becomes the model's, the rest roll.
-        with Load(server) as load:
+        with Load(server.url, "can", distinct=True) as load:
             wait_for(lambda: len(load.tokens) >= 20, "requests to flow")
             promoted = cli(server, "models", "rollout", "promote", "can")
             assert promoted.returncode == 0, promoted.stderr
@@ -282,7 +241,7 @@ def test_a_canary_splits_by_weight_and_is_promoted_and_aborted_without_a_failed_
         )
         assert changed.status_code == 200, changed.text
         wait_for(lambda: ready_tokens(server) == ["5", "5", "7"], "the new canary", 120)
-        with Load(server) as load:
+        with Load(server.url, "can", distinct=True) as load:
             wait_for(lambda: len(load.tokens) >= 20, "requests to flow")
             aborted = cli(server, "models", "rollout", "abort", "can")
             assert aborted.returncode == 0, aborted.stderr
@@ -315,7 +274,7 @@ def test_a_failing_canary_stops_and_the_model_serves_on_until_it_is_aborted(
         wait_for(lambda: ready_tokens(server) == ["3", "3", "3"], "the model Ready", 90)
 
         # A canary whose engine exits at once (`--max-running 0`), under load.
-        with Load(server) as load:
+        with Load(server.url, "can", distinct=True) as load:
             wait_for(lambda: len(load.tokens) >= 20, "requests to flow")
             changed = httpx.put(
                 server.admin + "/admin/api/models/can",
@@ -359,7 +318,7 @@ def test_a_failing_canary_stops_and_the_model_serves_on_until_it_is_aborted(
             "the restarted server to adopt the replicas, the canary still stopped",
             90,
         )
-        with Load(server) as load:
+        with Load(server.url, "can", distinct=True) as load:
             wait_for(lambda: len(load.tokens) >= 20, "requests through the restarted server")
         assert load.failures == [], load.failures[:5]
         assert {r["id"] for r in status(server)["replicas"]} == ids
