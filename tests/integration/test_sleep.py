@@ -20,7 +20,7 @@ import procs
 import pytest
 from otlp_receiver import OtlpReceiver
 from procs import Proc, free_port_block, llmgw
-from test_control_plane import fleet, sim_model
+from test_control_plane import fleet, registered, sim_model
 
 # Sleep after 1 s idle; stop after 20 s (the test checks the sleeping state in between).
 NAP = sim_model(
@@ -266,6 +266,8 @@ def test_a_restarted_agent_adopts_a_sleeping_engine_as_sleeping(tmp_path: Path) 
         # the second, the test's default, stops them on its way out.
         agents = [Proc(argv, env={"LLMGW_AGENT_STOP_ENGINES_ON_EXIT": "0"})]
         try:
+            # The agent registers before the first request, which must find a node.
+            wait_for(lambda: registered(f.server) == ["node-s"], "the agent to register")
             assert f.chat("busy").status_code == 200
             wait_for(lambda: sleeping(f, "busy"), "the replica to sleep")
             (asleep,) = replicas(f, "busy")
