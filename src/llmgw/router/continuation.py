@@ -228,7 +228,7 @@ class Continuation:
                 return None
             replicas = self._pool.by_model.get(req.model) or ()
             if (found.reasoning and not any(e.thoughts for e in replicas)) or (
-                found.call is not None and not any(e.tool_calls for e in replicas)
+                found.calls and not any(e.tool_calls for e in replicas)
             ):
                 # No replica writes a thought or a call in markup llmgw can rebuild.
                 return None
@@ -300,7 +300,7 @@ class Continuation:
                 tried,
                 total_deadline,
                 thought=bool(splice.reasoning),
-                call=splice.call is not None,
+                call=bool(splice.calls),
             )
         except RouterError as exc:
             await send({"type": "http.response.body", "body": error_event(exc), "more_body": False})
