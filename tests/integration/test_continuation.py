@@ -499,6 +499,94 @@ def test_a_thought_is_continued_in_its_parser_s_markup(tmp_path: Path, after: in
     assert record[2:] == (30, 1)
 
 
+def calls_of(total: int, thought: int, per_call: int) -> list[dict[str, str]]:
+    """The arguments of the sim's calls in a `total`-word answer whose first `thought`
+    words are the thought and whose calls hold `per_call` words each."""
+    numbers = [f"w{n}" for n in range(thought + 1, total + 1)]
+    return [
+        {"n": " ".join(["", *numbers[start : start + per_call]])}
+        for start in range(0, len(numbers), per_call)
+    ]
+
+
+def assert_calls(result: Streamed, expected: list[dict[str, str]]) -> None:
+    """One stream of `expected` calls, each opened once with its own id, in index order."""
+    assert sorted(result.calls) == list(range(len(expected))), result.calls
+    ids = [result.calls[i]["ids"] for i in range(len(expected))]
+    assert all(len(sent) == 1 for sent in ids) and len({i[0] for i in ids}) == len(ids), ids
+    for index, arguments in enumerate(expected):
+        call = result.calls[index]
+        assert call["name"] == "count" and json.loads(call["arguments"]) == arguments, call
+    assert result.finishes == ["tool_calls"], result.finishes
+    assert len(result.ids) == 1 and result.roles == 1
+
+
+@pytest.mark.parametrize("cut", [2, 5, 6], ids=["mid-thought", "mid-call", "between-calls"])
+def test_parallel_calls_after_a_thought_are_continued_on_static_endpoints(
+    tmp_path: Path, cut: int
+) -> None:
+    # Static endpoints that name their engine's parsers; every generation breaks after
+    # `cut` tokens: in the thought, inside a call, or between two calls.
+    flags = (
+        "--reasoning-parser", "deepseek_r1", "--reasoning-words", "3",
+        "--tool-call-parser", "hermes", "--tool-call-words", "3",
+    )  # fmt: skip
+    sims = [
+        Sim("--text", "sequence", "--zero-delay", "--break-after-tokens", str(cut), *flags,
+            model="m1")
+        for _ in range(2)
+    ]  # fmt: skip
+    config = write_config(
+        tmp_path / "llmgw.yaml",
+        {f"s{i}": s.url for i, s in enumerate(sims)},
+        engine="sim",
+        fields=", reasoning_parser: deepseek_r1, tool_call_parser: hermes",
+        extra="router: {continuation: {max_attempts: 6}}\n",
+    )
+    server = Server("--config", str(config))
+    try:
+        body = {
+            "model": "m1", "messages": MESSAGES, "max_tokens": 12, "tools": TOOLS,
+            "stream_options": {"include_usage": True},
+        }  # fmt: skip
+        result = stream(server, body)
+        assert result.errors == [] and result.done == 1, result.errors
+        assert result.reasoning.split() == words(3) and result.text == ""
+        # Calls 0 (w4-w6), 1 (w7-w9), 2 (w10-w12).
+        assert_calls(result, calls_of(12, 3, 3))
+        [usage] = result.usage
+        assert usage["completion_tokens"] == 12
+
+        def recorded() -> tuple[int, int, int, int] | None:
+            return records(server.data_dir).get(result.request_id)
+
+        status, prompt, completion, continued = wait_for(recorded, "the stream's usage record")
+        assert (status, completion, continued) == (200, 12, -(-12 // cut) - 1)
+        assert usage["prompt_tokens"] == prompt
+    finally:
+        server.proc.stop()
+        for sim in sims:
+            sim.proc.stop()
+
+
+PARALLEL = (
+    ', --reasoning-parser, deepseek_r1, --reasoning-words, "3"'
+    ', --tool-call-parser, hermes, --tool-call-words, "4"'
+)
+
+
+@pytest.mark.timeout(300)
+def test_parallel_calls_after_a_thought_survive_a_sigkilled_engine(tmp_path: Path) -> None:
+    # A placed replica's engine is SIGKILLed with the thought done, one call written and
+    # the second under way: the client gets one thought and seven calls, in order.
+    body = {"model": "m1", "messages": MESSAGES, "max_tokens": 30, "tools": TOOLS}
+    result, record = killed_mid_stream(tmp_path, body, after=9, args=PARALLEL)
+    assert result.errors == [] and result.done == 1, result.errors
+    assert result.reasoning.split() == words(3) and result.text == ""
+    assert_calls(result, calls_of(30, 3, 4))
+    assert record[2:] == (30, 1)
+
+
 @pytest.fixture(scope="module")
 def native_breaking(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """Three counting sims serving Messages and Responses natively, all breaking every
