@@ -263,25 +263,32 @@ def test_a_thought_or_call_whose_markup_llmgw_cannot_rebuild_ends_with_the_error
 ) -> None:
     # Static endpoints name their engine but not its parsers: a thought or a tool call
     # broken off cannot be written back in markup llmgw knows the engine reads.
-    sims = [
-        Sim(
+    # m1's sims think (and would call after the thought); m2's only call.
+    flags = {
+        "m1": ("--reasoning-parser", "deepseek_r1", "--reasoning-words", "8"),
+        "m2": (),
+    }
+    sims = {
+        (model, i): Sim(
             "--text", "sequence", "--zero-delay", "--break-after-tokens", "4",
-            "--reasoning-parser", "deepseek_r1", "--reasoning-words", "8",
-            "--tool-call-parser", "hermes", model="m1",
+            "--tool-call-parser", "hermes", *flags[model], model=model,
         )
-        for _ in range(2)
-    ]  # fmt: skip
-    config = write_config(
-        tmp_path / "llmgw.yaml", {f"s{i}": s.url for i, s in enumerate(sims)}, engine="sim"
-    )
-    server = Server("--config", str(config))
+        for model in flags
+        for i in range(2)
+    }  # fmt: skip
+    lines = ["endpoints:"] + [
+        f"  - {{id: {model}-{i}, url: '{sim.url}', models: [{model}], engine: sim}}"
+        for (model, i), sim in sims.items()
+    ]
+    (tmp_path / "llmgw.yaml").write_text("\n".join(lines) + "\n")
+    server = Server("--config", str(tmp_path / "llmgw.yaml"))
     try:
         result = stream(server, {"model": "m1", "messages": MESSAGES, "max_tokens": 12})
         assert result.reasoning.split() == words(4) and result.text == ""
         [error] = result.errors
         assert error["error"]["code"] == "engine_unreachable"
         assert result.done == 0
-        body = {"model": "m1", "messages": MESSAGES, "max_tokens": 12, "tools": TOOLS}
+        body = {"model": "m2", "messages": MESSAGES, "max_tokens": 12, "tools": TOOLS}
         called = stream(server, body)
         assert called.argument_chunks == 4 and called.calls[0]["name"] == "count"
         [error] = called.errors
@@ -289,7 +296,7 @@ def test_a_thought_or_call_whose_markup_llmgw_cannot_rebuild_ends_with_the_error
         assert called.done == 0
     finally:
         server.proc.stop()
-        for sim in sims:
+        for sim in sims.values():
             sim.proc.stop()
 
 
