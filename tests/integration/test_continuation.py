@@ -576,6 +576,89 @@ def test_parallel_calls_after_a_thought_are_continued_on_static_endpoints(
             sim.proc.stop()
 
 
+@pytest.fixture
+def thinking_callers(tmp_path: Path) -> Iterator[Server]:
+    """Two static sims that think (w1-w3) and then call (3 words a call), breaking every
+    generation after 5 tokens (mid-call); their endpoints name the parsers."""
+    flags = (
+        "--text", "sequence", "--zero-delay", "--break-after-tokens", "5",
+        "--reasoning-parser", "deepseek_r1", "--reasoning-words", "3",
+        "--tool-call-parser", "hermes", "--tool-call-words", "3",
+    )  # fmt: skip
+    sims = [Sim(*flags, model="m1") for _ in range(2)]
+    config = write_config(
+        tmp_path / "llmgw.yaml",
+        {f"s{i}": s.url for i, s in enumerate(sims)},
+        engine="sim",
+        fields=", reasoning_parser: deepseek_r1, tool_call_parser: hermes",
+    )
+    server = Server("--config", str(config))
+    yield server
+    server.proc.stop()
+    for sim in sims:
+        sim.proc.stop()
+
+
+def test_a_translated_messages_stream_with_thinking_and_tool_use_is_continued(
+    thinking_callers: Server,
+) -> None:
+    server = thinking_callers
+    tool = {"name": "count", "input_schema": {"type": "object", "properties": {}}}
+    body = {"model": "m1", "max_tokens": 12, "messages": MESSAGES, "tools": [tool]}
+    request_id, events = events_of(server, "/v1/messages", body)
+    kinds = [e["type"] for e in events]
+    assert "error" not in kinds and kinds.count("message_start") == 1, kinds
+    assert kinds[-2:] == ["message_delta", "message_stop"], kinds
+    starts = [e for e in events if e["type"] == "content_block_start"]
+    # One thinking block, then one tool_use block per call, numbered without a gap.
+    assert [e["index"] for e in starts] == [0, 1, 2, 3]
+    assert [e["content_block"]["type"] for e in starts] == ["thinking", *["tool_use"] * 3]
+    assert len({e["content_block"]["id"] for e in starts[1:]}) == 3
+    stops = [e["index"] for e in events if e["type"] == "content_block_stop"]
+    assert stops == [0, 1, 2, 3]
+    deltas = [e for e in events if e["type"] == "content_block_delta"]
+    thinking = "".join(e["delta"]["thinking"] for e in deltas if e["index"] == 0)
+    assert thinking.split() == words(3)
+    inputs = [
+        json.loads("".join(e["delta"]["partial_json"] for e in deltas if e["index"] == block))
+        for block in (1, 2, 3)
+    ]
+    assert inputs == calls_of(12, 3, 3)
+    assert events[-2]["delta"]["stop_reason"] == "tool_use"
+    assert events[-2]["usage"]["output_tokens"] == 12
+
+    def recorded() -> tuple[int, int, int, int] | None:
+        return records(server.data_dir).get(request_id)
+
+    assert wait_for(recorded, "the stream's usage record")[2:] == (12, 2)
+
+
+def test_a_translated_responses_stream_with_reasoning_and_function_calls_is_continued(
+    thinking_callers: Server,
+) -> None:
+    server = thinking_callers
+    tool = {"type": "function", "name": "count", "parameters": {"type": "object"}}
+    body = {"model": "m1", "input": "Count.", "max_output_tokens": 12, "tools": [tool]}
+    request_id, events = events_of(server, "/v1/responses", body)
+    kinds = [e["type"] for e in events]
+    assert "error" not in kinds and kinds.count("response.created") == 1, kinds
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    added = [e["item"] for e in events if e["type"] == "response.output_item.added"]
+    assert [i["type"] for i in added] == ["reasoning", *["function_call"] * 3]
+    assert len({i["id"] for i in added}) == 4 and len({i["call_id"] for i in added[1:]}) == 3
+    final = events[-1]["response"]
+    [reasoning, *calls] = final["output"]
+    assert reasoning["content"][0]["text"].split() == words(3)
+    assert [json.loads(c["arguments"]) for c in calls] == calls_of(12, 3, 3)
+    assert [c["id"] for c in calls] == [i["id"] for i in added[1:]]
+    assert final["usage"]["output_tokens"] == 12
+
+    def recorded() -> tuple[int, int, int, int] | None:
+        return records(server.data_dir).get(request_id)
+
+    assert wait_for(recorded, "the stream's usage record")[2:] == (12, 2)
+
+
 PARALLEL = (
     ', --reasoning-parser, deepseek_r1, --reasoning-words, "3"'
     ', --tool-call-parser, hermes, --tool-call-words, "4"'
