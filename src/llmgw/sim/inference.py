@@ -282,6 +282,33 @@ class Inference:
             return None
         return tokens
 
+    def parts(
+        self, request: GenerationRequest, tokens: Sequence[str]
+    ) -> list[tuple[str, int, str]]:
+        """A new answer's tokens as the chat path streams them, for the other APIs'
+        handlers: ("thought", -1, token) for the thought, ("call", N, piece of call N's
+        arguments) when the request offers a tool and the sim acts as a tool parser,
+        else ("text", -1, token)."""
+        thinking = self._thought(request, tokens)
+        if not (self._tool_calls and request.tool):
+            return [("thought" if i < thinking else "text", -1, t) for i, t in enumerate(tokens)]
+        per_call = self._call_words or len(tokens)
+        last = len(tokens) - 1
+        out: list[tuple[str, int, str]] = []
+        for index, token in enumerate(tokens):
+            if index < thinking:
+                out.append(("thought", -1, token))
+                continue
+            call, word = divmod(index - thinking, per_call)
+            closes = word == per_call - 1 or index == last
+            piece = ('{"n": "' if word == 0 else "") + token + ('"}' if closes else "")
+            out.append(("call", call, piece))
+        return out
+
+    @property
+    def sequence(self) -> bool:
+        return self._sequence
+
     def completed(self, counters: ModelCounters) -> None:
         counters.request_success += 1
         self._stats.requests_completed += 1

@@ -140,6 +140,9 @@ class NativeApis:
         counters: ModelCounters,
     ) -> None:
         inference = self._inference
+        if inference.sequence and request.tool is None:
+            await self._messages_blocks_stream(receive, send, request, model, counters)
+            return
         tool = request.tool
         block: dict[str, Any] = (
             {"type": "tool_use", "id": _id("toolu_"), "name": tool.name, "input": {}}
@@ -198,6 +201,86 @@ class NativeApis:
                 "stop_sequence": None,
             },
             "usage": {"input_tokens": len(request.generation.prompt), "output_tokens": len(tokens)},
+        }
+        await send(_event("message_delta", end))
+        stop = _event("message_stop", {"type": "message_stop"})
+        await send({**stop, "more_body": False})
+        inference.completed(counters)
+
+    async def _messages_blocks_stream(
+        self,
+        receive: Receive,
+        send: Send,
+        request: NativeRequest,
+        model: str,
+        counters: ModelCounters,
+    ) -> None:
+        """A counting answer in the blocks the chat path's deltas would make: a
+        `thinking` block for the thought, then a `text` block, or one `tool_use` block
+        per call (arguments as `input_json_delta` pieces, a word each) when the request
+        offers a tool and the sim acts as a tool parser."""
+        inference = self._inference
+        generation = request.generation
+        tokens = inference.tokens(generation)
+        parts = inference.parts(generation, tokens)
+        state: dict[str, Any] = {"key": None, "index": -1}
+
+        def block_event(name: str, **fields: Any) -> dict[str, object]:
+            return _event(name, {"type": name, "index": state["index"], **fields})
+
+        async def emit(index: int, token: str) -> None:
+            if index == 0:
+                await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+                start: dict[str, Any] = {
+                    "id": _id("msg_"),
+                    "type": "message",
+                    "role": "assistant",
+                    "model": model,
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": {"input_tokens": len(generation.prompt), "output_tokens": 0},
+                }
+                await send(_event("message_start", {"type": "message_start", "message": start}))
+            kind, call, piece = parts[index]
+            if state["key"] != (kind, call):
+                if state["key"] is not None:
+                    await send(block_event("content_block_stop"))
+                state["key"] = (kind, call)
+                state["index"] += 1
+                blocks: dict[str, dict[str, Any]] = {
+                    "thought": {"type": "thinking", "thinking": "", "signature": ""},
+                    "text": {"type": "text", "text": ""},
+                    "call": {
+                        "type": "tool_use",
+                        "id": _id("toolu_"),
+                        "name": generation.tool,
+                        "input": {},
+                    },
+                }
+                await send(block_event("content_block_start", content_block=blocks[kind]))
+            delta = {
+                "thought": {"type": "thinking_delta", "thinking": piece},
+                "text": {"type": "text_delta", "text": piece},
+                "call": {"type": "input_json_delta", "partial_json": piece},
+            }[kind]
+            await send(block_event("content_block_delta", delta=delta))
+
+        done = await inference.run(
+            receive, generation, model, counters, inference.faults.settings, emit, send
+        )
+        if done is None:
+            return
+        if state["key"] is not None:
+            await send(block_event("content_block_stop"))
+        called = any(kind == "call" for kind, _, _ in parts)
+        end = {
+            "type": "message_delta",
+            "delta": {
+                "stop_reason": "tool_use" if called else _stop_reason(request),
+                "stop_sequence": None,
+            },
+            "usage": {"input_tokens": len(generation.prompt), "output_tokens": len(done)},
         }
         await send(_event("message_delta", end))
         stop = _event("message_stop", {"type": "message_stop"})
