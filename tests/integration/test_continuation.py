@@ -577,20 +577,25 @@ def test_parallel_calls_after_a_thought_are_continued_on_static_endpoints(
 
 
 @pytest.fixture
-def thinking_callers(tmp_path: Path) -> Iterator[Server]:
+def thinking_callers(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Server]:
     """Two static sims that think (w1-w3) and then call (3 words a call), breaking every
-    generation after 5 tokens (mid-call); their endpoints name the parsers."""
+    generation after 5 tokens (mid-call); their endpoints name the parsers. With the
+    param True they serve Messages natively."""
+    native = getattr(request, "param", False)
     flags = (
         "--text", "sequence", "--zero-delay", "--break-after-tokens", "5",
         "--reasoning-parser", "deepseek_r1", "--reasoning-words", "3",
         "--tool-call-parser", "hermes", "--tool-call-words", "3",
     )  # fmt: skip
+    if native:
+        flags += ("--native-apis", "messages")
     sims = [Sim(*flags, model="m1") for _ in range(2)]
     config = write_config(
         tmp_path / "llmgw.yaml",
         {f"s{i}": s.url for i, s in enumerate(sims)},
         engine="sim",
-        fields=", reasoning_parser: deepseek_r1, tool_call_parser: hermes",
+        fields=", reasoning_parser: deepseek_r1, tool_call_parser: hermes"
+        + (", apis: {messages: native}" if native else ""),
     )
     server = Server("--config", str(config))
     yield server
@@ -599,9 +604,14 @@ def thinking_callers(tmp_path: Path) -> Iterator[Server]:
         sim.proc.stop()
 
 
-def test_a_translated_messages_stream_with_thinking_and_tool_use_is_continued(
+@pytest.mark.parametrize(
+    "thinking_callers", [False, True], ids=["translated", "native"], indirect=True
+)
+def test_a_messages_stream_with_thinking_and_tool_use_is_continued(
     thinking_callers: Server,
 ) -> None:
+    # Natively served, the first answer's events are read back by the Messages API and
+    # the rest comes through its translation; either way the blocks go on as one.
     server = thinking_callers
     tool = {"name": "count", "input_schema": {"type": "object", "properties": {}}}
     body = {"model": "m1", "max_tokens": 12, "messages": MESSAGES, "tools": [tool]}

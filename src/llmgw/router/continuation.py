@@ -89,6 +89,7 @@ from llmgw.router.ids import new_request_id
 from llmgw.router.requests import CHAT, COMPLETIONS, ParsedRequest
 from llmgw.router.splice import (
     Splice,
+    ToolCall,
     add_usage,
     continuation_body,
     read_back,
@@ -220,19 +221,24 @@ class Continuation:
                 head={"object": "chat.completion.chunk", "model": req.model},
                 text=resumable.text,
                 tokens=resumable.tokens,
+                reasoning=resumable.reasoning,
+                calls=[
+                    ToolCall(index=i, id=ident, name=name, arguments=arguments)
+                    for i, (ident, name, arguments) in enumerate(resumable.calls)
+                ],
             )
             send = resumable.wrap(send)
         else:
             found = read_back(b"".join(sent), chat=req.path == CHAT)
             if found is None:
                 return None
-            replicas = self._pool.by_model.get(req.model) or ()
-            if (found.reasoning and not any(e.thoughts for e in replicas)) or (
-                found.calls and not any(e.tool_calls for e in replicas)
-            ):
-                # No replica writes a thought or a call in markup llmgw can rebuild.
-                return None
             splice = found
+        replicas = self._pool.by_model.get(req.model) or ()
+        if (splice.reasoning and not any(e.thoughts for e in replicas)) or (
+            splice.calls and not any(e.tool_calls for e in replicas)
+        ):
+            # No replica writes a thought or a call in markup llmgw can rebuild.
+            return None
         if remaining(req.body, splice.tokens) == 0:
             return None
         tried: set[str] = {failed.id}
