@@ -237,7 +237,8 @@ def parse_responses(data: object) -> NativeRequest:
         raise bad_request(
             "tool_choice: must be auto, none, required or a function", param="tool_choice"
         )
-    return NativeRequest(_generation(body, turns, max_tokens), tool, body)
+    offered = "" if choice == "none" else next(iter(tools), "")
+    return NativeRequest(_generation(body, turns, max_tokens, offered), tool, body)
 
 
 def arguments_for(tool: Tool, text: str, count: int) -> dict[str, Any]:
