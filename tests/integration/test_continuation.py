@@ -580,7 +580,7 @@ def test_parallel_calls_after_a_thought_are_continued_on_static_endpoints(
 def thinking_callers(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Server]:
     """Two static sims that think (w1-w3) and then call (3 words a call), breaking every
     generation after 5 tokens (mid-call); their endpoints name the parsers. With the
-    param True they serve Messages natively."""
+    param True they serve Messages and Responses natively."""
     native = getattr(request, "param", False)
     flags = (
         "--text", "sequence", "--zero-delay", "--break-after-tokens", "5",
@@ -588,14 +588,14 @@ def thinking_callers(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator
         "--tool-call-parser", "hermes", "--tool-call-words", "3",
     )  # fmt: skip
     if native:
-        flags += ("--native-apis", "messages")
+        flags += ("--native-apis", "messages,responses")
     sims = [Sim(*flags, model="m1") for _ in range(2)]
     config = write_config(
         tmp_path / "llmgw.yaml",
         {f"s{i}": s.url for i, s in enumerate(sims)},
         engine="sim",
         fields=", reasoning_parser: deepseek_r1, tool_call_parser: hermes"
-        + (", apis: {messages: native}" if native else ""),
+        + (", apis: {messages: native, responses: native}" if native else ""),
     )
     server = Server("--config", str(config))
     yield server
@@ -643,7 +643,10 @@ def test_a_messages_stream_with_thinking_and_tool_use_is_continued(
     assert wait_for(recorded, "the stream's usage record")[2:] == (12, 2)
 
 
-def test_a_translated_responses_stream_with_reasoning_and_function_calls_is_continued(
+@pytest.mark.parametrize(
+    "thinking_callers", [False, True], ids=["translated", "native"], indirect=True
+)
+def test_a_responses_stream_with_reasoning_and_function_calls_is_continued(
     thinking_callers: Server,
 ) -> None:
     server = thinking_callers

@@ -198,15 +198,16 @@ class ResponseStream:
         self._usage: Any = None
         self.ended = False
 
-    def resume_at(self, seq: int, item: tuple[str, str] | None) -> None:
+    def resume_at(
+        self, seq: int, item: _Item | None, done: list[dict[str, Any]] | None = None
+    ) -> None:
         """Go on from a stream another engine began: its events up to number `seq`
-        went out, and so did the message item `item` (its id and text so far; None:
-        no item yet) with its text part."""
+        went out, and so did the items `done` (as their `output_item.done` showed
+        them) and the item still open, `item` (None: none is open), with its part."""
         self._started = True
         self._seq = seq + 1
-        if item is not None:
-            self._item = _Item("message", 0)
-            self._item.id, self._item.text = item
+        self._done = list(done or ())
+        self._item = item
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self._seq, **fields}
@@ -372,18 +373,40 @@ class _Translation:
         return ResponseStream(self._shape)
 
 
-def resume_stream(req: ParsedRequest, sent: bytes) -> Resumable | None:
-    """A natively served Responses stream that broke off after `sent` (whole events),
-    read back for a continuation: its text so far, and a `send` that goes on in the
-    Responses events (the same response id, message item and event numbering).
-    None when it cannot be continued: no `response.created` yet, an item other than
-    one message with one text part (reasoning, function calls: see
-    `llmgw.router.continuation`), an error, or an end."""
-    shape = ResponseShape(req, req.client_body if isinstance(req, TranslatedRequest) else {})
-    text: list[str] = []
+_ITEM_KINDS = ("reasoning", "message", "function_call")
+# Each item kind's delta event, and the part its content_part.added opens (if any).
+_ITEM_DELTAS = {
+    "reasoning": "response.reasoning_text.delta",
+    "message": "response.output_text.delta",
+    "function_call": "response.function_call_arguments.delta",
+}
+_ITEM_PARTS = {"reasoning": "reasoning_text", "message": "output_text"}
+# Events that only repeat what the deltas said, before an item's output_item.done.
+_ITEM_ENDS = (
+    "response.reasoning_text.done",
+    "response.output_text.done",
+    "response.function_call_arguments.done",
+    "response.content_part.done",
+)
+
+
+class _ReadItem:
+    """An output item of a broken stream, as the client received it."""
+
+    __slots__ = ("done", "item", "part", "parts")
+
+    def __init__(self, item: _Item) -> None:
+        self.item = item
+        self.parts: list[str] = []
+        self.part = False
+        self.done: dict[str, Any] | None = None
+
+
+def _read_items(shape: ResponseShape, sent: bytes) -> tuple[list[_ReadItem], int] | None:
+    """The output items of a broken Responses stream and its last event number; None
+    when it cannot be continued. Sets `shape`'s id and creation time to the stream's."""
     created = False
-    item: str | None = None
-    part = False
+    items: list[_ReadItem] = []
     seq = -1
     for name, data in SSEEvents().feed(sent):
         if name == "comment":
@@ -395,6 +418,8 @@ def resume_stream(req: ParsedRequest, sent: bytes) -> Resumable | None:
         if isinstance(number, int) and not isinstance(number, bool):
             seq = max(seq, number)
         kind = event.get("type")
+        last = items[-1] if items else None
+        open_item = last if last is not None and last.done is None else None
         if kind == "response.created" and not created:
             response = event.get("response") or {}
             if not isinstance(response, dict) or not isinstance(response.get("id"), str):
@@ -405,34 +430,117 @@ def resume_stream(req: ParsedRequest, sent: bytes) -> Resumable | None:
                 shape.created = response["created_at"]
         elif kind == "response.in_progress" and created:
             continue
-        elif kind == "response.output_item.added" and created and item is None:
-            added = event.get("item") or {}
-            if not isinstance(added, dict) or added.get("type") != "message":
+        elif kind == "response.output_item.added" and created and open_item is None:
+            read = _added_item(event, items)
+            if read is None:
                 return None
-            if event.get("output_index") != 0 or not isinstance(added.get("id"), str):
+            items.append(read)
+        elif open_item is not None and event.get("item_id") == open_item.item.id:
+            if not _item_event(open_item, kind, event):
                 return None
-            item = added["id"]
-        elif kind == "response.content_part.added" and item is not None and not part:
-            found = event.get("part") or {}
-            if not isinstance(found, dict) or found.get("type") != "output_text":
-                return None
-            if event.get("item_id") != item or event.get("content_index") != 0:
-                return None
-            part = True
-        elif kind == "response.output_text.delta" and part and event.get("item_id") == item:
-            piece = event.get("delta")
-            if not isinstance(piece, str):
-                return None
-            if piece:
-                text.append(piece)
+        elif (
+            kind == "response.output_item.done"
+            and open_item is not None
+            and isinstance(event.get("item"), dict)
+            and event["item"].get("id") == open_item.item.id
+        ):
+            open_item.done = event["item"]
         else:
             return None
-    if not created or (item is not None and not part):
+    return (items, seq) if created else None
+
+
+def _added_item(event: dict[str, Any], items: list[_ReadItem]) -> _ReadItem | None:
+    """The item an `output_item.added` opens, when it may follow `items` in an answer
+    llmgw can write back (one thought first, then text, then calls)."""
+    added = event.get("item") or {}
+    if not isinstance(added, dict) or not isinstance(added.get("id"), str):
+        return None
+    kind = added.get("type")
+    if kind not in _ITEM_KINDS or event.get("output_index") != len(items):
+        return None
+    kinds = [r.item.kind for r in items]
+    if (kind == "reasoning" and kinds) or (
+        kind == "message" and ("message" in kinds or "function_call" in kinds)
+    ):
+        return None
+    calls = kinds.count("function_call")
+    item = _Item(str(kind), len(items), calls if kind == "function_call" else -1)
+    item.id = added["id"]
+    if kind == "function_call":
+        call_id, name = added.get("call_id"), added.get("name")
+        if not isinstance(call_id, str) or not isinstance(name, str) or not name:
+            return None
+        item.call_id, item.name = call_id, name
+    read = _ReadItem(item)
+    read.part = kind == "function_call"
+    return read
+
+
+def _item_event(read: _ReadItem, kind: Any, event: dict[str, Any]) -> bool:
+    """Take an event of the open item `read`; False when it is not understood."""
+    item = read.item
+    if kind == "response.content_part.added" and not read.part:
+        part = event.get("part") or {}
+        read.part = isinstance(part, dict) and part.get("type") == _ITEM_PARTS.get(item.kind)
+        return read.part and event.get("content_index", 0) == 0
+    if kind == _ITEM_DELTAS[item.kind] and read.part:
+        piece = event.get("delta")
+        if not isinstance(piece, str):
+            return False
+        if piece:
+            read.parts.append(piece)
+            item.text += piece
+        return True
+    return kind in _ITEM_ENDS
+
+
+def resume_stream(req: ParsedRequest, sent: bytes) -> Resumable | None:
+    """A natively served Responses stream that broke off after `sent` (whole events),
+    read back for a continuation: its thought, text and function calls so far, and a
+    `send` that goes on in the Responses events (the same response id, the open item,
+    later items after it, the event numbering). None when it cannot be continued: no
+    `response.created` yet, items out of the order reasoning, message, function_call
+    (see `llmgw.router.continuation`), a reasoning or message item already done with
+    nothing after it, a function call done whose arguments are not complete JSON, an
+    error, or an end."""
+    shape = ResponseShape(req, req.client_body if isinstance(req, TranslatedRequest) else {})
+    read = _read_items(shape, sent)
+    if read is None:
+        return None
+    items, seq = read
+    last = items[-1] if items else None
+    if last is not None and (
+        not last.part
+        or (
+            last.done is not None
+            and (last.item.kind != "function_call" or not _complete(last.item.text))
+        )
+    ):
         return None
     stream = ResponseStream(shape)
-    so_far = "".join(text)
-    stream.resume_at(seq, None if item is None else (item, so_far))
-    return Resumable(text=so_far, tokens=len(text), wrap=lambda send: ResumedSend(stream, send))
+    done = [r.done for r in items if r.done is not None]
+    stream.resume_at(seq, last.item if last is not None and last.done is None else None, done)
+    texts = {
+        kind: "".join(r.item.text for r in items if r.item.kind == kind) for kind in _ITEM_KINDS
+    }
+    calls = tuple(
+        (r.item.call_id, r.item.name, r.item.text) for r in items if r.item.kind == "function_call"
+    )
+    return Resumable(
+        text=texts["message"],
+        tokens=sum(len(r.parts) for r in items),
+        wrap=lambda send: ResumedSend(stream, send),
+        reasoning=texts["reasoning"],
+        calls=calls,
+    )
+
+
+def _complete(arguments: str) -> bool:
+    try:
+        return isinstance(orjson.loads(arguments), dict)
+    except orjson.JSONDecodeError:
+        return False
 
 
 class ResponsesApi:
