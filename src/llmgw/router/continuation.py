@@ -35,18 +35,18 @@ point would be wrong), `echo`, prompts given as token ids, streams that
 carried tool-call deltas or reasoning content unless the replicas' parsers
 write them in markup llmgw can write back (`llmgw.engines.continues_thoughts`:
 `<think>...</think>`; `continues_tool_calls`: hermes' `<tool_call>{json}`; then the
-thought or the call so far goes back in that markup, see `splice`, and only such
-replicas take it), parallel tool calls, streams that already ended
-(`finish_reason`), and models or endpoints whose engine cannot continue (an
-endpoint without a declared `engine`: llmgw does not guess).
+thought and every call so far go back in that markup, see `splice`, and only such
+replicas take it; a static endpoint names its parsers in the config), streams
+that already ended (`finish_reason`), and models or endpoints whose engine
+cannot continue (an endpoint without a declared `engine`: llmgw does not guess).
 
 Messages and Responses streams are continued in their own events: one
 translated from chat is continued as chat underneath; one an engine served
-natively is read back by its API (`NativeRequest.resume`: the text of its one
-text block or message item so far) and continued through the API's
+natively is read back by its API (`NativeRequest.resume`: its thought, text and
+tool calls so far, from its blocks or items) and continued through the API's
 translation on any replica that continues chat, going on in the same message
-(id, block index, item id, event numbering) and ending with the API's own
-closing events and usage.
+(id, the open block or item, later ones numbered after it, event numbering)
+and ending with the API's own closing events and usage.
 
 With a tracer (tracing on), each continuation is a client span,
 `llmgw.continuation`, a child of the request's server span: why the stream broke

@@ -5,10 +5,13 @@ client received from the SSE events relayed to it, `continuation_body` builds th
 request that asks another replica for the rest (chat: the text as a final
 assistant message with `continue_final_message: true, add_generation_prompt:
 false`, a thought so far written back first in the `<think>...</think>` markup
-of the reasoning parsers that use it; completions: prompt + text; the token
-limits reduced), and `rewrite`
-makes the continuation's chunks look like the first answer's (its id, created and
-model; no second role chunk; usage and `[DONE]` held back).
+of the reasoning parsers that use it, then the text, then the tool calls so far in
+hermes' `<tool_call>` markup, the last one open while its arguments are;
+completions: prompt + text; the token limits reduced), and `rewrite` makes the
+continuation's chunks look like the first answer's (its id, created and model; no
+second role chunk; the open call's rest, which the engine sends as text, as that
+call's argument deltas; the engine's own calls at the client's next indexes;
+usage and `[DONE]` held back).
 
 Not guaranteed: the tokens of the first attempt (whose engine died before it
 reported them) are chunks that carry text, exact only where the engine streamed one
