@@ -393,12 +393,14 @@ _ITEM_ENDS = (
 class _ReadItem:
     """An output item of a broken stream, as the client received it."""
 
-    __slots__ = ("done", "item", "part", "parts")
+    __slots__ = ("done", "ending", "item", "part", "parts")
 
     def __init__(self, item: _Item) -> None:
         self.item = item
         self.parts: list[str] = []
         self.part = False
+        # Its text or arguments were declared done (`.done` events): nothing may follow.
+        self.ending = False
         self.done: dict[str, Any] | None = None
 
 
@@ -484,7 +486,7 @@ def _item_event(read: _ReadItem, kind: Any, event: dict[str, Any]) -> bool:
         part = event.get("part") or {}
         read.part = isinstance(part, dict) and part.get("type") == _ITEM_PARTS.get(item.kind)
         return read.part and event.get("content_index", 0) == 0
-    if kind == _ITEM_DELTAS[item.kind] and read.part:
+    if kind == _ITEM_DELTAS[item.kind] and read.part and not read.ending:
         piece = event.get("delta")
         if not isinstance(piece, str):
             return False
@@ -492,7 +494,8 @@ def _item_event(read: _ReadItem, kind: Any, event: dict[str, Any]) -> bool:
             read.parts.append(piece)
             item.text += piece
         return True
-    return kind in _ITEM_ENDS
+    read.ending = kind in _ITEM_ENDS
+    return read.ending
 
 
 def resume_stream(req: ParsedRequest, sent: bytes) -> Resumable | None:
@@ -502,8 +505,9 @@ def resume_stream(req: ParsedRequest, sent: bytes) -> Resumable | None:
     later items after it, the event numbering). None when it cannot be continued: no
     `response.created` yet, items out of the order reasoning, message, function_call
     (see `llmgw.router.continuation`), a reasoning or message item already done with
-    nothing after it, a function call done whose arguments are not complete JSON, an
-    error, or an end."""
+    nothing after it, an item whose text or arguments were declared done but not the
+    item, a function call done whose arguments are not complete JSON, an error, or an
+    end."""
     shape = ResponseShape(req, req.client_body if isinstance(req, TranslatedRequest) else {})
     read = _read_items(shape, sent)
     if read is None:
@@ -512,6 +516,7 @@ def resume_stream(req: ParsedRequest, sent: bytes) -> Resumable | None:
     last = items[-1] if items else None
     if last is not None and (
         not last.part
+        or (last.done is None and last.ending)
         or (
             last.done is not None
             and (last.item.kind != "function_call" or not _complete(last.item.text))
