@@ -30,9 +30,10 @@ import orjson
 
 from llmgw.router.apis import Send
 from llmgw.router.apis.native import with_native
-from llmgw.router.apis.relay import ResumedSend, TranslatingSend, loads
+from llmgw.router.apis.relay import ResumedSend, TranslatingSend
+from llmgw.router.apis.responses_readback import ITEM_KINDS, StreamItem, complete, read_items
 from llmgw.router.apis.responses_request import TranslatedRequest, translate_request
-from llmgw.router.apis.sse_events import SSEEvents, format_event
+from llmgw.router.apis.sse_events import format_event
 from llmgw.router.errors import RouterError, error_body, is_openai_error
 from llmgw.router.requests import ParsedRequest, Resumable
 from llmgw.router.sse import thought
@@ -172,19 +173,6 @@ def response_from_chat(shape: ResponseShape, chat: dict[str, Any]) -> bytes:
     return orjson.dumps(shape.response("completed", output, finish, chat.get("usage")))
 
 
-class _Item:
-    __slots__ = ("call_id", "id", "kind", "name", "output_index", "text", "tool")
-
-    def __init__(self, kind: str, output_index: int, tool: int = -1) -> None:
-        self.kind = kind
-        self.id = _id({"message": "msg_", "reasoning": "rs_", "function_call": "fc_"}[kind])
-        self.output_index = output_index
-        self.tool = tool
-        self.text = ""
-        self.call_id = ""
-        self.name = ""
-
-
 class ResponseStream:
     """Chat completion chunks in, Responses API events out."""
 
@@ -192,14 +180,14 @@ class ResponseStream:
         self._shape = shape
         self._seq = 0
         self._started = False
-        self._item: _Item | None = None
+        self._item: StreamItem | None = None
         self._done: list[dict[str, Any]] = []
         self._finish: Any = None
         self._usage: Any = None
         self.ended = False
 
     def resume_at(
-        self, seq: int, item: _Item | None, done: list[dict[str, Any]] | None = None
+        self, seq: int, item: StreamItem | None, done: list[dict[str, Any]] | None = None
     ) -> None:
         """Go on from a stream another engine began: its events up to number `seq`
         went out, and so did the items `done` (as their `output_item.done` showed
@@ -221,12 +209,12 @@ class ResponseStream:
             "response.in_progress", response=response
         )
 
-    def _where(self, item: _Item) -> dict[str, Any]:
+    def _where(self, item: StreamItem) -> dict[str, Any]:
         return {"item_id": item.id, "output_index": item.output_index}
 
-    def _open(self, kind: str, tool: int = -1) -> tuple[_Item, bytes]:
+    def _open(self, kind: str, tool: int = -1) -> tuple[StreamItem, bytes]:
         out = self._close()
-        item = self._item = _Item(kind, len(self._done), tool)
+        item = self._item = StreamItem(kind, len(self._done), tool)
         if kind == "message":
             added = _message_item(item.id, "", "in_progress")
             part: dict[str, Any] | None = _text_part("")
@@ -323,7 +311,7 @@ class ResponseStream:
         item, out = self._item, b""
         if item is None or item.kind != "function_call" or item.tool != index:
             out = self._close()
-            item = self._item = _Item("function_call", len(self._done), index)
+            item = self._item = StreamItem("function_call", len(self._done), index)
             item.call_id = call.get("id") or _id("call_")
             item.name = function.get("name") or ""
             added = _call_item(item.id, item.call_id, item.name, "", "in_progress")
@@ -373,131 +361,6 @@ class _Translation:
         return ResponseStream(self._shape)
 
 
-_ITEM_KINDS = ("reasoning", "message", "function_call")
-# Each item kind's delta event, and the part its content_part.added opens (if any).
-_ITEM_DELTAS = {
-    "reasoning": "response.reasoning_text.delta",
-    "message": "response.output_text.delta",
-    "function_call": "response.function_call_arguments.delta",
-}
-_ITEM_PARTS = {"reasoning": "reasoning_text", "message": "output_text"}
-# Events that only repeat what the deltas said, before an item's output_item.done.
-_ITEM_ENDS = (
-    "response.reasoning_text.done",
-    "response.output_text.done",
-    "response.function_call_arguments.done",
-    "response.content_part.done",
-)
-
-
-class _ReadItem:
-    """An output item of a broken stream, as the client received it."""
-
-    __slots__ = ("done", "ending", "item", "part", "parts")
-
-    def __init__(self, item: _Item) -> None:
-        self.item = item
-        self.parts: list[str] = []
-        self.part = False
-        # Its text or arguments were declared done (`.done` events): nothing may follow.
-        self.ending = False
-        self.done: dict[str, Any] | None = None
-
-
-def _read_items(shape: ResponseShape, sent: bytes) -> tuple[list[_ReadItem], int] | None:
-    """The output items of a broken Responses stream and its last event number; None
-    when it cannot be continued. Sets `shape`'s id and creation time to the stream's."""
-    created = False
-    items: list[_ReadItem] = []
-    seq = -1
-    for name, data in SSEEvents().feed(sent):
-        if name == "comment":
-            continue
-        event = loads(data)
-        if event is None:
-            return None
-        number = event.get("sequence_number")
-        if isinstance(number, int) and not isinstance(number, bool):
-            seq = max(seq, number)
-        kind = event.get("type")
-        last = items[-1] if items else None
-        open_item = last if last is not None and last.done is None else None
-        if kind == "response.created" and not created:
-            response = event.get("response") or {}
-            if not isinstance(response, dict) or not isinstance(response.get("id"), str):
-                return None
-            created = True
-            shape.id = response["id"]
-            if isinstance(response.get("created_at"), int):
-                shape.created = response["created_at"]
-        elif kind == "response.in_progress" and created:
-            continue
-        elif kind == "response.output_item.added" and created and open_item is None:
-            read = _added_item(event, items)
-            if read is None:
-                return None
-            items.append(read)
-        elif open_item is not None and event.get("item_id") == open_item.item.id:
-            if not _item_event(open_item, kind, event):
-                return None
-        elif (
-            kind == "response.output_item.done"
-            and open_item is not None
-            and isinstance(event.get("item"), dict)
-            and event["item"].get("id") == open_item.item.id
-        ):
-            open_item.done = event["item"]
-        else:
-            return None
-    return (items, seq) if created else None
-
-
-def _added_item(event: dict[str, Any], items: list[_ReadItem]) -> _ReadItem | None:
-    """The item an `output_item.added` opens, when it may follow `items` in an answer
-    llmgw can write back (one thought first, then text, then calls)."""
-    added = event.get("item") or {}
-    if not isinstance(added, dict) or not isinstance(added.get("id"), str):
-        return None
-    kind = added.get("type")
-    if kind not in _ITEM_KINDS or event.get("output_index") != len(items):
-        return None
-    kinds = [r.item.kind for r in items]
-    if (kind == "reasoning" and kinds) or (
-        kind == "message" and ("message" in kinds or "function_call" in kinds)
-    ):
-        return None
-    calls = kinds.count("function_call")
-    item = _Item(str(kind), len(items), calls if kind == "function_call" else -1)
-    item.id = added["id"]
-    if kind == "function_call":
-        call_id, name = added.get("call_id"), added.get("name")
-        if not isinstance(call_id, str) or not isinstance(name, str) or not name:
-            return None
-        item.call_id, item.name = call_id, name
-    read = _ReadItem(item)
-    read.part = kind == "function_call"
-    return read
-
-
-def _item_event(read: _ReadItem, kind: Any, event: dict[str, Any]) -> bool:
-    """Take an event of the open item `read`; False when it is not understood."""
-    item = read.item
-    if kind == "response.content_part.added" and not read.part:
-        part = event.get("part") or {}
-        read.part = isinstance(part, dict) and part.get("type") == _ITEM_PARTS.get(item.kind)
-        return read.part and event.get("content_index", 0) == 0
-    if kind == _ITEM_DELTAS[item.kind] and read.part and not read.ending:
-        piece = event.get("delta")
-        if not isinstance(piece, str):
-            return False
-        if piece:
-            read.parts.append(piece)
-            item.text += piece
-        return True
-    read.ending = kind in _ITEM_ENDS
-    return read.ending
-
-
 def resume_stream(req: ParsedRequest, sent: bytes) -> Resumable | None:
     """A natively served Responses stream that broke off after `sent` (whole events),
     read back for a continuation: its thought, text and function calls so far, and a
@@ -509,17 +372,20 @@ def resume_stream(req: ParsedRequest, sent: bytes) -> Resumable | None:
     item, a function call done whose arguments are not complete JSON, an error, or an
     end."""
     shape = ResponseShape(req, req.client_body if isinstance(req, TranslatedRequest) else {})
-    read = _read_items(shape, sent)
+    read = read_items(sent)
     if read is None:
         return None
-    items, seq = read
+    items, seq = read.items, read.seq
+    shape.id = read.id
+    if read.created_at is not None:
+        shape.created = read.created_at
     last = items[-1] if items else None
     if last is not None and (
         not last.part
         or (last.done is None and last.ending)
         or (
             last.done is not None
-            and (last.item.kind != "function_call" or not _complete(last.item.text))
+            and (last.item.kind != "function_call" or not complete(last.item.text))
         )
     ):
         return None
@@ -527,7 +393,7 @@ def resume_stream(req: ParsedRequest, sent: bytes) -> Resumable | None:
     done = [r.done for r in items if r.done is not None]
     stream.resume_at(seq, last.item if last is not None and last.done is None else None, done)
     texts = {
-        kind: "".join(r.item.text for r in items if r.item.kind == kind) for kind in _ITEM_KINDS
+        kind: "".join(r.item.text for r in items if r.item.kind == kind) for kind in ITEM_KINDS
     }
     calls = tuple(
         (r.item.call_id, r.item.name, r.item.text) for r in items if r.item.kind == "function_call"
@@ -539,13 +405,6 @@ def resume_stream(req: ParsedRequest, sent: bytes) -> Resumable | None:
         reasoning=texts["reasoning"],
         calls=calls,
     )
-
-
-def _complete(arguments: str) -> bool:
-    try:
-        return isinstance(orjson.loads(arguments), dict)
-    except orjson.JSONDecodeError:
-        return False
 
 
 class ResponsesApi:
