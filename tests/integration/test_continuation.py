@@ -604,18 +604,13 @@ def thinking_callers(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator
         sim.proc.stop()
 
 
-@pytest.mark.parametrize(
-    "thinking_callers", [False, True], ids=["translated", "native"], indirect=True
-)
-def test_a_messages_stream_with_thinking_and_tool_use_is_continued(
-    thinking_callers: Server,
-) -> None:
-    # Natively served, the first answer's events are read back by the Messages API and
-    # the rest comes through its translation; either way the blocks go on as one.
-    server = thinking_callers
-    tool = {"name": "count", "input_schema": {"type": "object", "properties": {}}}
-    body = {"model": "m1", "max_tokens": 12, "messages": MESSAGES, "tools": [tool]}
-    request_id, events = events_of(server, "/v1/messages", body)
+MESSAGES_TOOL = {"name": "count", "input_schema": {"type": "object", "properties": {}}}
+RESPONSES_TOOL = {"type": "function", "name": "count", "parameters": {"type": "object"}}
+
+
+def assert_message_blocks(events: list[dict[str, Any]]) -> None:
+    """A Messages stream of a 12-word answer: a thought (w1-w3), then 3 calls of 3
+    words, in one message whose blocks are numbered without a gap."""
     kinds = [e["type"] for e in events]
     assert "error" not in kinds and kinds.count("message_start") == 1, kinds
     assert kinds[-2:] == ["message_delta", "message_stop"], kinds
@@ -637,6 +632,38 @@ def test_a_messages_stream_with_thinking_and_tool_use_is_continued(
     assert events[-2]["delta"]["stop_reason"] == "tool_use"
     assert events[-2]["usage"]["output_tokens"] == 12
 
+
+def assert_response_items(events: list[dict[str, Any]]) -> None:
+    """A Responses stream of a 12-word answer: a reasoning item (w1-w3), then 3
+    function calls of 3 words, numbered without a gap."""
+    kinds = [e["type"] for e in events]
+    assert "error" not in kinds and kinds.count("response.created") == 1, kinds
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    added = [e["item"] for e in events if e["type"] == "response.output_item.added"]
+    assert [i["type"] for i in added] == ["reasoning", *["function_call"] * 3]
+    assert len({i["id"] for i in added}) == 4 and len({i["call_id"] for i in added[1:]}) == 3
+    final = events[-1]["response"]
+    assert events[-1]["type"] == "response.completed" and final["status"] == "completed"
+    [reasoning, *calls] = final["output"]
+    assert reasoning["content"][0]["text"].split() == words(3)
+    assert [json.loads(c["arguments"]) for c in calls] == calls_of(12, 3, 3)
+    assert [c["id"] for c in calls] == [i["id"] for i in added[1:]]
+    assert final["usage"]["output_tokens"] == 12
+
+
+@pytest.mark.parametrize(
+    "thinking_callers", [False, True], ids=["translated", "native"], indirect=True
+)
+def test_a_messages_stream_with_thinking_and_tool_use_is_continued(
+    thinking_callers: Server,
+) -> None:
+    # Natively served, the first answer's events are read back by the Messages API and
+    # the rest comes through its translation; either way the blocks go on as one.
+    server = thinking_callers
+    body = {"model": "m1", "max_tokens": 12, "messages": MESSAGES, "tools": [MESSAGES_TOOL]}
+    request_id, events = events_of(server, "/v1/messages", body)
+    assert_message_blocks(events)
+
     def recorded() -> tuple[int, int, int, int] | None:
         return records(server.data_dir).get(request_id)
 
@@ -650,26 +677,70 @@ def test_a_responses_stream_with_reasoning_and_function_calls_is_continued(
     thinking_callers: Server,
 ) -> None:
     server = thinking_callers
-    tool = {"type": "function", "name": "count", "parameters": {"type": "object"}}
-    body = {"model": "m1", "input": "Count.", "max_output_tokens": 12, "tools": [tool]}
+    body = {"model": "m1", "input": "Count.", "max_output_tokens": 12, "tools": [RESPONSES_TOOL]}
     request_id, events = events_of(server, "/v1/responses", body)
-    kinds = [e["type"] for e in events]
-    assert "error" not in kinds and kinds.count("response.created") == 1, kinds
-    assert [e["sequence_number"] for e in events] == list(range(len(events)))
-    added = [e["item"] for e in events if e["type"] == "response.output_item.added"]
-    assert [i["type"] for i in added] == ["reasoning", *["function_call"] * 3]
-    assert len({i["id"] for i in added}) == 4 and len({i["call_id"] for i in added[1:]}) == 3
-    final = events[-1]["response"]
-    [reasoning, *calls] = final["output"]
-    assert reasoning["content"][0]["text"].split() == words(3)
-    assert [json.loads(c["arguments"]) for c in calls] == calls_of(12, 3, 3)
-    assert [c["id"] for c in calls] == [i["id"] for i in added[1:]]
-    assert final["usage"]["output_tokens"] == 12
+    assert_response_items(events)
 
     def recorded() -> tuple[int, int, int, int] | None:
         return records(server.data_dir).get(request_id)
 
     assert wait_for(recorded, "the stream's usage record")[2:] == (12, 2)
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/responses"])
+def test_a_native_stream_with_calls_survives_its_sigkilled_engine(
+    tmp_path: Path, path: str
+) -> None:
+    # Two sims serve both APIs natively; the one serving the stream is SIGKILLed once
+    # the client has the thought and part of the first call. The other continues it.
+    flags = (
+        "--text", "sequence", "--itl", "0.05", "--native-apis", "messages,responses",
+        "--reasoning-parser", "deepseek_r1", "--reasoning-words", "3",
+        "--tool-call-parser", "hermes", "--tool-call-words", "3",
+    )  # fmt: skip
+    sims = {f"s{i}": Sim(*flags, model="m1") for i in range(2)}
+    config = write_config(
+        tmp_path / "llmgw.yaml",
+        {name: s.url for name, s in sims.items()},
+        engine="sim",
+        fields=", reasoning_parser: deepseek_r1, tool_call_parser: hermes"
+        ", apis: {messages: native, responses: native}",
+    )
+    server = Server("--config", str(config))
+    serving: list[str] = []
+    deltas: list[str] = []
+
+    def head(resp: httpx.Response) -> None:
+        serving.append(resp.headers["x-llmgw-replica"])
+
+    def each(event: dict[str, Any]) -> None:
+        if event["type"].endswith("delta"):
+            deltas.append(event["type"])
+            if len(deltas) == 5:
+                os.kill(sims[serving[0]].proc.popen.pid, signal.SIGKILL)
+
+    try:
+        if path == "/v1/messages":
+            body = {"model": "m1", "max_tokens": 12, "messages": MESSAGES}
+            body["tools"] = [MESSAGES_TOOL]
+        else:
+            body = {"model": "m1", "input": "Count.", "max_output_tokens": 12}
+            body["tools"] = [RESPONSES_TOOL]
+        request_id, events = events_of(server, path, body, head=head, each=each)
+        assert len(deltas) >= 5 and sims[serving[0]].proc.popen.poll() is not None
+        if path == "/v1/messages":
+            assert_message_blocks(events)
+        else:
+            assert_response_items(events)
+
+        def recorded() -> tuple[int, int, int, int] | None:
+            return records(server.data_dir).get(request_id)
+
+        assert wait_for(recorded, "the stream's usage record")[2:] == (12, 1)
+    finally:
+        server.proc.stop()
+        for sim in sims.values():
+            sim.proc.stop()
 
 
 PARALLEL = (
