@@ -263,25 +263,32 @@ def test_a_thought_or_call_whose_markup_llmgw_cannot_rebuild_ends_with_the_error
 ) -> None:
     # Static endpoints name their engine but not its parsers: a thought or a tool call
     # broken off cannot be written back in markup llmgw knows the engine reads.
-    sims = [
-        Sim(
+    # m1's sims think (and would call after the thought); m2's only call.
+    flags = {
+        "m1": ("--reasoning-parser", "deepseek_r1", "--reasoning-words", "8"),
+        "m2": (),
+    }
+    sims = {
+        (model, i): Sim(
             "--text", "sequence", "--zero-delay", "--break-after-tokens", "4",
-            "--reasoning-parser", "deepseek_r1", "--reasoning-words", "8",
-            "--tool-call-parser", "hermes", model="m1",
+            "--tool-call-parser", "hermes", *flags[model], model=model,
         )
-        for _ in range(2)
-    ]  # fmt: skip
-    config = write_config(
-        tmp_path / "llmgw.yaml", {f"s{i}": s.url for i, s in enumerate(sims)}, engine="sim"
-    )
-    server = Server("--config", str(config))
+        for model in flags
+        for i in range(2)
+    }  # fmt: skip
+    lines = ["endpoints:"] + [
+        f"  - {{id: {model}-{i}, url: '{sim.url}', models: [{model}], engine: sim}}"
+        for (model, i), sim in sims.items()
+    ]
+    (tmp_path / "llmgw.yaml").write_text("\n".join(lines) + "\n")
+    server = Server("--config", str(tmp_path / "llmgw.yaml"))
     try:
         result = stream(server, {"model": "m1", "messages": MESSAGES, "max_tokens": 12})
         assert result.reasoning.split() == words(4) and result.text == ""
         [error] = result.errors
         assert error["error"]["code"] == "engine_unreachable"
         assert result.done == 0
-        body = {"model": "m1", "messages": MESSAGES, "max_tokens": 12, "tools": TOOLS}
+        body = {"model": "m2", "messages": MESSAGES, "max_tokens": 12, "tools": TOOLS}
         called = stream(server, body)
         assert called.argument_chunks == 4 and called.calls[0]["name"] == "count"
         [error] = called.errors
@@ -289,7 +296,7 @@ def test_a_thought_or_call_whose_markup_llmgw_cannot_rebuild_ends_with_the_error
         assert called.done == 0
     finally:
         server.proc.stop()
-        for sim in sims:
+        for sim in sims.values():
             sim.proc.stop()
 
 
@@ -496,6 +503,261 @@ def test_a_thought_is_continued_in_its_parser_s_markup(tmp_path: Path, after: in
     assert result.reasoning.split() == words(12), result.reasoning
     assert result.text.split() == words(30)[12:], result.text
     assert len(result.ids) == 1 and result.roles == 1
+    assert record[2:] == (30, 1)
+
+
+def calls_of(total: int, thought: int, per_call: int) -> list[dict[str, str]]:
+    """The arguments of the sim's calls in a `total`-word answer whose first `thought`
+    words are the thought and whose calls hold `per_call` words each."""
+    numbers = [f"w{n}" for n in range(thought + 1, total + 1)]
+    return [
+        {"n": " ".join(["", *numbers[start : start + per_call]])}
+        for start in range(0, len(numbers), per_call)
+    ]
+
+
+def assert_calls(result: Streamed, expected: list[dict[str, str]]) -> None:
+    """One stream of `expected` calls, each opened once with its own id, in index order."""
+    assert sorted(result.calls) == list(range(len(expected))), result.calls
+    ids = [result.calls[i]["ids"] for i in range(len(expected))]
+    assert all(len(sent) == 1 for sent in ids) and len({i[0] for i in ids}) == len(ids), ids
+    for index, arguments in enumerate(expected):
+        call = result.calls[index]
+        assert call["name"] == "count" and json.loads(call["arguments"]) == arguments, call
+    assert result.finishes == ["tool_calls"], result.finishes
+    assert len(result.ids) == 1 and result.roles == 1
+
+
+@pytest.mark.parametrize("cut", [2, 5, 6], ids=["mid-thought", "mid-call", "between-calls"])
+def test_parallel_calls_after_a_thought_are_continued_on_static_endpoints(
+    tmp_path: Path, cut: int
+) -> None:
+    # Static endpoints that name their engine's parsers; every generation breaks after
+    # `cut` tokens: in the thought, inside a call, or between two calls.
+    flags = (
+        "--reasoning-parser", "deepseek_r1", "--reasoning-words", "3",
+        "--tool-call-parser", "hermes", "--tool-call-words", "3",
+    )  # fmt: skip
+    sims = [
+        Sim("--text", "sequence", "--zero-delay", "--break-after-tokens", str(cut), *flags,
+            model="m1")
+        for _ in range(2)
+    ]  # fmt: skip
+    config = write_config(
+        tmp_path / "llmgw.yaml",
+        {f"s{i}": s.url for i, s in enumerate(sims)},
+        engine="sim",
+        fields=", reasoning_parser: deepseek_r1, tool_call_parser: hermes",
+        extra="router: {continuation: {max_attempts: 6}}\n",
+    )
+    server = Server("--config", str(config))
+    try:
+        body = {
+            "model": "m1", "messages": MESSAGES, "max_tokens": 12, "tools": TOOLS,
+            "stream_options": {"include_usage": True},
+        }  # fmt: skip
+        result = stream(server, body)
+        assert result.errors == [] and result.done == 1, result.errors
+        assert result.reasoning.split() == words(3) and result.text == ""
+        # Calls 0 (w4-w6), 1 (w7-w9), 2 (w10-w12).
+        assert_calls(result, calls_of(12, 3, 3))
+        [usage] = result.usage
+        assert usage["completion_tokens"] == 12
+
+        def recorded() -> tuple[int, int, int, int] | None:
+            return records(server.data_dir).get(result.request_id)
+
+        status, prompt, completion, continued = wait_for(recorded, "the stream's usage record")
+        assert (status, completion, continued) == (200, 12, -(-12 // cut) - 1)
+        assert usage["prompt_tokens"] == prompt
+    finally:
+        server.proc.stop()
+        for sim in sims:
+            sim.proc.stop()
+
+
+@pytest.fixture
+def thinking_callers(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Server]:
+    """Two static sims that think (w1-w3) and then call (3 words a call), breaking every
+    generation after 5 tokens (mid-call); their endpoints name the parsers. With the
+    param True they serve Messages and Responses natively."""
+    native = getattr(request, "param", False)
+    flags = (
+        "--text", "sequence", "--zero-delay", "--break-after-tokens", "5",
+        "--reasoning-parser", "deepseek_r1", "--reasoning-words", "3",
+        "--tool-call-parser", "hermes", "--tool-call-words", "3",
+    )  # fmt: skip
+    if native:
+        flags += ("--native-apis", "messages,responses")
+    sims = [Sim(*flags, model="m1") for _ in range(2)]
+    config = write_config(
+        tmp_path / "llmgw.yaml",
+        {f"s{i}": s.url for i, s in enumerate(sims)},
+        engine="sim",
+        fields=", reasoning_parser: deepseek_r1, tool_call_parser: hermes"
+        + (", apis: {messages: native, responses: native}" if native else ""),
+    )
+    server = Server("--config", str(config))
+    yield server
+    server.proc.stop()
+    for sim in sims:
+        sim.proc.stop()
+
+
+MESSAGES_TOOL = {"name": "count", "input_schema": {"type": "object", "properties": {}}}
+RESPONSES_TOOL = {"type": "function", "name": "count", "parameters": {"type": "object"}}
+
+
+def assert_message_blocks(events: list[dict[str, Any]]) -> None:
+    """A Messages stream of a 12-word answer: a thought (w1-w3), then 3 calls of 3
+    words, in one message whose blocks are numbered without a gap."""
+    kinds = [e["type"] for e in events]
+    assert "error" not in kinds and kinds.count("message_start") == 1, kinds
+    assert kinds[-2:] == ["message_delta", "message_stop"], kinds
+    starts = [e for e in events if e["type"] == "content_block_start"]
+    # One thinking block, then one tool_use block per call, numbered without a gap.
+    assert [e["index"] for e in starts] == [0, 1, 2, 3]
+    assert [e["content_block"]["type"] for e in starts] == ["thinking", *["tool_use"] * 3]
+    assert len({e["content_block"]["id"] for e in starts[1:]}) == 3
+    stops = [e["index"] for e in events if e["type"] == "content_block_stop"]
+    assert stops == [0, 1, 2, 3]
+    deltas = [e for e in events if e["type"] == "content_block_delta"]
+    thinking = "".join(e["delta"]["thinking"] for e in deltas if e["index"] == 0)
+    assert thinking.split() == words(3)
+    inputs = [
+        json.loads("".join(e["delta"]["partial_json"] for e in deltas if e["index"] == block))
+        for block in (1, 2, 3)
+    ]
+    assert inputs == calls_of(12, 3, 3)
+    assert events[-2]["delta"]["stop_reason"] == "tool_use"
+    assert events[-2]["usage"]["output_tokens"] == 12
+
+
+def assert_response_items(events: list[dict[str, Any]]) -> None:
+    """A Responses stream of a 12-word answer: a reasoning item (w1-w3), then 3
+    function calls of 3 words, numbered without a gap."""
+    kinds = [e["type"] for e in events]
+    assert "error" not in kinds and kinds.count("response.created") == 1, kinds
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    added = [e["item"] for e in events if e["type"] == "response.output_item.added"]
+    assert [i["type"] for i in added] == ["reasoning", *["function_call"] * 3]
+    assert len({i["id"] for i in added}) == 4 and len({i["call_id"] for i in added[1:]}) == 3
+    final = events[-1]["response"]
+    assert events[-1]["type"] == "response.completed" and final["status"] == "completed"
+    [reasoning, *calls] = final["output"]
+    assert reasoning["content"][0]["text"].split() == words(3)
+    assert [json.loads(c["arguments"]) for c in calls] == calls_of(12, 3, 3)
+    assert [c["id"] for c in calls] == [i["id"] for i in added[1:]]
+    assert final["usage"]["output_tokens"] == 12
+
+
+@pytest.mark.parametrize(
+    "thinking_callers", [False, True], ids=["translated", "native"], indirect=True
+)
+def test_a_messages_stream_with_thinking_and_tool_use_is_continued(
+    thinking_callers: Server,
+) -> None:
+    # Natively served, the first answer's events are read back by the Messages API and
+    # the rest comes through its translation; either way the blocks go on as one.
+    server = thinking_callers
+    body = {"model": "m1", "max_tokens": 12, "messages": MESSAGES, "tools": [MESSAGES_TOOL]}
+    request_id, events = events_of(server, "/v1/messages", body)
+    assert_message_blocks(events)
+
+    def recorded() -> tuple[int, int, int, int] | None:
+        return records(server.data_dir).get(request_id)
+
+    assert wait_for(recorded, "the stream's usage record")[2:] == (12, 2)
+
+
+@pytest.mark.parametrize(
+    "thinking_callers", [False, True], ids=["translated", "native"], indirect=True
+)
+def test_a_responses_stream_with_reasoning_and_function_calls_is_continued(
+    thinking_callers: Server,
+) -> None:
+    server = thinking_callers
+    body = {"model": "m1", "input": "Count.", "max_output_tokens": 12, "tools": [RESPONSES_TOOL]}
+    request_id, events = events_of(server, "/v1/responses", body)
+    assert_response_items(events)
+
+    def recorded() -> tuple[int, int, int, int] | None:
+        return records(server.data_dir).get(request_id)
+
+    assert wait_for(recorded, "the stream's usage record")[2:] == (12, 2)
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/responses"])
+def test_a_native_stream_with_calls_survives_its_sigkilled_engine(
+    tmp_path: Path, path: str
+) -> None:
+    # Two sims serve both APIs natively; the one serving the stream is SIGKILLed once
+    # the client has the thought and part of the first call. The other continues it.
+    flags = (
+        "--text", "sequence", "--itl", "0.05", "--native-apis", "messages,responses",
+        "--reasoning-parser", "deepseek_r1", "--reasoning-words", "3",
+        "--tool-call-parser", "hermes", "--tool-call-words", "3",
+    )  # fmt: skip
+    sims = {f"s{i}": Sim(*flags, model="m1") for i in range(2)}
+    config = write_config(
+        tmp_path / "llmgw.yaml",
+        {name: s.url for name, s in sims.items()},
+        engine="sim",
+        fields=", reasoning_parser: deepseek_r1, tool_call_parser: hermes"
+        ", apis: {messages: native, responses: native}",
+    )
+    server = Server("--config", str(config))
+    serving: list[str] = []
+    deltas: list[str] = []
+
+    def head(resp: httpx.Response) -> None:
+        serving.append(resp.headers["x-llmgw-replica"])
+
+    def each(event: dict[str, Any]) -> None:
+        if event["type"].endswith("delta"):
+            deltas.append(event["type"])
+            if len(deltas) == 5:
+                os.kill(sims[serving[0]].proc.popen.pid, signal.SIGKILL)
+
+    try:
+        if path == "/v1/messages":
+            body = {"model": "m1", "max_tokens": 12, "messages": MESSAGES}
+            body["tools"] = [MESSAGES_TOOL]
+        else:
+            body = {"model": "m1", "input": "Count.", "max_output_tokens": 12}
+            body["tools"] = [RESPONSES_TOOL]
+        request_id, events = events_of(server, path, body, head=head, each=each)
+        assert len(deltas) >= 5 and sims[serving[0]].proc.popen.poll() is not None
+        if path == "/v1/messages":
+            assert_message_blocks(events)
+        else:
+            assert_response_items(events)
+
+        def recorded() -> tuple[int, int, int, int] | None:
+            return records(server.data_dir).get(request_id)
+
+        assert wait_for(recorded, "the stream's usage record")[2:] == (12, 1)
+    finally:
+        server.proc.stop()
+        for sim in sims.values():
+            sim.proc.stop()
+
+
+PARALLEL = (
+    ', --reasoning-parser, deepseek_r1, --reasoning-words, "3"'
+    ', --tool-call-parser, hermes, --tool-call-words, "4"'
+)
+
+
+@pytest.mark.timeout(300)
+def test_parallel_calls_after_a_thought_survive_a_sigkilled_engine(tmp_path: Path) -> None:
+    # A placed replica's engine is SIGKILLed with the thought done, one call written and
+    # the second under way: the client gets one thought and seven calls, in order.
+    body = {"model": "m1", "messages": MESSAGES, "max_tokens": 30, "tools": TOOLS}
+    result, record = killed_mid_stream(tmp_path, body, after=9, args=PARALLEL)
+    assert result.errors == [] and result.done == 1, result.errors
+    assert result.reasoning.split() == words(3) and result.text == ""
+    assert_calls(result, calls_of(30, 3, 4))
     assert record[2:] == (30, 1)
 
 

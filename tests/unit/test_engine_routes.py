@@ -67,6 +67,40 @@ def test_a_static_endpoint_without_engine_passes_every_route_as_it_comes() -> No
     assert endpoint.path_for("/tokenize") == "/tokenize"
 
 
+def test_a_static_endpoint_names_its_parsers_so_thoughts_and_calls_can_be_continued() -> None:
+    # Parsers whose markup the engine's adapter writes back: continued.
+    endpoint = _endpoint(engine="vllm", reasoning_parser="qwen3", tool_call_parser="hermes")
+    assert (endpoint.thoughts, endpoint.tool_calls) == (True, True)
+    # SGLang names its parsers its own way; a parser whose markup llmgw does not write
+    # (mistral) or none named: not continued.
+    assert _endpoint(engine="sglang", tool_call_parser="qwen25").tool_calls
+    assert not _endpoint(engine="sglang", tool_call_parser="hermes").tool_calls
+    assert not _endpoint(engine="vllm", tool_call_parser="mistral").tool_calls
+    plain = _endpoint(engine="vllm")
+    assert (plain.thoughts, plain.tool_calls) == (False, False)
+
+
+def test_an_endpoint_parser_without_an_engine_is_a_config_error_naming_the_field(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "llmgw.yaml"
+    path.write_text(
+        "endpoints:\n  - {id: e1, url: 'http://127.0.0.1:9', models: [m], "
+        "reasoning_parser: deepseek_r1}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_server_config(path, {})
+    message = str(info.value)
+    assert str(path) in message and "endpoints[0]" in message
+    assert "reasoning_parser is set but engine is not" in message
+    path.write_text(
+        "endpoints:\n  - {id: e1, url: 'http://127.0.0.1:9', models: [m], engine: vllm, "
+        "tool_call_parser: ''}\n"
+    )
+    with pytest.raises(ConfigError, match="tool_call_parser"):
+        load_server_config(path, {})
+
+
 def test_a_static_endpoint_gets_its_engines_routes_and_paths() -> None:
     endpoint = _endpoint(engine="llamacpp")
     assert endpoint.path_for("/tokenize") == "/extras/tokenize"

@@ -123,7 +123,7 @@ def test_a_tool_call_goes_back_in_hermes_markup_and_its_rest_comes_as_its_argume
         + chat_event(tool_calls=[{"index": 0, "function": {"arguments": " {w2}"}}])
     )
     splice = read_back(sent, chat=True)
-    assert splice is not None and splice.call is not None and splice.tokens == 2
+    assert splice is not None and len(splice.calls) == 1 and splice.tokens == 2
     body = orjson.loads(continuation_body(req, splice) or b"")
     assert body["messages"][-1]["content"] == (
         '<tool_call>\n{"name": "count", "arguments": {"n": "w1 {w2}'
@@ -135,6 +135,7 @@ def test_a_tool_call_goes_back_in_hermes_markup_and_its_rest_comes_as_its_argume
         + orjson.dumps({**HEAD, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
         + b"\n\n"
     )
+    splice.begin()
     out, _ = rewrite(rest, splice)
     deltas = [orjson.loads(e[6:])["choices"][0] for e in out.split(b"\n\n") if e]
     assert [d["delta"] for d in deltas] == [
@@ -143,10 +144,70 @@ def test_a_tool_call_goes_back_in_hermes_markup_and_its_rest_comes_as_its_argume
         {},
     ]
     assert deltas[-1]["finish_reason"] == "tool_calls"
-    assert orjson.loads(splice.call.arguments) == {"n": "w1 {w2} w3"}
-    # A second call at once (parallel calls) is not continued.
+    assert orjson.loads(splice.calls[0].arguments) == {"n": "w1 {w2} w3"}
+    # A delta for an earlier call after a later one opened cannot be written back in order.
     other = {**named, "index": 1, "id": "call-2"}
-    assert read_back(sent + chat_event(tool_calls=[other]), chat=True) is None
+    late = chat_event(tool_calls=[{"index": 0, "function": {"arguments": "x"}}])
+    assert read_back(sent + chat_event(tool_calls=[other]) + late, chat=True) is None
+
+
+def _deltas(out: bytes) -> list[dict[str, Any]]:
+    return [orjson.loads(e[6:])["choices"][0] for e in out.split(b"\n\n") if e]
+
+
+def test_parallel_calls_after_a_thought_go_back_in_order_and_new_calls_take_the_next_index() -> (
+    None
+):
+    req = parse_request(
+        "/v1/chat/completions",
+        orjson.dumps(
+            {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
+        ),
+    )
+    first = {"index": 0, "id": "call-1", "type": "function", "function": {"name": "count"}}
+    second = {"index": 1, "id": "call-2", "type": "function", "function": {"name": "count"}}
+    sent = (
+        chat_event(reasoning=" w1", role="assistant")
+        + chat_event(tool_calls=[first])
+        + chat_event(tool_calls=[{"index": 0, "function": {"arguments": '{"n": " w2"}'}}])
+        + chat_event(tool_calls=[second])
+        + chat_event(tool_calls=[{"index": 1, "function": {"arguments": '{"n": " w3'}}])
+    )
+    splice = read_back(sent, chat=True)
+    assert splice is not None and [c.id for c in splice.calls] == ["call-1", "call-2"]
+    assert (splice.reasoning, splice.tokens) == (" w1", 3)
+    body = orjson.loads(continuation_body(req, splice) or b"")
+    assert body["messages"][-1]["content"] == (
+        '<think> w1</think><tool_call>\n{"name": "count", "arguments": {"n": " w2"}}\n'
+        '</tool_call>\n<tool_call>\n{"name": "count", "arguments": {"n": " w3'
+    )
+    # The open call's rest comes as text; the engine's next call is its index 0.
+    third = {"index": 0, "id": "call-9", "type": "function", "function": {"name": "count"}}
+    splice.begin()
+    out, _ = rewrite(
+        chat_event(' w4"}}\n</tool_call>', role="assistant")
+        + chat_event(tool_calls=[third])
+        + chat_event(tool_calls=[{"index": 0, "function": {"arguments": '{"n": " w5"}'}}]),
+        splice,
+    )
+    assert [d["delta"] for d in _deltas(out)] == [
+        {"tool_calls": [{"index": 1, "function": {"arguments": ' w4"}'}}]},
+        {"tool_calls": [{**third, "index": 2}]},
+        {"tool_calls": [{"index": 2, "function": {"arguments": '{"n": " w5"}'}}]},
+    ]
+    assert [(c.index, c.id, c.arguments) for c in splice.calls] == [
+        (0, "call-1", '{"n": " w2"}'),
+        (1, "call-2", '{"n": " w3 w4"}'),
+        (2, "call-9", '{"n": " w5"}'),
+    ]
+    assert splice.tokens == 5
+    # Broken between calls: every call goes back closed, and the next is the engine's 0.
+    splice.begin()
+    assert (splice.call_base, splice.text_call) == (3, None)
+    body = orjson.loads(continuation_body(req, splice) or b"")
+    assert body["messages"][-1]["content"].endswith(
+        '{"name": "count", "arguments": {"n": " w5"}}\n</tool_call>'
+    )
 
 
 def test_the_engines_say_which_reasoning_parsers_they_write_back() -> None:

@@ -107,6 +107,8 @@ def static_spec(endpoint: EndpointConfig) -> EndpointSpec:
         engine=endpoint.engine or "",
         routes=routes,
         native_apis=endpoint.apis.native(),
+        thoughts=continues_thoughts(endpoint.engine or "", endpoint.parser_args()),
+        tool_calls=continues_tool_calls(endpoint.engine or "", endpoint.parser_args()),
     )
 
 

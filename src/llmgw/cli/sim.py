@@ -107,6 +107,14 @@ def sim(
             '{"n": " w1 w2 ..."} [default: none].'
         ),
     ] = "",
+    tool_call_words: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="With --tool-call-parser: each call holds this many words and an answer "
+            "makes as many calls as its words fill (parallel calls); 0: one call.",
+        ),
+    ] = 0,
     reasoning_words: Annotated[
         int,
         typer.Option(
@@ -264,8 +272,13 @@ def sim(
             f"{tool_call_parser!r} is not a tool parser the sim acts as: use 'hermes'",
             param_hint="--tool-call-parser",
         )
+    if tool_call_words and not tool_call_parser:
+        raise typer.BadParameter(
+            "parallel calls need --tool-call-parser", param_hint="--tool-call-words"
+        )
     settings = SimSettings(
         tool_call_parser=tool_call_parser,  # type: ignore[arg-type]
+        tool_call_words=tool_call_words,
         text="sequence" if text == "sequence" else "words",
         reasoning_parser=reasoning_parser,  # type: ignore[arg-type]
         reasoning_words=reasoning_words,

@@ -88,6 +88,7 @@ def build_app(
         sequence=settings.text == "sequence",
         reasoning_words=settings.reasoning_words,
         tool_calls=settings.tool_call_parser == "hermes" and settings.text == "sequence",
+        tool_call_words=settings.tool_call_words,
         clock=clock,
         wall_clock=wall_clock,
         sleep_mode=SleepMode(

@@ -143,6 +143,53 @@ class EndpointConfig(_Strict):
         description="Per client API (messages, responses): native or translate. Both "
         "translate by default, since every OpenAI-compatible engine serves chat completions.",
     )
+    reasoning_parser: str | None = Field(
+        default=None,
+        description=(
+            "The reasoning parser the engine was started with (vLLM's --reasoning-parser, "
+            "e.g. deepseek_r1, qwen3; SGLang's deepseek-r1, qwen3). A stream broken "
+            "mid-thought is continued only on replicas whose parser reads a thought back "
+            "from `<think>...</think>`. Unset by default: llmgw does not guess, and such "
+            "streams are not continued. Needs `engine`."
+        ),
+    )
+    tool_call_parser: str | None = Field(
+        default=None,
+        description=(
+            "The tool parser the engine was started with (vLLM's --tool-call-parser, e.g. "
+            "hermes; SGLang's qwen25). A stream broken mid tool call is continued only on "
+            "replicas whose parser reads calls back from hermes' `<tool_call>` markup. "
+            "Unset by default: llmgw does not guess, and such streams are not continued. "
+            "Needs `engine`."
+        ),
+    )
+
+    @field_validator("reasoning_parser", "tool_call_parser")
+    @classmethod
+    def _check_parser(cls, value: str | None) -> str | None:
+        if value is not None and (not value or value != value.strip() or " " in value):
+            raise ValueError(f"{value!r} is not a parser name (e.g. hermes, deepseek_r1)")
+        return value
+
+    @model_validator(mode="after")
+    def _parsers_need_engine(self) -> EndpointConfig:
+        named = [f for f in ("reasoning_parser", "tool_call_parser") if getattr(self, f)]
+        if named and self.engine is None:
+            raise ValueError(
+                f"{named[0]} is set but engine is not: a parser's markup is known only for "
+                "a declared engine; set engine (vllm, sglang, llamacpp or sim)"
+            )
+        return self
+
+    def parser_args(self) -> list[str]:
+        """The parsers as the engine's own flags, for `llmgw.engines.continues_thoughts`
+        and `continues_tool_calls`."""
+        args: list[str] = []
+        if self.reasoning_parser:
+            args += ["--reasoning-parser", self.reasoning_parser]
+        if self.tool_call_parser:
+            args += ["--tool-call-parser", self.tool_call_parser]
+        return args
 
     @field_validator("id")
     @classmethod

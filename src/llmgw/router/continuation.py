@@ -35,18 +35,18 @@ point would be wrong), `echo`, prompts given as token ids, streams that
 carried tool-call deltas or reasoning content unless the replicas' parsers
 write them in markup llmgw can write back (`llmgw.engines.continues_thoughts`:
 `<think>...</think>`; `continues_tool_calls`: hermes' `<tool_call>{json}`; then the
-thought or the call so far goes back in that markup, see `splice`, and only such
-replicas take it), parallel tool calls, streams that already ended
-(`finish_reason`), and models or endpoints whose engine cannot continue (an
-endpoint without a declared `engine`: llmgw does not guess).
+thought and every call so far go back in that markup, see `splice`, and only such
+replicas take it; a static endpoint names its parsers in the config), streams
+that already ended (`finish_reason`), and models or endpoints whose engine
+cannot continue (an endpoint without a declared `engine`: llmgw does not guess).
 
 Messages and Responses streams are continued in their own events: one
 translated from chat is continued as chat underneath; one an engine served
-natively is read back by its API (`NativeRequest.resume`: the text of its one
-text block or message item so far) and continued through the API's
+natively is read back by its API (`NativeRequest.resume`: its thought, text and
+tool calls so far, from its blocks or items) and continued through the API's
 translation on any replica that continues chat, going on in the same message
-(id, block index, item id, event numbering) and ending with the API's own
-closing events and usage.
+(id, the open block or item, later ones numbered after it, event numbering)
+and ending with the API's own closing events and usage.
 
 With a tracer (tracing on), each continuation is a client span,
 `llmgw.continuation`, a child of the request's server span: why the stream broke
@@ -89,6 +89,7 @@ from llmgw.router.ids import new_request_id
 from llmgw.router.requests import CHAT, COMPLETIONS, ParsedRequest
 from llmgw.router.splice import (
     Splice,
+    ToolCall,
     add_usage,
     continuation_body,
     read_back,
@@ -220,19 +221,24 @@ class Continuation:
                 head={"object": "chat.completion.chunk", "model": req.model},
                 text=resumable.text,
                 tokens=resumable.tokens,
+                reasoning=resumable.reasoning,
+                calls=[
+                    ToolCall(index=i, id=ident, name=name, arguments=arguments)
+                    for i, (ident, name, arguments) in enumerate(resumable.calls)
+                ],
             )
             send = resumable.wrap(send)
         else:
             found = read_back(b"".join(sent), chat=req.path == CHAT)
             if found is None:
                 return None
-            replicas = self._pool.by_model.get(req.model) or ()
-            if (found.reasoning and not any(e.thoughts for e in replicas)) or (
-                found.call is not None and not any(e.tool_calls for e in replicas)
-            ):
-                # No replica writes a thought or a call in markup llmgw can rebuild.
-                return None
             splice = found
+        replicas = self._pool.by_model.get(req.model) or ()
+        if (splice.reasoning and not any(e.thoughts for e in replicas)) or (
+            splice.calls and not any(e.tool_calls for e in replicas)
+        ):
+            # No replica writes a thought or a call in markup llmgw can rebuild.
+            return None
         if remaining(req.body, splice.tokens) == 0:
             return None
         tried: set[str] = {failed.id}
@@ -300,7 +306,7 @@ class Continuation:
                 tried,
                 total_deadline,
                 thought=bool(splice.reasoning),
-                call=splice.call is not None,
+                call=bool(splice.calls),
             )
         except RouterError as exc:
             await send({"type": "http.response.body", "body": error_event(exc), "more_body": False})

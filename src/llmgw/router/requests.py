@@ -56,11 +56,15 @@ class Resumable:
     """A natively served stream that broke off, as read back for a continuation:
     the answer's text so far and its text deltas (`tokens`), and `wrap`, which
     makes of the client's `send` one that turns the continuation's chat completion
-    events into the API's own events, going on from where the engine stopped."""
+    events into the API's own events, going on from where the engine stopped.
+    `reasoning`: the thought so far; `calls`: the tool calls so far (id, name,
+    arguments), in order."""
 
     text: str
     tokens: int
     wrap: Callable[[_Send], _Send]
+    reasoning: str = ""
+    calls: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(slots=True)

@@ -5,10 +5,13 @@ client received from the SSE events relayed to it, `continuation_body` builds th
 request that asks another replica for the rest (chat: the text as a final
 assistant message with `continue_final_message: true, add_generation_prompt:
 false`, a thought so far written back first in the `<think>...</think>` markup
-of the reasoning parsers that use it; completions: prompt + text; the token
-limits reduced), and `rewrite`
-makes the continuation's chunks look like the first answer's (its id, created and
-model; no second role chunk; usage and `[DONE]` held back).
+of the reasoning parsers that use it, then the text, then the tool calls so far in
+hermes' `<tool_call>` markup, the last one open while its arguments are;
+completions: prompt + text; the token limits reduced), and `rewrite` makes the
+continuation's chunks look like the first answer's (its id, created and model; no
+second role chunk; the open call's rest, which the engine sends as text, as that
+call's argument deltas; the engine's own calls at the client's next indexes;
+usage and `[DONE]` held back).
 
 Not guaranteed: the tokens of the first attempt (whose engine died before it
 reported them) are chunks that carry text, exact only where the engine streamed one
@@ -33,15 +36,17 @@ _MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
 
 @dataclass(slots=True)
 class ToolCall:
-    """The one tool call a stream was writing when it broke: its index, id, function
-    name and arguments (JSON text) so far. `closed`: a continuation finished its
-    arguments; what the engine writes after them is the markup's end, not the client's."""
+    """A tool call the client was sent: its index (the client's), id, function name
+    and arguments (JSON text) so far."""
 
     index: int
     id: str
     name: str
     arguments: str = ""
-    closed: bool = False
+
+    def complete(self) -> bool:
+        """Whether its arguments' JSON object is closed (the call needs nothing more)."""
+        return bool(self.arguments) and _object_end("", self.arguments) is not None
 
 
 @dataclass(slots=True)
@@ -55,8 +60,16 @@ class Splice:
     continued: int = 0
     # The thought so far (`reasoning` / `reasoning_content` deltas), before the text.
     reasoning: str = ""
-    # The tool call under way when the stream broke (after the text), or None.
-    call: ToolCall | None = None
+    # The tool calls the client was sent (after the text), in index order; the last
+    # one may be under way.
+    calls: list[ToolCall] = field(default_factory=list)
+    # While a continuation runs: the client's index of the engine's own call 0 (its tool
+    # parser numbers only the calls it parsed), and the call it goes on as text (the
+    # one left open in the markup it was given; None once its arguments closed).
+    call_base: int = 0
+    text_call: int | None = None
+    # A continuation sent tool-call deltas llmgw did not understand: not continued again.
+    lost: bool = False
     # Per continuation: the tokens of the answer it was given, and the prompt and
     # completion tokens its engine reported (None: it died before its usage chunk).
     given: list[int] = field(default_factory=list)
@@ -65,6 +78,9 @@ class Splice:
 
     def begin(self) -> None:
         """A continuation starts from the answer so far."""
+        self.call_base = len(self.calls)
+        last = self.calls[-1] if self.calls else None
+        self.text_call = last.index if last is not None and not last.complete() else None
         self.given.append(self.tokens)
         self.reported.append(None)
         self.completed.append(None)
@@ -97,12 +113,13 @@ class Splice:
 
 def read_back(sent: bytes, *, chat: bool) -> Splice | None:
     """The answer the client received, from the events relayed to it; None when it
-    cannot be continued (no chunk yet, several choices, tool calls, a thought after
-    the text began, an error, or a finished answer)."""
+    cannot be continued (no chunk yet, several choices, a thought after the text
+    began, text or a thought after a tool call, tool-call deltas it does not
+    understand, an error, or a finished answer)."""
     head: dict[str, Any] | None = None
     text: list[str] = []
     thought: list[str] = []
-    call: ToolCall | None = None
+    calls: list[ToolCall] = []
     tokens = 0
     for event in EVENT_END.split(sent):
         if not event:
@@ -126,20 +143,23 @@ def read_back(sent: bytes, *, chat: bool) -> Splice | None:
         for choice in choices:
             delta = choice.get("delta") if isinstance(choice, dict) else None
             if chat and isinstance(delta, dict) and delta.get("tool_calls"):
-                if thought or choice.get("finish_reason") is not None or delta.get("content"):
+                if (
+                    choice.get("finish_reason") is not None
+                    or delta.get("content")
+                    or thought_of(delta)
+                ):
                     return None
-                before = len(call.arguments) if call is not None else 0
-                call = _call_delta(call, delta["tool_calls"])
-                if call is None:
+                added = _add_call_deltas(calls, delta["tool_calls"])
+                if added is None:
                     return None
-                # A chunk that only names the call carries no token of the arguments.
-                tokens += len(call.arguments) > before
+                # A chunk that only names a call carries no token of the arguments.
+                tokens += added
                 continue
             piece = _choice_text(choice, chat=chat)
             if piece is None:
                 return None
             said, kind = piece
-            if said and call is not None:
+            if said and calls:
                 return None
             if not said:
                 continue
@@ -158,30 +178,41 @@ def read_back(sent: bytes, *, chat: bool) -> Splice | None:
         text="".join(text),
         tokens=tokens,
         reasoning="".join(thought),
-        call=call,
+        calls=calls,
     )
 
 
-def _call_delta(call: ToolCall | None, deltas: object) -> ToolCall | None:
-    """`call` with a chunk's tool-call deltas added; None when they start a second call
-    (parallel calls: each would need its own continuation) or are not understood."""
-    if not isinstance(deltas, list) or len(deltas) != 1 or not isinstance(deltas[0], dict):
+def _add_call_deltas(calls: list[ToolCall], deltas: object) -> int | None:
+    """Add a chunk's tool-call deltas to `calls`: a delta with the next index opens a
+    call (its id and name), one with the last call's index adds to its arguments.
+    Whether the chunk carried arguments (1 token) or not (0); None when the deltas are
+    not understood (a call named twice, or an earlier call going on after a later one
+    opened: llmgw could not write them back in order)."""
+    if not isinstance(deltas, list) or not deltas:
         return None
-    delta = deltas[0]
-    function = delta.get("function") or {}
-    if not isinstance(function, dict):
-        return None
-    ident, name, more = delta.get("id"), function.get("name"), function.get("arguments") or ""
-    if not isinstance(more, str):
-        return None
-    if call is None:
-        if not isinstance(ident, str) or not isinstance(name, str) or not name:
+    carried = 0
+    for delta in deltas:
+        if not isinstance(delta, dict):
             return None
-        return ToolCall(index=delta.get("index", 0), id=ident, name=name, arguments=more)
-    if (ident is not None and ident != call.id) or delta.get("index", call.index) != call.index:
-        return None
-    call.arguments += more
-    return call
+        function = delta.get("function") or {}
+        if not isinstance(function, dict):
+            return None
+        index, ident = delta.get("index", 0), delta.get("id")
+        name, more = function.get("name"), function.get("arguments") or ""
+        if not isinstance(index, int) or not isinstance(more, str):
+            return None
+        if index == len(calls):
+            if not isinstance(ident, str) or not isinstance(name, str) or not name:
+                return None
+            calls.append(ToolCall(index=index, id=ident, name=name, arguments=more))
+        elif calls and index == calls[-1].index:
+            if (ident is not None and ident != calls[-1].id) or name:
+                return None
+            calls[-1].arguments += more
+        else:
+            return None
+        carried |= bool(more)
+    return carried
 
 
 def _choice_text(choice: object, *, chat: bool) -> tuple[str, str] | None:
@@ -218,7 +249,10 @@ def remaining(body: dict[str, Any], sent_tokens: int) -> int | None:
 
 
 def continuation_body(req: ParsedRequest, splice: Splice) -> bytes | None:
-    """The request that continues `splice`'s answer; None when nothing is left to generate."""
+    """The request that continues `splice`'s answer; None when nothing is left to generate
+    or the answer cannot be written back."""
+    if splice.lost:
+        return None
     body = dict(req.body)
     for name in _MAX_TOKEN_FIELDS:
         value = body.get(name)
@@ -234,17 +268,11 @@ def continuation_body(req: ParsedRequest, splice: Splice) -> bytes | None:
         messages = list(body["messages"])
         last = messages[-1] if messages else None
         said = splice.text
-        if splice.call is not None:
-            if splice.reasoning or not splice.call.arguments.startswith("{"):
+        if splice.calls:
+            markup = _calls_markup(splice.calls)
+            if markup is None:
                 return None
-            # hermes' markup (Qwen's chat templates and vLLM's `hermes` parser): the
-            # call opened, its name, its arguments so far.
-            said += (
-                '<tool_call>\n{"name": '
-                + orjson.dumps(splice.call.name).decode()
-                + ', "arguments": '
-                + splice.call.arguments
-            )
+            said += markup
         if splice.reasoning:
             # The thought in the markup of the parsers that read it back (deepseek_r1,
             # qwen3): an open <think> while the thought was under way, closed once the
@@ -273,6 +301,25 @@ def continuation_body(req: ParsedRequest, splice: Splice) -> bytes | None:
         else:
             body["prompt"] = prompt + splice.text
     return orjson.dumps(body)
+
+
+def _calls_markup(calls: list[ToolCall]) -> str | None:
+    """The calls in hermes' markup (Qwen's chat templates and vLLM's `hermes` parser):
+    each `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, one a line,
+    the last left open after its arguments so far when they are not complete; None
+    when arguments are not a JSON object (nothing to write them back as)."""
+    parts: list[str] = []
+    for call in calls:
+        if call.arguments and not call.arguments.lstrip().startswith("{"):
+            return None
+        opened = '<tool_call>\n{"name": ' + orjson.dumps(call.name).decode() + ', "arguments": '
+        if call.complete():
+            parts.append(opened + call.arguments + "}\n</tool_call>")
+        elif call is calls[-1]:
+            parts.append(opened + call.arguments)
+        else:
+            return None
+    return "\n".join(parts)
 
 
 def rewrite(events: bytes, splice: Splice) -> tuple[bytes, dict[str, Any] | None]:
@@ -327,8 +374,8 @@ def _continued_choice(choices: list[Any], splice: Splice) -> list[Any] | None:
         delta.pop("role", None)
         choice["delta"] = delta
         piece = delta.get("content")
-        if splice.call is not None:
-            return _continued_call(choice, delta, splice, splice.call)
+        if splice.calls or delta.get("tool_calls"):
+            return _continued_call(choice, delta, splice)
         thought = thought_of(delta)
         if thought:
             splice.reasoning += thought
@@ -347,31 +394,59 @@ def _continued_choice(choices: list[Any], splice: Splice) -> list[Any] | None:
 
 
 def _continued_call(
-    choice: dict[str, Any], delta: dict[str, Any], splice: Splice, call: ToolCall
+    choice: dict[str, Any], delta: dict[str, Any], splice: Splice
 ) -> list[Any] | None:
-    """A continuation's chunk while a tool call is under way: the engine's tool parser
-    never saw the call open (it reads only what it generates), so it sends the rest of
-    the call as text. That text, up to where the arguments' JSON object closes, goes to
-    the client as the call's argument deltas (same index); the markup after it
-    (`}` and `</tool_call>`) is dropped. The call's end is `finish_reason: tool_calls`."""
+    """A continuation's chunk once tool calls began. The engine's tool parser never saw
+    the calls it was given (it reads only what it generates), so it sends the rest of
+    a call left open as text: that text, up to where the arguments' JSON object
+    closes, goes to the client as that call's argument deltas (same index), and the
+    markup after it (`}` and `</tool_call>`) is dropped. The calls it parses itself it
+    numbers from 0: they go on from the client's next index. The calls' end is
+    `finish_reason: tool_calls`."""
     piece = delta.get("content")
-    fragment = ""
+    out: dict[str, Any] = {}
     if isinstance(piece, str) and piece:
         splice.tokens += 1
-        if not call.closed:
+        if splice.text_call is not None:
+            call = splice.calls[splice.text_call]
             end = _object_end(call.arguments, piece)
             fragment = piece if end is None else piece[:end]
             call.arguments += fragment
-            call.closed = end is not None
+            if end is not None:
+                splice.text_call = None
+            if fragment:
+                out["tool_calls"] = [{"index": call.index, "function": {"arguments": fragment}}]
+    deltas = delta.get("tool_calls")
+    if isinstance(deltas, list) and deltas:
+        moved = [_renumbered(d, splice) for d in deltas if isinstance(d, dict)]
+        carried = _add_call_deltas(splice.calls, moved)
+        if carried is None:
+            # Not understood: relayed as they came; another continuation could not write
+            # the calls back.
+            splice.lost = True
+            carried = 1
+        splice.tokens += carried
+        out["tool_calls"] = [*out.get("tool_calls", ()), *moved]
+    thought = thought_of(delta)
+    if thought:
+        splice.reasoning += thought
+        splice.tokens += 1
+        out.update({k: v for k, v in delta.items() if k in ("reasoning", "reasoning_content")})
     finish = choice.get("finish_reason")
-    if finish == "stop":
+    if finish == "stop" and splice.calls:
         finish = "tool_calls"
-    if not fragment and finish is None:
+    if not out and finish is None:
         return None
-    out: dict[str, Any] = {}
-    if fragment:
-        out["tool_calls"] = [{"index": call.index, "function": {"arguments": fragment}}]
     return [{**choice, "delta": out, "finish_reason": finish}]
+
+
+def _renumbered(delta: dict[str, Any], splice: Splice) -> dict[str, Any]:
+    """An engine's tool-call delta with the client's index (the engine numbers the calls
+    of the continuation from 0)."""
+    index = delta.get("index", 0)
+    if isinstance(index, int) and not isinstance(index, bool):
+        return {**delta, "index": index + splice.call_base}
+    return delta
 
 
 def _object_end(written: str, more: str) -> int | None:

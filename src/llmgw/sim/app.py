@@ -271,6 +271,7 @@ def create_app(
     sequence: bool = False,
     reasoning_words: int = 0,
     tool_calls: bool = False,
+    tool_call_words: int = 0,
     adapters: LoraAdapters | None = None,
 ) -> SimApp:
     """The sim's ASGI app over objects built by the caller (the CLI or a test)."""
@@ -288,6 +289,7 @@ def create_app(
         sequence=sequence,
         reasoning_words=reasoning_words,
         tool_calls=tool_calls,
+        tool_call_words=tool_call_words,
         adapters=adapters,
     )
     extras = Extras(

@@ -123,10 +123,13 @@ class Inference:
         sequence: bool = False,
         reasoning_words: int = 0,
         tool_calls: bool = False,
+        tool_call_words: int = 0,
         adapters: LoraAdapters | None = None,
     ) -> None:
-        # Acting as vLLM's hermes tool parser: a request offering tools gets a call.
+        # Acting as vLLM's hermes tool parser: a request offering tools gets a call
+        # (several, of `tool_call_words` words each, when that is set).
         self._tool_calls = tool_calls and sequence
+        self._call_words = tool_call_words
         self._sequence = sequence
         # Sequence words up to w<reasoning_words> are the thought (see `_thought`).
         self._reasoning_words = reasoning_words if sequence else 0
@@ -278,6 +281,33 @@ class Inference:
                 await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
             return None
         return tokens
+
+    def parts(
+        self, request: GenerationRequest, tokens: Sequence[str]
+    ) -> list[tuple[str, int, str]]:
+        """A new answer's tokens as the chat path streams them, for the other APIs'
+        handlers: ("thought", -1, token) for the thought, ("call", N, piece of call N's
+        arguments) when the request offers a tool and the sim acts as a tool parser,
+        else ("text", -1, token)."""
+        thinking = self._thought(request, tokens)
+        if not (self._tool_calls and request.tool):
+            return [("thought" if i < thinking else "text", -1, t) for i, t in enumerate(tokens)]
+        per_call = self._call_words or len(tokens)
+        last = len(tokens) - 1
+        out: list[tuple[str, int, str]] = []
+        for index, token in enumerate(tokens):
+            if index < thinking:
+                out.append(("thought", -1, token))
+                continue
+            call, word = divmod(index - thinking, per_call)
+            closes = word == per_call - 1 or index == last
+            piece = ('{"n": "' if word == 0 else "") + token + ('"}' if closes else "")
+            out.append(("call", call, piece))
+        return out
+
+    @property
+    def sequence(self) -> bool:
+        return self._sequence
 
     def completed(self, counters: ModelCounters) -> None:
         counters.request_success += 1
@@ -496,41 +526,60 @@ class Inference:
         counters: ModelCounters,
         faults: FaultSettings,
     ) -> None:
-        """A call of the request's first tool, arguments `{"n": "<the words>"}`, streamed as
-        vLLM's hermes parser streams one: the call's id, type and name first, then the
-        arguments' JSON text in pieces. A continued message that ends inside a
-        `<tool_call>` gets the rest as text, as vLLM's parser (which reads only what the
-        model generates, and so never sees the call open) sends it."""
+        """Calls of the request's first tool, arguments `{"n": "<the words>"}`, streamed
+        as vLLM's hermes parser streams them: the thought first (with a reasoning parser),
+        then per call its index, id, type and name, then the arguments' JSON text in
+        pieces. Each call holds `tool_call_words` words (0: one call holds them all), so
+        an answer may make parallel calls (index 0, 1, ...). A continued message that
+        ends inside a `<tool_call>` gets the rest of that call as text, as vLLM's parser
+        (which reads only what the model generates, and so never sees the call open)
+        sends it; the calls after it are the parser's own, numbered from 0."""
         last = len(tokens) - 1
-        # The call closes with the answer's last word: the model stopped on its own.
-        finish = "stop"
+        thinking = self._thought(request, tokens)
+        per_call = self._call_words or len(tokens) + request.sequence_after + 1
+        # The call of each word: words after the thought (w1..wK) fill calls in order.
+        offset = request.sequence_after - self._reasoning_words
+        open_call = (thinking + offset) // per_call
+        # The parser's own numbering of the calls it sent (from 0), and chunks sent.
+        state = {"calls": 0, "chunks": 0}
 
         def chunk(delta: dict[str, object], end: str | None) -> dict[str, object]:
+            if state["chunks"] == 0:
+                delta = {"role": "assistant", **delta}
+            state["chunks"] += 1
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": end}
             return _sse({**head, "choices": [choice]})
 
         async def emit(index: int, token: str) -> None:
-            end = finish if index == last else None
             if index == 0:
                 await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-            if request.call_open:
-                text = token + ('"}}\n</tool_call>' if index == last else "")
-                delta: dict[str, object] = {"content": text}
-                if index == 0:
-                    delta = {"role": "assistant", **delta}
-                await send(chunk(delta, end))
+            if index < thinking:
+                await send(chunk({"reasoning": token}, None))
                 return
-            if index == 0:
-                call = {
-                    "index": 0,
+            position = index + offset
+            call, word = divmod(position, per_call)
+            opens = ('{"n": "' if word == 0 else "") + token
+            closes = word == per_call - 1 or index == last
+            if request.call_open and call == open_call:
+                # The call the continued message left open: text, as the parser sees it.
+                text = opens + ('"}}\n</tool_call>' if closes else "")
+                await send(chunk({"content": text}, "stop" if index == last else None))
+                return
+            if word == 0 or index == thinking:
+                state["calls"] += 1
+                opened = {
+                    "index": state["calls"] - 1,
                     "id": "chatcmpl-tool-" + secrets.token_hex(8),
                     "type": "function",
                     "function": {"name": request.tool},
                 }
-                await send(chunk({"role": "assistant", "tool_calls": [call]}, None))
-            piece = ('{"n": "' if index == 0 else "") + token + ('"}' if index == last else "")
-            arguments = {"index": 0, "function": {"arguments": piece}}
-            await send(chunk({"tool_calls": [arguments]}, "tool_calls" if index == last else None))
+                await send(chunk({"tool_calls": [opened]}, None))
+            arguments = {
+                "index": state["calls"] - 1,
+                "function": {"arguments": opens + ('"}' if closes else "")},
+            }
+            end = "tool_calls" if index == last else None
+            await send(chunk({"tool_calls": [arguments]}, end))
 
         await self._generate_stream(
             receive, send, request, tokens, head, counters, faults, emit=emit, cut=self._cut(faults)

@@ -140,6 +140,9 @@ class NativeApis:
         counters: ModelCounters,
     ) -> None:
         inference = self._inference
+        if inference.sequence and request.tool is None:
+            await self._messages_blocks_stream(receive, send, request, model, counters)
+            return
         tool = request.tool
         block: dict[str, Any] = (
             {"type": "tool_use", "id": _id("toolu_"), "name": tool.name, "input": {}}
@@ -204,6 +207,86 @@ class NativeApis:
         await send({**stop, "more_body": False})
         inference.completed(counters)
 
+    async def _messages_blocks_stream(
+        self,
+        receive: Receive,
+        send: Send,
+        request: NativeRequest,
+        model: str,
+        counters: ModelCounters,
+    ) -> None:
+        """A counting answer in the blocks the chat path's deltas would make: a
+        `thinking` block for the thought, then a `text` block, or one `tool_use` block
+        per call (arguments as `input_json_delta` pieces, a word each) when the request
+        offers a tool and the sim acts as a tool parser."""
+        inference = self._inference
+        generation = request.generation
+        tokens = inference.tokens(generation)
+        parts = inference.parts(generation, tokens)
+        state: dict[str, Any] = {"key": None, "index": -1}
+
+        def block_event(name: str, **fields: Any) -> dict[str, object]:
+            return _event(name, {"type": name, "index": state["index"], **fields})
+
+        async def emit(index: int, token: str) -> None:
+            if index == 0:
+                await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+                start: dict[str, Any] = {
+                    "id": _id("msg_"),
+                    "type": "message",
+                    "role": "assistant",
+                    "model": model,
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": {"input_tokens": len(generation.prompt), "output_tokens": 0},
+                }
+                await send(_event("message_start", {"type": "message_start", "message": start}))
+            kind, call, piece = parts[index]
+            if state["key"] != (kind, call):
+                if state["key"] is not None:
+                    await send(block_event("content_block_stop"))
+                state["key"] = (kind, call)
+                state["index"] += 1
+                blocks: dict[str, dict[str, Any]] = {
+                    "thought": {"type": "thinking", "thinking": "", "signature": ""},
+                    "text": {"type": "text", "text": ""},
+                    "call": {
+                        "type": "tool_use",
+                        "id": _id("toolu_"),
+                        "name": generation.tool,
+                        "input": {},
+                    },
+                }
+                await send(block_event("content_block_start", content_block=blocks[kind]))
+            delta = {
+                "thought": {"type": "thinking_delta", "thinking": piece},
+                "text": {"type": "text_delta", "text": piece},
+                "call": {"type": "input_json_delta", "partial_json": piece},
+            }[kind]
+            await send(block_event("content_block_delta", delta=delta))
+
+        done = await inference.run(
+            receive, generation, model, counters, inference.faults.settings, emit, send
+        )
+        if done is None:
+            return
+        if state["key"] is not None:
+            await send(block_event("content_block_stop"))
+        called = any(kind == "call" for kind, _, _ in parts)
+        end = {
+            "type": "message_delta",
+            "delta": {
+                "stop_reason": "tool_use" if called else _stop_reason(request),
+                "stop_sequence": None,
+            },
+            "usage": {"input_tokens": len(generation.prompt), "output_tokens": len(done)},
+        }
+        await send(_event("message_delta", end))
+        stop = _event("message_stop", {"type": "message_stop"})
+        await send({**stop, "more_body": False})
+        inference.completed(counters)
+
     async def responses(self, scope: Scope, receive: Receive, send: Send) -> None:
         prepared = await self._prepare(scope, receive, send, messages=False)
         if prepared is None:
@@ -232,6 +315,9 @@ class NativeApis:
         shape: _ResponseShape,
     ) -> None:
         inference = self._inference
+        if inference.sequence and request.tool is None:
+            await self._responses_items_stream(receive, send, request, model, counters, shape)
+            return
         seq = 0
 
         def event(kind: str, **fields: Any) -> dict[str, object]:
@@ -296,6 +382,178 @@ class NativeApis:
         kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
         await send({**event(kind, response=final), "more_body": False})
         inference.completed(counters)
+
+    async def _responses_items_stream(
+        self,
+        receive: Receive,
+        send: Send,
+        request: NativeRequest,
+        model: str,
+        counters: ModelCounters,
+        shape: _ResponseShape,
+    ) -> None:
+        """A counting answer in the items the chat path's deltas would make: a
+        `reasoning` item for the thought, then a `message`, or one `function_call` item
+        per call (arguments a word a delta) when the request offers a tool and the sim
+        acts as a tool parser."""
+        inference = self._inference
+        generation = request.generation
+        parts = inference.parts(generation, inference.tokens(generation))
+        called = any(kind == "call" for kind, _, _ in parts)
+        status = "incomplete" if generation.max_tokens is not None and not called else "completed"
+        done: list[dict[str, Any]] = []
+        state: dict[str, Any] = {"seq": 0, "key": None, "item": None}
+
+        def event(kind: str, **fields: Any) -> dict[str, object]:
+            state["seq"] += 1
+            return _event(kind, {"type": kind, "sequence_number": state["seq"] - 1, **fields})
+
+        async def close() -> None:
+            item: _OutputItem | None = state["item"]
+            if item is None:
+                return
+            where = item.where()
+            if item.kind == "call":
+                await send(
+                    event(
+                        "response.function_call_arguments.done",
+                        **where,
+                        name=item.name,
+                        arguments=item.text,
+                    )
+                )
+            else:
+                name = "reasoning_text" if item.kind == "thought" else "output_text"
+                extra: dict[str, Any] = {} if item.kind == "thought" else {"logprobs": []}
+                await send(
+                    event(
+                        f"response.{name}.done", **where, content_index=0, text=item.text, **extra
+                    )
+                )
+                await send(
+                    event("response.content_part.done", **where, content_index=0, part=item.part())
+                )
+            shown = item.shown(status if item.kind == "text" else "completed")
+            done.append(shown)
+            await send(
+                event("response.output_item.done", output_index=item.output_index, item=shown)
+            )
+
+        async def emit(index: int, token: str) -> None:
+            if index == 0:
+                await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+                await send(event("response.created", response=shape.response("in_progress", [])))
+                await send(
+                    event("response.in_progress", response=shape.response("in_progress", []))
+                )
+            kind, call, piece = parts[index]
+            if state["key"] != (kind, call):
+                await close()
+                state["key"] = (kind, call)
+                item = state["item"] = _OutputItem(kind, len(done), generation.tool)
+                await send(
+                    event(
+                        "response.output_item.added",
+                        output_index=item.output_index,
+                        item=item.shown("in_progress"),
+                    )
+                )
+                if kind != "call":
+                    await send(
+                        event(
+                            "response.content_part.added",
+                            **item.where(),
+                            content_index=0,
+                            part=item.part(),
+                        )
+                    )
+            item = state["item"]
+            item.text += piece
+            if kind == "call":
+                await send(
+                    event("response.function_call_arguments.delta", **item.where(), delta=piece)
+                )
+            elif kind == "thought":
+                await send(
+                    event(
+                        "response.reasoning_text.delta",
+                        **item.where(),
+                        content_index=0,
+                        delta=piece,
+                    )
+                )
+            else:
+                await send(
+                    event(
+                        "response.output_text.delta",
+                        **item.where(),
+                        content_index=0,
+                        delta=piece,
+                        logprobs=[],
+                    )
+                )
+
+        tokens = await inference.run(
+            receive, generation, model, counters, inference.faults.settings, emit, send
+        )
+        if tokens is None:
+            return
+        await close()
+        final = shape.finished(tokens)
+        final["output"] = done
+        final["status"] = status
+        if status == "completed":
+            final["incomplete_details"] = None
+        kind = "response.incomplete" if status == "incomplete" else "response.completed"
+        await send({**event(kind, response=final), "more_body": False})
+        inference.completed(counters)
+
+
+class _OutputItem:
+    """An output item of a counting Responses stream while it is written."""
+
+    def __init__(self, kind: str, output_index: int, name: str) -> None:
+        self.kind = kind
+        self.output_index = output_index
+        self.id = _id({"thought": "rs_", "text": "msg_", "call": "fc_"}[kind])
+        self.call_id = _id("call_")
+        self.name = name
+        self.text = ""
+
+    def where(self) -> dict[str, Any]:
+        return {"item_id": self.id, "output_index": self.output_index}
+
+    def part(self) -> dict[str, Any]:
+        if self.kind == "thought":
+            return {"type": "reasoning_text", "text": self.text}
+        return _text_part(self.text)
+
+    def shown(self, status: str) -> dict[str, Any]:
+        if self.kind == "call":
+            return {
+                "type": "function_call",
+                "id": self.id,
+                "call_id": self.call_id,
+                "name": self.name,
+                "arguments": self.text if status != "in_progress" else "",
+                "status": status,
+            }
+        content = [] if status == "in_progress" else [self.part()]
+        if self.kind == "thought":
+            return {
+                "type": "reasoning",
+                "id": self.id,
+                "summary": [],
+                "content": content,
+                "status": status,
+            }
+        return {
+            "type": "message",
+            "id": self.id,
+            "status": status,
+            "role": "assistant",
+            "content": content,
+        }
 
 
 def _stop_reason(request: NativeRequest) -> str:

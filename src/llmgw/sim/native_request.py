@@ -93,7 +93,7 @@ def _text(content: Any, where: str) -> str:
 
 
 def _generation(
-    body: dict[str, Any], turns: list[tuple[str, str]], max_tokens: int | None
+    body: dict[str, Any], turns: list[tuple[str, str]], max_tokens: int | None, tool: str = ""
 ) -> GenerationRequest:
     return GenerationRequest(
         model=_model(body),
@@ -102,6 +102,7 @@ def _generation(
         max_tokens=max_tokens,
         stream=_stream(body),
         include_usage=True,
+        tool=tool,
     )
 
 
@@ -168,7 +169,11 @@ def parse_messages(data: object) -> NativeRequest:
             raise bad_request(
                 "tool_choice.type: must be one of auto, any, tool, none", param="tool_choice.type"
             )
-    return NativeRequest(_generation(body, turns, max_tokens), tool, body)
+    # The first tool offered, for a sim acting as a tool parser (as on the chat path).
+    offered = (
+        "" if isinstance(choice, dict) and choice.get("type") == "none" else next(iter(tools), "")
+    )
+    return NativeRequest(_generation(body, turns, max_tokens, offered), tool, body)
 
 
 def _response_input(items: Any, turns: list[tuple[str, str]]) -> None:
@@ -232,7 +237,8 @@ def parse_responses(data: object) -> NativeRequest:
         raise bad_request(
             "tool_choice: must be auto, none, required or a function", param="tool_choice"
         )
-    return NativeRequest(_generation(body, turns, max_tokens), tool, body)
+    offered = "" if choice == "none" else next(iter(tools), "")
+    return NativeRequest(_generation(body, turns, max_tokens, offered), tool, body)
 
 
 def arguments_for(tool: Tool, text: str, count: int) -> dict[str, Any]:

@@ -55,6 +55,7 @@ class GenerationRequest(NamedTuple):
 
 
 _SEQUENCE_WORD: Final = re.compile(r"w(\d{1,9})")
+_WORD_IN_TEXT: Final = re.compile(r"\bw(\d{1,9})\b")
 
 
 def sequence_end(text: str) -> int:
@@ -64,6 +65,13 @@ def sequence_end(text: str) -> int:
         return 0
     found = _SEQUENCE_WORD.fullmatch(tokens[-1])
     return int(found.group(1)) if found is not None else 0
+
+
+def sequence_end_in_calls(text: str) -> int:
+    """N of the last sequence word `wN` anywhere in `text`: a continued message that
+    wrote tool calls ends with their markup (`"}}\n</tool_call>`), not with a word."""
+    found = _WORD_IN_TEXT.findall(text)
+    return int(found[-1]) if found else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,12 +170,20 @@ def parse_chat(body: object) -> GenerationRequest:
         max_tokens=_max_tokens(data),
         stream=stream,
         include_usage=include_usage,
-        sequence_after=sequence_end(turns[-1][1]) if continuing else 0,
+        sequence_after=_continued_after(turns[-1][1]) if continuing else 0,
         thought_closed=continuing and "</think>" in turns[-1][1],
         tool=_first_tool(data),
         call_open=continuing
         and turns[-1][1].rfind("<tool_call>") > turns[-1][1].rfind("</tool_call>"),
     )
+
+
+def _continued_after(text: str) -> int:
+    """The last sequence word of a continued message: with calls in it, the last one in
+    their arguments."""
+    if "<tool_call>" in text:
+        return sequence_end_in_calls(text)
+    return sequence_end(text)
 
 
 def _first_tool(data: dict[str, object]) -> str:

@@ -109,6 +109,13 @@ class SimSettings(BaseModel):
         description="The tool parser the sim acts as, by vLLM's name (`hermes`: calls written "
         "as `<tool_call>{json}</tool_call>`); none by default, so answers call no tool.",
     )
+    tool_call_words: int = Field(
+        default=0,
+        ge=0,
+        description="With a tool parser: each call holds this many words of the sequence "
+        "and an answer makes as many calls as its words fill (parallel calls, index 0, 1, "
+        "...); 0 (the default): one call holding every word, as most answers have.",
+    )
     reasoning_words: int = Field(
         default=0,
         ge=0,

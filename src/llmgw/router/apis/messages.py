@@ -166,13 +166,18 @@ class MessageStream:
         self._usage: Any = None
         self.ended = False
 
-    def resume_at(self, block: int | None) -> None:
+    def resume_at(
+        self, block: int | None, kind: str = "text", tool: int = -1, after: int = 0
+    ) -> None:
         """Go on from a stream another engine began: its `message_start` went out,
-        and so did the text block numbered `block` (None: no block yet)."""
+        and so did the block numbered `block` of `kind` (for a tool_use block, the
+        chat index of its call, `tool`), still open (None: no block is open, and the
+        next one is numbered `after`)."""
         self._started = True
         if block is not None:
-            self._block = _Block(block, "text")
-            self._next_index = block + 1
+            self._block = _Block(block, kind, tool)
+            after = block + 1
+        self._next_index = after
 
     def start(self) -> bytes:
         self._started = True
@@ -315,16 +320,30 @@ class _Translation:
         return MessageStream(req.model, stop_sequences(req), req.prompt_tokens_estimate())
 
 
-def resume_stream(req: ParsedRequest, sent: bytes) -> Resumable | None:
-    """A natively served Messages stream that broke off after `sent` (whole events),
-    read back for a continuation: its text so far, and a `send` that goes on in
-    Anthropic's events (the same message, the same text block). None when it
-    cannot be continued: no `message_start` yet, a block other than one text block
-    (thinking, tool use: see `llmgw.router.continuation`), an error, or an end."""
-    text: list[str] = []
+_DELTAS = {"thinking": "thinking_delta", "text": "text_delta", "tool_use": "input_json_delta"}
+_PIECES = {"thinking_delta": "thinking", "text_delta": "text", "input_json_delta": "partial_json"}
+
+
+class _ReadBlock:
+    """A content block of a broken stream, as the client received it."""
+
+    __slots__ = ("call", "id", "index", "kind", "name", "parts", "stopped")
+
+    def __init__(self, index: int, content: dict[str, Any], call: int) -> None:
+        self.index = index
+        self.kind = str(content.get("type"))
+        self.id = content.get("id")
+        self.name = content.get("name")
+        self.call = call
+        self.parts: list[str] = []
+        self.stopped = False
+
+
+def _read_blocks(sent: bytes, estimate: int) -> tuple[list[_ReadBlock], int] | None:
+    """The blocks of a broken Messages stream and the prompt tokens its
+    `message_start` reported (else `estimate`); None when it cannot be continued."""
     started = False
-    block: int | None = None
-    estimate = req.prompt_tokens_estimate()
+    blocks: list[_ReadBlock] = []
     for name, data in SSEEvents().feed(sent):
         if name in ("comment", "ping"):
             continue
@@ -332,36 +351,102 @@ def resume_stream(req: ParsedRequest, sent: bytes) -> Resumable | None:
         if event is None:
             return None
         kind = event.get("type")
+        last = blocks[-1] if blocks else None
         if kind == "message_start" and not started:
             started = True
             usage = (event.get("message") or {}).get("usage") or {}
             reported = usage.get("input_tokens") if isinstance(usage, dict) else None
             if isinstance(reported, int) and not isinstance(reported, bool) and reported > 0:
                 estimate = reported
-        elif kind == "content_block_start" and started and block is None:
-            content = event.get("content_block") or {}
-            index = event.get("index")
-            if not isinstance(content, dict) or content.get("type") != "text":
+        elif kind == "content_block_start" and started and (last is None or last.stopped):
+            content, index = event.get("content_block"), event.get("index")
+            if not isinstance(content, dict) or content.get("type") not in _DELTAS:
                 return None
             if not isinstance(index, int) or isinstance(index, bool):
                 return None
-            block = index
-        elif kind == "content_block_delta" and block is not None and event.get("index") == block:
+            calls = sum(b.kind == "tool_use" for b in blocks)
+            block = _ReadBlock(index, content, calls)
+            if not _in_order(blocks, block):
+                return None
+            blocks.append(block)
+        elif kind == "content_block_delta" and last is not None and not last.stopped:
             delta = event.get("delta") or {}
-            piece = delta.get("text") if isinstance(delta, dict) else None
-            if not isinstance(piece, str) or delta.get("type") != "text_delta":
+            if not isinstance(delta, dict) or event.get("index") != last.index:
+                return None
+            if delta.get("type") == "signature_delta" and last.kind == "thinking":
+                continue
+            piece = delta.get(_PIECES.get(str(delta.get("type")), ""))
+            if delta.get("type") != _DELTAS[last.kind] or not isinstance(piece, str):
                 return None
             if piece:
-                text.append(piece)
+                last.parts.append(piece)
+        elif kind == "content_block_stop" and last is not None and not last.stopped:
+            if event.get("index") != last.index:
+                return None
+            last.stopped = True
         else:
             return None
-    if not started:
+    return (blocks, estimate) if started else None
+
+
+def _in_order(blocks: list[_ReadBlock], block: _ReadBlock) -> bool:
+    """Whether `block` may follow `blocks` in an answer llmgw can write back: one
+    thought first, then text, then tool calls (each with an id and a name)."""
+    kinds = [b.kind for b in blocks]
+    if block.kind == "thinking":
+        return not kinds
+    if block.kind == "text":
+        return "text" not in kinds and "tool_use" not in kinds
+    return isinstance(block.id, str) and isinstance(block.name, str) and bool(block.name)
+
+
+def resume_stream(req: ParsedRequest, sent: bytes) -> Resumable | None:
+    """A natively served Messages stream that broke off after `sent` (whole events),
+    read back for a continuation: its thought, text and tool calls so far, and a
+    `send` that goes on in Anthropic's events (the same message, the open block,
+    block numbers after the last). None when it cannot be continued: no
+    `message_start` yet, blocks out of the order thinking, text, tool_use (see
+    `llmgw.router.continuation`), a thinking or text block already stopped with
+    nothing after it, a stopped tool_use block whose input is not complete JSON, an
+    error, or an end."""
+    read = _read_blocks(sent, req.prompt_tokens_estimate())
+    if read is None:
+        return None
+    blocks, estimate = read
+    last = blocks[-1] if blocks else None
+    if (
+        last is not None
+        and last.stopped
+        and (last.kind != "tool_use" or not _complete("".join(last.parts)))
+    ):
         return None
     stream = MessageStream(req.model, stop_sequences(req), estimate)
-    stream.resume_at(block)
-    return Resumable(
-        text="".join(text), tokens=len(text), wrap=lambda send: ResumedSend(stream, send)
+    if last is None:
+        stream.resume_at(None)
+    elif last.stopped:
+        stream.resume_at(None, after=last.index + 1)
+    else:
+        stream.resume_at(last.index, last.kind, last.call)
+    pieces = {
+        kind: "".join(p for b in blocks if b.kind == kind for p in b.parts) for kind in _DELTAS
+    }
+    calls = tuple(
+        (str(b.id), str(b.name), "".join(b.parts)) for b in blocks if b.kind == "tool_use"
     )
+    return Resumable(
+        text=pieces["text"],
+        tokens=sum(len(b.parts) for b in blocks),
+        wrap=lambda send: ResumedSend(stream, send),
+        reasoning=pieces["thinking"],
+        calls=calls,
+    )
+
+
+def _complete(arguments: str) -> bool:
+    try:
+        return isinstance(orjson.loads(arguments), dict)
+    except orjson.JSONDecodeError:
+        return False
 
 
 class MessagesApi:

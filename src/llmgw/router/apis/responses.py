@@ -30,9 +30,10 @@ import orjson
 
 from llmgw.router.apis import Send
 from llmgw.router.apis.native import with_native
-from llmgw.router.apis.relay import ResumedSend, TranslatingSend, loads
+from llmgw.router.apis.relay import ResumedSend, TranslatingSend
+from llmgw.router.apis.responses_readback import ITEM_KINDS, StreamItem, complete, read_items
 from llmgw.router.apis.responses_request import TranslatedRequest, translate_request
-from llmgw.router.apis.sse_events import SSEEvents, format_event
+from llmgw.router.apis.sse_events import format_event
 from llmgw.router.errors import RouterError, error_body, is_openai_error
 from llmgw.router.requests import ParsedRequest, Resumable
 from llmgw.router.sse import thought
@@ -172,19 +173,6 @@ def response_from_chat(shape: ResponseShape, chat: dict[str, Any]) -> bytes:
     return orjson.dumps(shape.response("completed", output, finish, chat.get("usage")))
 
 
-class _Item:
-    __slots__ = ("call_id", "id", "kind", "name", "output_index", "text", "tool")
-
-    def __init__(self, kind: str, output_index: int, tool: int = -1) -> None:
-        self.kind = kind
-        self.id = _id({"message": "msg_", "reasoning": "rs_", "function_call": "fc_"}[kind])
-        self.output_index = output_index
-        self.tool = tool
-        self.text = ""
-        self.call_id = ""
-        self.name = ""
-
-
 class ResponseStream:
     """Chat completion chunks in, Responses API events out."""
 
@@ -192,21 +180,22 @@ class ResponseStream:
         self._shape = shape
         self._seq = 0
         self._started = False
-        self._item: _Item | None = None
+        self._item: StreamItem | None = None
         self._done: list[dict[str, Any]] = []
         self._finish: Any = None
         self._usage: Any = None
         self.ended = False
 
-    def resume_at(self, seq: int, item: tuple[str, str] | None) -> None:
+    def resume_at(
+        self, seq: int, item: StreamItem | None, done: list[dict[str, Any]] | None = None
+    ) -> None:
         """Go on from a stream another engine began: its events up to number `seq`
-        went out, and so did the message item `item` (its id and text so far; None:
-        no item yet) with its text part."""
+        went out, and so did the items `done` (as their `output_item.done` showed
+        them) and the item still open, `item` (None: none is open), with its part."""
         self._started = True
         self._seq = seq + 1
-        if item is not None:
-            self._item = _Item("message", 0)
-            self._item.id, self._item.text = item
+        self._done = list(done or ())
+        self._item = item
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self._seq, **fields}
@@ -220,12 +209,12 @@ class ResponseStream:
             "response.in_progress", response=response
         )
 
-    def _where(self, item: _Item) -> dict[str, Any]:
+    def _where(self, item: StreamItem) -> dict[str, Any]:
         return {"item_id": item.id, "output_index": item.output_index}
 
-    def _open(self, kind: str, tool: int = -1) -> tuple[_Item, bytes]:
+    def _open(self, kind: str, tool: int = -1) -> tuple[StreamItem, bytes]:
         out = self._close()
-        item = self._item = _Item(kind, len(self._done), tool)
+        item = self._item = StreamItem(kind, len(self._done), tool)
         if kind == "message":
             added = _message_item(item.id, "", "in_progress")
             part: dict[str, Any] | None = _text_part("")
@@ -322,7 +311,7 @@ class ResponseStream:
         item, out = self._item, b""
         if item is None or item.kind != "function_call" or item.tool != index:
             out = self._close()
-            item = self._item = _Item("function_call", len(self._done), index)
+            item = self._item = StreamItem("function_call", len(self._done), index)
             item.call_id = call.get("id") or _id("call_")
             item.name = function.get("name") or ""
             added = _call_item(item.id, item.call_id, item.name, "", "in_progress")
@@ -374,65 +363,48 @@ class _Translation:
 
 def resume_stream(req: ParsedRequest, sent: bytes) -> Resumable | None:
     """A natively served Responses stream that broke off after `sent` (whole events),
-    read back for a continuation: its text so far, and a `send` that goes on in the
-    Responses events (the same response id, message item and event numbering).
-    None when it cannot be continued: no `response.created` yet, an item other than
-    one message with one text part (reasoning, function calls: see
-    `llmgw.router.continuation`), an error, or an end."""
+    read back for a continuation: its thought, text and function calls so far, and a
+    `send` that goes on in the Responses events (the same response id, the open item,
+    later items after it, the event numbering). None when it cannot be continued: no
+    `response.created` yet, items out of the order reasoning, message, function_call
+    (see `llmgw.router.continuation`), a reasoning or message item already done with
+    nothing after it, an item whose text or arguments were declared done but not the
+    item, a function call done whose arguments are not complete JSON, an error, or an
+    end."""
     shape = ResponseShape(req, req.client_body if isinstance(req, TranslatedRequest) else {})
-    text: list[str] = []
-    created = False
-    item: str | None = None
-    part = False
-    seq = -1
-    for name, data in SSEEvents().feed(sent):
-        if name == "comment":
-            continue
-        event = loads(data)
-        if event is None:
-            return None
-        number = event.get("sequence_number")
-        if isinstance(number, int) and not isinstance(number, bool):
-            seq = max(seq, number)
-        kind = event.get("type")
-        if kind == "response.created" and not created:
-            response = event.get("response") or {}
-            if not isinstance(response, dict) or not isinstance(response.get("id"), str):
-                return None
-            created = True
-            shape.id = response["id"]
-            if isinstance(response.get("created_at"), int):
-                shape.created = response["created_at"]
-        elif kind == "response.in_progress" and created:
-            continue
-        elif kind == "response.output_item.added" and created and item is None:
-            added = event.get("item") or {}
-            if not isinstance(added, dict) or added.get("type") != "message":
-                return None
-            if event.get("output_index") != 0 or not isinstance(added.get("id"), str):
-                return None
-            item = added["id"]
-        elif kind == "response.content_part.added" and item is not None and not part:
-            found = event.get("part") or {}
-            if not isinstance(found, dict) or found.get("type") != "output_text":
-                return None
-            if event.get("item_id") != item or event.get("content_index") != 0:
-                return None
-            part = True
-        elif kind == "response.output_text.delta" and part and event.get("item_id") == item:
-            piece = event.get("delta")
-            if not isinstance(piece, str):
-                return None
-            if piece:
-                text.append(piece)
-        else:
-            return None
-    if not created or (item is not None and not part):
+    read = read_items(sent)
+    if read is None:
+        return None
+    items, seq = read.items, read.seq
+    shape.id = read.id
+    if read.created_at is not None:
+        shape.created = read.created_at
+    last = items[-1] if items else None
+    if last is not None and (
+        not last.part
+        or (last.done is None and last.ending)
+        or (
+            last.done is not None
+            and (last.item.kind != "function_call" or not complete(last.item.text))
+        )
+    ):
         return None
     stream = ResponseStream(shape)
-    so_far = "".join(text)
-    stream.resume_at(seq, None if item is None else (item, so_far))
-    return Resumable(text=so_far, tokens=len(text), wrap=lambda send: ResumedSend(stream, send))
+    done = [r.done for r in items if r.done is not None]
+    stream.resume_at(seq, last.item if last is not None and last.done is None else None, done)
+    texts = {
+        kind: "".join(r.item.text for r in items if r.item.kind == kind) for kind in ITEM_KINDS
+    }
+    calls = tuple(
+        (r.item.call_id, r.item.name, r.item.text) for r in items if r.item.kind == "function_call"
+    )
+    return Resumable(
+        text=texts["message"],
+        tokens=sum(len(r.parts) for r in items),
+        wrap=lambda send: ResumedSend(stream, send),
+        reasoning=texts["reasoning"],
+        calls=calls,
+    )
 
 
 class ResponsesApi:
