@@ -1,6 +1,7 @@
 """Fixtures shared across test directories.
 
 `netns` (tests/netns.py): network namespaces on a bridge, for tests that cross hosts.
+`hub`: a Hugging Face hub stand-in (tests/hub_standin.py) on a loopback port.
 Loaded here, before any test module imports it, so pytest rewrites its asserts.
 
 Engines outlive their agents, so every test gets its own agent state directory
@@ -23,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hub_standin import HubStandin, serve_hub
 from vllm_fleet import close_warm, warm_up
 
 from llmgw.agent.state import read_identity
@@ -87,6 +89,13 @@ async def _pg_admin(sql: str) -> None:
         await conn.execute(sql)
     finally:
         await conn.close()
+
+
+@pytest.fixture
+def hub() -> Iterator[HubStandin]:
+    """A hub stand-in for this test; point agents at it with `HF_ENDPOINT=hub.url`."""
+    with serve_hub() as standin:
+        yield standin
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ blocks, inline code or the sample output) must have a run here (RUNS), and each
 run here must be one the README mentions, so the test follows the README. Lines of
 code blocks without placeholders (`llmgw keys create --name my-team`) are also run
 exactly as written. Admin commands are those that act on a running gateway or its
-store (models, nodes, keys, users, usage, status); `llmgw certs` writes files and
+store (models, nodes, keys, users, usage, status, events); `llmgw certs` writes files and
 is covered by its own tests.
 
 Not guaranteed: that the install works offline. pip needs the package index (or
@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 # What `pip install .` reads: the build config, the readme it names, the sources.
 BUILD_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "src")
-ADMIN_GROUPS = ("models", "nodes", "keys", "users", "teams", "usage", "status")
+ADMIN_GROUPS = ("models", "nodes", "keys", "users", "teams", "usage", "status", "events")
 NODE = "local"
 SIM = "sim-small"
 KEY = "readme-key"
@@ -102,6 +102,7 @@ RUNS = (
     Run("nodes undrain", ("nodes", "undrain", NODE), NODE),
     Run("models activate", ("models", "activate", SIM, "--timeout", "120"), "ready"),
     Run("models show", ("models", "show", SIM), SIM),
+    Run("events", ("events", "--model", SIM), f"  ready  {SIM}  {NODE}  replica "),
     Run("models reload", ("models", "reload"), "reloaded the models of llmgw up's catalog"),
     Run("models rollout status", ("models", "rollout", "status", "readme-sim"), "readme-sim"),
     Run("models add", ADD_CANARY, "readme-sim", file=CANARY),

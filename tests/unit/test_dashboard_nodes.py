@@ -19,6 +19,7 @@ from dashboard_fleet import GIB, DashboardFleet, fleet_sources
 from starlette.applications import Starlette
 
 from llmgw.control.inventory.model import (
+    Download,
     GpuInfo,
     GpuUsage,
     NodeRegistration,
@@ -27,6 +28,7 @@ from llmgw.control.inventory.model import (
 )
 from llmgw.store import open_store, store_url
 from llmgw.web import DashboardSources, create_dashboard_routes
+from llmgw.web.views import heard
 
 HX = {"HX-Request": "true"}
 
@@ -191,3 +193,53 @@ async def test_a_filtered_page_refreshes_only_its_own_cards(nodes: Nodes) -> Non
     nodes.fleet.inventory.set_draining("node-004", True)  # zone a
     body = (await refresh(nodes, shown, q="zone=a")).text
     assert cards(body) == ["node-004"]
+
+
+def _card(page: str, node_id: str) -> str:
+    return html.unescape(page.split(f'id="node-{node_id}"', 1)[1].split("</article>", 1)[0])
+
+
+async def test_a_download_is_a_bar_on_its_node_card_and_moves_it_on_a_refresh(
+    nodes: Nodes,
+) -> None:
+    sha = "abc1234" + "0" * 33
+    spec = ShardSpec(
+        shard_id="big-1", model="big", engine="sim", weights=f"org/big@{sha}", port=20001
+    )
+
+    def report(done: int, files: tuple[str, ...]) -> ShardReport:
+        return ShardReport(
+            shard_id="big-1", model="big", state="starting", spec=spec,
+            message=f"downloading org/big@abc1234 {done * 100 // 4_000_000_000}% of 4.0 GB",
+            download=Download(
+                repo="org/big", revision=sha, done=done, total=4_000_000_000,
+                rate=50_000_000.0, files=files, started=None,
+            ),
+        )  # fmt: skip
+
+    register(nodes.fleet, "node-dl", shards=(report(1_000_000_000, ("b.safetensors",)),))
+    page = (await nodes.client.get("/admin/nodes", params={"q": "node-dl"})).text
+    card = _card(page, "node-dl")
+    assert '<progress max="100" value="25" aria-label="downloading org/big@abc1234">' in card
+    assert (
+        '<span class="download-percent">25%</span> · 1.0 GB of 4.0 GB · 50.0 MB/s · 60 s left · '
+        '<span class="mono download-file">b.safetensors</span>'
+    ) in card
+    assert "downloading org/big@abc1234 25%" not in card  # the bar says it, once
+    # Heard from just now: the text stays while heartbeats keep coming.
+    assert '<span class="muted heard">heard from under 10 s ago</span>' in card
+    assert "no hub weights on disk · 100.0 GiB free" in card
+    shown = versions(page)
+    nodes.fleet.inventory.shard_status(
+        "node-dl", report(2_000_000_000, ("b.safetensors", "a.safetensors"))
+    )
+    body = (await refresh(nodes, shown, "node-dl")).text
+    moved = _card(body, "node-dl")
+    assert 'value="50"' in moved and "b.safetensors</span> and 1 more" in moved
+
+
+def test_last_heard_moves_in_steps() -> None:
+    assert [heard(a) for a in (None, 0.2, 9.9, 10, 59, 61, 3599, 7300, 200000)] == [
+        "never", "under 10 s ago", "under 10 s ago", "10 s ago", "50 s ago", "1 min ago",
+        "59 min ago", "2 h ago", "2 d ago",
+    ]  # fmt: skip

@@ -13,7 +13,11 @@ each file to a process-unique `.incomplete` file, so the part of a file that
 was being written is fetched again (those leftovers are removed first).
 
 `progress(ref)` reads the bytes on disk against the snapshot's total (from the
-hub's file list), for the shard's status message. `held()` lists the complete
+hub's file list), and names the files being fetched: the client writes each into
+`blobs/<etag>[.<id>].incomplete`, and the file list's blob ids (the LFS sha256
+for LFS files, else the git blob id: what the client uses as the etag) map each
+part back to its file name. It goes up as the shard's status message and its
+structured download. `held()` lists the complete
 snapshots on disk with their size and when an engine last started on each
 (kept in `.llmgw-weights-used.json` in the weights directory), for the
 heartbeat.
@@ -55,24 +59,32 @@ class _Download:
     ref: HubRef
     task: asyncio.Task[Path]
     started: float
+    started_unix: float  # the same moment on the wall clock, for the control plane
     total: int = 0  # bytes of the snapshot, once the file list is known
+    names: dict[str, tuple[str, int]] = field(default_factory=dict)  # etag -> (file, bytes)
     start_bytes: int = 0  # already on disk when this download began (resumed)
 
 
 @dataclass(frozen=True, slots=True)
 class Progress:
-    """How far a download is: bytes on disk of the total, and the rate since it began."""
+    """How far a download is: bytes on disk of the total, the rate since it began, and
+    the files being fetched now (most bytes left first)."""
 
     done: int
     total: int
     rate: float  # bytes per second since this download began; 0 until it can be told
+    files: tuple[str, ...] = ()
+    started_unix: float = 0.0
 
     def describe(self, ref: HubRef) -> str:
-        """`downloading org/name@abc1234 41% of 15.2 GB, 2 min left`."""
+        """`downloading org/name@abc1234 41% of 15.2 GB, model.safetensors, 2 min left`."""
         if self.total <= 0:
             return f"downloading {ref.short()} (listing its files)"
         percent = min(100, int(100 * self.done / self.total))
         text = f"downloading {ref.short()} {percent}% of {_size(self.total)}"
+        if self.files:
+            more = len(self.files) - 1
+            text += f", {self.files[0]}" + (f" and {more} more" if more else "")
         if self.rate > 0 and self.done < self.total:
             text += f", {_duration((self.total - self.done) / self.rate)} left"
         return text
@@ -170,7 +182,9 @@ class Snapshots:
             task = asyncio.get_running_loop().create_task(
                 self._download(ref), name=f"download {ref}"
             )
-            running = _Download(ref=ref, task=task, started=time.monotonic())
+            running = _Download(
+                ref=ref, task=task, started=time.monotonic(), started_unix=time.time()
+            )
             self._running[ref] = running
             task.add_done_callback(lambda _: self._running.pop(ref, None))
         # Shielded: one shard's start being cancelled must not end another's download.
@@ -271,12 +285,19 @@ class Snapshots:
         running = self._running.get(ref)
         if running is None:
             return None
-        done = _bytes_under(self.cache_dir / ("models--" + ref.repo.replace("/", "--")))
+        folder = self.cache_dir / ("models--" + ref.repo.replace("/", "--"))
+        done = _bytes_under(folder)
         elapsed = time.monotonic() - running.started
         fetched = done - running.start_bytes
         # The client writes in 10 MB pieces: until one landed, no rate (nor ETA) is known.
         rate = fetched / elapsed if elapsed > 0 and fetched * 100 >= running.total else 0.0
-        return Progress(done=min(done, running.total or done), total=running.total, rate=rate)
+        return Progress(
+            done=min(done, running.total or done),
+            total=running.total,
+            rate=rate,
+            files=_in_flight(folder / "blobs", running.names),
+            started_unix=running.started_unix,
+        )
 
     async def _download(self, ref: HubRef) -> Path:
         running = self._running[ref]
@@ -285,17 +306,21 @@ class Snapshots:
         # writer of its weights directory, and one download per repo runs at a time.
         await asyncio.to_thread(_remove_leftovers, folder / "blobs")
         running.start_bytes = await asyncio.to_thread(_bytes_under, folder)
-        running.total = await asyncio.to_thread(self._total, ref)
+        running.names = await asyncio.to_thread(self._files, ref)
+        running.total = sum(size for _name, size in running.names.values())
         return await _in_daemon_thread(self._fetch, ref, name=f"download {ref}")
 
-    def _total(self, ref: HubRef) -> int:
+    def _files(self, ref: HubRef) -> dict[str, tuple[str, int]]:
+        """The snapshot's files by the etag the client names their blobs with (the
+        LFS sha256 of an LFS file, else its git blob id), with their sizes."""
         import httpx2
         from huggingface_hub import HfApi
         from huggingface_hub.errors import HfHubHTTPError
+        from huggingface_hub.hf_api import RepoFile
 
         api = HfApi(endpoint=self._endpoint(), token=self._token())
         try:
-            info = api.model_info(ref.repo, revision=ref.revision, files_metadata=True)
+            tree = list(api.list_repo_tree(ref.repo, revision=ref.revision, recursive=True))
         except HfHubHTTPError as exc:
             raise DownloadError(_hub_reason(ref, exc)) from exc
         except (OSError, httpx2.TransportError) as exc:
@@ -303,7 +328,11 @@ class Snapshots:
                 f"cannot reach the hub at {api.endpoint} to download {ref}: {exc}; set "
                 "HF_ENDPOINT on the agent to a reachable hub or mirror"
             ) from exc
-        return sum(s.size or 0 for s in info.siblings or [])
+        return {
+            (f.lfs.sha256 if f.lfs is not None else f.blob_id): (f.path, f.size or 0)
+            for f in tree
+            if isinstance(f, RepoFile)
+        }
 
     def _fetch(self, ref: HubRef) -> Path:
         import httpx2
@@ -340,6 +369,27 @@ def _hub_reason(ref: HubRef, exc: Exception) -> str:
     detail = f"{reason} ({first})" if reason else first
     prefix = f"the hub refused {ref}"
     return f"{prefix}: {detail}" if status else f"downloading {ref} failed: {detail}"
+
+
+def _in_flight(blobs: Path, names: Mapping[str, tuple[str, int]]) -> tuple[str, ...]:
+    """The files whose parts (`<etag>[.<id>].incomplete`) are in `blobs`, most bytes
+    left first; a part whose etag is not in the file list is not named."""
+    left: dict[str, int] = {}
+    try:
+        parts = list(blobs.glob("*.incomplete"))
+    except OSError:
+        return ()
+    for part in parts:
+        found = names.get(part.name.split(".", 1)[0])
+        if found is None:
+            continue
+        try:
+            written = part.stat().st_size
+        except OSError:
+            continue  # finished (renamed) since the listing
+        name, size = found
+        left[name] = min(left.get(name, size), size - written)
+    return tuple(sorted(left, key=lambda n: (-left[n], n)))
 
 
 def _bytes_under(path: Path, *, follow: bool = False) -> int:

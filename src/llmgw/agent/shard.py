@@ -48,6 +48,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llmgw.agent.errors import SleepError
 from llmgw.agent.output import LogFollower, OutputTail
@@ -56,6 +57,9 @@ from llmgw.agent.process import EngineProcess
 from llmgw.agent.settings import SupervisorSettings
 from llmgw.engines import EngineTimings, SleepApi
 from llmgw.proto import agent_pb2
+
+if TYPE_CHECKING:
+    from llmgw.agent.hub import Progress
 
 log = logging.getLogger("llmgw.agent.shard")
 
@@ -91,6 +95,7 @@ class ShardReport:
     endpoint_url: str = ""
     exit_code: int | None = None
     output_tail: tuple[str, ...] = ()
+    download: Progress | None = None  # while its hub weights download (of spec.weights)
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,7 +60,7 @@ from llmgw.agent.errors import (
     WeightsPathError,
 )
 from llmgw.agent.flags import PortRange, WeightsLimit
-from llmgw.agent.hub import Snapshots
+from llmgw.agent.hub import Progress, Snapshots
 from llmgw.agent.probe import is_sleeping
 from llmgw.agent.process import EngineProcess, attach, spawn
 from llmgw.agent.settings import SupervisorSettings
@@ -578,7 +578,11 @@ class Supervisor:
         return report
 
     def _fetch_report(
-        self, spec: agent_pb2.ShardSpec, state: ShardState, message: str
+        self,
+        spec: agent_pb2.ShardSpec,
+        state: ShardState,
+        message: str,
+        download: Progress | None = None,
     ) -> ShardReport:
         return ShardReport(
             shard_id=spec.shard_id,
@@ -587,6 +591,7 @@ class Supervisor:
             since=self._wall_clock(),
             spec=spec,
             message=message,
+            download=download,
         )
 
     def _fetch_changed(self, report: ShardReport) -> None:
@@ -602,7 +607,9 @@ class Supervisor:
                 progress = await asyncio.to_thread(self._snapshots.progress, ref)
                 message = progress.describe(ref) if progress is not None else "downloading"
                 if message != self._fetching[spec.shard_id].message:
-                    self._fetch_changed(self._fetch_report(spec, ShardState.STARTING, message))
+                    self._fetch_changed(
+                        self._fetch_report(spec, ShardState.STARTING, message, progress)
+                    )
                 await asyncio.wait({download}, timeout=_PROGRESS_SECONDS)
             download.result()
         except asyncio.CancelledError:

@@ -15,6 +15,7 @@ from llmgw.agent.hardware import GpuUsage, HardwareReport
 from llmgw.agent.hub import Held
 from llmgw.agent.interfaces import Interface
 from llmgw.agent.shard import ShardReport, ShardState
+from llmgw.config.hub import hub_ref
 from llmgw.proto import agent_pb2
 
 _STATES = {
@@ -54,6 +55,19 @@ def shard_status(report: ShardReport) -> agent_pb2.ShardStatus:
         output_tail=report.output_tail,
     )
     status.spec.CopyFrom(report.spec)
+    ref = hub_ref(report.spec.weights)
+    if report.download is not None and ref is not None:
+        status.download.CopyFrom(
+            agent_pb2.Download(
+                repo=ref.repo,
+                revision=ref.revision,
+                done=report.download.done,
+                total=report.download.total,
+                rate=report.download.rate,
+                files=report.download.files,
+                started_unix=report.download.started_unix,
+            )
+        )
     return status
 
 

@@ -11,6 +11,7 @@ from llmgw.cli import agent as agent_cmd
 from llmgw.cli import certs as certs_cmd
 from llmgw.cli import db as db_cmd
 from llmgw.cli import debug as debug_cmd
+from llmgw.cli import events as events_cmd
 from llmgw.cli import keys as keys_cmd
 from llmgw.cli import models as models_cmd
 from llmgw.cli import nodes as nodes_cmd
@@ -83,6 +84,7 @@ app.add_typer(nodes_cmd.nodes_app, name="nodes")
 app.add_typer(certs_cmd.certs_app, name="certs")
 app.add_typer(models_cmd.models_app, name="models")
 app.command(name="status")(status_cmd.status)
+app.command(name="events")(events_cmd.events)
 app.add_typer(debug_cmd.debug_app, name="debug")
 app.command(
     name="up",

@@ -194,7 +194,7 @@ class HeldWeights(_message.Message):
     def __init__(self, repo: _Optional[str] = ..., revision: _Optional[str] = ..., bytes: _Optional[int] = ..., last_used_unix: _Optional[float] = ...) -> None: ...
 
 class ShardStatus(_message.Message):
-    __slots__ = ("shard_id", "model", "state", "message", "pid", "endpoint_url", "output_tail", "exit_code", "spec", "since_unix")
+    __slots__ = ("shard_id", "model", "state", "message", "pid", "endpoint_url", "output_tail", "exit_code", "spec", "since_unix", "download")
     SHARD_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -205,6 +205,7 @@ class ShardStatus(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     SINCE_UNIX_FIELD_NUMBER: _ClassVar[int]
+    DOWNLOAD_FIELD_NUMBER: _ClassVar[int]
     shard_id: str
     model: str
     state: ShardState
@@ -215,7 +216,26 @@ class ShardStatus(_message.Message):
     exit_code: int
     spec: ShardSpec
     since_unix: float
-    def __init__(self, shard_id: _Optional[str] = ..., model: _Optional[str] = ..., state: _Optional[_Union[ShardState, str]] = ..., message: _Optional[str] = ..., pid: _Optional[int] = ..., endpoint_url: _Optional[str] = ..., output_tail: _Optional[_Iterable[str]] = ..., exit_code: _Optional[int] = ..., spec: _Optional[_Union[ShardSpec, _Mapping]] = ..., since_unix: _Optional[float] = ...) -> None: ...
+    download: Download
+    def __init__(self, shard_id: _Optional[str] = ..., model: _Optional[str] = ..., state: _Optional[_Union[ShardState, str]] = ..., message: _Optional[str] = ..., pid: _Optional[int] = ..., endpoint_url: _Optional[str] = ..., output_tail: _Optional[_Iterable[str]] = ..., exit_code: _Optional[int] = ..., spec: _Optional[_Union[ShardSpec, _Mapping]] = ..., since_unix: _Optional[float] = ..., download: _Optional[_Union[Download, _Mapping]] = ...) -> None: ...
+
+class Download(_message.Message):
+    __slots__ = ("repo", "revision", "done", "total", "rate", "files", "started_unix")
+    REPO_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    RATE_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    STARTED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    repo: str
+    revision: str
+    done: int
+    total: int
+    rate: float
+    files: _containers.RepeatedScalarFieldContainer[str]
+    started_unix: float
+    def __init__(self, repo: _Optional[str] = ..., revision: _Optional[str] = ..., done: _Optional[int] = ..., total: _Optional[int] = ..., rate: _Optional[float] = ..., files: _Optional[_Iterable[str]] = ..., started_unix: _Optional[float] = ...) -> None: ...
 
 class CommandResult(_message.Message):
     __slots__ = ("command_id", "ok", "error")

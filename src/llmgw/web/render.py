@@ -65,6 +65,18 @@ def when(value: object) -> str:
     return parsed.strftime("%Y-%m-%d %H:%M:%S")
 
 
+def hub_bytes(value: object) -> str:
+    """Bytes as the hub counts them (1 GB = 10^9 bytes), as download progress shows."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return NONE
+    amount = float(value)
+    for unit in ("B", "kB", "MB", "GB"):
+        if amount < 1000 or unit == "GB":
+            return f"{amount:.0f} {unit}" if unit == "B" else f"{amount:.1f} {unit}"
+        amount /= 1000
+    return f"{amount:.1f} TB"
+
+
 def percent(value: object) -> str:
     if not isinstance(value, int | float) or isinstance(value, bool):
         return NONE
@@ -90,7 +102,13 @@ class Renderer:
             auto_reload=False,
         )
         self._env.filters.update(
-            gib=gib, number=number, seconds=seconds, when=when, percent=percent, ms=milliseconds
+            gib=gib,
+            number=number,
+            seconds=seconds,
+            when=when,
+            percent=percent,
+            ms=milliseconds,
+            hub_bytes=hub_bytes,
         )
 
     def render(self, template: str, context: dict[str, Any]) -> str:

@@ -201,6 +201,33 @@ def overview(sources: DashboardSources) -> dict[str, Any]:
     }
 
 
+def downloads(shards: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The hub downloads the shards (or replicas) wait for, one per snapshot (two
+    shards on a node share one download)."""
+    found: dict[tuple[str, str], Mapping[str, Any]] = {}
+    for shard in shards:
+        download = shard.get("download")
+        if download:
+            found.setdefault((str(download["repo"]), str(download["revision"])), download)
+    return list(found.values())
+
+
+def heard(age: object) -> str:
+    """When a node was last heard from, in steps coarse enough that a node heard every
+    few seconds keeps the same text (its card is not redrawn on every heartbeat)."""
+    if not isinstance(age, int | float) or isinstance(age, bool):
+        return "never"
+    if age < 10:
+        return "under 10 s ago"
+    if age < 60:
+        return f"{int(age) // 10 * 10} s ago"
+    if age < 3600:
+        return f"{int(age) // 60} min ago"
+    if age < 172800:
+        return f"{int(age) // 3600} h ago"
+    return f"{int(age) // 86400} d ago"
+
+
 def node_cards(nodes: Iterable[Json]) -> list[dict[str, Any]]:
     cards = []
     for node in sorted(nodes, key=lambda n: str(n["id"])):
@@ -208,7 +235,17 @@ def node_cards(nodes: Iterable[Json]) -> list[dict[str, Any]]:
         for gpu in node.get("gpus", []):
             used, total = gpu_memory(gpu)
             gpus.append({**gpu, "used": used, "total": total, "share": share(used, total)})
-        cards.append({**node, "gpu_bars": gpus})
+        weights = node.get("weights") or []
+        cards.append(
+            {
+                **node,
+                "gpu_bars": gpus,
+                "heard": heard(node.get("heartbeat_age_seconds")),
+                "weights": weights,
+                "weights_bytes": sum(int(w.get("bytes") or 0) for w in weights),
+                "downloads": downloads(node.get("shards") or []),
+            }
+        )
     return cards
 
 
@@ -240,6 +277,7 @@ def model_rows(models: Iterable[Json]) -> list[dict[str, Any]]:
                     Counter(str(r.get("state")) for r in replicas), ()
                 ),
                 "problem": problem(model),
+                "downloads": downloads(replicas),
             }
         )
     return rows

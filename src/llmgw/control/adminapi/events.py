@@ -2,7 +2,8 @@
 
 Placement decisions (start, stop), activations, failures, readiness, models
 that cannot be placed and node transitions (kind "node": registered,
-unreachable, lost, ready again, draining), newest first, as the reconciler
+unreachable, lost, ready again, draining) and hub downloads (kind "download": a
+download's start, each quarter, its end with duration and size), newest first, as the reconciler
 recorded them. `?model=NAME` keeps one model's events, `?node=ID` one node's;
 `?limit=N` (default 100) caps the list.
 

@@ -2,7 +2,9 @@
 
 Sizes are in bytes, times are ISO 8601 UTC, ages in seconds. A GPU's
 `utilization_percent` and `memory_used_bytes` are null until the node's first
-heartbeat.
+heartbeat. A shard waiting for its hub weights has a `download` (bytes done and
+total, percent, rate, ETA, and `file`: the file being fetched, with `files` when
+several are); null otherwise.
 Not guaranteed: field order; add fields freely, never rename one.
 """
 
@@ -45,6 +47,7 @@ def shard_view(shard: Shard) -> dict[str, Any]:
         "output_tail": list(shard.output_tail),
         "gpu_indices": list(shard.gpu_indices),
         "spec": spec_view(shard.spec) if shard.spec is not None else None,
+        "download": shard.download.view() if shard.download is not None else None,
     }
 
 

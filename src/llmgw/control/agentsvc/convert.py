@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from llmgw.control.agentsvc.errors import BadAgentMessage
 from llmgw.control.inventory.model import (
     TERMINAL_SHARD_STATES,
+    Download,
     GpuInfo,
     GpuUsage,
     HeldWeights,
@@ -187,6 +188,19 @@ def shard_report(msg: agent_pb2.ShardStatus) -> ShardReport:
         exit_code=msg.exit_code if state in TERMINAL_SHARD_STATES and msg.pid else None,
         spec=shard_spec(msg.spec) if msg.HasField("spec") else None,
         since=datetime.fromtimestamp(msg.since_unix, UTC) if msg.since_unix > 0 else None,
+        download=download(msg.download) if msg.HasField("download") else None,
+    )
+
+
+def download(msg: agent_pb2.Download) -> Download:
+    return Download(
+        repo=msg.repo,
+        revision=msg.revision,
+        done=msg.done,
+        total=msg.total,
+        rate=max(0.0, msg.rate),
+        files=tuple(msg.files),
+        started=datetime.fromtimestamp(msg.started_unix, UTC) if msg.started_unix > 0 else None,
     )
 
 

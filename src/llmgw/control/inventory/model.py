@@ -92,6 +92,51 @@ class GpuUsage:
 
 
 @dataclass(frozen=True, slots=True)
+class Download:
+    """A hub snapshot's download on a node, as its agent last reported it."""
+
+    repo: str
+    revision: str  # the commit SHA
+    done: int  # bytes on the node's disk
+    total: int  # bytes of the snapshot; 0 while the agent lists its files
+    rate: float  # bytes per second since it began; 0 until the agent can tell
+    files: tuple[str, ...]  # being fetched now, most bytes left first
+    started: datetime | None  # on the node's clock; None when the agent did not say
+
+    def short(self) -> str:
+        """`org/name@abc1234`."""
+        return f"{self.repo}@{self.revision[:7]}"
+
+    @property
+    def percent(self) -> int | None:
+        """Whole percent done; None while the total is not known."""
+        return min(100, self.done * 100 // self.total) if self.total > 0 else None
+
+    @property
+    def eta_seconds(self) -> float | None:
+        """Seconds left at the rate so far; None while no rate is known."""
+        if self.rate <= 0 or self.total <= 0:
+            return None
+        return max(0.0, (self.total - self.done) / self.rate)
+
+    def view(self) -> dict[str, object]:
+        """As the admin API shows it (a shard's or a replica's `download`)."""
+        eta = self.eta_seconds
+        return {
+            "repo": self.repo,
+            "revision": self.revision,
+            "done_bytes": self.done,
+            "total_bytes": self.total,
+            "percent": self.percent,
+            "rate_bytes_per_second": round(self.rate, 1),
+            "eta_seconds": round(eta, 1) if eta is not None else None,
+            "file": self.files[0] if self.files else None,
+            "files": list(self.files),
+            "started": self.started.isoformat() if self.started is not None else None,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class ShardReport:
     """A shard's status as the agent reports it (on a transition, or when registering)."""
 
@@ -106,6 +151,7 @@ class ShardReport:
     spec: ShardSpec | None = None
     # When the shard entered this state on the node; None when the agent did not say.
     since: datetime | None = None
+    download: Download | None = None  # while the shard waits for its weights
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +208,7 @@ class Shard:
     exit_code: int | None
     spec: ShardSpec | None
     since: datetime
+    download: Download | None = None  # while the shard waits for its weights
 
     @property
     def gpu_indices(self) -> tuple[int, ...]:

@@ -86,6 +86,7 @@ from llmgw.control.inventory import Change, Node, Shard, ShardSpec, UnknownNode
 from llmgw.control.placements import Placement, PlacementError
 from llmgw.control.reconciler.autoscale import LoadSignals, replicas_for_load
 from llmgw.control.reconciler.demand import DemandBook
+from llmgw.control.reconciler.downloads import DownloadWatch
 from llmgw.control.reconciler.errors import (
     ActivationDisabled,
     ActivationRefused,
@@ -299,6 +300,8 @@ class Controller:
         # Shards that reported ready (a later failure is a crash in service).
         self._served: set[str] = set()
         self._events: deque[Event] = deque(maxlen=MAX_EVENTS)
+        # Hub downloads the nodes report, told as events (start, quarters, end).
+        self._downloads = DownloadWatch()
         self._routed = routed
         self._sleep = SleepBook(
             dispatcher=dispatcher,
@@ -847,6 +850,7 @@ class Controller:
                 self._on_shard(change.node_id, shard)
         elif change.kind == "node_removed":
             self._placements.forget_node(change.node_id)
+            self._downloads.forget_node(change.node_id)
         elif change.kind != "shard_removed":
             node = self._find_node(change.node_id)
             if node is not None:
@@ -868,6 +872,8 @@ class Controller:
     def _on_shard(self, node_id: str, shard: Shard) -> None:
         model = self._catalog.get(shard.model)
         name = model.name if model is not None else shard.model
+        for text in self._downloads.observe(node_id, shard, self._wall_clock()):
+            self._event("download", name, node_id, text)
         activation = self._activations.get(name)
         if activation is not None and activation.span is not None:
             activation.span.add_event(

@@ -96,6 +96,7 @@ def state_view(state: ModelState, reach: Reachability | None = None) -> dict[str
                 "message": shard.message,
                 "since": shard.since.isoformat(),
                 "output_tail": list(shard.output_tail) if shard.state == "failed" else [],
+                "download": shard.download.view() if shard.download is not None else None,
                 "reach": _reach_view(reach, shard.id),
             },
         )
@@ -118,6 +119,7 @@ def state_view(state: ModelState, reach: Reachability | None = None) -> dict[str
                 "message": "start sent to the node",
                 "since": None,
                 "output_tail": [],
+                "download": None,
                 "reach": None,
             },
         )
