@@ -611,6 +611,15 @@ class ModelConfig(_Strict):
             "runs the same bytes; set it to pin a commit without asking the hub."
         ),
     )
+    weights_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "The size of the hub weights at `weights_commit`, from the hub's file list. "
+            "Unset: filled in when the server resolves the commit; placement uses it to "
+            "rule out a node whose disk cannot take a download."
+        ),
+    )
     profiles: list[ProfileConfig] = Field(
         min_length=1,
         description=(
