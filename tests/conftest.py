@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hub_standin import HubStandin, serve_hub
 from vllm_fleet import close_warm, warm_up
 
 from llmgw.agent.state import read_identity
@@ -87,6 +88,13 @@ async def _pg_admin(sql: str) -> None:
         await conn.execute(sql)
     finally:
         await conn.close()
+
+
+@pytest.fixture
+def hub() -> Iterator[HubStandin]:
+    """A Hugging Face hub stand-in on loopback (tests/hub_standin.py)."""
+    with serve_hub() as standin:
+        yield standin
 
 
 @pytest.fixture
