@@ -114,6 +114,20 @@ def test_a_node_whose_disk_cannot_take_the_weights_is_ruled_out_and_explain_says
         assert "weights limited to 10.0 MB" in explained, explained
         assert f"node-b: must download 30.0 MB (org/tiny@{sha[:7]})" in explained, explained
 
+        # The dry run of a model not in the catalog yet pins it too, and says the same.
+        body = {
+            "name": "other",
+            "weights": "org/tiny",
+            "profiles": [{"name": "p", "engine": "sim"}],
+        }
+        dry = httpx.post(f"{server.admin}/admin/api/placement/dry-run", json=body, timeout=30)
+        assert dry.status_code == 200, dry.text
+        planned = dry.json()
+        assert planned["placement"]["node"] == "node-b", planned
+        [rejected] = planned["profiles"][0]["rejected"]
+        assert rejected["node"] == "node-a", planned
+        assert rejected["reason"].startswith("disk cannot take 30.0 MB: "), planned
+
         answer = chat(server, "tiny")
         assert answer.status_code == 200, answer.text
         [shard] = [s for s in shards(server) if s["state"] == "ready"]

@@ -259,7 +259,7 @@ class Catalog:
         already (or a skipped stored model's); `NameTaken` when a name or alias
         clashes with another model's.
         """
-        model = await self._pinned(model)
+        model = await self.pinned(model)
         async with self._lock:
             repo = self._require_store(model.name)
             model = dataclasses.replace(model, source="store")
@@ -291,7 +291,7 @@ class Catalog:
         model; `InvalidModel` (field "name") when `model` has another name: a
         model cannot be renamed. A skipped stored model may be replaced, to fix it.
         """
-        model = await self._pinned(model)
+        model = await self.pinned(model)
         async with self._lock:
             canonical = self._index.get(name) or (name if name in self._skipped else None)
             if canonical is None:
@@ -441,9 +441,10 @@ class Catalog:
 
     # ---- helpers ----
 
-    async def _pinned(self, model: CatalogModel) -> CatalogModel:
-        """`model` pinned to its hub commit (see `hub.pin`). Asked before the lock is
-        taken: the hub may be slow, and other writes need not wait for it."""
+    async def pinned(self, model: CatalogModel) -> CatalogModel:
+        """`model` pinned to its hub commit, with its size (see `hub.pin`); changes
+        nothing in the catalog. Asked before the lock is taken: the hub may be slow,
+        and other writes need not wait for it."""
         return await pin(model, self._revisions)
 
     def _rebuild(self) -> None:
