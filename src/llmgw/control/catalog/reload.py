@@ -118,32 +118,50 @@ async def config_models(
     or, on a reload, keeps the commit `earlier` (the models in force) pinned for the
     same weights, so a hub outage never rolls replicas.
     """
-    models: list[CatalogModel] = []
+    built: list[CatalogModel] = []
     for index, declared in enumerate(cfg.models):
         try:
-            model = model_from_config(declared, source="config")
-            models.append(await pin(model, revisions))
+            built.append(model_from_config(declared, source="config"))
         except InvalidModel as exc:
             raise InvalidConfig(f"{label}: {_where(index, exc.field)}: {exc.message}") from exc
-        except HubUnavailable as exc:
-            before = (earlier or {}).get(model.name)
-            if before is not None and before.weights == model.weights and before.weights_commit:
-                models.append(
-                    dataclasses.replace(
-                        model,
-                        weights_commit=before.weights_commit,
-                        weights_bytes=before.weights_bytes,
-                    )
-                )
-                continue
-            log.warning(
-                "%s: %s: %s; its nodes download the revision as written",
-                label,
-                _where(index, "weights"),
-                exc.message,
-            )
-            models.append(model)
+    # Asked together: a start waits for the slowest answer, not for their sum.
+    answers = await asyncio.gather(
+        *(pin(model, revisions) for model in built), return_exceptions=True
+    )
+    models: list[CatalogModel] = []
+    for index, (model, answer) in enumerate(zip(built, answers, strict=True)):
+        if isinstance(answer, CatalogModel):
+            models.append(answer)
+        elif isinstance(answer, InvalidModel):
+            raise InvalidConfig(f"{label}: {_where(index, answer.field)}: {answer.message}")
+        elif isinstance(answer, HubUnavailable):
+            models.append(_unpinned(model, answer, label, index, earlier or {}))
+        else:
+            raise answer
     return models
+
+
+def _unpinned(
+    model: CatalogModel,
+    error: HubUnavailable,
+    label: str,
+    index: int,
+    earlier: Mapping[str, CatalogModel],
+) -> CatalogModel:
+    """A model the hub could not pin: as pinned before for the same weights, else as
+    written (with a warning)."""
+    before = earlier.get(model.name)
+    if before is not None and before.weights == model.weights and before.weights_commit:
+        return dataclasses.replace(
+            model, weights_commit=before.weights_commit, weights_bytes=before.weights_bytes
+        )
+    log.warning(
+        "%s: %s: %s; its nodes download the revision as written",
+        label,
+        _where(index, "weights"),
+        error.message,
+    )
+    return model
 
 
 def _sections(cfg: ServerConfig) -> dict[str, Any]:
