@@ -98,7 +98,7 @@ def test_a_node_whose_disk_cannot_take_the_weights_is_ruled_out_and_explain_says
     try:
         # The config model was pinned when the server read the file, with its size.
         shown = models_show(server)
-        assert f"weights:     org/tiny (commit {sha})" in shown, shown
+        assert f"weights:     org/tiny (commit {sha}), 30.0 MB" in shown, shown
         stored = httpx.get(f"{server.admin}/admin/api/models/tiny", timeout=10).json()
         assert stored["weights_bytes"] == size, stored
 
