@@ -191,9 +191,10 @@ class Inventory:
         node = self._get(node_id)
         if weights is not None:
             node.weights = tuple(weights)
-        if host is not None and host.disk_total:
+        if host is not None and (host.disk_total or host.memory_total):
             node.host = host
-            node.weights_disk_free = host.disk_free
+            if host.disk_total:
+                node.weights_disk_free = host.disk_free
         now = self._clock()
         silent_for = now - node.last_heartbeat
         node.last_heartbeat = now
