@@ -21,6 +21,7 @@ from starlette.applications import Starlette
 from llmgw.control.inventory.model import (
     GpuInfo,
     GpuUsage,
+    HostReading,
     NodeRegistration,
     ShardReport,
     ShardSpec,
@@ -191,3 +192,19 @@ async def test_a_filtered_page_refreshes_only_its_own_cards(nodes: Nodes) -> Non
     nodes.fleet.inventory.set_draining("node-004", True)  # zone a
     body = (await refresh(nodes, shown, q="zone=a")).text
     assert cards(body) == ["node-004"]
+
+
+async def test_a_card_shows_the_weights_disk_once_a_heartbeat_carried_it(nodes: Nodes) -> None:
+    register(nodes.fleet, "node-disk")
+    page = (await nodes.client.get("/admin/nodes", params={"q": "node-disk"})).text
+    assert 'class="small muted disk"' not in page  # Register alone: the disk's size is unknown
+    gib = 1 << 30
+    reading = HostReading(
+        disk_total=100 * gib, disk_free=40 * gib, memory_total=64 * gib, memory_available=gib
+    )
+    nodes.fleet.inventory.heartbeat("node-disk", [], [], reading)
+    page = (await nodes.client.get("/admin/nodes", params={"q": "node-disk"})).text
+    card = page.split('id="node-node-disk"', 1)[1].split("</article>", 1)[0]
+    line = re.search(r'<p class="small muted disk">([^<]+)</p>', card)
+    assert line is not None
+    assert html.unescape(line.group(1)) == "disk 60.0 GiB / 100.0 GiB · 40.0 GiB free"
