@@ -607,8 +607,9 @@ class ModelConfig(_Strict):
         default=None,
         description=(
             "The commit SHA that a hub `weights` revision resolved to. Unset: the server "
-            "asks the hub when the model is added through the admin API, so every node "
-            "runs the same bytes; set it to pin a commit without asking the hub."
+            "asks the hub when the model is added through the admin API or the config "
+            "file is read, so every node runs the same bytes; set it to pin a commit "
+            "yourself (the hub is then asked only for its size, and never refuses it)."
         ),
     )
     weights_bytes: int | None = Field(
