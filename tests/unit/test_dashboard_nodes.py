@@ -22,6 +22,7 @@ from llmgw.control.inventory.model import (
     Download,
     GpuInfo,
     GpuUsage,
+    HostReading,
     NodeRegistration,
     ShardReport,
     ShardSpec,
@@ -243,3 +244,19 @@ def test_last_heard_moves_in_steps() -> None:
         "never", "under 10 s ago", "under 10 s ago", "10 s ago", "50 s ago", "1 min ago",
         "59 min ago", "2 h ago", "2 d ago",
     ]  # fmt: skip
+
+
+async def test_a_card_shows_the_weights_disk_once_a_heartbeat_carried_it(nodes: Nodes) -> None:
+    register(nodes.fleet, "node-disk")
+    page = (await nodes.client.get("/admin/nodes", params={"q": "node-disk"})).text
+    assert 'class="small muted disk"' not in page  # Register alone: the disk's size is unknown
+    gib = 1 << 30
+    reading = HostReading(
+        disk_total=100 * gib, disk_free=40 * gib, memory_total=64 * gib, memory_available=gib
+    )
+    nodes.fleet.inventory.heartbeat("node-disk", [], [], reading)
+    page = (await nodes.client.get("/admin/nodes", params={"q": "node-disk"})).text
+    card = page.split('id="node-node-disk"', 1)[1].split("</article>", 1)[0]
+    line = re.search(r'<p class="small muted disk">([^<]+)</p>', card)
+    assert line is not None
+    assert html.unescape(line.group(1)) == "disk 60.0 GiB / 100.0 GiB · 40.0 GiB free"

@@ -519,6 +519,7 @@ class Connection:
         while True:
             usage = await self._hardware.usage()
             held = await self._snapshots.held() if self._snapshots is not None else []
+            host = await self._hardware.host()
             self._sequence += 1
-            outbox.put_nowait(wire.heartbeat(self._sequence, usage, held))
+            outbox.put_nowait(wire.heartbeat(self._sequence, usage, held, host))
             await self._sleep(interval)

@@ -47,6 +47,16 @@ class GpuUsage:
 
 
 @dataclass(frozen=True, slots=True)
+class HostUsage:
+    """The weights disk and host memory at heartbeat time; 0 totals: not readable."""
+
+    disk_total_bytes: int
+    disk_free_bytes: int
+    memory_total_bytes: int
+    memory_available_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class HardwareReport:
     """Everything Register says about the machine."""
 
@@ -247,6 +257,19 @@ def memory_total_bytes() -> int:
         return 0
 
 
+def memory_available_bytes() -> int:
+    """The kernel's estimate of memory available without swapping (`MemAvailable` in
+    /proc/meminfo): what a sleeping engine's weights can still take. 0 when unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return 0
+    return 0
+
+
 class Hardware:
     """The node's hardware report and GPU usage, read without blocking the loop."""
 
@@ -277,6 +300,24 @@ class Hardware:
     async def report(self) -> HardwareReport:
         """A fresh report (GPU memory, free disk) for Register."""
         return await asyncio.to_thread(self._report)
+
+    def _host(self) -> HostUsage:
+        try:
+            disk = shutil.disk_usage(self._weights_dir)
+            disk_total, disk_free = disk.total, disk.free
+        except OSError as exc:
+            log.warning("cannot read the size of %s: %s", self._weights_dir, exc)
+            disk_total = disk_free = 0
+        return HostUsage(
+            disk_total_bytes=disk_total,
+            disk_free_bytes=disk_free,
+            memory_total_bytes=self._memory,
+            memory_available_bytes=memory_available_bytes(),
+        )
+
+    async def host(self) -> HostUsage:
+        """The weights disk's size and free space and the host's available memory."""
+        return await asyncio.to_thread(self._host)
 
     async def usage(self) -> tuple[GpuUsage, ...]:
         """Per-GPU utilisation and memory for a heartbeat; empty without NVML."""

@@ -10,8 +10,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmgw.agent.flags import PortRange
-from llmgw.agent.hardware import GpuUsage, HardwareReport
+from llmgw.agent.flags import PortRange, WeightsLimit
+from llmgw.agent.hardware import GpuUsage, HardwareReport, HostUsage
 from llmgw.agent.hub import Held
 from llmgw.agent.interfaces import Interface
 from llmgw.agent.shard import ShardReport, ShardState
@@ -40,6 +40,8 @@ class NodeIdentity:
     fabric: Mapping[str, str]
     port_range: PortRange
     weights_dir: Path
+    weights_limit: WeightsLimit | None = None  # --weights-max-use (None: no eviction)
+    sleep_memory_max: int = 0  # --sleep-memory-max (0: no limit)
 
 
 def shard_status(report: ShardReport) -> agent_pb2.ShardStatus:
@@ -98,6 +100,7 @@ def register(
     advertise_host: str = "",
     interfaces: Iterable[Interface] = (),
 ) -> agent_pb2.AgentMessage:
+    limit = identity.weights_limit
     return agent_pb2.AgentMessage(
         register=agent_pb2.Register(
             node_id=identity.node_id,
@@ -110,6 +113,9 @@ def register(
             port_range_start=identity.port_range.start,
             port_range_end=identity.port_range.end,
             weights_dir=str(identity.weights_dir),
+            weights_max_use_fraction=limit.fraction or 0.0 if limit is not None else 0.0,
+            weights_max_use_bytes=limit.size or 0 if limit is not None else 0,
+            sleep_memory_max_bytes=identity.sleep_memory_max,
             advertise_host=advertise_host,
             interfaces=[
                 agent_pb2.NetworkInterface(name=i.name, addresses=list(i.addresses))
@@ -120,11 +126,18 @@ def register(
 
 
 def heartbeat(
-    sequence: int, usage: Iterable[GpuUsage], held: Iterable[Held] = ()
+    sequence: int,
+    usage: Iterable[GpuUsage],
+    held: Iterable[Held] = (),
+    host: HostUsage | None = None,
 ) -> agent_pb2.AgentMessage:
     return agent_pb2.AgentMessage(
         heartbeat=agent_pb2.Heartbeat(
             sequence=sequence,
+            disk_total_bytes=host.disk_total_bytes if host else 0,
+            disk_free_bytes=host.disk_free_bytes if host else 0,
+            memory_total_bytes=host.memory_total_bytes if host else 0,
+            memory_available_bytes=host.memory_available_bytes if host else 0,
             weights=[
                 agent_pb2.HeldWeights(
                     repo=h.ref.repo,

@@ -42,6 +42,7 @@ from llmgw.agent.flags import (
     parse_key_values,
     parse_port_range,
     parse_servers,
+    parse_size,
     parse_weights_limit,
 )
 from llmgw.cli.logopts import LogFormat
@@ -113,6 +114,16 @@ def agent(
             help="Evict the least recently used hub snapshots that no engine here runs on "
             "when the weights disk is fuller than this share (85%) or the snapshots take "
             "more than this size (200GB). Unset: nothing is evicted.",
+            show_default=False,
+        ),
+    ] = None,
+    sleep_memory_max: Annotated[
+        str | None,
+        typer.Option(
+            help="Host memory that sleeping engines on this node may hold in all (a "
+            "sleeping engine keeps its weights in RAM), e.g. 64GiB. The control plane "
+            "keeps a replica awake (or stops it later) rather than sleep it past this or "
+            "past the memory available. Unset: the memory available is the only limit.",
             show_default=False,
         ),
     ] = None,
@@ -280,6 +291,11 @@ def agent(
             state_dir=_state_dir(state_dir),
             hub_token_file=_hub_token_file(hub_token_file),
             weights_limit=parse_weights_limit(weights_max_use),
+            sleep_memory_max=(
+                parse_size("--sleep-memory-max", sleep_memory_max)
+                if sleep_memory_max is not None
+                else 0
+            ),
         )
     except FlagError as exc:
         raise _fail(str(exc)) from None
@@ -329,6 +345,7 @@ class _Options:
     weights_dir: Path
     hub_token_file: Path | None
     weights_limit: WeightsLimit | None
+    sleep_memory_max: int  # 0: no limit
     port_range: PortRange
     declared_gpus: tuple[int, ...]
     advertise_host: str | None
@@ -661,6 +678,8 @@ async def _serve(
                 fabric=options.fabric,
                 port_range=options.port_range,
                 weights_dir=options.weights_dir,
+                weights_limit=options.weights_limit,
+                sleep_memory_max=options.sleep_memory_max,
             ),
             supervisor=supervisor,
             feed=feed,

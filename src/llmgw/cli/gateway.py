@@ -77,9 +77,9 @@ from llmgw.control.agentsvc import (
 )
 from llmgw.control.agentsvc.cluster_pki import ClusterPki, ClusterPkiError
 from llmgw.control.agentsvc.join import serve_cluster_agents
-from llmgw.control.catalog import Catalog, CatalogError, model_from_config
+from llmgw.control.catalog import Catalog, CatalogError
 from llmgw.control.catalog.hub import HubRevisions
-from llmgw.control.catalog.reload import ConfigReloader, ConfigSource
+from llmgw.control.catalog.reload import ConfigReloader, ConfigSource, InvalidConfig, config_models
 from llmgw.control.inventory import FleetMetrics, Inventory
 from llmgw.control.leadership import (
     LEASE_NAME,
@@ -292,12 +292,17 @@ class NothingToServe(StartupError):
 async def _load_catalog(cfg: ServerConfig, store: Store, config_file: str | None) -> Catalog:
     """The catalog from the config file plus the store; stored models that no
     longer validate are skipped with a warning rather than stopping the server."""
+    revisions = HubRevisions(environ=os.environ)
+    try:
+        models = await config_models(cfg, label=config_file or "the config", revisions=revisions)
+    except InvalidConfig as exc:
+        raise StartupError(f"{exc.message}; fix the model and start again") from exc
     try:
         catalog = Catalog(
             repo=store.catalog,
-            config_models=[model_from_config(m, source="config") for m in cfg.models],
+            config_models=models,
             config_file=config_file,
-            revisions=HubRevisions(environ=os.environ),
+            revisions=revisions,
         )
         warnings = await catalog.load()
     except (CatalogError, StoreError) as exc:

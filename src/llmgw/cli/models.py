@@ -296,13 +296,19 @@ def _wake_line(status: dict[str, Any]) -> list[str]:
     return [f"last wake:   replica {wake.get('replica')} woke in {wake.get('seconds')} s"]
 
 
+def _gb(size: int) -> str:
+    """Bytes as the hub counts them: `15.2 GB`, `30.0 MB`."""
+    return f"{size / 1e9:.1f} GB" if size >= 10**9 else f"{size / 1e6:.1f} MB"
+
+
 def _show_text(model: dict[str, Any]) -> str:
     status = _status(model)
     lines = [
         f"model:       {model['name']} ({model.get('source', '-')})",
         f"aliases:     {', '.join(model['aliases']) or '-'}",
         f"weights:     {model['weights']}"
-        + (f" (commit {model['weights_commit']})" if model.get("weights_commit") else ""),
+        + (f" (commit {model['weights_commit']})" if model.get("weights_commit") else "")
+        + (f", {_gb(int(model['weights_bytes']))}" if model.get("weights_bytes") else ""),
         f"replicas:    {model['min_replicas']} to {model['max_replicas']}",
         f"keep alive:  {_keep_alive(model['keep_alive'])}",
         *(

@@ -75,6 +75,13 @@ def _gib(value: int | None) -> str:
     return "-" if value is None else f"{value / (1 << 30):.1f} GiB"
 
 
+def _size(value: int) -> str:
+    """GiB, or MiB below one GiB (a small snapshot would read 0.0 GiB)."""
+    if value < 1 << 30:
+        return f"{value / (1 << 20):.1f} MiB"
+    return f"{value / (1 << 30):.1f} GiB"
+
+
 def _pairs(mapping: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(mapping.items())) or "-"
 
@@ -127,6 +134,37 @@ def _list_table(nodes: list[dict[str, Any]]) -> str:
     return render_table(headers, rows, right=frozenset({3}))
 
 
+def _disk(node: dict[str, Any]) -> str:
+    """`12.0 GiB used of 100.0 GiB, 88.0 GiB free; downloads may take 80.0 GiB (85%)`."""
+    free = int(node["weights_disk_free_bytes"])
+    total = node.get("disk_total_bytes")
+    said = (
+        f"{_size(int(total) - free)} used of {_size(int(total))}, {_size(free)} free"
+        if total
+        else f"{_size(free)} free"
+    )
+    room = node.get("weights_room_bytes")
+    limit = node.get("weights_max_use") or {}
+    if "fraction" in limit:
+        watermark = f"--weights-max-use {float(limit['fraction']) * 100:g}%"
+    elif "bytes" in limit:
+        watermark = f"--weights-max-use {_size(int(limit['bytes']))}"
+    else:
+        watermark = "no eviction"
+    if room is not None:
+        said += f"; downloads may take {_size(int(room))} ({watermark})"
+    return said
+
+
+def _memory(node: dict[str, Any]) -> str:
+    """`, 50.1 GiB available, 1.2 GiB held by sleeping replicas (limit 64.0 GiB)`."""
+    available = node.get("memory_available_bytes")
+    said = f", {_size(int(available))} available" if available is not None else ""
+    said += f", {_size(int(node.get('sleeping_memory_bytes') or 0))} held by sleeping replicas"
+    limit = node.get("sleep_memory_max_bytes")
+    return said + (f" (--sleep-memory-max {_size(int(limit))})" if limit else "")
+
+
 def _show_text(node: dict[str, Any]) -> str:
     lines = [
         f"node:       {node['id']} ({node['hostname']})",
@@ -135,8 +173,9 @@ def _show_text(node: dict[str, Any]) -> str:
         f"heartbeat:  {_age(node['heartbeat_age_seconds'])} "
         f"({_time(node['last_heartbeat_at'])} UTC)",
         f"registered: {_time(node['registered_at'])} UTC",
-        f"cpu, ram:   {node['cpu_count']} CPUs, {_gib(node['memory_total_bytes'])}",
-        f"weights:    {node['weights_dir'] or '-'} ({_gib(node['weights_disk_free_bytes'])} free)",
+        f"cpu, ram:   {node['cpu_count']} CPUs, {_gib(node['memory_total_bytes'])}" + _memory(node),
+        f"weights:    {node['weights_dir'] or '-'}",
+        f"disk:       {_disk(node)}",
         f"ports:      {node['port_range'][0]}-{node['port_range'][1]}",
         f"labels:     {_pairs(node['labels'])}",
         f"fabric:     {_pairs(node['fabric'])}",

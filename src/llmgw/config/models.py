@@ -607,8 +607,18 @@ class ModelConfig(_Strict):
         default=None,
         description=(
             "The commit SHA that a hub `weights` revision resolved to. Unset: the server "
-            "asks the hub when the model is added through the admin API, so every node "
-            "runs the same bytes; set it to pin a commit without asking the hub."
+            "asks the hub when the model is added through the admin API or the config "
+            "file is read, so every node runs the same bytes; set it to pin a commit "
+            "yourself (the hub is then asked only for its size, and never refuses it)."
+        ),
+    )
+    weights_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "The size of the hub weights at `weights_commit`, from the hub's file list. "
+            "Unset: filled in when the server resolves the commit; placement uses it to "
+            "rule out a node whose disk cannot take a download."
         ),
     )
     profiles: list[ProfileConfig] = Field(

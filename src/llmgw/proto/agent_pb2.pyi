@@ -110,7 +110,7 @@ class Hardware(_message.Message):
     def __init__(self, gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., cpu_count: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., weights_disk_free_bytes: _Optional[int] = ..., gpu_source: _Optional[str] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("node_id", "hostname", "agent_version", "hardware", "labels", "fabric", "running_shards", "port_range_start", "port_range_end", "weights_dir", "advertise_host", "interfaces")
+    __slots__ = ("node_id", "hostname", "agent_version", "hardware", "labels", "fabric", "running_shards", "port_range_start", "port_range_end", "weights_dir", "advertise_host", "interfaces", "weights_max_use_fraction", "weights_max_use_bytes", "sleep_memory_max_bytes")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -137,6 +137,9 @@ class Register(_message.Message):
     WEIGHTS_DIR_FIELD_NUMBER: _ClassVar[int]
     ADVERTISE_HOST_FIELD_NUMBER: _ClassVar[int]
     INTERFACES_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_MAX_USE_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_MAX_USE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SLEEP_MEMORY_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     hostname: str
     agent_version: str
@@ -149,7 +152,10 @@ class Register(_message.Message):
     weights_dir: str
     advertise_host: str
     interfaces: _containers.RepeatedCompositeFieldContainer[NetworkInterface]
-    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., agent_version: _Optional[str] = ..., hardware: _Optional[_Union[Hardware, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., fabric: _Optional[_Mapping[str, str]] = ..., running_shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., port_range_start: _Optional[int] = ..., port_range_end: _Optional[int] = ..., weights_dir: _Optional[str] = ..., advertise_host: _Optional[str] = ..., interfaces: _Optional[_Iterable[_Union[NetworkInterface, _Mapping]]] = ...) -> None: ...
+    weights_max_use_fraction: float
+    weights_max_use_bytes: int
+    sleep_memory_max_bytes: int
+    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., agent_version: _Optional[str] = ..., hardware: _Optional[_Union[Hardware, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., fabric: _Optional[_Mapping[str, str]] = ..., running_shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., port_range_start: _Optional[int] = ..., port_range_end: _Optional[int] = ..., weights_dir: _Optional[str] = ..., advertise_host: _Optional[str] = ..., interfaces: _Optional[_Iterable[_Union[NetworkInterface, _Mapping]]] = ..., weights_max_use_fraction: _Optional[float] = ..., weights_max_use_bytes: _Optional[int] = ..., sleep_memory_max_bytes: _Optional[int] = ...) -> None: ...
 
 class NetworkInterface(_message.Message):
     __slots__ = ("name", "addresses")
@@ -172,14 +178,22 @@ class GpuUsage(_message.Message):
     def __init__(self, index: _Optional[int] = ..., utilization_percent: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_free_bytes: _Optional[int] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("gpus", "sequence", "weights")
+    __slots__ = ("gpus", "sequence", "weights", "disk_total_bytes", "disk_free_bytes", "memory_total_bytes", "memory_available_bytes")
     GPUS_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    DISK_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_AVAILABLE_BYTES_FIELD_NUMBER: _ClassVar[int]
     gpus: _containers.RepeatedCompositeFieldContainer[GpuUsage]
     sequence: int
     weights: _containers.RepeatedCompositeFieldContainer[HeldWeights]
-    def __init__(self, gpus: _Optional[_Iterable[_Union[GpuUsage, _Mapping]]] = ..., sequence: _Optional[int] = ..., weights: _Optional[_Iterable[_Union[HeldWeights, _Mapping]]] = ...) -> None: ...
+    disk_total_bytes: int
+    disk_free_bytes: int
+    memory_total_bytes: int
+    memory_available_bytes: int
+    def __init__(self, gpus: _Optional[_Iterable[_Union[GpuUsage, _Mapping]]] = ..., sequence: _Optional[int] = ..., weights: _Optional[_Iterable[_Union[HeldWeights, _Mapping]]] = ..., disk_total_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., memory_available_bytes: _Optional[int] = ...) -> None: ...
 
 class HeldWeights(_message.Message):
     __slots__ = ("repo", "revision", "bytes", "last_used_unix")

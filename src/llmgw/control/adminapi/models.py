@@ -27,6 +27,7 @@ placement and activation routes of the shorter name).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -80,6 +81,8 @@ class ModelCatalog(Protocol):
     async def promote(self, name: str) -> CatalogModel: ...
 
     async def abort(self, name: str) -> CatalogModel: ...
+
+    async def pinned(self, model: CatalogModel) -> CatalogModel: ...
 
 
 class ModelControl(Protocol):
@@ -243,6 +246,11 @@ def model_routes(*, catalog: ModelCatalog, control: ModelControl) -> list[Route]
 
     async def dry_run(request: Request) -> Response:
         model = parse_model(await _read_body(request), source="store")
+        # Pinned as an add would pin it, so the dry run knows what each node must
+        # download and whether its disk can take it; an unreachable hub only leaves
+        # that unknown.
+        with contextlib.suppress(HubUnavailable):
+            model = await catalog.pinned(model)
         return json_response(control.dry_run(model))
 
     async def activate(request: Request) -> Response:

@@ -51,6 +51,15 @@ def shard_view(shard: Shard) -> dict[str, Any]:
     }
 
 
+def _weights_limit(node: Node) -> dict[str, float | int] | None:
+    limits = node.limits
+    if limits.weights_max_fraction > 0:
+        return {"fraction": limits.weights_max_fraction}
+    if limits.weights_max_bytes > 0:
+        return {"bytes": limits.weights_max_bytes}
+    return None
+
+
 def node_view(node: Node, heartbeat_age: float) -> dict[str, Any]:
     in_use = node.gpus_in_use()
     return {
@@ -66,6 +75,15 @@ def node_view(node: Node, heartbeat_age: float) -> dict[str, Any]:
         "cpu_count": node.cpu_count,
         "memory_total_bytes": node.memory_total,
         "weights_disk_free_bytes": node.weights_disk_free,
+        # The weights disk and host memory as the last heartbeat read them (null:
+        # not reported), what a download may take, and the agent's limits.
+        "disk_total_bytes": node.host.disk_total or None,
+        "weights_room_bytes": node.weights_room(),
+        "weights_evictable_bytes": node.weights_evictable(),
+        "weights_max_use": _weights_limit(node),
+        "memory_available_bytes": node.host.memory_available if node.host.memory_total else None,
+        "sleeping_memory_bytes": node.sleeping_memory(),
+        "sleep_memory_max_bytes": node.limits.sleep_memory_max or None,
         "weights_dir": node.weights_dir,
         "weights": [
             {

@@ -25,6 +25,8 @@ from llmgw.control.inventory.model import (
     GpuInfo,
     GpuUsage,
     HeldWeights,
+    HostLimits,
+    HostReading,
     NetInterface,
     NodeRegistration,
     ShardReport,
@@ -89,6 +91,23 @@ def registration(msg: agent_pb2.Register) -> NodeRegistration:
             for i in msg.interfaces
             if i.name
         ),
+        limits=HostLimits(
+            weights_max_fraction=msg.weights_max_use_fraction
+            if 0 < msg.weights_max_use_fraction < 1
+            else 0.0,
+            weights_max_bytes=msg.weights_max_use_bytes,
+            sleep_memory_max=msg.sleep_memory_max_bytes,
+        ),
+    )
+
+
+def host_reading(beat: agent_pb2.Heartbeat) -> HostReading:
+    """The heartbeat's disk and memory figures (all 0 from older agents)."""
+    return HostReading(
+        disk_total=beat.disk_total_bytes,
+        disk_free=beat.disk_free_bytes,
+        memory_total=beat.memory_total_bytes,
+        memory_available=beat.memory_available_bytes,
     )
 
 

@@ -83,6 +83,7 @@ from llmgw.control.agentsvc.session import CommandOutcome, NodeSession
 from llmgw.control.inventory.model import (
     GpuUsage,
     HeldWeights,
+    HostReading,
     NodeRegistration,
     ShardReport,
     ShardSpec,
@@ -128,7 +129,12 @@ class NodeReports(Protocol):
     def register(self, registration: NodeRegistration, /) -> object: ...
 
     def heartbeat(
-        self, node_id: str, gpus: Sequence[GpuUsage], weights: Sequence[HeldWeights], /
+        self,
+        node_id: str,
+        gpus: Sequence[GpuUsage],
+        weights: Sequence[HeldWeights],
+        host: HostReading,
+        /,
     ) -> None: ...
 
     def shard_status(self, node_id: str, report: ShardReport, /) -> object: ...
@@ -502,6 +508,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 node_id,
                 convert.gpu_usage(message.heartbeat.gpus),
                 convert.held_weights(message.heartbeat.weights),
+                convert.host_reading(message.heartbeat),
             )
         elif kind == "shard_status":
             report = convert.shard_report(message.shard_status)

@@ -33,9 +33,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from llmgw.config.hub import hub_ref
 from llmgw.control.catalog.errors import (
-    HubUnavailable,
     InvalidModel,
     ModelExists,
     NameTaken,
@@ -45,7 +43,7 @@ from llmgw.control.catalog.errors import (
     ReadOnlyModel,
     UnknownModel,
 )
-from llmgw.control.catalog.hub import HubRefused, HubUnreachable, RevisionResolver
+from llmgw.control.catalog.hub import RevisionResolver, pin
 from llmgw.control.catalog.model import CatalogModel, canary_model, launch_key
 from llmgw.control.catalog.validate import check_names_free, model_to_dict, parse_model
 from llmgw.store import AlreadyExists, NotFound, StoredModel
@@ -128,6 +126,11 @@ class Catalog:
     def skipped(self) -> dict[str, str]:
         """Stored models not in force, by name, with the reason (invalid, or shadowed)."""
         return dict(sorted(self._skipped.items()))
+
+    @property
+    def revisions(self) -> RevisionResolver | None:
+        """What pins hub weights to a commit (None: nothing is pinned)."""
+        return self._revisions
 
     @property
     def has_store(self) -> bool:
@@ -256,7 +259,7 @@ class Catalog:
         already (or a skipped stored model's); `NameTaken` when a name or alias
         clashes with another model's.
         """
-        model = await self._pinned(model)
+        model = await self.pinned(model)
         async with self._lock:
             repo = self._require_store(model.name)
             model = dataclasses.replace(model, source="store")
@@ -288,7 +291,7 @@ class Catalog:
         model; `InvalidModel` (field "name") when `model` has another name: a
         model cannot be renamed. A skipped stored model may be replaced, to fix it.
         """
-        model = await self._pinned(model)
+        model = await self.pinned(model)
         async with self._lock:
             canonical = self._index.get(name) or (name if name in self._skipped else None)
             if canonical is None:
@@ -438,36 +441,11 @@ class Catalog:
 
     # ---- helpers ----
 
-    async def _pinned(self, model: CatalogModel) -> CatalogModel:
-        """`model` with `weights_commit` from the hub, for hub weights not pinned yet.
-
-        Asked before the lock is taken: the hub may be slow, and other writes need not
-        wait for it. `InvalidModel` (field weights) when the hub refuses the repo or
-        revision; `HubUnavailable` when it cannot be reached."""
-        ref = hub_ref(model.weights)
-        if ref is None or model.weights_commit is not None:
-            return model
-        if ref.pinned:
-            # A full commit SHA names the same bytes whatever the hub says now.
-            return dataclasses.replace(model, weights_commit=ref.revision)
-        if self._revisions is None:
-            return model
-        try:
-            commit = await self._revisions.commit(ref)
-        except HubRefused as exc:
-            raise InvalidModel(
-                f"model {model.name!r}, field 'weights': the hub refused {ref.repo!r} at "
-                f"revision {ref.revision!r}: {exc.reason}; give an existing repo and revision "
-                "(and HF_TOKEN on the server for a private one)",
-                "weights",
-            ) from exc
-        except HubUnreachable as exc:
-            raise HubUnavailable(
-                f"model {model.name!r}: cannot resolve {ref} to a commit: {exc}; set "
-                "HF_ENDPOINT on the server to a reachable hub or mirror, or give "
-                "weights_commit in the model"
-            ) from exc
-        return dataclasses.replace(model, weights_commit=commit)
+    async def pinned(self, model: CatalogModel) -> CatalogModel:
+        """`model` pinned to its hub commit, with its size (see `hub.pin`); changes
+        nothing in the catalog. Asked before the lock is taken: the hub may be slow,
+        and other writes need not wait for it."""
+        return await pin(model, self._revisions)
 
     def _rebuild(self) -> None:
         self._models = {**self._stored, **self._config}

@@ -159,6 +159,9 @@ class CatalogModel:
     # The commit a hub `weights` revision resolved to when the model was added (or as
     # given); None for local weights and for config models (not resolved).
     weights_commit: str | None = None
+    # The size of the hub weights at that commit (the hub's file list), or None: not
+    # known (local weights, or the hub was not asked).
+    weights_bytes: int | None = None
 
     @property
     def launch_weights(self) -> str:
@@ -209,13 +212,14 @@ def canary_model(model: CatalogModel) -> CatalogModel | None:
     if canary is None:
         return None
     # The canary's weights are its own: not pinned (its nodes download them as written).
-    commit = model.weights_commit if canary.weights == model.weights else None
+    same = canary.weights == model.weights
     return replace(
         model,
         weights=canary.weights,
         profiles=canary.profiles,
         canary=None,
-        weights_commit=commit,
+        weights_commit=model.weights_commit if same else None,
+        weights_bytes=model.weights_bytes if same else None,
     )
 
 

@@ -22,6 +22,8 @@ file (the leader's catalog is the one whose replicas run).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,9 +31,12 @@ from typing import Any
 
 from llmgw.config import ConfigError, ServerConfig, load_server_config
 from llmgw.control.catalog.catalog import Catalog, ConfigChange
-from llmgw.control.catalog.errors import CatalogError, InvalidModel, NameTaken
+from llmgw.control.catalog.errors import CatalogError, HubUnavailable, InvalidModel, NameTaken
+from llmgw.control.catalog.hub import RevisionResolver, pin
 from llmgw.control.catalog.model import CatalogModel, canary_model, launch_key
 from llmgw.control.catalog.validate import model_from_config
+
+log = logging.getLogger("llmgw.control.catalog.reload")
 
 
 class InvalidConfig(CatalogError):
@@ -98,6 +103,67 @@ def _where(index: int, field: str) -> str:
     return where
 
 
+async def config_models(
+    cfg: ServerConfig,
+    *,
+    label: str,
+    revisions: RevisionResolver | None,
+    earlier: Mapping[str, CatalogModel] | None = None,
+) -> list[CatalogModel]:
+    """The file's models as catalog models, hub weights pinned to the hub's commit.
+
+    `InvalidConfig` naming `label` and the field when an entry breaks the catalog's
+    rules or the hub refuses its repo or revision. A hub that cannot be reached
+    leaves a model unpinned with a warning (the server must start without the hub),
+    or, on a reload, keeps the commit `earlier` (the models in force) pinned for the
+    same weights, so a hub outage never rolls replicas.
+    """
+    built: list[CatalogModel] = []
+    for index, declared in enumerate(cfg.models):
+        try:
+            built.append(model_from_config(declared, source="config"))
+        except InvalidModel as exc:
+            raise InvalidConfig(f"{label}: {_where(index, exc.field)}: {exc.message}") from exc
+    # Asked together: a start waits for the slowest answer, not for their sum.
+    answers = await asyncio.gather(
+        *(pin(model, revisions) for model in built), return_exceptions=True
+    )
+    models: list[CatalogModel] = []
+    for index, (model, answer) in enumerate(zip(built, answers, strict=True)):
+        if isinstance(answer, CatalogModel):
+            models.append(answer)
+        elif isinstance(answer, InvalidModel):
+            raise InvalidConfig(f"{label}: {_where(index, answer.field)}: {answer.message}")
+        elif isinstance(answer, HubUnavailable):
+            models.append(_unpinned(model, answer, label, index, earlier or {}))
+        else:
+            raise answer
+    return models
+
+
+def _unpinned(
+    model: CatalogModel,
+    error: HubUnavailable,
+    label: str,
+    index: int,
+    earlier: Mapping[str, CatalogModel],
+) -> CatalogModel:
+    """A model the hub could not pin: as pinned before for the same weights, else as
+    written (with a warning)."""
+    before = earlier.get(model.name)
+    if before is not None and before.weights == model.weights and before.weights_commit:
+        return dataclasses.replace(
+            model, weights_commit=before.weights_commit, weights_bytes=before.weights_bytes
+        )
+    log.warning(
+        "%s: %s: %s; its nodes download the revision as written",
+        label,
+        _where(index, "weights"),
+        error.message,
+    )
+    return model
+
+
 def _sections(cfg: ServerConfig) -> dict[str, Any]:
     return cfg.model_dump(mode="json", exclude={"models"})
 
@@ -140,15 +206,15 @@ class ConfigReloader:
                 cfg = await asyncio.to_thread(source.read)
             except ConfigError as exc:
                 raise InvalidConfig(f"{exc}; nothing was reloaded") from exc
-            models: list[CatalogModel] = []
-            for index, declared in enumerate(cfg.models):
-                try:
-                    models.append(model_from_config(declared, source="config"))
-                except InvalidModel as exc:
-                    where = _where(index, exc.field)
-                    raise InvalidConfig(
-                        f"{source.label}: {where}: {exc.message}; nothing was reloaded"
-                    ) from exc
+            try:
+                models = await config_models(
+                    cfg,
+                    label=source.label,
+                    revisions=self._catalog.revisions,
+                    earlier={m.name: m for m in self._catalog.models() if m.source == "config"},
+                )
+            except InvalidConfig as exc:
+                raise InvalidConfig(f"{exc.message}; nothing was reloaded") from exc
             before = {m.name: _runs(m) for m in self._catalog.models()}
             try:
                 change = await self._catalog.reload_config(models)

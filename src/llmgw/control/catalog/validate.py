@@ -86,6 +86,7 @@ def model_from_config(cfg: ModelConfig, *, source: ModelSource) -> CatalogModel:
         name=cfg.name,
         weights=cfg.weights,
         weights_commit=cfg.weights_commit,
+        weights_bytes=cfg.weights_bytes,
         profiles=tuple(
             _profile(p, model=cfg.name, at=f"profiles.{i}") for i, p in enumerate(cfg.profiles)
         ),
@@ -175,6 +176,7 @@ def model_to_dict(model: CatalogModel) -> dict[str, Any]:
         "aliases": list(model.aliases),
         "weights": model.weights,
         **({"weights_commit": model.weights_commit} if model.weights_commit else {}),
+        **({"weights_bytes": model.weights_bytes} if model.weights_bytes is not None else {}),
         "profiles": [
             {
                 "name": p.name,

@@ -29,6 +29,7 @@ from llmgw.control.inventory.model import (
     Gpu,
     GpuUsage,
     HeldWeights,
+    HostReading,
     Node,
     NodeBrief,
     NodeRegistration,
@@ -156,6 +157,10 @@ class Inventory:
             advertise_host=registration.advertise_host,
             seen_from=registration.seen_from,
             interfaces=registration.interfaces,
+            host=HostReading(
+                disk_free=registration.weights_disk_free, memory_total=registration.memory_total
+            ),
+            limits=registration.limits,
         )
         self._nodes[node.id] = node
         gone = sorted(set(old_shards) - set(shards))
@@ -179,12 +184,17 @@ class Inventory:
         node_id: str,
         gpus: Sequence[GpuUsage],
         weights: Sequence[HeldWeights] | None = None,
+        host: HostReading | None = None,
     ) -> None:
         """Record a sign of life, the GPUs' load and (when given) the hub weights on the
-        node's disk; an unreachable or lost node is ready again."""
+        node's disk and its disk and memory; an unreachable or lost node is ready again."""
         node = self._get(node_id)
         if weights is not None:
             node.weights = tuple(weights)
+        if host is not None and (host.disk_total or host.memory_total):
+            node.host = host
+            if host.disk_total:
+                node.weights_disk_free = host.disk_free
         now = self._clock()
         silent_for = now - node.last_heartbeat
         node.last_heartbeat = now

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, get_args
 
+from llmgw.config.hub import hub_ref
+
 NodeState = Literal["ready", "unreachable", "lost"]
 ShardState = Literal["starting", "loading", "ready", "draining", "stopped", "failed", "sleeping"]
 
@@ -155,6 +157,39 @@ class ShardReport:
 
 
 @dataclass(frozen=True, slots=True)
+class HostReading:
+    """The weights disk and host memory as one heartbeat reads them (0 totals: unread)."""
+
+    disk_total: int = 0
+    disk_free: int = 0
+    memory_total: int = 0
+    memory_available: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class HostLimits:
+    """What the agent's flags allow on the node: the weights' share of the disk
+    (`--weights-max-use`, a fraction or a size of hub snapshots; both 0: no
+    eviction) and the host memory sleeping engines may hold (`--sleep-memory-max`,
+    0: no limit beyond what is available)."""
+
+    weights_max_fraction: float = 0.0
+    weights_max_bytes: int = 0
+    sleep_memory_max: int = 0
+
+    @property
+    def evicts(self) -> bool:
+        return self.weights_max_fraction > 0 or self.weights_max_bytes > 0
+
+    def describe_weights(self) -> str:
+        if self.weights_max_fraction > 0:
+            return f"{self.weights_max_fraction * 100:g}% of the disk"
+        if self.weights_max_bytes > 0:
+            return f"{self.weights_max_bytes} bytes of snapshots"
+        return "no limit"
+
+
+@dataclass(frozen=True, slots=True)
 class NodeRegistration:
     """Everything an agent's Register message says about its node."""
 
@@ -177,6 +212,7 @@ class NodeRegistration:
     seen_from: str = ""
     # Every interface the agent reported (empty from older agents).
     interfaces: tuple[NetInterface, ...] = ()
+    limits: HostLimits = HostLimits()
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +314,8 @@ class Node:
     seen_from: str = ""
     interfaces: tuple[NetInterface, ...] = ()
     weights: tuple[HeldWeights, ...] = ()  # the hub snapshots on its disk (heartbeats)
+    host: HostReading = HostReading()  # the weights disk and host memory (heartbeats)
+    limits: HostLimits = HostLimits()  # the agent's disk and sleep-memory limits (Register)
 
     def address_warning(self) -> str | None:
         """Why this node's engine URLs cannot work from this server, if they cannot."""
@@ -317,6 +355,59 @@ class Node:
             self.seen_from,
             self.interfaces,
             self.weights,
+            self.host,
+            self.limits,
+        )
+
+    def snapshot_bytes(self, weights: str) -> int:
+        """The size of the hub snapshot `weights` (`org/name@commit`) on this node's
+        disk; 0 when the node does not hold it (or `weights` is not one)."""
+        repo, _, revision = weights.partition("@")
+        for held in self.weights:
+            if held.repo == repo and held.revision == revision:
+                return held.bytes
+        return 0
+
+    def weights_evictable(self) -> int:
+        """Bytes of snapshots the agent would evict to make room for a download: those
+        of repos no live shard on the node runs, when the agent evicts at all."""
+        if not self.limits.evicts:
+            return 0
+        in_use = {
+            ref.repo
+            for shard in self.shards.values()
+            if shard.holds_gpus
+            and shard.spec is not None
+            and (ref := hub_ref(shard.spec.weights)) is not None
+        }
+        return sum(h.bytes for h in self.weights if h.repo not in in_use)
+
+    def weights_room(self) -> int | None:
+        """Bytes of new weights the node's disk can take: the free space plus what
+        eviction could free, and under a `--weights-max-use` watermark at most what
+        the watermark leaves (plus the same). None when the node has not said how
+        much is free (an older agent)."""
+        host, limits = self.host, self.limits
+        if host.disk_total == 0 and host.disk_free == 0:
+            return None
+        freeable = self.weights_evictable()
+        fits = host.disk_free + freeable
+        if limits.weights_max_fraction > 0 and host.disk_total > 0:
+            used = host.disk_total - host.disk_free
+            fits = min(fits, int(limits.weights_max_fraction * host.disk_total) - used + freeable)
+        elif limits.weights_max_bytes > 0:
+            held = sum(h.bytes for h in self.weights)
+            fits = min(fits, limits.weights_max_bytes - held + freeable)
+        return max(fits, 0)
+
+    def sleeping_memory(self) -> int:
+        """Host memory the node's sleeping shards hold: at sleep level 1 an engine
+        keeps its weights in host RAM, so each holds the size of its snapshot (0 for
+        weights the node does not report, such as a local path)."""
+        return sum(
+            self.snapshot_bytes(s.spec.weights)
+            for s in self.shards.values()
+            if s.state == "sleeping" and s.spec is not None
         )
 
     def gpus_in_use(self) -> frozenset[int]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from llmgw.control.inventory.model import Download, Shard
-from llmgw.control.reconciler.placement import decimal_size
+from llmgw.control.reconciler.disk import decimal_size
 
 MILESTONES = (25, 50, 75)
 """Percentages told as events on the way (the end is told on its own)."""

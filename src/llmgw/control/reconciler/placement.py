@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from llmgw.config.hub import hub_ref
 from llmgw.control.catalog.model import CatalogModel, Profile
 from llmgw.control.inventory.model import Gpu, Node
+from llmgw.control.reconciler.disk import decimal_size, shortfall
 from llmgw.control.reconciler.mgmt import mgmt_address
 from llmgw.control.reconciler.types import (
     Explanation,
@@ -332,16 +333,6 @@ def rejection(cap: NodeCapacity, need: Need, filters: Sequence[Filter]) -> str |
     return None
 
 
-def decimal_size(count: int) -> str:
-    """Bytes as the hub counts them (1 GB = 10^9 bytes)."""
-    value = float(count)
-    for unit in ("B", "kB", "MB", "GB"):
-        if value < 1000 or unit == "GB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{value:.1f} TB"
-
-
 def gib(size: int) -> str:
     return f"{round(size / GIB, 1):g} GiB"
 
@@ -459,6 +450,9 @@ class Fleet:
             for held in node.node.weights:
                 key = f"{held.repo}@{held.revision}"
                 self._held.setdefault(key, {})[node.node.id] = held.bytes
+        # Per model's launch weights, the nodes that must download them and whose disk
+        # cannot take them, with the reason (the disk does not change during a plan).
+        self._short: dict[str, dict[str, str]] = {}
         self._candidates: dict[Need, _Candidates] = {}
         # Every node reserved on, in order: the candidate heaps catch up on it lazily.
         self._changed: list[str] = []
@@ -506,6 +500,12 @@ class Fleet:
             slots = self._verdicts(need)
             fits = list(itertools.compress(self._caps.values(), map(operator.not_, slots)))
             rejections = tuple(filter(None, slots))
+            short = self._no_room(model)
+            if short:
+                rejections += tuple(
+                    Rejection(c.node.id, short[c.node.id]) for c in fits if c.node.id in short
+                )
+                fits = [c for c in fits if c.node.id not in short]
             if need.nodes > 1:
                 gang = self._gang(fits, profile, need, model.name, avoid_nodes, avoid_ports)
                 verdicts.append(
@@ -549,6 +549,11 @@ class Fleet:
         avoid_ports: frozenset[tuple[str, int]] = frozenset(),
     ) -> Placement | None:
         """The placement `explain` would give, without the reasons (and much faster)."""
+        if self._no_room(model):
+            # Some node's disk cannot take the weights: rare, so the slower path that
+            # leaves such nodes out is taken rather than teaching every index about it.
+            found = self.explain(model, avoid_nodes=avoid_nodes, avoid_ports=avoid_ports)
+            return found.placement
         for profile in model.profiles:
             need = Need.of(profile, self._mgmt)
             if need.nodes > 1:
@@ -751,13 +756,40 @@ class Fleet:
         held = self._held.get(model.launch_weights)
         return frozenset(held) if held else frozenset()
 
+    def _weights_size(self, model: CatalogModel) -> int:
+        """The bytes a node must download for `model`'s hub weights: the catalog's size
+        (the hub's file list), else the size a node holding them reports; 0: unknown."""
+        if hub_ref(model.launch_weights) is None:
+            return 0
+        if model.weights_bytes:
+            return model.weights_bytes
+        return max(self._held.get(model.launch_weights, {}).values(), default=0)
+
+    def _no_room(self, model: CatalogModel) -> dict[str, str]:
+        """The nodes that must download `model`'s weights and whose disk cannot take
+        them, with the reason (empty: none, or the size is not known)."""
+        key = model.launch_weights
+        found = self._short.get(key)
+        if found is None:
+            size = self._weights_size(model)
+            held = self._held.get(key, {})
+            found = {}
+            if size:
+                for cap in self._caps.values():
+                    if cap.node.id not in held:
+                        reason = shortfall(cap.node, size)
+                        if reason is not None:
+                            found[cap.node.id] = reason
+            self._short[key] = found
+        return found
+
     def _weights_notes(self, model: CatalogModel, fits: list[NodeCapacity]) -> tuple[str, ...]:
         """Per fitting node, whether it holds the model's hub snapshot or must download it."""
         ref = hub_ref(model.launch_weights)
         if ref is None or not ref.pinned:
             return ()
         held = self._held.get(model.launch_weights, {})
-        size = max(held.values(), default=0)
+        size = self._weights_size(model)
         short = ref.short()
         what = f"{decimal_size(size)} ({short})" if size else short
         return tuple(

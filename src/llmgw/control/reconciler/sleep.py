@@ -12,6 +12,13 @@ sleep (an activation, here or on another server), one of them is woken
 and it is published as usual. The time each wake took is an event, a metric and
 a span.
 
+A sleeping replica keeps host memory: at level 1 its weights, the size of its
+snapshot on the node. A replica is put to sleep only when the node can hold
+that: no more than the node's available host memory (its agent's heartbeat), and
+within the agent's `--sleep-memory-max` together with what the node's sleeping
+replicas (and those falling asleep) already hold. Otherwise it stays awake and
+serves (an event says why, once); `keep_alive` stops it later as usual.
+
 A sleeping replica's GPUs count as free for placement: when only they let another
 model's replica be placed, `plan()` stops the sleeping replica first (`make_room`)
 and places the other once they are free; a model idle past `sleep_after` is on
@@ -42,6 +49,7 @@ from llmgw.control.agentsvc.errors import AgentServiceError
 from llmgw.control.catalog.model import CatalogModel
 from llmgw.control.inventory import Node, Shard
 from llmgw.control.reconciler.demand import DemandBook
+from llmgw.control.reconciler.disk import decimal_size
 from llmgw.control.reconciler.state import routable
 from llmgw.metrics.activations import ActivationMetrics
 
@@ -87,6 +95,10 @@ class SleepBook:
         self._timeout = command_timeout
         self._metrics = metrics
         self._falling: dict[str, str] = {}
+        # Per replica falling asleep: its node and the host memory it will hold.
+        self._holding: dict[str, tuple[str, int]] = {}
+        # Replicas kept awake for want of host memory, with the reason (said once).
+        self._kept_awake: dict[str, str] = {}
         self._waking: dict[str, Wake] = {}
         self._last_wake: dict[str, tuple[str, float]] = {}
 
@@ -134,7 +146,7 @@ class SleepBook:
             elif model.sleep_after is not None and _idle(demand, model, now):
                 for node, shard in replicas:
                     if shard.state == "ready" and shard.id not in self._falling:
-                        self._sleep(model, node, shard)
+                        self._sleep_if_room(model, node, shard)
 
     def _wake_one(
         self, model: CatalogModel, replicas: list[tuple[Node, Shard]], now: float
@@ -154,6 +166,44 @@ class SleepBook:
         log.info("model %s: waking replica %s on node %s", model.name, shard.id, node.id)
         self._event("wake", model.name, node.id, f"waking replica {shard.id} for a request")
         self._spawn(self._run_wake(wake), f"wake {shard.id}")
+
+    def _sleep_if_room(self, model: CatalogModel, node: Node, shard: Shard) -> None:
+        assert shard.spec is not None  # only shards with a spec are candidates
+        size = node.snapshot_bytes(shard.spec.weights)
+        reason = self._no_memory(node, size)
+        if reason is None:
+            self._kept_awake.pop(shard.id, None)
+            self._holding[shard.id] = (node.id, size)
+            self._sleep(model, node, shard)
+            return
+        if self._kept_awake.get(shard.id) == reason:
+            return
+        self._kept_awake[shard.id] = reason
+        message = f"replica {shard.id} on node {node.id} stays awake: {reason}"
+        log.info("model %s: %s", model.name, message)
+        self._event("sleep", model.name, node.id, message)
+
+    def _no_memory(self, node: Node, size: int) -> str | None:
+        """Why `node` cannot hold a sleeping replica of `size` bytes in host memory,
+        or None when it can (or the size is not known)."""
+        if size <= 0:
+            return None
+        falling = sum(b for n, b in self._holding.values() if n == node.id)
+        available = node.host.memory_available
+        if node.host.memory_total and size + falling > available:
+            return (
+                f"asleep it would hold {decimal_size(size)} of host memory and the node has "
+                f"{decimal_size(max(available - falling, 0))} available"
+            )
+        limit = node.limits.sleep_memory_max
+        held = node.sleeping_memory() + falling
+        if limit and held + size > limit:
+            return (
+                f"asleep it would hold {decimal_size(size)} of host memory, past the node's "
+                f"--sleep-memory-max {decimal_size(limit)} ({decimal_size(held)} held by "
+                "sleeping replicas)"
+            )
+        return None
 
     def _sleep(self, model: CatalogModel, node: Node, shard: Shard) -> None:
         self._falling[shard.id] = model.name
@@ -190,6 +240,7 @@ class SleepBook:
         finally:
             span.end()
             self._falling.pop(shard_id, None)
+            self._holding.pop(shard_id, None)
             self._wake_loop()
 
     async def _run_wake(self, wake: Wake) -> None:
