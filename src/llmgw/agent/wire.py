@@ -12,9 +12,10 @@ from pathlib import Path
 
 from llmgw.agent.flags import PortRange
 from llmgw.agent.hardware import GpuUsage, HardwareReport
-from llmgw.agent.hub import Held
+from llmgw.agent.hub import Held, Progress
 from llmgw.agent.interfaces import Interface
 from llmgw.agent.shard import ShardReport, ShardState
+from llmgw.config.hub import HubRef
 from llmgw.proto import agent_pb2
 
 _STATES = {
@@ -106,11 +107,25 @@ def register(
 
 
 def heartbeat(
-    sequence: int, usage: Iterable[GpuUsage], held: Iterable[Held] = ()
+    sequence: int,
+    usage: Iterable[GpuUsage],
+    held: Iterable[Held] = (),
+    pulls: Iterable[tuple[HubRef, Progress | None, str | None]] = (),
 ) -> agent_pb2.AgentMessage:
     return agent_pb2.AgentMessage(
         heartbeat=agent_pb2.Heartbeat(
             sequence=sequence,
+            downloads=[
+                agent_pb2.WeightsDownload(
+                    repo=ref.repo,
+                    revision=ref.revision,
+                    done_bytes=progress.done if progress is not None else 0,
+                    total_bytes=progress.total if progress is not None else 0,
+                    rate_bytes_per_second=progress.rate if progress is not None else 0.0,
+                    error=error or "",
+                )
+                for ref, progress, error in pulls
+            ],
             weights=[
                 agent_pb2.HeldWeights(
                     repo=h.ref.repo,

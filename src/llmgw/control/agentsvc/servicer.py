@@ -86,6 +86,7 @@ from llmgw.control.inventory.model import (
     NodeRegistration,
     ShardReport,
     ShardSpec,
+    WeightsDownload,
     is_loopback,
 )
 from llmgw.control.placements import NodeAddress, Verdict
@@ -128,7 +129,12 @@ class NodeReports(Protocol):
     def register(self, registration: NodeRegistration, /) -> object: ...
 
     def heartbeat(
-        self, node_id: str, gpus: Sequence[GpuUsage], weights: Sequence[HeldWeights], /
+        self,
+        node_id: str,
+        gpus: Sequence[GpuUsage],
+        weights: Sequence[HeldWeights],
+        downloads: Sequence[WeightsDownload],
+        /,
     ) -> None: ...
 
     def shard_status(self, node_id: str, report: ShardReport, /) -> object: ...
@@ -502,6 +508,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 node_id,
                 convert.gpu_usage(message.heartbeat.gpus),
                 convert.held_weights(message.heartbeat.weights),
+                convert.weights_downloads(message.heartbeat.downloads),
             )
         elif kind == "shard_status":
             report = convert.shard_report(message.shard_status)
@@ -595,6 +602,16 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             agent_pb2.ServerMessage(wake_shard=agent_pb2.WakeShard(shard_id=shard_id)),
             f"wake shard {shard_id!r}",
             self._command_timeout + wait_seconds,
+        )
+
+    async def pull_weights(self, node_id: str, repo: str, revision: str) -> None:
+        await self._command(
+            node_id,
+            agent_pb2.ServerMessage(
+                pull_weights=agent_pb2.PullWeights(repo=repo, revision=revision)
+            ),
+            f"pull {repo}@{revision[:7]}",
+            self._command_timeout,
         )
 
     async def remove_weights(self, node_id: str, path: str) -> None:

@@ -35,6 +35,7 @@ from llmgw.control.inventory.model import (
     NodeState,
     Shard,
     ShardReport,
+    WeightsDownload,
 )
 
 log = logging.getLogger("llmgw.control.inventory")
@@ -179,12 +180,15 @@ class Inventory:
         node_id: str,
         gpus: Sequence[GpuUsage],
         weights: Sequence[HeldWeights] | None = None,
+        downloads: Sequence[WeightsDownload] | None = None,
     ) -> None:
         """Record a sign of life, the GPUs' load and (when given) the hub weights on the
-        node's disk; an unreachable or lost node is ready again."""
+        node's disk and the pulls under way; an unreachable or lost node is ready again."""
         node = self._get(node_id)
         if weights is not None:
             node.weights = tuple(weights)
+        if downloads is not None:
+            node.downloads = tuple(downloads)
         now = self._clock()
         silent_for = now - node.last_heartbeat
         node.last_heartbeat = now
