@@ -27,7 +27,7 @@ from vllm_fleet import close_warm, warm_up
 
 from llmgw.agent.state import read_identity
 
-pytest_plugins = ["netns"]
+pytest_plugins = ["netns", "hub_fleet"]
 
 # Fixtures wider than a test (a module's fleet) start their agents before the
 # per-test fixture below has run: they get this session-wide state directory,
