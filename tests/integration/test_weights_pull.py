@@ -178,7 +178,7 @@ def test_a_pull_of_a_bad_repo_fails_naming_the_node_and_the_hubs_reason(
         timeout=10,
     )
     assert local.status_code == 201, local.text
-    refused = httpx.post(fleet.server.admin + "/admin/api/models/local/pull", timeout=10)
+    refused = httpx.post(fleet.server.admin + "/admin/api/models/local/pull", json={}, timeout=10)
     assert refused.status_code == 409, refused.text
     assert refused.json()["error"]["code"] == "nothing_to_pull"
 

@@ -465,7 +465,7 @@ class Connection:
             drain = message.drain_shard
             return supervisor.stop(drain.shard_id, grace=drain.grace_seconds, drain=True)
         if kind == "remove_weights":
-            return supervisor.remove_weights(message.remove_weights.path)
+            return self._remove(message.remove_weights.path)
         if kind == "pull_weights":
             return self._pull(message.pull_weights)
         if kind == "sleep_shard":
@@ -480,6 +480,11 @@ class Connection:
             f"unknown command {kind or '(empty)'!r}; this agent knows StartShard, StopShard, "
             "DrainShard, SleepShard, WakeShard, RemoveWeights and PullWeights"
         )
+
+    async def _remove(self, path: str) -> None:
+        await self._supervisor.remove_weights(path)
+        if self._snapshots is not None:
+            self._snapshots.rescan()  # the next heartbeat lists what is left
 
     async def _pull(self, pull: agent_pb2.PullWeights) -> None:
         ref = HubRef(pull.repo, pull.revision)

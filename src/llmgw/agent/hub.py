@@ -217,6 +217,10 @@ class Snapshots:
 
         running.task.add_done_callback(settled)
 
+    def rescan(self) -> None:
+        """Scan the disk again at the next `held()` (files were removed)."""
+        self._held = None
+
     def downloads(self) -> list[tuple[HubRef, Progress | None, str | None]]:
         """The pulls under way (with their progress) and those that failed (with why),
         for the heartbeat (blocking: stat)."""

@@ -111,7 +111,7 @@ def _follow(
     try:
         while True:
             show.update(pull.get("nodes") or [])
-            if pull.get("state") in ("done", "failed"):
+            if pull.get("state") in ("done", "failed", "gone"):
                 break
             if progress.elapsed() >= timeout:
                 show.end()
@@ -139,7 +139,7 @@ def _follow(
     if json_out:
         print_json(answer)
     rows = pull.get("nodes") or []
-    failed = [r for r in rows if r.get("state") == "failed"]
+    failed = [r for r in rows if r.get("state") in ("failed", "gone")]
     if failed:
         for row in failed:
             typer.echo(f"error: node {row['node']}: {row.get('message')}", err=True)

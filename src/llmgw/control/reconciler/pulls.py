@@ -41,7 +41,7 @@ from llmgw.control.reconciler.types import PlacementPolicy
 
 log = logging.getLogger("llmgw.control.pulls")
 
-NodePullState = Literal["waiting", "downloading", "done", "failed"]
+NodePullState = Literal["waiting", "downloading", "done", "failed", "gone"]
 
 
 class PullRefused(Exception):
@@ -77,6 +77,7 @@ class _Asked:
 
     at: float
     refused: str | None = None
+    answered: float | None = None  # when the node said the download is under way
 
 
 @dataclass
@@ -201,6 +202,7 @@ class WeightsPuller:
                 return
             try:
                 await self._dispatcher.pull_weights(node_id, pull.ref.repo, pull.ref.revision)
+                asked.answered = self._clock()
             except AgentServiceError as exc:
                 asked.refused = str(exc)
                 log.warning("pulling %s onto %s failed: %s", pull.ref.short(), node_id, exc)
@@ -216,7 +218,15 @@ class WeightsPuller:
         if pull is not None:
             rows = [self._node_row(pull, node_id, nodes.get(node_id)) for node_id in pull.nodes]
             states = {r["state"] for r in rows}
-            state = "failed" if "failed" in states else "done" if states == {"done"} else "pulling"
+            state = (
+                "failed"
+                if "failed" in states
+                else "done"
+                if states == {"done"}
+                else "gone"
+                if states <= {"done", "gone"}
+                else "pulling"
+            )
             out["pull"] = {"weights": pull.ref.short(), "state": state, "nodes": rows}
         if model is not None and model.prefetch > 0:
             ref = hub_ref(model.launch_weights)
@@ -232,6 +242,7 @@ class WeightsPuller:
                     if asked is not None and asked.ref == ref
                     else []
                 )
+                pulling = [r for r in pulling if r["state"] != "gone"]
                 out["prefetched"] = {
                     "wanted": model.prefetch,
                     "weights": ref.short(),
@@ -265,6 +276,10 @@ class WeightsPuller:
             return "downloading", _describe(ref, download), download.done, download.total
         if not node.connected:
             return "waiting", "the node is not connected; its agent goes on when it is back", 0, 0
+        # The agent reports a pull from its answer on until the snapshot is held: a
+        # later report with neither means the weights went away (removed, evicted).
+        if asked.answered is not None and node.last_heartbeat > asked.answered:
+            return "gone", f"{ref.short()} is no longer on the node (removed or evicted)", 0, 0
         return "waiting", f"asked to pull {ref.short()}", 0, 0
 
     async def run(self) -> None:
@@ -300,7 +315,7 @@ class WeightsPuller:
                 if state == "failed":
                     if now - asked.at < self._retry_after:
                         resting.add(node.id)
-                elif state != "done":
+                elif state in ("waiting", "downloading"):
                     keeping.add(node.id)
             missing = model.prefetch - len(keeping)
             if missing <= 0:
