@@ -131,13 +131,30 @@ def test_a_pull_onto_two_nodes_ends_when_both_hold_the_weights(
 ) -> None:
     repo = hub.add(tiny_repo())
     sha = repo.refs["main"]
+    hub.bytes_per_second = RATE
     fleet = fleet_factory(config(f"org/tiny@{sha}", min_replicas=0))
+    # On a terminal: a progress bar per node, redrawn in place.
+    command = " ".join(
+        llmgw("models", "pull", "tiny", "--nodes", "2", "--admin", fleet.server.admin,
+              "--poll-interval", "0.2")
+    )  # fmt: skip
+    on_tty = subprocess.run(
+        ["script", "-qec", command, "/dev/null"],
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert on_tty.returncode == 0, on_tty.stdout
+    assert "\x1b[2F" in on_tty.stdout, on_tty.stdout  # two bars, redrawn
+    for node in ("node-a", "node-b"):
+        assert f"{node:<12} [{'#' * 24}] holds org/tiny@{sha[:7]}" in on_tty.stdout, on_tty.stdout
+    assert f"org/tiny@{sha[:7]} is on node-a, node-b after" in on_tty.stdout
+    assert fleet.holders(sha) == ["node-a", "node-b"]
+    assert len(hub.file_gets("model.safetensors")) == 2
+    # Again with --json: done at once, nothing fetched again.
     done = fleet.pull("--nodes", "2", "--json")
     assert done.returncode == 0, done.stderr
     view = json.loads(done.stdout)
     assert view["pull"]["state"] == "done", view
     assert sorted(r["node"] for r in view["pull"]["nodes"]) == ["node-a", "node-b"]
-    assert fleet.holders(sha) == ["node-a", "node-b"]
     assert len(hub.file_gets("model.safetensors")) == 2
     # More nodes than could run the model: refused, saying how many could.
     refused = fleet.pull("--nodes", "3")
