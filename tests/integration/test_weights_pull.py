@@ -26,7 +26,9 @@ from procs import Proc, Server, free_port, llmgw, wait_for
 class Fleet:
     """A server and its agents for one test, all stopped after it."""
 
-    def __init__(self, tmp: Path, hub: HubStandin, text: str, nodes: tuple[str, ...]) -> None:
+    def __init__(
+        self, tmp: Path, hub: HubStandin, text: str, nodes: tuple[str, ...], extra: tuple[str, ...]
+    ) -> None:
         (tmp / "llmgw.yaml").write_text(text)
         agent_port = free_port()
         self.server = Server(
@@ -35,7 +37,7 @@ class Fleet:
         )  # fmt: skip
         self.agents: list[Proc] = []
         for node in nodes:
-            self.agents.append(start_agent(agent_port, tmp, hub, node))
+            self.agents.append(start_agent(agent_port, tmp, hub, node, *extra))
         self.nodes = nodes
 
     def joined(self) -> None:
@@ -50,9 +52,9 @@ class Fleet:
             if any((w["repo"], w["revision"]) == ("org/tiny", sha) for w in n.get("weights") or [])
         )
 
-    def pull(self, *args: str) -> subprocess.CompletedProcess[str]:
+    def pull(self, *args: str, model: str = "tiny") -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            llmgw("models", "pull", "tiny", "--admin", self.server.admin, "--poll-interval",
+            llmgw("models", "pull", model, "--admin", self.server.admin, "--poll-interval",
                   "0.2", *args),
             capture_output=True, text=True, timeout=180, check=False,
         )  # fmt: skip
@@ -72,8 +74,10 @@ class Fleet:
 def fleet_factory(tmp_path: Path, hub: HubStandin) -> Iterator[Any]:
     made: list[Fleet] = []
 
-    def make(text: str, nodes: tuple[str, ...] = ("node-a", "node-b")) -> Fleet:
-        fleet = Fleet(tmp_path, hub, text, nodes)
+    def make(
+        text: str, nodes: tuple[str, ...] = ("node-a", "node-b"), extra: tuple[str, ...] = ()
+    ) -> Fleet:
+        fleet = Fleet(tmp_path, hub, text, nodes, extra)
         made.append(fleet)
         fleet.joined()
         return fleet
@@ -220,6 +224,31 @@ def test_prefetch_keeps_the_weights_on_n_nodes_and_pulls_them_again_when_removed
     assert removed.returncode == 0, removed.stderr
     wait_for(lambda: len(hub.file_gets("model.safetensors")) == 2, "the weights pulled again")
     wait_for(lambda: len(fleet.holders(sha)) == 1, "the weights on one node again")
+
+
+def test_a_pull_over_the_weights_limit_evicts_another_unused_snapshot_never_itself(
+    hub: HubStandin, fleet_factory: Any
+) -> None:
+    first = hub.add(tiny_repo("org/first"))
+    second = hub.add(tiny_repo("org/second"))
+    text = "control: {heartbeat_interval: 0.3, reconcile_interval: 0.3}\nmodels:\n" + "".join(
+        f"  - name: {name}\n    weights: org/{name}@{repo.refs['main']}\n"
+        "    profiles: [{name: sim, engine: sim}]\n"
+        for name, repo in (("first", first), ("second", second))
+    )
+    # Room for one 30 MB snapshot, not two.
+    fleet = fleet_factory(text, ("node-a",), ("--weights-max-use", "45MB"))
+
+    def held() -> list[str]:
+        return [w["repo"] for w in node_view(fleet.server).get("weights") or []]
+
+    done = fleet.pull(model="first")
+    assert done.returncode == 0, done.stderr
+    assert held() == ["org/first"]
+    done = fleet.pull(model="second")
+    assert done.returncode == 0, done.stderr
+    wait_for(lambda: held() == ["org/second"], "org/first evicted for org/second")
+    assert "removed org/first@" in fleet.agents[0].output()
 
 
 def test_prefetch_is_validated_in_the_config_file_the_api_and_the_cli(

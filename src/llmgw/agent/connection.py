@@ -496,7 +496,7 @@ class Connection:
             raise CommandError(
                 f"cannot pull {ref!s}: PullWeights needs a hub repo (org/name) and a commit SHA"
             )
-        await self._snapshots.pull(ref)
+        await self._supervisor.pull_weights(ref)
 
     async def _answer(
         self,

@@ -217,6 +217,11 @@ class Snapshots:
 
         running.task.add_done_callback(settled)
 
+    def running(self, ref: HubRef) -> asyncio.Task[Path] | None:
+        """The download of `ref` under way, if one is."""
+        found = self._running.get(ref)
+        return found.task if found is not None else None
+
     def rescan(self) -> None:
         """Scan the disk again at the next `held()` (files were removed)."""
         self._held = None
