@@ -143,11 +143,15 @@ async def test_prefetch_pulls_onto_n_nodes_and_again_where_the_weights_went() ->
         "held_on": ["node-a", "node-b"],
         "pulling": [],
     }
-    # node-b's copy is evicted: pulled again, where placement prefers (holders first).
+    # node-b's copy is evicted: pulled again, onto another node first.
     fakes.beat("node-b", weights=())
     await puller.prefetch_pass()
-    assert [s[0] for s in fakes.sent[2:]] == ["node-b"]
-    # A node that fails is rested: the next candidate is asked instead.
-    fakes.beat("node-b", downloads=(WeightsDownload("org/llama", COMMIT, 0, 0, 0, "full"),))
+    assert [s[0] for s in fakes.sent[2:]] == ["node-c"]
+    # node-c fails, and node-b lost its copy just now: both rest, nothing is asked.
+    fakes.beat("node-c", downloads=(WeightsDownload("org/llama", COMMIT, 0, 0, 0, "full"),))
     await puller.prefetch_pass()
-    assert [s[0] for s in fakes.sent[3:]] == ["node-c"]
+    assert len(fakes.sent) == 3
+    # Past the retry wait, placement's first choice is asked again.
+    fakes.now += 31
+    await puller.prefetch_pass()
+    assert [s[0] for s in fakes.sent[3:]] == ["node-b"]

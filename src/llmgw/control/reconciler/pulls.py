@@ -13,11 +13,15 @@ hub's reason) or `waiting` (asked, not reported yet).
 the connected nodes holding the snapshot and those still pulling it, and pulls
 onto the next candidates when fewer; weights removed from a node (by an
 operator, or evicted by the agent's `--weights-max-use`) are pulled again,
-onto that node or another. A node whose pull failed is not asked again for
-`retry_after` seconds. Only the leader runs it.
+onto another node that could run the model, or onto the same one after
+`retry_after` seconds. A node whose pull failed is not asked again for
+`retry_after` seconds either. Only the leader runs it.
 
 Not guaranteed: that the agents keep prefetched weights (an agent over its
-weights limit may still evict them; they are pulled back on the next pass);
+weights limit evicts the least recently used snapshot no engine runs on, which
+may be a prefetched one; it is pulled back, elsewhere first; two prefetched
+models that do not fit one node's limit together are pulled there in turn, at
+most once per `retry_after`);
 that a pull survives a leader change (the downloads go on on the nodes, and the
 new leader's prefetch pass counts them, but `models show` forgets an
 operator's pull); multi-node profiles (pulls are for single-node profiles).
@@ -78,6 +82,7 @@ class _Asked:
     at: float
     refused: str | None = None
     answered: float | None = None  # when the node said the download is under way
+    gone_at: float | None = None  # when prefetch first saw the pulled weights gone
 
 
 @dataclass
@@ -312,9 +317,14 @@ class WeightsPuller:
                 if asked is None:
                     continue
                 state = self._node_state(ref, asked, node)[0]
-                if state == "failed":
-                    if now - asked.at < self._retry_after:
-                        resting.add(node.id)
+                if state == "gone" and asked.gone_at is None:
+                    asked.gone_at = now
+                if state == "failed" and now - asked.at < self._retry_after:
+                    resting.add(node.id)
+                elif state == "gone" and now - (asked.gone_at or now) < self._retry_after:
+                    # Evicted (or removed) there: another node first, so that two
+                    # prefetched models on a full disk do not evict each other in turn.
+                    resting.add(node.id)
                 elif state in ("waiting", "downloading"):
                     keeping.add(node.id)
             missing = model.prefetch - len(keeping)
