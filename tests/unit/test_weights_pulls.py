@@ -118,6 +118,13 @@ async def test_pulls_that_cannot_be_made_are_refused_saying_why() -> None:
         with pytest.raises(PullRefused) as refused:
             await puller.pull(**kwargs)
         assert (refused.value.status, refused.value.code) == (status, code), refused.value
+    standby = WeightsPuller(
+        catalog=fakes, inventory=fakes, dispatcher=fakes, clock=lambda: 0.0,
+        leading=lambda: False, leader=lambda: "ctl-1:42",
+    )  # fmt: skip
+    with pytest.raises(PullRefused) as refused:
+        await standby.pull("llama")
+    assert refused.value.code == "not_leader" and "the leader, ctl-1:42," in refused.value.message
     view = await puller.pull("llama")
     [row] = view["pull"]["nodes"]  # type: ignore[index]
     assert (row["state"], row["message"]) == (

@@ -790,6 +790,8 @@ async def _serve(
         mgmt_interface=control.mgmt_interface,
         interval=control.reconcile_interval,
         retry_after=control.retry_max,
+        leading=leadership.is_leader,
+        leader=lambda: leadership.info().leader,
     )
     key_service = KeyService(keys=store.keys, wall_clock=utc_now)
     team_access = TeamAccess(teams=store.teams)

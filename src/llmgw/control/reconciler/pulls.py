@@ -105,6 +105,8 @@ class WeightsPuller:
         mgmt_interface: str = "",
         interval: float = 2.0,
         retry_after: float = 30.0,
+        leading: Callable[[], bool] = lambda: True,
+        leader: Callable[[], str | None] = lambda: None,
     ) -> None:
         self._catalog = catalog
         self._inventory = inventory
@@ -114,6 +116,8 @@ class WeightsPuller:
         self._mgmt = mgmt_interface
         self._interval = interval
         self._retry_after = retry_after
+        self._leading = leading
+        self._leader = leader
         self._pulls: dict[str, _Pull] = {}  # an operator's last pull, per model
         self._prefetch: dict[str, _Pull] = {}  # what prefetch asked for, per model
 
@@ -122,6 +126,16 @@ class WeightsPuller:
     ) -> dict[str, object]:
         """Pull `name`'s weights onto `nodes`, or onto the `count` (default 1) nodes
         placement would pick; the pull's view once every node answered."""
+        if not self._leading():
+            leader = self._leader()
+            where = f"the leader, {leader}," if leader else "the leader (none is known right now)"
+            raise PullRefused(
+                f"this server is a standby; only {where} talks to agents: run the pull "
+                "against the leader's admin listener",
+                status=409,
+                code="not_leader",
+                param=None,
+            )
         model, ref = self._model(name)
         fleet_nodes = {n.id: n for n in self._inventory.nodes()}
         if nodes:
