@@ -192,6 +192,13 @@ def test_a_pull_of_a_bad_repo_fails_naming_the_node_and_the_hubs_reason(
     shown = models_show(fleet.server)
     assert "pull:        org/missing@" in shown and " failed" in shown, shown
     assert "node-a: failed: the hub refused org/missing@" in shown, shown
+    # The node says so too, until a pull of that snapshot replaces it.
+    pulls = node_view(fleet.server)["pulls"]
+    assert [p["repo"] for p in pulls] == ["org/missing"], pulls
+    assert "Repository not found" in pulls[0]["error"], pulls
+    node = cli("nodes", "show", "node-a", "--admin", fleet.server.admin)
+    assert "weights being pulled ahead of demand:" in node.stdout, node.stdout
+    assert f"  org/missing@{repo.refs['main'][:7]}: failed: the hub refused" in node.stdout
     # Local weights: nothing to pull, and the API says so.
     local = httpx.post(
         fleet.server.admin + "/admin/api/models",
