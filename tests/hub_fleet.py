@@ -53,6 +53,12 @@ def config(weights: str, *, min_replicas: int = 1, max_replicas: int = 1) -> str
     )
 
 
+SEED = (
+    "control: {reconcile_interval: 0.3}\n"
+    "models:\n  - name: seed\n    weights: none\n    profiles: [{name: p, engine: sim}]\n"
+)  # a control plane needs one model to start; the tests add theirs through the admin API
+
+
 def start_agent(
     agent_port: int, tmp: Path, hub: HubStandin, node: str = "node-a", *extra: str
 ) -> Proc:

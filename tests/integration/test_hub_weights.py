@@ -18,6 +18,7 @@ import httpx
 import pytest
 from hub_fleet import (
     RATE,
+    SEED,
     WEIGHT_BYTES,
     config,
     models_show,
@@ -28,11 +29,6 @@ from hub_fleet import (
 )
 from hub_standin import HubStandin, make_repo
 from procs import Server, free_port, llmgw, wait_for
-
-SEED = (
-    "control: {reconcile_interval: 0.3}\n"
-    "models:\n  - name: seed\n    weights: none\n    profiles: [{name: p, engine: sim}]\n"
-)  # a control plane needs one model to start; the tests add theirs through the admin API
 
 
 def proc_env(pid: int) -> dict[str, str]:

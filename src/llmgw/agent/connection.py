@@ -35,7 +35,8 @@ that happen while disconnected are not lost and running engines are adopted.
 
 Commands run concurrently. StartShard is answered once the process is spawned
 (readiness follows as ShardStatus), StopShard and DrainShard once the process
-is gone, RemoveWeights once the files are. A command interrupted by a dropped
+is gone, RemoveWeights once the files are, PullWeights once the download is
+under way (its progress and outcome go up in the heartbeats). A command interrupted by a dropped
 stream still completes on the node, but its CommandResult is not resent; the
 next Register shows the outcome.
 
@@ -66,6 +67,7 @@ from llmgw.agent.settings import ConnectionSettings
 from llmgw.agent.shard import ShardReport
 from llmgw.agent.silence import SilentServers
 from llmgw.agent.supervisor import Supervisor
+from llmgw.config.hub import HubRef, hub_ref
 from llmgw.pki import TlsMaterial
 from llmgw.proto import agent_pb2, agent_pb2_grpc
 
@@ -463,7 +465,9 @@ class Connection:
             drain = message.drain_shard
             return supervisor.stop(drain.shard_id, grace=drain.grace_seconds, drain=True)
         if kind == "remove_weights":
-            return supervisor.remove_weights(message.remove_weights.path)
+            return self._remove(message.remove_weights.path)
+        if kind == "pull_weights":
+            return self._pull(message.pull_weights)
         if kind == "sleep_shard":
             sleep = message.sleep_shard
             return supervisor.sleep(sleep.shard_id, sleep.level)
@@ -474,8 +478,25 @@ class Connection:
             return None
         return CommandError(
             f"unknown command {kind or '(empty)'!r}; this agent knows StartShard, StopShard, "
-            "DrainShard, SleepShard, WakeShard and RemoveWeights"
+            "DrainShard, SleepShard, WakeShard, RemoveWeights and PullWeights"
         )
+
+    async def _remove(self, path: str) -> None:
+        await self._supervisor.remove_weights(path)
+        if self._snapshots is not None:
+            self._snapshots.rescan()  # the next heartbeat lists what is left
+
+    async def _pull(self, pull: agent_pb2.PullWeights) -> None:
+        ref = HubRef(pull.repo, pull.revision)
+        if self._snapshots is None:
+            raise CommandError(
+                f"cannot pull {ref}: this agent has no weights directory for hub snapshots"
+            )
+        if hub_ref(str(ref)) != ref or not ref.pinned:
+            raise CommandError(
+                f"cannot pull {ref!s}: PullWeights needs a hub repo (org/name) and a commit SHA"
+            )
+        await self._supervisor.pull_weights(ref)
 
     async def _answer(
         self,
@@ -520,6 +541,11 @@ class Connection:
             usage = await self._hardware.usage()
             held = await self._snapshots.held() if self._snapshots is not None else []
             host = await self._hardware.host()
+            pulls = (
+                await asyncio.to_thread(self._snapshots.downloads)
+                if self._snapshots is not None
+                else []
+            )
             self._sequence += 1
-            outbox.put_nowait(wire.heartbeat(self._sequence, usage, held, host))
+            outbox.put_nowait(wire.heartbeat(self._sequence, usage, held, host, pulls))
             await self._sleep(interval)

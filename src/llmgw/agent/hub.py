@@ -12,6 +12,11 @@ file: the files it finished are kept and not fetched again; the client writes
 each file to a process-unique `.incomplete` file, so the part of a file that
 was being written is fetched again (those leftovers are removed first).
 
+`pull(ref)` starts a download ahead of demand (PullWeights) and returns at
+once; `downloads()` lists the pulls under way, with their progress, and the
+ones that failed, with the hub's reason, for the heartbeat, until the next pull
+of that snapshot (or a later success) replaces them.
+
 `progress(ref)` reads the bytes on disk against the snapshot's total (from the
 hub's file list), and names the files being fetched: the client writes each into
 `blobs/<etag>[.<id>].incomplete`, and the file list's blob ids (the LFS sha256
@@ -129,6 +134,8 @@ class Snapshots:
     token_file: Path | None = None
     _running: dict[HubRef, _Download] = field(default_factory=dict)
     _held: tuple[float, list[Held]] | None = None  # when scanned, what was found
+    # Snapshots pulled ahead of demand: None while under way, else why it failed.
+    _pulls: dict[HubRef, str | None] = field(default_factory=dict)
 
     @property
     def cache_dir(self) -> Path:
@@ -179,16 +186,62 @@ class Snapshots:
     async def _shared_download(self, ref: HubRef) -> Path:
         running = self._running.get(ref)
         if running is None:
-            task = asyncio.get_running_loop().create_task(
-                self._download(ref), name=f"download {ref}"
-            )
-            running = _Download(
-                ref=ref, task=task, started=time.monotonic(), started_unix=time.time()
-            )
-            self._running[ref] = running
-            task.add_done_callback(lambda _: self._running.pop(ref, None))
+            running = self._shared_start(ref)
         # Shielded: one shard's start being cancelled must not end another's download.
         return await asyncio.shield(running.task)
+
+    def _shared_start(self, ref: HubRef) -> _Download:
+        task = asyncio.get_running_loop().create_task(self._download(ref), name=f"download {ref}")
+        running = _Download(ref=ref, task=task, started=time.monotonic(), started_unix=time.time())
+        self._running[ref] = running
+        task.add_done_callback(lambda _: self._running.pop(ref, None))
+        # A pull's failure is read by its own callback; a start's by the shard.
+        task.add_done_callback(_retrieve)
+        return running
+
+    async def pull(self, ref: HubRef) -> None:
+        """Start downloading `ref` unless it is on disk; returns once it is under way.
+
+        Its progress, then its failure or its place among the held snapshots, is
+        what `downloads()` and `held()` report."""
+        if await asyncio.to_thread(self.local, ref) is not None:
+            self._pulls.pop(ref, None)
+            self._held = None
+            return
+        self._pulls[ref] = None
+        running = self._running.get(ref)
+        if running is None:
+            self._shared_start(ref)
+            running = self._running[ref]
+
+        def settled(task: asyncio.Task[Path]) -> None:
+            self._held = None
+            if self._pulls.get(ref, "") is not None:
+                return  # another pull of this snapshot settled it already
+            if task.cancelled():
+                self._pulls[ref] = f"the download of {ref} was cancelled"
+            elif (error := task.exception()) is not None:
+                self._pulls[ref] = str(error)
+                log.warning("pulling %s failed: %s", ref, error)
+            else:
+                del self._pulls[ref]
+                log.info("pulled %s ahead of demand", ref.short())
+
+        running.task.add_done_callback(settled)
+
+    def running(self, ref: HubRef) -> asyncio.Task[Path] | None:
+        """The download of `ref` under way, if one is."""
+        found = self._running.get(ref)
+        return found.task if found is not None else None
+
+    def rescan(self) -> None:
+        """Scan the disk again at the next `held()` (files were removed)."""
+        self._held = None
+
+    def downloads(self) -> list[tuple[HubRef, Progress | None, str | None]]:
+        """The pulls under way (with their progress) and those that failed (with why),
+        for the heartbeat (blocking: stat)."""
+        return [(ref, self.progress(ref), error) for ref, error in self._pulls.items()]
 
     async def held(self) -> list[Held]:
         """Every complete snapshot on disk, with its size and last use.
@@ -353,6 +406,13 @@ class Snapshots:
             raise DownloadError(_hub_reason(ref, exc)) from exc
         except (LocalEntryNotFoundError, OSError, httpx2.TransportError) as exc:
             raise DownloadError(f"downloading {ref} failed: {exc}") from exc
+
+
+def _retrieve(task: asyncio.Task[Path]) -> None:
+    """Mark a download's exception as read: a pull nobody awaits must not be reported
+    as a never-retrieved exception (its failure goes up in the heartbeat instead)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _hub_reason(ref: HubRef, exc: Exception) -> str:

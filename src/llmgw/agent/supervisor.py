@@ -76,7 +76,7 @@ from llmgw.agent.state import (
     read_identity,
 )
 from llmgw.agent.weights import remove_path, resolve_removable
-from llmgw.config.hub import hub_ref
+from llmgw.config.hub import HubRef, hub_ref
 from llmgw.engines import (
     EngineAdapter,
     EngineError,
@@ -434,6 +434,26 @@ class Supervisor:
         if shard is None or not shard.live:
             raise SleepError(f"cannot {what} shard {shard_id!r}: it is not running on this node")
         return shard
+
+    async def pull_weights(self, ref: HubRef) -> None:
+        """Download `ref` ahead of demand (PullWeights); returns once it is under way.
+        Once it is complete, the weights limit is kept as after a start's download:
+        other snapshots no shard runs on may go, never this one."""
+        await self._snapshots.pull(ref)
+        group = self._group
+        if self._weights_limit is not None and group is not None:
+            group.create_task(self._room_after_pull(ref, self._weights_limit), name=f"pull {ref}")
+
+    async def _room_after_pull(self, ref: HubRef, limit: WeightsLimit) -> None:
+        running = self._snapshots.running(ref)
+        if running is not None:
+            try:
+                await asyncio.shield(running)
+            except CommandError:
+                return  # the heartbeat reports the failure; nothing came in
+        users = (hub_ref(s.spec.weights) for s in self._shards.values() if s.live)
+        keep = frozenset({ref.repo, *(u.repo for u in users if u is not None)})
+        await self._snapshots.make_room(limit, keep)
 
     async def remove_weights(self, path: str) -> Path | None:
         """Remove a file or tree inside the weights dir; None when it was already absent."""

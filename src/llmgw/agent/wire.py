@@ -12,10 +12,10 @@ from pathlib import Path
 
 from llmgw.agent.flags import PortRange, WeightsLimit
 from llmgw.agent.hardware import GpuUsage, HardwareReport, HostUsage
-from llmgw.agent.hub import Held
+from llmgw.agent.hub import Held, Progress
 from llmgw.agent.interfaces import Interface
 from llmgw.agent.shard import ShardReport, ShardState
-from llmgw.config.hub import hub_ref
+from llmgw.config.hub import HubRef, hub_ref
 from llmgw.proto import agent_pb2
 
 _STATES = {
@@ -130,6 +130,7 @@ def heartbeat(
     usage: Iterable[GpuUsage],
     held: Iterable[Held] = (),
     host: HostUsage | None = None,
+    pulls: Iterable[tuple[HubRef, Progress | None, str | None]] = (),
 ) -> agent_pb2.AgentMessage:
     return agent_pb2.AgentMessage(
         heartbeat=agent_pb2.Heartbeat(
@@ -138,6 +139,17 @@ def heartbeat(
             disk_free_bytes=host.disk_free_bytes if host else 0,
             memory_total_bytes=host.memory_total_bytes if host else 0,
             memory_available_bytes=host.memory_available_bytes if host else 0,
+            downloads=[
+                agent_pb2.WeightsDownload(
+                    repo=ref.repo,
+                    revision=ref.revision,
+                    done_bytes=progress.done if progress is not None else 0,
+                    total_bytes=progress.total if progress is not None else 0,
+                    rate_bytes_per_second=progress.rate if progress is not None else 0.0,
+                    error=error or "",
+                )
+                for ref, progress, error in pulls
+            ],
             weights=[
                 agent_pb2.HeldWeights(
                     repo=h.ref.repo,

@@ -97,6 +97,7 @@ from llmgw.control.leadership import (
 from llmgw.control.placements import PlacementBook
 from llmgw.control.reachability import ReachabilityGate, tcp_probe
 from llmgw.control.reconciler.controller import Controller
+from llmgw.control.reconciler.pulls import WeightsPuller
 from llmgw.control.reconciler.views import ModelControlService
 from llmgw.diagnostics import AllocationTracer, Profiler
 from llmgw.lifecycle import guard
@@ -181,6 +182,7 @@ async def _lead(
     agents: AgentServicer,
     placements: PlacementBook,
     fleet: Callable[[int], Awaitable[None]],
+    puller: WeightsPuller,
 ) -> None:
     """The leader-only tasks of one term; cancelled when the lease is lost."""
     try:
@@ -197,6 +199,7 @@ async def _lead(
             group.create_task(guard("endpoint publisher", publisher.run(epoch)))
             group.create_task(guard("placement records", placements.run()))
             group.create_task(guard("fleet publisher", fleet(epoch)))
+            group.create_task(guard("weights prefetch", puller.run()))
     finally:
         # Agents must move to the new leader: a standby holding their streams
         # would keep nodes the leader cannot command.
@@ -783,6 +786,18 @@ async def _serve(
         wall_clock=utc_now,
     )
     model_control = ModelControlService(controller=controller, reach=gate)
+    puller = WeightsPuller(
+        catalog=catalog,
+        inventory=inventory,
+        dispatcher=agents,
+        clock=clock,
+        policy=control.placement,
+        mgmt_interface=control.mgmt_interface,
+        interval=control.reconcile_interval,
+        retry_after=control.retry_max,
+        leading=leadership.is_leader,
+        leader=lambda: leadership.info().leader,
+    )
     key_service = KeyService(keys=store.keys, wall_clock=utc_now)
     team_access = TeamAccess(teams=store.teams)
     history = MetricsHistory(sample=metrics.totals, clock=clock)
@@ -822,7 +837,7 @@ async def _serve(
                     record_event=lambda node_id, message: controller.note("node", node_id, message),
                 ).remove,
             ),
-            *model_routes(catalog=catalog, control=model_control),
+            *model_routes(catalog=catalog, control=model_control, pulls=puller),
             *config_routes(reloader=reloader),
             *join_token_routes(
                 issuer=pki,
@@ -999,6 +1014,7 @@ async def _serve(
                                     on_fenced=leadership.lost,
                                     interval=FLEET_INTERVAL,
                                 ),
+                                puller=puller,
                             ),
                             follow=lambda: _follow(
                                 follow_endpoints(

@@ -6,11 +6,13 @@ Talks HTTP to a running server's admin listener, like `llmgw nodes` (same
 environment, then config file, then default; same `error: ...` lines and exit
 codes: 1 when the admin API cannot be reached or fails, 2 for bad input, an
 unknown model or a model the server refuses). `activate` starts a replica and
-follows it on stderr (`llmgw.cli.activation`). `add` takes one model from a YAML or JSON
-file (`--file`, the shape of one `models:` entry of the config file) or builds a
-one-profile model from flags; the server validates it, so its errors name the
-model, the profile and the field. `explain` and `add --dry-run` show, per
-profile, the nodes that fit and why each other node does not.
+follows it on stderr (`llmgw.cli.activation`); `pull` downloads the weights onto
+nodes ahead of demand and follows the downloads (`llmgw.cli.pull`). `add` takes
+one model from a YAML or JSON file (`--file`, the shape of one `models:` entry
+of the config file) or builds a one-profile model from flags; the server
+validates it, so its errors name the model, the profile and the field.
+`explain` and `add --dry-run` show, per profile, the nodes that fit and why
+each other node does not.
 Imports only typer and the standard library at the top (yaml and httpx when a
 command runs), so `llmgw --help` stays fast.
 
@@ -38,13 +40,17 @@ from llmgw.cli.adminclient import (
     request,
     resolve_admin,
 )
+from llmgw.cli.pull import pull_model
 from llmgw.cli.reload import reload_models
 from llmgw.cli.rollout import rollout_app
 from llmgw.cli.storeopts import JsonOption, print_json, render_table
 
 models_app = typer.Typer(
     name="models",
-    help=("See and change the model catalog: list, show, add, remove, explain, activate, rollout."),
+    help=(
+        "See and change the model catalog: list, show, add, remove, explain, activate, pull, "
+        "rollout."
+    ),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -127,6 +133,7 @@ def model_from_flags(
     target_kv_use: float | None = None,
     target_queue_wait: float | None = None,
     sleep_after: str | None = None,
+    prefetch: int | None = None,
 ) -> dict[str, Any]:
     """A one-profile model from `add`'s flags; unset flags keep the server's defaults."""
     missing = [
@@ -159,6 +166,8 @@ def model_from_flags(
         model["keep_alive"] = _number_or_text(keep_alive)
     if sleep_after is not None:
         model["sleep_after"] = _number_or_text(sleep_after)
+    if prefetch is not None:
+        model["prefetch"] = prefetch
     if not activation:
         model["activation"] = False
     if target_in_flight is not None:
@@ -301,6 +310,26 @@ def _gb(size: int) -> str:
     return f"{size / 1e9:.1f} GB" if size >= 10**9 else f"{size / 1e6:.1f} MB"
 
 
+def _weights_lines(model: dict[str, Any]) -> list[str]:
+    """Where `prefetch` keeps the weights, and an operator's last pull, per node."""
+    lines: list[str] = []
+    kept = model.get("prefetched")
+    if isinstance(kept, dict):
+        held = kept.get("held_on") or []
+        lines.append(
+            f"prefetch:    {kept.get('weights')} on {len(held)} of {kept.get('wanted')} nodes"
+            + (f" ({', '.join(held)})" if held else "")
+        )
+        lines += [f"  {r['node']}: {r['message']}" for r in kept.get("pulling") or []]
+    elif model.get("prefetch"):
+        lines.append(f"prefetch:    {model['prefetch']} nodes")
+    pull = model.get("pull")
+    if isinstance(pull, dict):
+        lines.append(f"pull:        {pull.get('weights')} {pull.get('state')}")
+        lines += [f"  {r['node']}: {r['state']}: {r['message']}" for r in pull.get("nodes") or []]
+    return lines
+
+
 def _show_text(model: dict[str, Any]) -> str:
     status = _status(model)
     lines = [
@@ -322,6 +351,7 @@ def _show_text(model: dict[str, Any]) -> str:
         f"activation:  {'on request' if model['activation'] else 'off (operator starts it)'}",
         f"state:       {status.get('state', '-')} ({_replicas(model)} ready)",
         *_wake_line(status),
+        *_weights_lines(model),
         "",
         "profiles (in order of preference):",
     ]
@@ -569,6 +599,15 @@ def add(
             show_default=False,
         ),
     ] = None,
+    prefetch: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="Keep the hub weights on this many nodes that could run the model, pulled "
+            "ahead of demand and again when removed [default: 0, off].",
+            show_default=False,
+        ),
+    ] = None,
     target_in_flight: Annotated[
         int | None,
         typer.Option(
@@ -648,7 +687,7 @@ def add(
     flags = (
         name, weights, engine, gpus, gpu_memory, min_replicas, max_replicas, keep_alive,
         target_in_flight, scale_down_delay, target_queue_depth, target_kv_use,
-        target_queue_wait, sleep_after,
+        target_queue_wait, sleep_after, prefetch,
     )  # fmt: skip
     flags_given = any(v is not None for v in flags) or bool(engine_arg or alias or no_activation)
     if file is not None:
@@ -677,6 +716,7 @@ def add(
             target_kv_use=target_kv_use,
             target_queue_wait=target_queue_wait,
             sleep_after=sleep_after,
+            prefetch=prefetch,
         )
     if dry_run and replace:
         fail("--dry-run stores nothing, so --replace means nothing with it", EXIT_BAD_INPUT)
@@ -721,6 +761,7 @@ def remove(
 
 
 models_app.command("reload")(reload_models)
+models_app.command("pull")(pull_model)
 
 
 @models_app.command("explain")

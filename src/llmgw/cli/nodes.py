@@ -245,6 +245,18 @@ def _show_text(node: dict[str, Any]) -> str:
         lines += ["  " + line for line in table.splitlines()]
     else:
         lines.append("  none")
+    pulls = node.get("pulls") or []
+    if pulls:
+        lines += ["", "weights being pulled ahead of demand:"]
+        for pull in pulls:
+            what = f"{pull['repo']}@{str(pull['revision'])[:7]}"
+            total = int(pull["total_bytes"])
+            done = f"{_decimal_size(int(pull['done_bytes']))} of {_decimal_size(total)}"
+            lines.append(
+                f"  {what}: failed: {pull['error']}"
+                if pull.get("error")
+                else f"  {what}: {done if total else 'listing its files'}"
+            )
     return "\n".join(lines)
 
 

@@ -665,6 +665,17 @@ class ModelConfig(_Strict):
             "sleeping engine still holds host memory."
         ),
     )
+    prefetch: StrictCount = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Nodes that keep the model's hub weights on disk ahead of demand: the control "
+            "plane pulls them onto this many nodes that could run the model (those "
+            "placement would pick first) and pulls again where they went missing, so an "
+            "activation there skips the download. 0 by default: weights cost disk, and "
+            "most models are fetched on first use. Hub weights only."
+        ),
+    )
     activation: bool = Field(
         default=True,
         description=(
@@ -893,6 +904,17 @@ class ModelConfig(_Strict):
                 f"sleep_after ({value:g}s) must be shorter than keep_alive "
                 f"({keep_alive:g}s): a replica sleeps first and is stopped later; lower "
                 "sleep_after or raise keep_alive"
+            )
+        return value
+
+    @field_validator("prefetch")
+    @classmethod
+    def _check_prefetch(cls, value: int, info: ValidationInfo) -> int:
+        weights = info.data.get("weights")
+        if value > 0 and isinstance(weights, str) and hub_ref(weights) is None:
+            raise ValueError(
+                f"prefetch ({value}) needs hub weights (org/name or org/name@revision), and "
+                f"{weights!r} is a local path; set prefetch to 0 or name a hub repo"
             )
         return value
 

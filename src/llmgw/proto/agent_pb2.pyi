@@ -178,7 +178,7 @@ class GpuUsage(_message.Message):
     def __init__(self, index: _Optional[int] = ..., utilization_percent: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_free_bytes: _Optional[int] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("gpus", "sequence", "weights", "disk_total_bytes", "disk_free_bytes", "memory_total_bytes", "memory_available_bytes")
+    __slots__ = ("gpus", "sequence", "weights", "disk_total_bytes", "disk_free_bytes", "memory_total_bytes", "memory_available_bytes", "downloads")
     GPUS_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +186,7 @@ class Heartbeat(_message.Message):
     DISK_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     MEMORY_AVAILABLE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DOWNLOADS_FIELD_NUMBER: _ClassVar[int]
     gpus: _containers.RepeatedCompositeFieldContainer[GpuUsage]
     sequence: int
     weights: _containers.RepeatedCompositeFieldContainer[HeldWeights]
@@ -193,7 +194,24 @@ class Heartbeat(_message.Message):
     disk_free_bytes: int
     memory_total_bytes: int
     memory_available_bytes: int
-    def __init__(self, gpus: _Optional[_Iterable[_Union[GpuUsage, _Mapping]]] = ..., sequence: _Optional[int] = ..., weights: _Optional[_Iterable[_Union[HeldWeights, _Mapping]]] = ..., disk_total_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., memory_available_bytes: _Optional[int] = ...) -> None: ...
+    downloads: _containers.RepeatedCompositeFieldContainer[WeightsDownload]
+    def __init__(self, gpus: _Optional[_Iterable[_Union[GpuUsage, _Mapping]]] = ..., sequence: _Optional[int] = ..., weights: _Optional[_Iterable[_Union[HeldWeights, _Mapping]]] = ..., disk_total_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., memory_available_bytes: _Optional[int] = ..., downloads: _Optional[_Iterable[_Union[WeightsDownload, _Mapping]]] = ...) -> None: ...
+
+class WeightsDownload(_message.Message):
+    __slots__ = ("repo", "revision", "done_bytes", "total_bytes", "rate_bytes_per_second", "error")
+    REPO_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    DONE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RATE_BYTES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    repo: str
+    revision: str
+    done_bytes: int
+    total_bytes: int
+    rate_bytes_per_second: float
+    error: str
+    def __init__(self, repo: _Optional[str] = ..., revision: _Optional[str] = ..., done_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., rate_bytes_per_second: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
 
 class HeldWeights(_message.Message):
     __slots__ = ("repo", "revision", "bytes", "last_used_unix")
@@ -262,7 +280,7 @@ class CommandResult(_message.Message):
     def __init__(self, command_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
-    __slots__ = ("registered", "start_shard", "stop_shard", "drain_shard", "remove_weights", "sleep_shard", "wake_shard", "command_id")
+    __slots__ = ("registered", "start_shard", "stop_shard", "drain_shard", "remove_weights", "sleep_shard", "wake_shard", "pull_weights", "command_id")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     START_SHARD_FIELD_NUMBER: _ClassVar[int]
     STOP_SHARD_FIELD_NUMBER: _ClassVar[int]
@@ -270,6 +288,7 @@ class ServerMessage(_message.Message):
     REMOVE_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     SLEEP_SHARD_FIELD_NUMBER: _ClassVar[int]
     WAKE_SHARD_FIELD_NUMBER: _ClassVar[int]
+    PULL_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     registered: Registered
     start_shard: StartShard
@@ -278,8 +297,9 @@ class ServerMessage(_message.Message):
     remove_weights: RemoveWeights
     sleep_shard: SleepShard
     wake_shard: WakeShard
+    pull_weights: PullWeights
     command_id: str
-    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., start_shard: _Optional[_Union[StartShard, _Mapping]] = ..., stop_shard: _Optional[_Union[StopShard, _Mapping]] = ..., drain_shard: _Optional[_Union[DrainShard, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ..., sleep_shard: _Optional[_Union[SleepShard, _Mapping]] = ..., wake_shard: _Optional[_Union[WakeShard, _Mapping]] = ..., command_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., start_shard: _Optional[_Union[StartShard, _Mapping]] = ..., stop_shard: _Optional[_Union[StopShard, _Mapping]] = ..., drain_shard: _Optional[_Union[DrainShard, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ..., sleep_shard: _Optional[_Union[SleepShard, _Mapping]] = ..., wake_shard: _Optional[_Union[WakeShard, _Mapping]] = ..., pull_weights: _Optional[_Union[PullWeights, _Mapping]] = ..., command_id: _Optional[str] = ...) -> None: ...
 
 class Registered(_message.Message):
     __slots__ = ("heartbeat_interval_seconds", "leader_id", "server_version")
@@ -383,3 +403,11 @@ class RemoveWeights(_message.Message):
     PATH_FIELD_NUMBER: _ClassVar[int]
     path: str
     def __init__(self, path: _Optional[str] = ...) -> None: ...
+
+class PullWeights(_message.Message):
+    __slots__ = ("repo", "revision")
+    REPO_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    repo: str
+    revision: str
+    def __init__(self, repo: _Optional[str] = ..., revision: _Optional[str] = ...) -> None: ...

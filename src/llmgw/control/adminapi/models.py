@@ -17,6 +17,12 @@ stands (old and new replicas, the step, why it stopped, the canary); `POST
 drops the canary; `POST .../rollout/undo`
 puts the previous spec back (409 `nothing_to_undo` when there is none).
 
+`POST /admin/api/models/{name}/pull` (`{"nodes": N}` or `{"node": [ID, ...]}`)
+tells nodes to download the model's hub weights ahead of demand and answers 202
+with the pull's state; a model's view carries `pull` (the last pull, per node:
+waiting, downloading, done or failed) and `prefetched` (where `prefetch` keeps
+the weights).
+
 `GET /admin/api/models` pages and filters on the server (`?limit=`, `?after=`,
 `?q=` over names and aliases; see `paging`).
 
@@ -28,7 +34,7 @@ placement and activation routes of the shorter name).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import orjson
@@ -52,6 +58,7 @@ from llmgw.control.catalog.errors import (
 )
 from llmgw.control.catalog.model import CatalogModel
 from llmgw.control.catalog.validate import model_to_dict, parse_model
+from llmgw.control.reconciler.pulls import PullRefused
 from llmgw.store import StoreError, StoreUnavailable
 
 
@@ -109,6 +116,20 @@ class ModelControl(Protocol):
         ...
 
 
+class WeightsPulls(Protocol):
+    """What the routes need to pull weights ahead of demand (`reconciler.pulls`)."""
+
+    async def pull(
+        self, name: str, *, count: int | None = None, nodes: Sequence[str] = ()
+    ) -> dict[str, object]:
+        """Pull the model's weights onto `nodes` or `count` nodes; the pull's view."""
+        ...
+
+    def view(self, name: str) -> dict[str, object]:
+        """`{"pull": ..., "prefetched": ...}`: an operator's last pull and prefetch."""
+        ...
+
+
 _CONFLICTS: dict[type[CatalogError], str | None] = {
     ModelExists: "name",
     NameTaken: None,
@@ -153,18 +174,42 @@ async def _read_body(request: Request) -> object:
         raise _InvalidJson(f"the body is not valid JSON: {exc}") from exc
 
 
+def _pull_body(body: object) -> tuple[int | None, list[str]]:
+    """`{"nodes": N}` or `{"node": [ID, ...]}` (or `{}`: one node); `_InvalidJson` else."""
+    if not isinstance(body, dict):
+        raise _InvalidJson('send a JSON object: {"nodes": N} or {"node": ["ID", ...]}')
+    unknown = sorted(set(body) - {"nodes", "node"})
+    if unknown:
+        raise _InvalidJson(
+            f"unknown field {unknown[0]!r}; a pull takes nodes (a count) or node (a list of ids)"
+        )
+    count = body.get("nodes")
+    nodes = body.get("node") or []
+    if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
+        raise _InvalidJson(f"nodes must be a whole number of at least 1, got {count!r}")
+    if not isinstance(nodes, list) or not all(isinstance(n, str) and n for n in nodes):
+        raise _InvalidJson(f"node must be a list of node ids, got {nodes!r}")
+    if count is not None and nodes:
+        raise _InvalidJson("give nodes (a count) or node (a list of ids), not both")
+    return count, nodes
+
+
 class _InvalidJson(Exception):
     """The request body is not JSON; the message says where it broke."""
 
 
-def model_routes(*, catalog: ModelCatalog, control: ModelControl) -> list[Route]:
-    """The catalog routes under /admin/api/models and /admin/api/placement."""
+def model_routes(
+    *, catalog: ModelCatalog, control: ModelControl, pulls: WeightsPulls | None = None
+) -> list[Route]:
+    """The catalog routes under /admin/api/models and /admin/api/placement; without
+    `pulls` (no control plane) POST .../pull answers 409 `no_control_plane`."""
 
     def view(model: CatalogModel, status: dict[str, object] | None = None) -> dict[str, object]:
         return {
             **model_to_dict(model),
             "source": model.source,
             "status": control.status(model.name) if status is None else status,
+            **(pulls.view(model.name) if pulls is not None else {}),
         }
 
     async def guarded(request: Request, handler: _Handler) -> Response:
@@ -259,6 +304,25 @@ def model_routes(*, catalog: ModelCatalog, control: ModelControl) -> list[Route]
             return _unknown(request.path_params["name"])
         return json_response(await control.activate(name))
 
+    async def pull(request: Request) -> Response:
+        name = catalog.resolve(request.path_params["name"])
+        if name is None:
+            return _unknown(request.path_params["name"])
+        if pulls is None:
+            return error_response(
+                409,
+                "this server has no control plane (router-only): there are no nodes to pull "
+                "weights onto",
+                code="no_control_plane",
+            )
+        # Starlette keeps the body: `_read_body` reads it again without the network.
+        body = await _read_body(request) if (await request.body()).strip() else {}
+        count, nodes = _pull_body(body)
+        try:
+            return json_response(await pulls.pull(name, count=count, nodes=nodes), status=202)
+        except PullRefused as exc:
+            return error_response(exc.status, exc.message, code=exc.code, param=exc.param)
+
     def rollout_view(model: CatalogModel) -> dict[str, object]:
         status = control.status(model.name)
         replicas = status.get("replicas")
@@ -327,6 +391,7 @@ def model_routes(*, catalog: ModelCatalog, control: ModelControl) -> list[Route]
         # must be tried first.
         route(one + "/placement", placement, "GET"),
         route(one + "/activate", activate, "POST"),
+        route(one + "/pull", pull, "POST"),
         route(one + "/rollout/undo", rollout_undo, "POST"),
         route(one + "/rollout/promote", rollout_promote, "POST"),
         route(one + "/rollout/abort", rollout_abort, "POST"),

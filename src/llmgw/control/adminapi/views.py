@@ -94,6 +94,19 @@ def node_view(node: Node, heartbeat_age: float) -> dict[str, Any]:
             }
             for w in node.weights
         ],
+        # Downloads ahead of demand (`llmgw models pull`, prefetch): under way, or why
+        # one failed (`error`).
+        "pulls": [
+            {
+                "repo": d.repo,
+                "revision": d.revision,
+                "done_bytes": d.done,
+                "total_bytes": d.total,
+                "rate_bytes_per_second": round(d.rate, 1),
+                "error": d.error or None,
+            }
+            for d in node.downloads
+        ],
         "port_range": list(node.port_range),
         "labels": dict(node.labels),
         "fabric": dict(node.fabric),

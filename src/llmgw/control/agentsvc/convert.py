@@ -32,6 +32,7 @@ from llmgw.control.inventory.model import (
     ShardReport,
     ShardSpec,
     ShardState,
+    WeightsDownload,
     is_loopback,
 )
 from llmgw.proto import agent_pb2
@@ -180,6 +181,20 @@ def held_weights(weights: Iterable[agent_pb2.HeldWeights]) -> list[HeldWeights]:
             ),
         )
         for w in weights
+    ]
+
+
+def weights_downloads(downloads: Iterable[agent_pb2.WeightsDownload]) -> list[WeightsDownload]:
+    return [
+        WeightsDownload(
+            repo=d.repo,
+            revision=d.revision,
+            done=d.done_bytes,
+            total=d.total_bytes,
+            rate=d.rate_bytes_per_second,
+            error=d.error,
+        )
+        for d in downloads
     ]
 
 

@@ -87,6 +87,7 @@ from llmgw.control.inventory.model import (
     NodeRegistration,
     ShardReport,
     ShardSpec,
+    WeightsDownload,
     is_loopback,
 )
 from llmgw.control.placements import NodeAddress, Verdict
@@ -134,6 +135,7 @@ class NodeReports(Protocol):
         gpus: Sequence[GpuUsage],
         weights: Sequence[HeldWeights],
         host: HostReading,
+        downloads: Sequence[WeightsDownload],
         /,
     ) -> None: ...
 
@@ -509,6 +511,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 convert.gpu_usage(message.heartbeat.gpus),
                 convert.held_weights(message.heartbeat.weights),
                 convert.host_reading(message.heartbeat),
+                convert.weights_downloads(message.heartbeat.downloads),
             )
         elif kind == "shard_status":
             report = convert.shard_report(message.shard_status)
@@ -602,6 +605,16 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             agent_pb2.ServerMessage(wake_shard=agent_pb2.WakeShard(shard_id=shard_id)),
             f"wake shard {shard_id!r}",
             self._command_timeout + wait_seconds,
+        )
+
+    async def pull_weights(self, node_id: str, repo: str, revision: str) -> None:
+        await self._command(
+            node_id,
+            agent_pb2.ServerMessage(
+                pull_weights=agent_pb2.PullWeights(repo=repo, revision=revision)
+            ),
+            f"pull {repo}@{revision[:7]}",
+            self._command_timeout,
         )
 
     async def remove_weights(self, node_id: str, path: str) -> None:

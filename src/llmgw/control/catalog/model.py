@@ -139,6 +139,8 @@ class CatalogModel:
     keep_alive: float = 300.0
     # Idle seconds before its replicas sleep (None: they never do; see `reconciler.sleep`).
     sleep_after: float | None = None
+    # Nodes that keep the hub weights on disk ahead of demand (see `reconciler.pulls`).
+    prefetch: int = 0
     activation: bool = True
     source: ModelSource = "config"
     target_in_flight: int | None = None

@@ -36,6 +36,7 @@ from llmgw.control.inventory.model import (
     NodeState,
     Shard,
     ShardReport,
+    WeightsDownload,
 )
 
 log = logging.getLogger("llmgw.control.inventory")
@@ -185,12 +186,16 @@ class Inventory:
         gpus: Sequence[GpuUsage],
         weights: Sequence[HeldWeights] | None = None,
         host: HostReading | None = None,
+        downloads: Sequence[WeightsDownload] | None = None,
     ) -> None:
         """Record a sign of life, the GPUs' load and (when given) the hub weights on the
-        node's disk and its disk and memory; an unreachable or lost node is ready again."""
+        node's disk, its disk and memory, and the pulls under way; an unreachable or
+        lost node is ready again."""
         node = self._get(node_id)
         if weights is not None:
             node.weights = tuple(weights)
+        if downloads is not None:
+            node.downloads = tuple(downloads)
         if host is not None and (host.disk_total or host.memory_total):
             node.host = host
             if host.disk_total:

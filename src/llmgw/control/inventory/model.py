@@ -283,6 +283,19 @@ class HeldWeights:
         return f"{self.repo}@{self.revision[:7]}"
 
 
+@dataclass(frozen=True, slots=True)
+class WeightsDownload:
+    """A download a node was told to pull (PullWeights), as its agent last reported it:
+    under way (`error` empty) or failed (`error`: the hub's reason)."""
+
+    repo: str
+    revision: str  # the commit SHA
+    done: int
+    total: int  # 0 until the hub's file list is known
+    rate: float  # bytes per second; 0 until it can be told
+    error: str = ""
+
+
 @dataclass(slots=True)
 class Node:
     """A machine running an agent, as the inventory knows it.
@@ -316,6 +329,7 @@ class Node:
     weights: tuple[HeldWeights, ...] = ()  # the hub snapshots on its disk (heartbeats)
     host: HostReading = HostReading()  # the weights disk and host memory (heartbeats)
     limits: HostLimits = HostLimits()  # the agent's disk and sleep-memory limits (Register)
+    downloads: tuple[WeightsDownload, ...] = ()  # pulls under way or failed (heartbeats)
 
     def address_warning(self) -> str | None:
         """Why this node's engine URLs cannot work from this server, if they cannot."""
@@ -357,6 +371,7 @@ class Node:
             self.weights,
             self.host,
             self.limits,
+            self.downloads,
         )
 
     def snapshot_bytes(self, weights: str) -> int:

@@ -541,6 +541,25 @@ class Fleet:
                 return Explanation(model.name, placement, tuple(verdicts))
         return Explanation(model.name, None, tuple(verdicts))
 
+    def candidates(self, model: CatalogModel) -> list[str]:
+        """The nodes one replica of `model` fits on, in the order placement prefers them:
+        its single-node profiles in turn, and within one, nodes holding its weights
+        first, then by the policy's score and id (for pulling weights ahead of demand;
+        multi-node profiles are left out)."""
+        holders = self._holders(model)
+        ranked: dict[str, None] = {}
+        for profile in model.profiles:
+            need = Need.of(profile, self._mgmt)
+            if need.nodes > 1:
+                continue
+            slots = self._verdicts(need)
+            fits = itertools.compress(self._caps.values(), map(operator.not_, slots))
+            for cap in sorted(
+                fits, key=lambda c: (c.node.id not in holders, *self._score(c, need), c.node.id)
+            ):
+                ranked.setdefault(cap.node.id)
+        return list(ranked)
+
     def place(
         self,
         model: CatalogModel,
