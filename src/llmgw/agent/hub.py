@@ -403,9 +403,7 @@ def exit_if_downloading(code: int) -> None:
     running = [t.name for t in list(_DOWNLOADS) if t.is_alive()]
     if not running:
         return
-    log.info(
-        "leaving %s unfinished; the next agent resumes it", ", ".join(sorted(running))
-    )
+    log.info("leaving %s unfinished; the next agent resumes it", ", ".join(sorted(running)))
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):

@@ -159,6 +159,9 @@ class CatalogModel:
     # The commit a hub `weights` revision resolved to when the model was added (or as
     # given); None for local weights and for config models (not resolved).
     weights_commit: str | None = None
+    # The base model of a LoRA adapter (None: a model of its own). An adapter has no
+    # profiles: it is loaded at run time into its base's replicas.
+    adapter_of: str | None = None
 
     @property
     def launch_weights(self) -> str:
