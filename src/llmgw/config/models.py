@@ -814,7 +814,14 @@ class ModelConfig(_Strict):
         # is the base's, so setting it on the adapter would silently do nothing.
         if self.adapter_of is None:
             return self
-        own = sorted(self.model_fields_set - _ADAPTER_FIELDS)
+        # Compared with the defaults, not `model_fields_set`: a loaded config file is
+        # validated again with every field given (overrides are merged into a dump).
+        own = sorted(
+            name
+            for name, info in type(self).model_fields.items()
+            if name not in _ADAPTER_FIELDS
+            and getattr(self, name) != info.get_default(call_default_factory=True)
+        )
         if own:
             _raise(
                 scope(model=self.name),
