@@ -46,15 +46,16 @@ import enum
 import logging
 import signal
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from llmgw.agent.errors import SleepError
+from llmgw.agent.errors import AdapterError, SleepError
+from llmgw.agent.lora import ShardAdapters
 from llmgw.agent.output import LogFollower, OutputTail
 from llmgw.agent.probe import ProbeError, http_post, http_status
 from llmgw.agent.process import EngineProcess
 from llmgw.agent.settings import SupervisorSettings
-from llmgw.engines import EngineTimings, SleepApi
+from llmgw.engines import EngineTimings, LoraApi, SleepApi
 from llmgw.proto import agent_pb2
 
 log = logging.getLogger("llmgw.agent.shard")
@@ -91,6 +92,8 @@ class ShardReport:
     endpoint_url: str = ""
     exit_code: int | None = None
     output_tail: tuple[str, ...] = ()
+    # LoRA adapters the engine has loaded, least recently loaded first.
+    adapters: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +159,7 @@ class Shard:
         adopted: ShardState | None = None,
         been_ready: bool = False,
         sleep_api: SleepApi | None = None,
+        lora_api: LoraApi | None = None,
     ) -> None:
         """`adopted`: the state an engine taken over from an earlier agent starts in;
         `been_ready`: it was ready before (its probe failing is then a health problem,
@@ -163,6 +167,7 @@ class Shard:
         self._spec = spec
         self._sleep_api = sleep_api
         self._sleep_lock = asyncio.Lock()
+        self._lora = ShardAdapters(lora_api, post=self._engine_post)
         self._process = process
         self._probe = probe
         self._timings = timings
@@ -240,6 +245,8 @@ class Shard:
             endpoint_url=self._report.endpoint_url,
             exit_code=exit_code,
             output_tail=output_tail,
+            # An engine that ended took its adapters with it.
+            adapters=() if state.terminal else self._report.adapters,
         )
         self._report = report
         log.info("shard %s (%s): %s — %s", report.shard_id, report.model, state, message)
@@ -287,6 +294,42 @@ class Shard:
             await self._post(api.wake_path, api.body, "wake")
             self._set(ShardState.READY, f"woken in {self._wall_clock() - began:.2f}s")
             return self._report
+
+    async def load_adapter(self, name: str, path: str) -> ShardReport:
+        """Load a LoRA adapter into the ready engine, served under `name`; reported."""
+        self._require_ready(f"load adapter {name!r} into")
+        self._adapters_changed(await self._lora.load(name, path))
+        return self._report
+
+    async def unload_adapter(self, name: str) -> ShardReport:
+        """Unload a LoRA adapter from the engine; reported."""
+        self._adapters_changed(await self._lora.unload(name))
+        return self._report
+
+    def _require_ready(self, what: str) -> None:
+        if self._report.state is not ShardState.READY:
+            raise AdapterError(
+                f"cannot {what} shard {self._spec.shard_id!r}: it is {self._report.state}, "
+                "not ready"
+            )
+
+    def _adapters_changed(self, adapters: tuple[str, ...]) -> None:
+        if adapters == self._report.adapters:
+            return
+        self._report = replace(self._report, adapters=adapters)
+        log.info("shard %s (%s): adapters %s", self._report.shard_id, self._report.model, adapters)
+        self._on_change(self._report)
+
+    async def _engine_post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        """POST to the engine within its load deadline; `AdapterError` when it does not answer."""
+        deadline = self._timings.load_timeout
+        try:
+            async with asyncio.timeout(deadline):
+                return await http_post(self._probe.host, self._probe.port, path, body)
+        except ProbeError as exc:
+            raise AdapterError(f"POST {path} failed: {exc}") from exc
+        except TimeoutError:
+            raise AdapterError(f"POST {path} did not answer within {deadline:g}s") from None
 
     def _checked_api(self, what: str, needs: ShardState) -> SleepApi:
         if self._sleep_api is None:

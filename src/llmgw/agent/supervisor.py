@@ -51,6 +51,7 @@ from pathlib import Path
 
 from llmgw.agent.addresses import EngineAddresses, probe_host
 from llmgw.agent.errors import (
+    AdapterError,
     AgentClosingError,
     CommandError,
     LaunchError,
@@ -82,6 +83,7 @@ from llmgw.engines import (
     EngineError,
     EngineTimings,
     LaunchPlan,
+    LoraApi,
     ProfileError,
     SleepApi,
 )
@@ -314,6 +316,7 @@ class Supervisor:
                 ),
                 been_ready=record.been_ready,
                 sleep_api=self._adopted_sleep_api(record.spec),
+                lora_api=self._lora_api(record.spec),
             )
             await asyncio.to_thread(shard.follower.start_at_end)
             self._shards[record.shard_id] = shard
@@ -429,6 +432,30 @@ class Supervisor:
         """Wake a sleeping shard's engine; returns once it serves again."""
         return await self._live(shard_id, "wake").wake()
 
+    async def load_adapter(self, shard_id: str, name: str, path: str) -> ShardReport:
+        """Load a LoRA adapter into a ready shard's engine; the engine's words if it refuses."""
+        shard = self._shards.get(shard_id)
+        if shard is None or not shard.live:
+            raise AdapterError(
+                f"cannot load adapter {name!r} into shard {shard_id!r}: it is not running on "
+                "this node"
+            )
+        return await shard.load_adapter(name, path)
+
+    async def unload_adapter(self, shard_id: str, name: str) -> ShardReport | None:
+        """Unload a LoRA adapter from a shard's engine; None when the shard is gone (and its
+        adapters with it)."""
+        shard = self._shards.get(shard_id)
+        if shard is None or not shard.live:
+            return None
+        return await shard.unload_adapter(name)
+
+    def _lora_api(self, spec: agent_pb2.ShardSpec) -> LoraApi | None:
+        try:
+            return self._adapters(spec.engine).lora
+        except EngineError:
+            return None
+
     def _live(self, shard_id: str, what: str) -> Shard:
         shard = self._shards.get(shard_id)
         if shard is None or not shard.live:
@@ -520,6 +547,7 @@ class Supervisor:
                 wall_clock=self._wall_clock,
                 sleep=self._sleep,
                 sleep_api=plan.sleep,
+                lora_api=self._lora_api(spec),
             )
             self._shards[spec.shard_id] = shard
             self._records[spec.shard_id] = EngineRecord(

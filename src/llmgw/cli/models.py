@@ -439,6 +439,12 @@ def _show_text(model: dict[str, Any]) -> str:
         heads = ["REPLICA", "NODE", "STATE", *(["VERSION"] if versioned else []), "GPUS"]
         table = render_table([*heads, "ENDPOINT"], rows)
         lines += ["", "replicas:", *("  " + line for line in table.splitlines())]
+        # Which LoRA adapters each replica's engine has loaded (as its agent reports).
+        lines += [
+            f"  replica {r.get('id')} has adapters loaded: {', '.join(r['adapters'])}"
+            for r in replicas
+            if r.get("adapters")
+        ]
         # What a starting replica is doing (downloading its weights: how far, how long).
         lines += [
             f"  replica {r.get('id')}: {r['message']}"

@@ -187,6 +187,7 @@ def shard_report(msg: agent_pb2.ShardStatus) -> ShardReport:
         exit_code=msg.exit_code if state in TERMINAL_SHARD_STATES and msg.pid else None,
         spec=shard_spec(msg.spec) if msg.HasField("spec") else None,
         since=datetime.fromtimestamp(msg.since_unix, UTC) if msg.since_unix > 0 else None,
+        adapters=tuple(msg.adapters),
     )
 
 

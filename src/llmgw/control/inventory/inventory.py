@@ -362,4 +362,5 @@ class Inventory:
             exit_code=report.exit_code,
             spec=spec,
             since=since,
+            adapters=report.adapters,
         )

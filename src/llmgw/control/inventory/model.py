@@ -106,6 +106,8 @@ class ShardReport:
     spec: ShardSpec | None = None
     # When the shard entered this state on the node; None when the agent did not say.
     since: datetime | None = None
+    # The LoRA adapters its engine has loaded, least recently loaded first.
+    adapters: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +164,9 @@ class Shard:
     exit_code: int | None
     spec: ShardSpec | None
     since: datetime
+    # The LoRA adapters its engine has loaded (as its agent reports), least recently
+    # loaded first.
+    adapters: tuple[str, ...] = ()
 
     @property
     def gpu_indices(self) -> tuple[int, ...]:
