@@ -30,8 +30,7 @@ Post = Callable[[str, bytes], Awaitable[tuple[int, bytes]]]
 class ShardAdapters:
     """The adapters loaded in one engine, least recently loaded first."""
 
-    def __init__(self, api: LoraApi | None, *, post: Post) -> None:
-        self._api = api
+    def __init__(self, *, post: Post) -> None:
         self._post = post
         self._loaded: tuple[str, ...] = ()
         self._lock = asyncio.Lock()
@@ -40,9 +39,9 @@ class ShardAdapters:
     def loaded(self) -> tuple[str, ...]:
         return self._loaded
 
-    async def load(self, name: str, path: str) -> tuple[str, ...]:
-        """Load `name` from `path`; the loaded adapters afterwards."""
-        api = self._require_api(f"load adapter {name!r}")
+    async def load(self, name: str, path: str, api: LoraApi | None) -> tuple[str, ...]:
+        """Load `name` from `path` through `api`; the loaded adapters afterwards."""
+        api = _require(api, f"load adapter {name!r}")
         async with self._lock:
             if name in self._loaded:
                 return self._loaded
@@ -53,9 +52,9 @@ class ShardAdapters:
             self._loaded = (*self._loaded, name)
             return self._loaded
 
-    async def unload(self, name: str) -> tuple[str, ...]:
+    async def unload(self, name: str, api: LoraApi | None) -> tuple[str, ...]:
         """Unload `name` (nothing to do when it is not loaded); the loaded ones afterwards."""
-        api = self._require_api(f"unload adapter {name!r}")
+        api = _require(api, f"unload adapter {name!r}")
         async with self._lock:
             if name not in self._loaded:
                 return self._loaded
@@ -69,10 +68,11 @@ class ShardAdapters:
             self._loaded = tuple(n for n in self._loaded if n != name)
             return self._loaded
 
-    def _require_api(self, what: str) -> LoraApi:
-        if self._api is None:
-            raise AdapterError(f"cannot {what}: this engine loads no LoRA adapters at run time")
-        return self._api
+
+def _require(api: LoraApi | None, what: str) -> LoraApi:
+    if api is None:
+        raise AdapterError(f"cannot {what}: this engine loads no LoRA adapters at run time")
+    return api
 
 
 def _words(answer: bytes, status: int) -> str:

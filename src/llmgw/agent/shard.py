@@ -159,7 +159,6 @@ class Shard:
         adopted: ShardState | None = None,
         been_ready: bool = False,
         sleep_api: SleepApi | None = None,
-        lora_api: LoraApi | None = None,
     ) -> None:
         """`adopted`: the state an engine taken over from an earlier agent starts in;
         `been_ready`: it was ready before (its probe failing is then a health problem,
@@ -167,7 +166,7 @@ class Shard:
         self._spec = spec
         self._sleep_api = sleep_api
         self._sleep_lock = asyncio.Lock()
-        self._lora = ShardAdapters(lora_api, post=self._engine_post)
+        self._lora = ShardAdapters(post=self._engine_post)
         self._process = process
         self._probe = probe
         self._timings = timings
@@ -295,15 +294,16 @@ class Shard:
             self._set(ShardState.READY, f"woken in {self._wall_clock() - began:.2f}s")
             return self._report
 
-    async def load_adapter(self, name: str, path: str) -> ShardReport:
-        """Load a LoRA adapter into the ready engine, served under `name`; reported."""
+    async def load_adapter(self, name: str, path: str, api: LoraApi | None) -> ShardReport:
+        """Load a LoRA adapter into the ready engine through `api` (None: the engine has
+        no runtime adapter API), served under `name`; reported."""
         self._require_ready(f"load adapter {name!r} into")
-        self._adapters_changed(await self._lora.load(name, path))
+        self._adapters_changed(await self._lora.load(name, path, api))
         return self._report
 
-    async def unload_adapter(self, name: str) -> ShardReport:
+    async def unload_adapter(self, name: str, api: LoraApi | None) -> ShardReport:
         """Unload a LoRA adapter from the engine; reported."""
-        self._adapters_changed(await self._lora.unload(name))
+        self._adapters_changed(await self._lora.unload(name, api))
         return self._report
 
     def _require_ready(self, what: str) -> None:

@@ -316,7 +316,6 @@ class Supervisor:
                 ),
                 been_ready=record.been_ready,
                 sleep_api=self._adopted_sleep_api(record.spec),
-                lora_api=self._lora_api(record.spec),
             )
             await asyncio.to_thread(shard.follower.start_at_end)
             self._shards[record.shard_id] = shard
@@ -440,7 +439,7 @@ class Supervisor:
                 f"cannot load adapter {name!r} into shard {shard_id!r}: it is not running on "
                 "this node"
             )
-        return await shard.load_adapter(name, path)
+        return await shard.load_adapter(name, path, self._lora_api(shard.spec))
 
     async def unload_adapter(self, shard_id: str, name: str) -> ShardReport | None:
         """Unload a LoRA adapter from a shard's engine; None when the shard is gone (and its
@@ -448,7 +447,7 @@ class Supervisor:
         shard = self._shards.get(shard_id)
         if shard is None or not shard.live:
             return None
-        return await shard.unload_adapter(name)
+        return await shard.unload_adapter(name, self._lora_api(shard.spec))
 
     def _lora_api(self, spec: agent_pb2.ShardSpec) -> LoraApi | None:
         try:
@@ -547,7 +546,6 @@ class Supervisor:
                 wall_clock=self._wall_clock,
                 sleep=self._sleep,
                 sleep_api=plan.sleep,
-                lora_api=self._lora_api(spec),
             )
             self._shards[spec.shard_id] = shard
             self._records[spec.shard_id] = EngineRecord(
