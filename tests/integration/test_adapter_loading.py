@@ -13,8 +13,9 @@ from pathlib import Path
 
 import httpx
 from lora_adapters import sim_adapter
-from procs import llmgw
-from test_control_plane import Fleet, fleet, wait_for
+from procs import Server, free_port, llmgw
+from test_control_plane import CONTROL, Fleet, fleet, start_agent, wait_for
+from test_gateway_keys_limits_usage import bearer, create_key, error_of, usage_rows
 
 
 def models(adapters: Path) -> str:
@@ -104,3 +105,64 @@ def test_adapters_load_on_request_evict_the_idle_one_and_fail_in_the_engines_wor
         assert engine_adapters(f) == ["red"]
         wait_for(lambda: reported(f) == ["red"], "the agent to report only red loaded")
         assert f.chat("red").status_code == 200
+
+
+def test_a_key_allowed_one_adapter_cannot_use_another_and_usage_names_the_base(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "adapters"
+    for name in ("red", "green"):
+        sim_adapter(root, name, rank=8)
+    (tmp_path / "llmgw.yaml").write_text(
+        CONTROL % "pack"
+        + "auth: {refresh_interval: 0.2}\nusage: {flush_interval: 0.05}\nmodels:\n"
+        + models(root)
+    )
+    data_dir = tmp_path / "data"
+    agent_port = free_port()
+    server = Server(
+        "--agent-listen", f"127.0.0.1:{agent_port}", "--config", str(tmp_path / "llmgw.yaml"),
+        auth=True, data_dir=data_dir,
+    )  # fmt: skip
+    agent = None
+    try:
+        agent = start_agent("node-1", agent_port, tmp_path)
+        only_red = create_key(data_dir, "--name", "only-red", "--models", "red")
+        url = server.url + "/v1/chat/completions"
+        body = {"messages": [{"role": "user", "content": "Say it kindly"}], "max_tokens": 4}
+        answer = httpx.post(
+            url, json={"model": "red", **body}, headers=bearer(only_red), timeout=60
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["model"] == "red"
+        engine_usage = answer.json()["usage"]
+        for other in ("green", "base"):
+            denied = httpx.post(
+                url, json={"model": other, **body}, headers=bearer(only_red), timeout=60
+            )
+            assert error_of(denied, 403)["code"] == "model_not_allowed"
+
+        def red_usage() -> list[object]:
+            return [r for r in usage_rows(data_dir, model="red") if r.requests]
+
+        [row] = wait_for(red_usage, "the adapter's usage to be recorded", within=30)
+        assert (row.requests, row.prompt_tokens, row.completion_tokens) == (
+            1,
+            engine_usage["prompt_tokens"],
+            engine_usage["completion_tokens"],
+        )
+        report = httpx.get(
+            server.admin + "/admin/api/usage", params={"by": "model"}, timeout=10
+        ).json()["usage"]
+        by_model = {r["model"]: r for r in report}
+        # The refused requests count as errors of what they asked for.
+        assert {
+            m: (r.get("adapter_of"), r["requests"], r["errors"]) for m, r in by_model.items()
+        } == {"red": ("base", 1, 0), "green": ("base", 1, 1), "base": (None, 1, 1)}
+    except BaseException:
+        print(server.proc.output())
+        raise
+    finally:
+        if agent is not None:
+            agent.stop()
+        server.proc.stop()
