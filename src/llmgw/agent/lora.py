@@ -11,8 +11,8 @@ found for <path>"), because only the engine knows what is wrong with the files.
 
 Not guaranteed: that the files exist on the node (the path is the catalog's; a
 missing one is refused by the engine), or that the list survives an agent restart
-(an adopted engine is reported without adapters; the control plane loads them again
-on the next request, which the engine answers as already loaded).
+(an adopted engine is reported without adapters until the control plane asks for
+each again, which the engine answers as already loaded).
 """
 
 from __future__ import annotations

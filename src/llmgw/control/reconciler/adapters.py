@@ -122,7 +122,9 @@ class AdapterLoads:
                 "request to the leader)",
                 retry_after=1,
             )
-        lock = self._locks.setdefault(adapter.name, asyncio.Lock())
+        # One load decision at a time per base: two adapters must not both take the
+        # last free slot, or both unload the same idle one.
+        lock = self._locks.setdefault(base_name, asyncio.Lock())
         async with lock:
             if not self._holders(adapter.name):
                 await self._load(adapter, base_name)
