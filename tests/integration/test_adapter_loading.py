@@ -8,6 +8,7 @@ the engine's own words; `models show BASE` lists what each replica has loaded.
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -166,3 +167,33 @@ def test_a_key_allowed_one_adapter_cannot_use_another_and_usage_names_the_base(
         if agent is not None:
             agent.stop()
         server.proc.stop()
+
+
+def test_a_stream_waiting_for_a_load_gets_keepalive_comments_saying_so(tmp_path: Path) -> None:
+    root = tmp_path / "adapters"
+    sim_adapter(root, "red", rank=8)
+    slow = (
+        "  - name: base\n    weights: none\n    min_replicas: 1\n"
+        "    profiles: [{name: sim, engine: sim, gpus: 1,\n"
+        "                engine_args: [--lora-load-time, '1.5'],\n"
+        "                adapters: {max_loaded: 2, max_rank: 8}}]\n"
+        f"  - name: red\n    adapter_of: base\n    weights: {root / 'red'}\n"
+    )
+    with fleet(tmp_path, slow, nodes=1) as f:
+        [replica] = wait_for(lambda: f.ready_replicas("base"), "base's replica")
+        body = {
+            "model": "red",
+            "stream": True,
+            "messages": [{"role": "user", "content": "hello there"}],
+            "max_tokens": 3,
+        }
+        with httpx.stream(
+            "POST", f.server.url + "/v1/chat/completions", json=body, timeout=60
+        ) as answer:
+            assert answer.status_code == 200
+            lines = [line for line in answer.iter_lines() if line]
+        comments = [line for line in lines if line.startswith(":")]
+        assert f": llmgw loading adapter red into replica {replica['id']} of base" in comments
+        chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        assert chunks and {c["model"] for c in chunks} == {"red"}
+        assert lines[-1] == "data: [DONE]"
