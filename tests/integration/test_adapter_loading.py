@@ -80,6 +80,14 @@ def test_adapters_load_on_request_evict_the_idle_one_and_fail_in_the_engines_wor
         assert again.json()["model"] == "red"
         assert engine_adapters(f) == ["blue", "red"]
 
+        # The base is still served by its replica, which the router keeps as the base's
+        # (its load counts for the base), with the adapters it holds after it.
+        base = f.chat("base")
+        assert base.status_code == 200, base.text
+        assert base.json()["model"] == "base"
+        [endpoint] = f.server.endpoints()
+        assert endpoint["models"][0] == "base"
+
         shown = subprocess.run(
             llmgw("models", "show", "base", "--admin", f.server.admin),
             capture_output=True, text=True, timeout=60, check=False,

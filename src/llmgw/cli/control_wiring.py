@@ -77,7 +77,8 @@ def replica_spec(endpoint: ReadyEndpoint, names: tuple[str, ...]) -> EndpointSpe
     return EndpointSpec(
         endpoint.id,
         endpoint.url,
-        names,
+        # One replica serves its base and the adapters loaded in it; the base first.
+        (*endpoint.base_names, *names) if endpoint.base_names else names,
         engine=endpoint.engine,
         routes=routes,
         native_apis=native,

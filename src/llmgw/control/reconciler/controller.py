@@ -1011,6 +1011,7 @@ class Controller:
         """Hand every catalog model's Ready endpoints to the publisher, when changed;
         models in `skip` keep what they have (replicas not yet adopted)."""
         current: set[str] = set()
+        computed: dict[str, tuple[ReadyEndpoint, ...]] = {}
         for model in self._catalog.models():
             current.add(model.name)
             if model.name in skip:
@@ -1021,22 +1022,21 @@ class Controller:
                     key=lambda e: e.id,
                 )
             )
+            computed[model.name] = endpoints
             self._publish_entry(model, endpoints)
         for adapter in self._catalog.adapters():
             base = self._catalog.get(adapter.adapter_of or "")
             if base is None or base.name in skip:
                 continue
             current.add(adapter.name)
-            # Only the base's replicas: an adapter name loaded into another model's
-            # engine (by hand) is not this catalog adapter.
-            base_ids = {e.id for e in ready.get(base.name, ())}
+            # The base's replicas (as published for it: engine, version) whose engines
+            # have the adapter loaded; an adapter of that name loaded into another
+            # model's engine (by hand) is not this catalog adapter.
+            loaded = {e.id for e in ready.get(adapter.name, ())}
             endpoints = tuple(
-                sorted(
-                    _with_engine(
-                        base, [e for e in ready.get(adapter.name, ()) if e.id in base_ids]
-                    ),
-                    key=lambda e: e.id,
-                )
+                dataclasses.replace(e, base_names=base.names)
+                for e in computed.get(base.name, ())
+                if e.id in loaded
             )
             self._publish_entry(adapter, endpoints)
         for name in [n for n in self._published if n not in current]:
