@@ -9,6 +9,7 @@ the engine's own words; `models show BASE` lists what each replica has loaded.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -99,6 +100,12 @@ def test_adapters_load_on_request_evict_the_idle_one_and_fail_in_the_engines_wor
             "blue, red",
             "red, blue",
         )
+
+        # The router's request metrics are per adapter (the name clients sent).
+        counted = re.findall(
+            r'llmgw_requests_total\{[^}]*model="red"[^}]*\} (\S+)', f.server.metrics()
+        )
+        assert sum(float(n) for n in counted) == 2
 
         # The engine refuses: answered at once, a client error, in the engine's words.
         wide = f.chat("wide")
