@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 from lora_adapters import sim_adapter
-from procs import Server, free_port, llmgw
+from procs import Proc, Server, free_port, free_port_block, llmgw, role
 from test_control_plane import CONTROL, Fleet, fleet, start_agent, wait_for
 from test_gateway_keys_limits_usage import bearer, create_key, error_of, usage_rows
 
@@ -212,3 +212,79 @@ def test_a_stream_waiting_for_a_load_gets_keepalive_comments_saying_so(tmp_path:
         chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
         assert chunks and {c["model"] for c in chunks} == {"red"}
         assert lines[-1] == "data: [DONE]"
+
+
+def test_a_standby_routes_an_adapter_where_the_leaders_agent_reports_it(
+    tmp_path: Path, database: str
+) -> None:
+    root = tmp_path / "adapters"
+    sim_adapter(root, "red", rank=8)
+    (tmp_path / "llmgw.yaml").write_text(
+        "control: {heartbeat_interval: 0.3, reconcile_interval: 0.5, lease_ttl: 3}\n"
+        "models:\n"
+        "  - name: base\n    weights: none\n    min_replicas: 1\n"
+        "    profiles: [{name: sim, engine: sim, gpus: 1,\n"
+        "                adapters: {max_loaded: 2, max_rank: 8}}]\n"
+        f"  - name: red\n    adapter_of: base\n    weights: {root / 'red'}\n"
+    )
+    ports = [free_port(), free_port()]
+    servers: list[Server] = []
+    agent = None
+
+    def start(port: int) -> Server:
+        server = Server(
+            "--store", database, "--agent-listen", f"127.0.0.1:{port}",
+            "--config", str(tmp_path / "llmgw.yaml"), wait_ready=False,
+        )  # fmt: skip
+        servers.append(server)
+        return server
+
+    try:
+        leader = start(ports[0])
+        wait_for(lambda: role(leader) == "leader", "the first server to lead")
+        standby = start(ports[1])
+        wait_for(lambda: role(standby) == "standby", "the second server to stand by")
+        low = free_port_block(10)
+        agent = Proc(
+            llmgw(
+                "agent", "--server", f"127.0.0.1:{ports[0]}",
+                "--servers", f"127.0.0.1:{ports[1]}", "--node-id", "node-1",
+                "--gpus", "2x24GiB", "--weights-dir", str(tmp_path / "node-1"),
+                "--state-dir", str(tmp_path / "node-1" / "state"),
+                "--port-range", f"{low}-{low + 9}",
+            )
+        )  # fmt: skip
+
+        def served(server: Server, model: str) -> bool:
+            return any(model in e["models"] for e in server.endpoints())  # type: ignore[operator]
+
+        wait_for(lambda: served(standby, "base"), "the standby to route the base")
+        # Not loaded anywhere: the standby cannot load it and says to retry.
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        early = httpx.post(
+            standby.url + "/v1/chat/completions", json={"model": "red", **body}, timeout=60
+        )
+        assert early.status_code == 503, early.text
+        assert "standby" in early.json()["error"]["message"]
+        loaded = httpx.post(
+            leader.url + "/v1/chat/completions", json={"model": "red", **body}, timeout=60
+        )
+        assert loaded.status_code == 200, loaded.text
+        wait_for(lambda: served(standby, "red"), "the standby to route the adapter")
+        answer = httpx.post(
+            standby.url + "/v1/chat/completions", json={"model": "red", **body}, timeout=60
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["model"] == "red"
+        # Its replica is still the base's there too.
+        [endpoint] = standby.endpoints()
+        assert endpoint["models"][0] == "base"  # type: ignore[index]
+    except BaseException:
+        for server in servers:
+            print(server.proc.output())
+        raise
+    finally:
+        if agent is not None:
+            agent.stop()
+        for server in servers:
+            server.proc.stop()

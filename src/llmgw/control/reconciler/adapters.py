@@ -3,8 +3,8 @@
 A request for a catalog adapter (`CatalogModel.adapter_of`) is served by a replica
 of its base whose engine has the adapter loaded; the agents report which adapters
 each shard has loaded (`Shard.adapters`), and the controller publishes those
-replicas under the adapter's names, so the leader's router routes by what the
-engines really hold. When no replica has it, `AdapterLoads.ensure`
+replicas under the adapter's names (standbys read them back from the store), so every
+router routes by what the engines really hold. When no replica has it, `AdapterLoads.ensure`
 activates the base if it has no Ready replica, picks the Ready replica with the
 most free adapter slots (the profile's `adapters.max_loaded`), unloads the least
 recently used adapter with no request in flight when the replica is full, and
@@ -13,9 +13,8 @@ An engine that refuses the adapter (bad files, rank over the limit) is answered
 at once with the engine's own words (`AdapterRefused`).
 
 Not guaranteed: that a hot adapter is spread over more replicas (one replica
-holding it is enough here); adapters on a standby (the store keeps a replica's
-published endpoints under its own model, so a standby sees none for an adapter, and
-a load it would need is refused, to retry on the leader); that an adapter judged
+holding it is enough here); loading from a standby (it routes adapters the leader
+loaded; a load it would need is refused, to retry on the leader); that an adapter judged
 idle is idle on other servers' routers (only this server's requests are counted).
 """
 
