@@ -14,10 +14,12 @@ import subprocess
 from pathlib import Path
 
 import httpx
+from hub_standin import make_repo, serve_hub
 from lora_adapters import sim_adapter
 from procs import Proc, Server, free_port, free_port_block, llmgw, role
 from test_control_plane import CONTROL, Fleet, fleet, start_agent, wait_for
 from test_gateway_keys_limits_usage import bearer, create_key, error_of, usage_rows
+from test_hub_weights import start_agent as hub_agent
 
 
 def models(adapters: Path) -> str:
@@ -287,4 +289,38 @@ def test_a_standby_routes_an_adapter_where_the_leaders_agent_reports_it(
         if agent is not None:
             agent.stop()
         for server in servers:
+            server.proc.stop()
+
+
+def test_an_adapter_from_the_hub_is_downloaded_by_the_agent_then_loaded(tmp_path: Path) -> None:
+    config = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]}
+    (tmp_path / "llmgw.yaml").write_text(
+        CONTROL % "pack" + "models:\n" + "  - name: base\n    weights: none\n    min_replicas: 1\n"
+        "    profiles: [{name: sim, engine: sim, adapters: {max_loaded: 2, max_rank: 8}}]\n"
+        "  - name: red\n    adapter_of: base\n    weights: org/red-lora\n"
+        "  - name: nope\n    adapter_of: base\n    weights: org/no-such-lora\n"
+    )
+    agent_port = free_port()
+    with serve_hub() as hub:
+        hub.add(make_repo("org/red-lora", {"adapter_config.json": json.dumps(config).encode()}))
+        server = Server(
+            "--agent-listen", f"127.0.0.1:{agent_port}",
+            "--config", str(tmp_path / "llmgw.yaml"), data_dir=tmp_path / "data",
+        )  # fmt: skip
+        agent = hub_agent(agent_port, tmp_path, hub)
+        try:
+            body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+            url = server.url + "/v1/chat/completions"
+            red = httpx.post(url, json={"model": "red", **body}, timeout=60)
+            assert red.status_code == 200, red.text
+            assert red.json()["model"] == "red"
+            assert hub.file_gets("adapter_config.json")  # the agent fetched it
+            missing = httpx.post(url, json={"model": "nope", **body}, timeout=60)
+            assert missing.status_code == 400, missing.text
+            assert "the hub refused org/no-such-lora" in missing.json()["error"]["message"]
+        except BaseException:
+            print(server.proc.output())
+            raise
+        finally:
+            agent.stop()
             server.proc.stop()

@@ -439,7 +439,18 @@ class Supervisor:
                 f"cannot load adapter {name!r} into shard {shard_id!r}: it is not running on "
                 "this node"
             )
-        return await shard.load_adapter(name, path, self._lora_api(shard.spec))
+        files = await self._adapter_files(path)
+        return await shard.load_adapter(name, files, self._lora_api(shard.spec))
+
+    async def _adapter_files(self, path: str) -> str:
+        """Where the engine reads an adapter: a path in the weights directory made
+        absolute, a hub repo downloaded first (like a model's weights: the snapshot's
+        directory; `DownloadError` with the hub's reason), anything else as given."""
+        local = await asyncio.to_thread(local_weights, self._weights_dir, path)
+        ref = hub_ref(path)
+        if ref is None or local != path:
+            return local
+        return str(await self._snapshots.ensure(ref))
 
     async def unload_adapter(self, shard_id: str, name: str) -> ShardReport | None:
         """Unload a LoRA adapter from a shard's engine; None when the shard is gone (and its

@@ -172,7 +172,7 @@ class AdapterLoads:
         log.info("loading adapter %s into replica %s on node %s", adapter.name, shard.id, node.id)
         try:
             await self._dispatcher.load_adapter(
-                node.id, shard.id, adapter.name, adapter.weights, self._wait
+                node.id, shard.id, adapter.name, adapter.launch_weights, self._wait
             )
         except CommandFailed as exc:
             raise AdapterRefused(
