@@ -10,9 +10,9 @@ A refusal carries the engine's own words ("Loading lora sql failed: No adapter
 found for <path>"), because only the engine knows what is wrong with the files.
 
 Not guaranteed: that the files exist on the node (the supervisor downloads a hub
-repo first; a missing local path is refused by the engine), or that the list survives an agent restart
-(an adopted engine is reported without adapters until the control plane asks for
-each again, which the engine answers as already loaded).
+repo first; a missing local path is refused by the engine), or that the list
+survives an agent restart (an adopted engine is reported without adapters until
+the control plane asks for each again, which the engine answers as already loaded).
 """
 
 from __future__ import annotations
