@@ -124,6 +124,7 @@ async def test_list_shows_every_model_with_source_status_and_the_skipped(
         **model_to_dict(config_model()),
         "source": "config",
         "status": {"state": "idle", "ready_replicas": 0, "desired_replicas": 0},
+        "adapters": [],
     }
     assert [s["name"] for s in listed["skipped"]] == ["broken"]
     assert "no longer validates" in listed["skipped"][0]["reason"]

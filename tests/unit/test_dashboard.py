@@ -245,6 +245,18 @@ async def test_a_model_page_shows_a_profiles_adapter_slots(dash: Dash) -> None:
     page = await dash.client.get("/admin/models/tuned")
     assert page.status_code == 200
     assert "up to 4 LoRA adapters loaded at once (rank ≤ 8)" in page.text
+    assert 'id="adapters"' not in page.text
+    await dash.fleet.catalog.add(
+        parse_model({"name": "tuned-sql", "adapter_of": "tuned", "weights": "/srv/sql"})
+    )
+    page = await dash.client.get("/admin/models/tuned")
+    card = page.text.split('id="adapters"', 1)[1]
+    assert "<strong>tuned-sql</strong>" in card and "/srv/sql" in card
+    listing = await dash.client.get("/admin/models")
+    row = listing.text.split('data-model="tuned"', 1)[1].split("</tr>", 1)[0]
+    assert "LoRA adapters: tuned-sql" in row
+    # Listed under its base, not as a model with replicas of its own.
+    assert 'data-model="tuned-sql"' not in listing.text
 
 
 async def test_a_model_that_fits_nowhere_explains_why_node_by_node(dash: Dash) -> None:

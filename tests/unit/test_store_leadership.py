@@ -138,3 +138,22 @@ async def test_only_endpoints_of_recorded_replicas_are_read_back(store: Store) -
     assert [(e.replica_id, e.port) for e in await store.leadership.endpoints()] == [("r1", 20001)]
     await store.placements.remove("control", 1, ["r1"])
     assert await store.leadership.endpoints() == []
+
+
+async def test_an_adapters_rows_are_read_back_through_its_bases_records(store: Store) -> None:
+    # A replica published under a LoRA adapter's names is its base's: its row names the
+    # base, and only the base's placement record lets a standby serve it.
+    await store.leadership.acquire("control", "a", TTL, "a:9443")
+    await store.placements.record("control", 1, [placed("r1", 20001)])
+    await store.leadership.publish("control", 1, "m", ["m"], [("r1", "http://x:20001")])
+    await store.leadership.publish(
+        "control", 1, "red", ["red"], [("r1", "http://x:20001")], base="m"
+    )
+    await store.leadership.publish(
+        "control", 1, "blue", ["blue"], [("r1", "http://x:20001")], base="n"
+    )
+    rows = await store.leadership.endpoints()
+    assert [(e.model, e.replica_id, e.base, e.port) for e in rows] == [
+        ("m", "r1", None, 20001),
+        ("red", "r1", "m", 20001),
+    ]

@@ -75,7 +75,7 @@ async def test_migrations_create_the_schema_from_empty(store_target: StoreTarget
     try:
         assert await store.revision() is None
         await store.upgrade()
-        assert await store.revision() == head_revision() == "0028"
+        assert await store.revision() == head_revision() == "0031"
         assert await store.keys.list(include_revoked=True) == []
         assert await store.usage.query() == []
     finally:

@@ -124,6 +124,55 @@ def test_a_lora_adapter_made_here_loads_into_the_running_vllm(
     assert "'LoRA rank 16 is greater than max_lora_rank 8.'" in refused.json()["error"]["message"]
 
 
+def test_catalog_adapters_load_into_vllm_on_request_and_take_turns_in_its_slot(
+    vllm_fleet: Fleet, tmp_path: Path
+) -> None:
+    snapshot = next((vllm_fleet.hub_repo / "snapshots").iterdir())
+    python = vllm_fleet.vllm.parent / "python"
+    paths = {
+        name: make_peft_adapter(python, snapshot, tmp_path / name)
+        for name in ("first-lora", "second-lora")
+    }
+    paths["ghost-lora"] = tmp_path / "nowhere"
+    for name, path in paths.items():
+        vllm_fleet.cli("models", "add", name, "--adapter-of", MODEL, "--weights", str(path))
+    engine = vllm_fleet.endpoint_url()
+
+    def loaded() -> list[str]:
+        cards = httpx.get(engine + "/v1/models", timeout=30).json()["data"]
+        return sorted(c["id"] for c in cards if c.get("parent") == MODEL)
+
+    def complete(model: str) -> httpx.Response:
+        with vllm_fleet.client() as client:
+            return client.post(
+                "/v1/completions", json={"model": model, "prompt": "Hello", "max_tokens": 3}
+            )
+
+    try:
+        # Loaded nowhere: the request loads it through vLLM's runtime API and is answered.
+        first = complete("first-lora")
+        assert first.status_code == 200, first.text
+        assert first.json()["model"] == "first-lora"
+        assert loaded() == ["first-lora"]
+        # The profile holds one adapter (max_loaded 1): the idle one makes room.
+        second = complete("second-lora")
+        assert second.status_code == 200, second.text
+        assert loaded() == ["second-lora"]
+        again = complete("first-lora")
+        assert again.status_code == 200, again.text
+        assert loaded() == ["first-lora"]
+        # vLLM's own words for a missing adapter, answered at once as a client error.
+        ghost = complete("ghost-lora")
+        assert ghost.status_code == 400, ghost.text
+        assert (
+            "Loading lora ghost-lora failed: No adapter found for <path>"
+            in (ghost.json()["error"]["message"])
+        )
+    finally:
+        for name in paths:
+            vllm_fleet.cli("models", "remove", name, check=False)
+
+
 def remove_weights(fleet: Fleet) -> subprocess.CompletedProcess[str]:
     relative = str(fleet.hub_repo.relative_to(fleet.weights_dir))
     return fleet.cli("nodes", "remove-weights", NODE, relative, check=False)

@@ -473,12 +473,19 @@ class Connection:
             return supervisor.sleep(sleep.shard_id, sleep.level)
         if kind == "wake_shard":
             return supervisor.wake(message.wake_shard.shard_id)
+        if kind == "load_adapter":
+            load = message.load_adapter
+            return supervisor.load_adapter(load.shard_id, load.name, load.path)
+        if kind == "unload_adapter":
+            unload = message.unload_adapter
+            return supervisor.unload_adapter(unload.shard_id, unload.name)
         if kind == "registered":
             log.warning("ignoring a second Registered on an established stream")
             return None
         return CommandError(
             f"unknown command {kind or '(empty)'!r}; this agent knows StartShard, StopShard, "
-            "DrainShard, SleepShard, WakeShard, RemoveWeights and PullWeights"
+            "DrainShard, SleepShard, WakeShard, LoadAdapter, UnloadAdapter, RemoveWeights and "
+            "PullWeights"
         )
 
     async def _remove(self, path: str) -> None:

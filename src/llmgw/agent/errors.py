@@ -65,6 +65,11 @@ class SleepError(CommandError):
     engine refused."""
 
 
+class AdapterError(CommandError):
+    """A LoRA adapter load or unload the shard cannot take (not ready, an engine without
+    runtime adapters) or the engine refused; the message carries the engine's words."""
+
+
 class AgentClosingError(CommandError):
     """The agent is shutting down; it starts nothing new."""
 

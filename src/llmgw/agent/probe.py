@@ -58,7 +58,14 @@ async def http_post(host: str, port: int, path: str, body: bytes) -> tuple[int, 
         try:
             writer.write(head.encode("ascii") + body)
             await writer.drain()
-            answer = await reader.read(4096)
+            # To the end (Connection: close) or the cap: the head and the body may come
+            # in separate reads, and an error's body is the engine's reason.
+            answer = b""
+            while len(answer) < 4096:
+                chunk = await reader.read(4096 - len(answer))
+                if not chunk:
+                    break
+                answer += chunk
         finally:
             writer.close()
             with contextlib.suppress(OSError):

@@ -46,16 +46,17 @@ import enum
 import logging
 import signal
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llmgw.agent.errors import SleepError
+from llmgw.agent.errors import AdapterError, SleepError
+from llmgw.agent.lora import ShardAdapters
 from llmgw.agent.output import LogFollower, OutputTail
 from llmgw.agent.probe import ProbeError, http_post, http_status
 from llmgw.agent.process import EngineProcess
 from llmgw.agent.settings import SupervisorSettings
-from llmgw.engines import EngineTimings, SleepApi
+from llmgw.engines import EngineTimings, LoraApi, SleepApi
 from llmgw.proto import agent_pb2
 
 if TYPE_CHECKING:
@@ -96,6 +97,8 @@ class ShardReport:
     exit_code: int | None = None
     output_tail: tuple[str, ...] = ()
     download: Progress | None = None  # while its hub weights download (of spec.weights)
+    # LoRA adapters the engine has loaded, least recently loaded first.
+    adapters: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +171,7 @@ class Shard:
         self._spec = spec
         self._sleep_api = sleep_api
         self._sleep_lock = asyncio.Lock()
+        self._lora = ShardAdapters(post=self._engine_post)
         self._process = process
         self._probe = probe
         self._timings = timings
@@ -245,6 +249,8 @@ class Shard:
             endpoint_url=self._report.endpoint_url,
             exit_code=exit_code,
             output_tail=output_tail,
+            # An engine that ended took its adapters with it.
+            adapters=() if state.terminal else self._report.adapters,
         )
         self._report = report
         log.info("shard %s (%s): %s — %s", report.shard_id, report.model, state, message)
@@ -292,6 +298,43 @@ class Shard:
             await self._post(api.wake_path, api.body, "wake")
             self._set(ShardState.READY, f"woken in {self._wall_clock() - began:.2f}s")
             return self._report
+
+    async def load_adapter(self, name: str, path: str, api: LoraApi | None) -> ShardReport:
+        """Load a LoRA adapter into the ready engine through `api` (None: the engine has
+        no runtime adapter API), served under `name`; reported."""
+        self._require_ready(f"load adapter {name!r} into")
+        self._adapters_changed(await self._lora.load(name, path, api))
+        return self._report
+
+    async def unload_adapter(self, name: str, api: LoraApi | None) -> ShardReport:
+        """Unload a LoRA adapter from the engine; reported."""
+        self._adapters_changed(await self._lora.unload(name, api))
+        return self._report
+
+    def _require_ready(self, what: str) -> None:
+        if self._report.state is not ShardState.READY:
+            raise AdapterError(
+                f"cannot {what} shard {self._spec.shard_id!r}: it is {self._report.state}, "
+                "not ready"
+            )
+
+    def _adapters_changed(self, adapters: tuple[str, ...]) -> None:
+        if adapters == self._report.adapters:
+            return
+        self._report = replace(self._report, adapters=adapters)
+        log.info("shard %s (%s): adapters %s", self._report.shard_id, self._report.model, adapters)
+        self._on_change(self._report)
+
+    async def _engine_post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        """POST to the engine within its load deadline; `AdapterError` when it does not answer."""
+        deadline = self._timings.load_timeout
+        try:
+            async with asyncio.timeout(deadline):
+                return await http_post(self._probe.host, self._probe.port, path, body)
+        except ProbeError as exc:
+            raise AdapterError(f"POST {path} failed: {exc}") from exc
+        except TimeoutError:
+            raise AdapterError(f"POST {path} did not answer within {deadline:g}s") from None
 
     def _checked_api(self, what: str, needs: ShardState) -> SleepApi:
         if self._sleep_api is None:

@@ -51,6 +51,7 @@ from pathlib import Path
 
 from llmgw.agent.addresses import EngineAddresses, probe_host
 from llmgw.agent.errors import (
+    AdapterError,
     AgentClosingError,
     CommandError,
     LaunchError,
@@ -82,6 +83,7 @@ from llmgw.engines import (
     EngineError,
     EngineTimings,
     LaunchPlan,
+    LoraApi,
     ProfileError,
     SleepApi,
 )
@@ -428,6 +430,41 @@ class Supervisor:
     async def wake(self, shard_id: str) -> ShardReport:
         """Wake a sleeping shard's engine; returns once it serves again."""
         return await self._live(shard_id, "wake").wake()
+
+    async def load_adapter(self, shard_id: str, name: str, path: str) -> ShardReport:
+        """Load a LoRA adapter into a ready shard's engine; the engine's words if it refuses."""
+        shard = self._shards.get(shard_id)
+        if shard is None or not shard.live:
+            raise AdapterError(
+                f"cannot load adapter {name!r} into shard {shard_id!r}: it is not running on "
+                "this node"
+            )
+        files = await self._adapter_files(path)
+        return await shard.load_adapter(name, files, self._lora_api(shard.spec))
+
+    async def _adapter_files(self, path: str) -> str:
+        """Where the engine reads an adapter: a path in the weights directory made
+        absolute, a hub repo downloaded first (like a model's weights: the snapshot's
+        directory; `DownloadError` with the hub's reason), anything else as given."""
+        local = await asyncio.to_thread(local_weights, self._weights_dir, path)
+        ref = hub_ref(path)
+        if ref is None or local != path:
+            return local
+        return str(await self._snapshots.ensure(ref))
+
+    async def unload_adapter(self, shard_id: str, name: str) -> ShardReport | None:
+        """Unload a LoRA adapter from a shard's engine; None when the shard is gone (and its
+        adapters with it)."""
+        shard = self._shards.get(shard_id)
+        if shard is None or not shard.live:
+            return None
+        return await shard.unload_adapter(name, self._lora_api(shard.spec))
+
+    def _lora_api(self, spec: agent_pb2.ShardSpec) -> LoraApi | None:
+        try:
+            return self._adapters(spec.engine).lora
+        except EngineError:
+            return None
 
     def _live(self, shard_id: str, what: str) -> Shard:
         shard = self._shards.get(shard_id)

@@ -55,6 +55,7 @@ def shard_status(report: ShardReport) -> agent_pb2.ShardStatus:
         exit_code=report.exit_code or 0,
         since_unix=report.since,
         output_tail=report.output_tail,
+        adapters=report.adapters,
     )
     status.spec.CopyFrom(report.spec)
     ref = hub_ref(report.spec.weights)

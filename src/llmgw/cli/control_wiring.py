@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from llmgw.config import EndpointConfig
 from llmgw.control.reachability import ReachabilityGate, ReplicaUnreachable
 from llmgw.control.reconciler.controller import Controller
-from llmgw.control.reconciler.errors import ActivationRefused
+from llmgw.control.reconciler.errors import ActivationRefused, AdapterRefused
 from llmgw.control.reconciler.state import ReadyEndpoint
 from llmgw.engines import (
     UnknownEngine,
@@ -27,7 +27,7 @@ from llmgw.engines import (
     routes_of,
 )
 from llmgw.router.endpoints import EndpointSink, EndpointSpec, publish_static
-from llmgw.router.errors import ModelUnavailable
+from llmgw.router.errors import AdapterNotLoadable, ModelUnavailable
 
 
 class PoolPublisher:
@@ -77,7 +77,8 @@ def replica_spec(endpoint: ReadyEndpoint, names: tuple[str, ...]) -> EndpointSpe
     return EndpointSpec(
         endpoint.id,
         endpoint.url,
-        names,
+        # One replica serves its base and the adapters loaded in it; the base first.
+        (*endpoint.base_names, *names) if endpoint.base_names else names,
         engine=endpoint.engine,
         routes=routes,
         native_apis=native,
@@ -135,6 +136,11 @@ class ControllerActivator:
     async def activate(self, model: str) -> None:
         try:
             await self._controller.activate(model)
+        except AdapterRefused as exc:
+            # The engine's words about the adapter's files are the client's to fix.
+            raise AdapterNotLoadable(
+                exc.public, code=exc.code, retry_after=exc.retry_after
+            ) from None
         except ActivationRefused as exc:
             # API clients get the public message: no engine output, no addresses.
             raise ModelUnavailable(exc.public, code=exc.code, retry_after=exc.retry_after) from None

@@ -61,10 +61,20 @@ class _Models:
         self._control = control
 
     def view(self, model: CatalogModel, status: Json | None = None) -> Json:
-        # As `model_routes` shows a model: its spec, where it lives, its live state.
+        # As `model_routes` shows a model: its spec, where it lives, its live state, and
+        # the adapters whose base it is. An adapter has no replicas, so no state.
+        if model.adapter_of is not None:
+            return {**model_to_dict(model), "source": model.source}
         if status is None:
             status = self._control.status(model.name)
-        return {**model_to_dict(model), "source": model.source, "status": status}
+        return {
+            **model_to_dict(model),
+            "source": model.source,
+            "status": status,
+            "adapters": [
+                {**model_to_dict(a), "source": a.source} for a in self._catalog.adapters(model.name)
+            ],
+        }
 
     def listing(self) -> Json:
         statuses = self._control.statuses()

@@ -419,9 +419,16 @@ def _certificates(cfg: ServerConfig, pki: ClusterPki | None) -> list[Certificate
 
 
 def _model_names(catalog: Catalog, name: str) -> tuple[str, ...]:
-    """Every name of the model `name` stands for in the catalog (just `name` if none)."""
-    model = catalog.get(name)
+    """Every name of the model or adapter `name` stands for in the catalog (just `name`
+    if none)."""
+    model = catalog.entry(name)
     return model.names if model is not None else (name,)
+
+
+def _base_of(catalog: Catalog, name: str) -> str | None:
+    """The base model of catalog adapter `name` (None: not an adapter in the catalog now)."""
+    entry = catalog.entry(name)
+    return entry.adapter_of if entry is not None else None
 
 
 def _routing_weights(catalog: Catalog, name: str) -> ScorerWeights | None:
@@ -816,7 +823,11 @@ async def _serve(
         queue=request_queue.snapshot,
         extra_routes=[
             *key_routes(
-                service=key_service, usage=store.usage, wall_clock=utc_now, teams=store.teams
+                service=key_service,
+                usage=store.usage,
+                wall_clock=utc_now,
+                teams=store.teams,
+                base_of=lambda name: _base_of(catalog, name),
             ),
             *team_routes(
                 teams=store.teams,

@@ -134,8 +134,14 @@ def model_from_flags(
     target_queue_wait: float | None = None,
     sleep_after: str | None = None,
     prefetch: int | None = None,
+    adapter_of: str | None = None,
 ) -> dict[str, Any]:
-    """A one-profile model from `add`'s flags; unset flags keep the server's defaults."""
+    """A one-profile model from `add`'s flags; unset flags keep the server's defaults.
+    With `adapter_of`, a LoRA adapter of that base (name, weights and aliases only)."""
+    if adapter_of is not None:
+        return _adapter_from_flags(
+            name=name, weights=weights, adapter_of=adapter_of, aliases=aliases
+        )
     missing = [
         flag
         for flag, value in (("--name", name), ("--weights", weights), ("--engine", engine))
@@ -181,6 +187,22 @@ def model_from_flags(
     if scale_down_delay is not None:
         model["scale_down_delay"] = _number_or_text(scale_down_delay)
     return model
+
+
+def _adapter_from_flags(
+    *, name: str | None, weights: str | None, adapter_of: str, aliases: list[str]
+) -> dict[str, Any]:
+    missing = [flag for flag, value in (("NAME", name), ("--weights", weights)) if not value]
+    if missing:
+        fail(
+            f"give {' and '.join(missing)} for the adapter; e.g. llmgw models add sql-lora "
+            f"--adapter-of {adapter_of} --weights /srv/adapters/sql-lora",
+            EXIT_BAD_INPUT,
+        )
+    adapter: dict[str, Any] = {"name": name, "adapter_of": adapter_of, "weights": weights}
+    if aliases:
+        adapter["aliases"] = aliases
+    return adapter
 
 
 # ---- formatting ----
@@ -281,19 +303,34 @@ def _profiles_summary(model: dict[str, Any]) -> str:
 
 
 def _list_table(models: list[dict[str, Any]]) -> str:
-    rows = [
-        [
-            m["name"],
-            m.get("source", "-"),
-            str(_status(m).get("state", "-")),
-            _replicas(m),
-            f"{m['min_replicas']}-{m['max_replicas']}",
-            _keep_alive(m["keep_alive"]),
-            _profiles_summary(m),
-            ",".join(m["aliases"]) or "-",
+    rows: list[list[str]] = []
+    for m in models:
+        rows.append(
+            [
+                m["name"],
+                m.get("source", "-"),
+                str(_status(m).get("state", "-")),
+                _replicas(m),
+                f"{m['min_replicas']}-{m['max_replicas']}",
+                _keep_alive(m["keep_alive"]),
+                _profiles_summary(m),
+                ",".join(m["aliases"]) or "-",
+            ]
+        )
+        # Adapters under their base: they run in its replicas.
+        rows += [
+            [
+                f"  {a['name']}",
+                a.get("source", "-"),
+                "-",
+                "-",
+                "-",
+                "-",
+                f"LoRA adapter of {m['name']}",
+                ",".join(a["aliases"]) or "-",
+            ]
+            for a in m.get("adapters") or []
         ]
-        for m in models
-    ]
     headers = ["MODEL", "SOURCE", "STATE", "READY", "REPLICAS", "KEEP ALIVE", "PROFILES", "ALIASES"]
     return render_table(headers, rows, right=frozenset({3}))
 
@@ -330,7 +367,32 @@ def _weights_lines(model: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _adapter_text(adapter: dict[str, Any]) -> str:
+    return "\n".join(
+        [
+            f"adapter:     {adapter['name']} ({adapter.get('source', '-')})",
+            f"base model:  {adapter['adapter_of']} (loaded at run time into its replicas)",
+            f"aliases:     {', '.join(adapter['aliases']) or '-'}",
+            f"weights:     {adapter['weights']}"
+            + (f" (commit {adapter['weights_commit']})" if adapter.get("weights_commit") else ""),
+        ]
+    )
+
+
+def _adapters_lines(model: dict[str, Any]) -> list[str]:
+    adapters = model.get("adapters") or []
+    if not adapters:
+        return []
+    lines = ["", "LoRA adapters of this model:"]
+    for a in adapters:
+        aliases = f" (aliases: {', '.join(a['aliases'])})" if a["aliases"] else ""
+        lines.append(f"  {a['name']}: {a['weights']}{aliases} [{a.get('source', '-')}]")
+    return lines
+
+
 def _show_text(model: dict[str, Any]) -> str:
+    if model.get("adapter_of"):
+        return _adapter_text(model)
     status = _status(model)
     lines = [
         f"model:       {model['name']} ({model.get('source', '-')})",
@@ -383,6 +445,7 @@ def _show_text(model: dict[str, Any]) -> str:
                 f"     adapters: up to {slots['max_loaded']} LoRA adapters loaded at once, "
                 f"rank up to {slots['max_rank']}"
             )
+    lines += _adapters_lines(model)
     versions = model.get("versions")
     if isinstance(versions, list) and len(versions) == 2:
         stable, canary = versions
@@ -412,6 +475,12 @@ def _show_text(model: dict[str, Any]) -> str:
         heads = ["REPLICA", "NODE", "STATE", *(["VERSION"] if versioned else []), "GPUS"]
         table = render_table([*heads, "ENDPOINT"], rows)
         lines += ["", "replicas:", *("  " + line for line in table.splitlines())]
+        # Which LoRA adapters each replica's engine has loaded (as its agent reports).
+        lines += [
+            f"  replica {r.get('id')} has adapters loaded: {', '.join(r['adapters'])}"
+            for r in replicas
+            if r.get("adapters")
+        ]
         # What a starting replica is doing (downloading its weights: how far, how long).
         lines += [
             f"  replica {r.get('id')}: {r['message']}"
@@ -545,6 +614,12 @@ def show(
 
 @models_app.command("add")
 def add(
+    model_name: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[NAME]", help="The model's name (the same as --name).", show_default=False
+        ),
+    ] = None,
     file: Annotated[
         Path | None,
         typer.Option(
@@ -662,6 +737,16 @@ def add(
     no_activation: Annotated[
         bool, typer.Option("--no-activation", help="Never start the model on a request.")
     ] = False,
+    adapter_of: Annotated[
+        str | None,
+        typer.Option(
+            "--adapter-of",
+            help="Add a LoRA adapter of this base model instead of a model: --weights is the "
+            "adapter's directory or hub repo, loaded into the base's replicas (the base needs "
+            "a profile with adapters:); only NAME, --weights and --alias go with it.",
+            show_default=False,
+        ),
+    ] = None,
     replace: Annotated[
         bool, typer.Option("--replace", help="Replace the stored model of that name.")
     ] = False,
@@ -684,12 +769,26 @@ def add(
             "0, e.g. --target-queue-wait 2",
             EXIT_BAD_INPUT,
         )
-    flags = (
-        name, weights, engine, gpus, gpu_memory, min_replicas, max_replicas, keep_alive,
+    if model_name is not None and name is not None and model_name != name:
+        fail(f"NAME is {model_name!r} but --name is {name!r}; give the name once", EXIT_BAD_INPUT)
+    name = name if name is not None else model_name
+    served = (
+        engine, gpus, gpu_memory, min_replicas, max_replicas, keep_alive,
         target_in_flight, scale_down_delay, target_queue_depth, target_kv_use,
         target_queue_wait, sleep_after, prefetch,
     )  # fmt: skip
-    flags_given = any(v is not None for v in flags) or bool(engine_arg or alias or no_activation)
+    if adapter_of is not None and (
+        any(v is not None for v in served) or engine_arg or no_activation
+    ):
+        fail(
+            "--adapter-of adds a LoRA adapter, which runs in its base's replicas: give only "
+            "NAME, --weights and --alias with it (engine, GPUs, replicas and scaling are the "
+            "base model's)",
+            EXIT_BAD_INPUT,
+        )
+    flags_given = any(v is not None for v in (name, weights, adapter_of, *served)) or bool(
+        engine_arg or alias or no_activation
+    )
     if file is not None:
         if flags_given:
             fail(
@@ -717,6 +816,7 @@ def add(
             target_queue_wait=target_queue_wait,
             sleep_after=sleep_after,
             prefetch=prefetch,
+            adapter_of=adapter_of,
         )
     if dry_run and replace:
         fail("--dry-run stores nothing, so --replace means nothing with it", EXIT_BAD_INPUT)
@@ -739,7 +839,12 @@ def add(
         typer.echo(explain_text(answer))
     else:
         verb = "replaced" if replace else "added"
-        typer.echo(f"model {answer['name']} {verb}: it is kept in the server's store")
+        what = (
+            f"adapter {answer['name']} of {answer['adapter_of']}"
+            if answer.get("adapter_of")
+            else f"model {answer['name']}"
+        )
+        typer.echo(f"{what} {verb}: it is kept in the server's store")
 
 
 @models_app.command("remove")

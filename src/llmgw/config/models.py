@@ -581,6 +581,10 @@ class ModelVersion(_Strict):
         return value
 
 
+# What an adapter entry (adapter_of set) may say; everything else is its base's.
+_ADAPTER_FIELDS = frozenset({"name", "aliases", "weights", "weights_commit", "adapter_of"})
+
+
 class ModelConfig(_Strict):
     """A model clients can ask for: its names, weights, profiles and scaling rules."""
 
@@ -621,11 +625,23 @@ class ModelConfig(_Strict):
             "rule out a node whose disk cannot take a download."
         ),
     )
+    adapter_of: str | None = Field(
+        default=None,
+        description=(
+            "Makes this entry a LoRA adapter of the named catalog model (its base): "
+            "`weights` is the adapter's directory (adapter_config.json and weights) or hub "
+            "repo, loaded at run time into the base's replicas, so it has no profiles, "
+            "replica counts or scaling of its own. The base must exist and have a profile "
+            "with `adapters`. Unset by default: a model of its own."
+        ),
+    )
     profiles: list[ProfileConfig] = Field(
-        min_length=1,
+        default_factory=list,
+        validate_default=True,
         description=(
             "Ways to serve the model, in order of preference: placement tries the first "
-            "and falls back to the next when no node fits. At least one."
+            "and falls back to the next when no node fits. At least one (none for an "
+            "adapter, which runs in its base's replicas)."
         ),
     )
     min_replicas: StrictCount = Field(
@@ -813,11 +829,63 @@ class ModelConfig(_Strict):
             raise ValueError("is only for hub weights (org/name or org/name@revision)")
         return value
 
+    @model_validator(mode="after")
+    def _adapter_fields(self) -> ModelConfig:
+        # An adapter lives in its base's replicas: what starts, scales or rolls replicas
+        # is the base's, so setting it on the adapter would silently do nothing.
+        if self.adapter_of is None:
+            return self
+        # Compared with the defaults, not `model_fields_set`: a loaded config file is
+        # validated again with every field given (overrides are merged into a dump).
+        own = sorted(
+            name
+            for name, info in type(self).model_fields.items()
+            if name not in _ADAPTER_FIELDS
+            and getattr(self, name) != info.get_default(call_default_factory=True)
+        )
+        if own:
+            _raise(
+                scope(model=self.name),
+                f"field {own[0]!r} is not for an adapter (adapter_of is set): replicas, "
+                f"scaling and routing are its base model {self.adapter_of!r}'s; an adapter "
+                "takes only " + ", ".join(sorted(_ADAPTER_FIELDS)),
+            )
+        return self
+
+    @field_validator("adapter_of")
+    @classmethod
+    def _check_adapter_of(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        if not _NAME.match(value):
+            raise ValueError(f"{value!r} is not a model name: {_NAME_RULE}")
+        if value == info.data.get("name"):
+            _raise(
+                scope(model=value),
+                "adapter_of names the adapter itself; name the base model it was trained on",
+            )
+        return value
+
     @field_validator("profiles")
     @classmethod
     def _unique_profiles(
         cls, value: list[ProfileConfig], info: ValidationInfo
     ) -> list[ProfileConfig]:
+        where = scope(model=info.data.get("name"))
+        if info.data.get("adapter_of") is not None:
+            if value:
+                _raise(
+                    where,
+                    "an adapter (adapter_of is set) runs in its base model's replicas and has "
+                    "no profiles of its own; remove profiles (the base's profile says how "
+                    "many adapters a replica loads, under adapters)",
+                )
+            return value
+        if not value:
+            raise ValueError(
+                "needs at least one profile (how to serve the model: engine, GPUs), or "
+                "adapter_of for a LoRA adapter of another model"
+            )
         first: dict[str, int] = {}
         for index, profile in enumerate(value):
             if profile.name in first:

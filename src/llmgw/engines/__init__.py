@@ -35,6 +35,7 @@ from llmgw.engines.spec import (
     EngineSpec,
     EngineTimings,
     LaunchPlan,
+    LoraApi,
     SleepApi,
 )
 from llmgw.engines.vllm import VllmAdapter
@@ -50,6 +51,7 @@ __all__ = [
     "EngineTimings",
     "LaunchPlan",
     "LlamaCppAdapter",
+    "LoraApi",
     "ProfileError",
     "Sample",
     "SglangAdapter",

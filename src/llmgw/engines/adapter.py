@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from llmgw.engines.spec import EngineLoad, EngineSpec, LaunchPlan
+from llmgw.engines.spec import EngineLoad, EngineSpec, LaunchPlan, LoraApi
 
 
 class EngineAdapter(Protocol):
@@ -35,6 +35,7 @@ class EngineAdapter(Protocol):
     `sleeps` says whether the engine can release its GPU memory and keep its process
     (vLLM's sleep mode, SGLang's memory saver, the sim's copy of vLLM's): a spec with
     `sleep_mode` is started so, and its `LaunchPlan.sleep` says how.
+    `lora` says how the engine loads LoRA adapters at run time (None: it cannot).
     """
 
     name: str
@@ -45,6 +46,7 @@ class EngineAdapter(Protocol):
     thought_parsers: frozenset[str]
     tool_parsers: frozenset[str]
     sleeps: bool
+    lora: LoraApi | None
 
     def native_apis(self, engine_args: Sequence[str]) -> frozenset[str]:
         """The client APIs besides OpenAI's (`llmgw.engines.apis`: "messages",

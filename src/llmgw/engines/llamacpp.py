@@ -32,6 +32,7 @@ from llmgw.engines.spec import (
     EngineSpec,
     EngineTimings,
     LaunchPlan,
+    LoraApi,
 )
 
 NO_CONFIG_FILE = (
@@ -91,6 +92,8 @@ class LlamaCppAdapter:
     gpu_ranks = False
     routes = LLAMACPP_ROUTES
     sleeps = False
+    # llama.cpp takes adapters only at start (--lora), never at run time.
+    lora: LoraApi | None = None
     continues = CONTINUES_COMPLETIONS
     # The --reasoning-parser names whose thought it writes as <think>...</think>, which a
     # continuation can write back (see `EngineAdapter.thought_parsers`).

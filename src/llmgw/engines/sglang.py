@@ -39,6 +39,7 @@ from llmgw.engines.spec import (
     EngineSpec,
     EngineTimings,
     LaunchPlan,
+    LoraApi,
     SleepApi,
 )
 
@@ -72,6 +73,9 @@ MANAGED_ARGS: Mapping[str, str] = {
 """Options llmgw sets or must not see set, with what to do instead."""
 
 
+# SGLang's runtime adapter API (its "LoRA Serving" docs), outside /v1.
+SGLANG_LORA = LoraApi(load_path="/load_lora_adapter", unload_path="/unload_lora_adapter")
+
 SGLANG_SLEEP = SleepApi(
     sleep_path="/release_memory_occupation", wake_path="/resume_memory_occupation", body=b"{}"
 )
@@ -96,6 +100,7 @@ class SglangAdapter:
     # The --tool-call-parser names whose calls it writes as <tool_call>{json}</tool_call>.
     tool_parsers: frozenset[str] = frozenset({"qwen25"})
     sleeps = True
+    lora: LoraApi | None = SGLANG_LORA
 
     def __init__(self, *, settings: EngineSettings) -> None:
         self._settings = settings

@@ -28,8 +28,9 @@ from llmgw.engines.spec import (
     EngineSpec,
     EngineTimings,
     LaunchPlan,
+    LoraApi,
 )
-from llmgw.engines.vllm import VLLM_SLEEP, parse_vllm_metrics
+from llmgw.engines.vllm import VLLM_LORA, VLLM_SLEEP, parse_vllm_metrics
 
 MANAGED_ARGS: Mapping[str, str] = {
     "--host": checks.USE_HOST,
@@ -61,6 +62,8 @@ class SimAdapter:
     # The --tool-call-parser names whose calls it writes as <tool_call>{json}</tool_call>.
     tool_parsers: frozenset[str] = frozenset({"hermes"})
     sleeps = True
+    # The sim plays vLLM's runtime adapter API (`llmgw.sim.lora`).
+    lora: LoraApi | None = VLLM_LORA
 
     def __init__(self, *, settings: EngineSettings) -> None:
         self._settings = settings

@@ -67,6 +67,16 @@ class EngineSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class LoraApi:
+    """How an engine started with LoRA slots loads and unloads adapters at run time:
+    HTTP POSTs to its own port with `{"lora_name", "lora_path"}` (load) and
+    `{"lora_name"}` (unload), as vLLM's and SGLang's runtime adapter APIs take them."""
+
+    load_path: str
+    unload_path: str
+
+
+@dataclass(frozen=True, slots=True)
 class SleepApi:
     """How an engine started in sleep mode is put to sleep and woken: HTTP POSTs to
     its own port. `sleep_path` holds `{level}` (1: weights to host RAM, 2: weights

@@ -40,6 +40,7 @@ from llmgw.engines.spec import (
     EngineSpec,
     EngineTimings,
     LaunchPlan,
+    LoraApi,
     SleepApi,
 )
 
@@ -82,6 +83,9 @@ UNSET_ENV: tuple[str, ...] = ("VLLM_API_KEY",)
 """vLLM reads an API key from this variable when --api-key is absent."""
 
 
+# vLLM's runtime adapter API (VLLM_ALLOW_RUNTIME_LORA_UPDATING, which lora_launch sets).
+VLLM_LORA = LoraApi(load_path="/v1/load_lora_adapter", unload_path="/v1/unload_lora_adapter")
+
 VLLM_SLEEP = SleepApi(
     sleep_path="/sleep?level={level}", wake_path="/wake_up", state_path="/is_sleeping"
 )
@@ -107,6 +111,7 @@ class VllmAdapter:
     # The --tool-call-parser names whose calls it writes as <tool_call>{json}</tool_call>.
     tool_parsers: frozenset[str] = frozenset({"hermes"})
     sleeps = True
+    lora: LoraApi | None = VLLM_LORA
 
     def __init__(self, *, settings: EngineSettings) -> None:
         self._settings = settings

@@ -226,7 +226,7 @@ class HeldWeights(_message.Message):
     def __init__(self, repo: _Optional[str] = ..., revision: _Optional[str] = ..., bytes: _Optional[int] = ..., last_used_unix: _Optional[float] = ...) -> None: ...
 
 class ShardStatus(_message.Message):
-    __slots__ = ("shard_id", "model", "state", "message", "pid", "endpoint_url", "output_tail", "exit_code", "spec", "since_unix", "download")
+    __slots__ = ("shard_id", "model", "state", "message", "pid", "endpoint_url", "output_tail", "exit_code", "spec", "since_unix", "download", "adapters")
     SHARD_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -238,6 +238,7 @@ class ShardStatus(_message.Message):
     SPEC_FIELD_NUMBER: _ClassVar[int]
     SINCE_UNIX_FIELD_NUMBER: _ClassVar[int]
     DOWNLOAD_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     shard_id: str
     model: str
     state: ShardState
@@ -249,7 +250,8 @@ class ShardStatus(_message.Message):
     spec: ShardSpec
     since_unix: float
     download: Download
-    def __init__(self, shard_id: _Optional[str] = ..., model: _Optional[str] = ..., state: _Optional[_Union[ShardState, str]] = ..., message: _Optional[str] = ..., pid: _Optional[int] = ..., endpoint_url: _Optional[str] = ..., output_tail: _Optional[_Iterable[str]] = ..., exit_code: _Optional[int] = ..., spec: _Optional[_Union[ShardSpec, _Mapping]] = ..., since_unix: _Optional[float] = ..., download: _Optional[_Union[Download, _Mapping]] = ...) -> None: ...
+    adapters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, shard_id: _Optional[str] = ..., model: _Optional[str] = ..., state: _Optional[_Union[ShardState, str]] = ..., message: _Optional[str] = ..., pid: _Optional[int] = ..., endpoint_url: _Optional[str] = ..., output_tail: _Optional[_Iterable[str]] = ..., exit_code: _Optional[int] = ..., spec: _Optional[_Union[ShardSpec, _Mapping]] = ..., since_unix: _Optional[float] = ..., download: _Optional[_Union[Download, _Mapping]] = ..., adapters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Download(_message.Message):
     __slots__ = ("repo", "revision", "done", "total", "rate", "files", "started_unix")
@@ -280,7 +282,7 @@ class CommandResult(_message.Message):
     def __init__(self, command_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
-    __slots__ = ("registered", "start_shard", "stop_shard", "drain_shard", "remove_weights", "sleep_shard", "wake_shard", "pull_weights", "command_id")
+    __slots__ = ("registered", "start_shard", "stop_shard", "drain_shard", "remove_weights", "sleep_shard", "wake_shard", "pull_weights", "load_adapter", "unload_adapter", "command_id")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     START_SHARD_FIELD_NUMBER: _ClassVar[int]
     STOP_SHARD_FIELD_NUMBER: _ClassVar[int]
@@ -289,6 +291,8 @@ class ServerMessage(_message.Message):
     SLEEP_SHARD_FIELD_NUMBER: _ClassVar[int]
     WAKE_SHARD_FIELD_NUMBER: _ClassVar[int]
     PULL_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    UNLOAD_ADAPTER_FIELD_NUMBER: _ClassVar[int]
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     registered: Registered
     start_shard: StartShard
@@ -298,8 +302,10 @@ class ServerMessage(_message.Message):
     sleep_shard: SleepShard
     wake_shard: WakeShard
     pull_weights: PullWeights
+    load_adapter: LoadAdapter
+    unload_adapter: UnloadAdapter
     command_id: str
-    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., start_shard: _Optional[_Union[StartShard, _Mapping]] = ..., stop_shard: _Optional[_Union[StopShard, _Mapping]] = ..., drain_shard: _Optional[_Union[DrainShard, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ..., sleep_shard: _Optional[_Union[SleepShard, _Mapping]] = ..., wake_shard: _Optional[_Union[WakeShard, _Mapping]] = ..., pull_weights: _Optional[_Union[PullWeights, _Mapping]] = ..., command_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., start_shard: _Optional[_Union[StartShard, _Mapping]] = ..., stop_shard: _Optional[_Union[StopShard, _Mapping]] = ..., drain_shard: _Optional[_Union[DrainShard, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ..., sleep_shard: _Optional[_Union[SleepShard, _Mapping]] = ..., wake_shard: _Optional[_Union[WakeShard, _Mapping]] = ..., pull_weights: _Optional[_Union[PullWeights, _Mapping]] = ..., load_adapter: _Optional[_Union[LoadAdapter, _Mapping]] = ..., unload_adapter: _Optional[_Union[UnloadAdapter, _Mapping]] = ..., command_id: _Optional[str] = ...) -> None: ...
 
 class Registered(_message.Message):
     __slots__ = ("heartbeat_interval_seconds", "leader_id", "server_version")
@@ -397,6 +403,24 @@ class WakeShard(_message.Message):
     SHARD_ID_FIELD_NUMBER: _ClassVar[int]
     shard_id: str
     def __init__(self, shard_id: _Optional[str] = ...) -> None: ...
+
+class LoadAdapter(_message.Message):
+    __slots__ = ("shard_id", "name", "path")
+    SHARD_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    shard_id: str
+    name: str
+    path: str
+    def __init__(self, shard_id: _Optional[str] = ..., name: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...
+
+class UnloadAdapter(_message.Message):
+    __slots__ = ("shard_id", "name")
+    SHARD_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    shard_id: str
+    name: str
+    def __init__(self, shard_id: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
 
 class RemoveWeights(_message.Message):
     __slots__ = ("path",)

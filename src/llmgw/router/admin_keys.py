@@ -21,6 +21,7 @@ latest `limit`, 100 by default and 1000 at most; narrow them with since/until).
 user of the key's application (the `user` its requests name), counted per key and
 end user; null: no limit. `/admin/api/usage?by=end-user` groups usage by end user
 (with `end_user=U` keeping one; only requests that named an end user count).
+A row of a catalog LoRA adapter's usage says its base model (`adapter_of`).
 `/admin/api/usage?by=team` groups usage by the team each key is in now, and
 `team=T` keeps one team's keys; teams themselves are in `admin_teams`.
 """
@@ -305,7 +306,16 @@ def key_routes(
     usage: UsageRepository,
     wall_clock: Callable[[], datetime],
     teams: TeamRepository | None = None,
+    base_of: Callable[[str], str | None] | None = None,
 ) -> list[Route]:
+    """`base_of(model)`: the base model of a LoRA adapter in the catalog (None for any
+    other name), shown beside the adapter's usage rows as `adapter_of`."""
+
+    def with_base(view: dict[str, Any]) -> dict[str, Any]:
+        model = view.get("model")
+        base = base_of(model) if base_of is not None and isinstance(model, str) else None
+        return {**view, "adapter_of": base} if base is not None else view
+
     async def team_id(body: dict[str, Any]) -> str | Keep | None:
         """The id of the team `body["team"]` names (null: no team); KEEP when absent."""
         if "team" not in body:
@@ -445,7 +455,9 @@ def key_routes(
                 if teams is not None and "team" in group_by
                 else {}
             )
-            return _json({"usage": [usage_row_view(r, group_by, names, team_names) for r in rows]})
+            return _json(
+                {"usage": [with_base(usage_row_view(r, group_by, names, team_names)) for r in rows]}
+            )
 
         return await _answer(work)
 

@@ -121,6 +121,18 @@ class ModelUnavailable(RouterError):
         return [(b"retry-after", str(self.retry_after).encode())]
 
 
+class AdapterNotLoadable(ModelUnavailable):
+    """The engine refused to load the LoRA adapter the request names (its files are
+    missing or bad, its rank is over the base's limit): the message carries the
+    engine's words. A client error: the same request fails the same way."""
+
+    status = 400
+    type = "invalid_request_error"
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return []
+
+
 class EngineUnreachable(RouterError):
     """Every attempt failed to connect to, or lost, its engine before an answer."""
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -74,6 +74,8 @@ class PublishedEndpoint:
     epoch: int
     node_id: str = ""
     port: int = 0
+    # A LoRA adapter's row: the base model whose replica it is (None: the model's own).
+    base: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,8 +228,10 @@ class LeadershipRepository:
         model: str,
         names: Sequence[str],
         endpoints: Sequence[tuple[str, str]],
+        base: str | None = None,
     ) -> None:
-        """Replace `model`'s Ready endpoints ((replica id, url) pairs); `StaleEpoch` when fenced."""
+        """Replace `model`'s Ready endpoints ((replica id, url) pairs); `StaleEpoch` when
+        fenced. `base`: for a LoRA adapter, the model whose replicas these are."""
         now = self._clock()
         async with transaction(self._engine, f"publishing endpoints of {model!r}") as conn:
             await self._check_epoch(conn, lease_name, epoch)
@@ -238,7 +242,8 @@ class LeadershipRepository:
                     [
                         {
                             "model": model, "replica_id": replica_id, "url": url,
-                            "names": list(names), "epoch": epoch, "updated_at": now,
+                            "names": list(names), "base": base, "epoch": epoch,
+                            "updated_at": now,
                         }
                         for replica_id, url in endpoints
                     ],
@@ -254,13 +259,17 @@ class LeadershipRepository:
 
     async def endpoints(self) -> builtins.list[PublishedEndpoint]:
         """Every published endpoint whose replica has a placement record (rank 0 of
-        that model), by model then replica id; a row without one is left out."""
+        that model, or of an adapter's base), by model then replica id; a row without
+        one is left out."""
         stmt = (
             select(replica_endpoints, placements.c.node_id, placements.c.port)
             .join(
                 placements,
                 (placements.c.shard_id == replica_endpoints.c.replica_id)
-                & (placements.c.model == replica_endpoints.c.model)
+                & (
+                    placements.c.model
+                    == func.coalesce(replica_endpoints.c.base, replica_endpoints.c.model)
+                )
                 & (placements.c.node_rank == 0),
             )
             .order_by(replica_endpoints.c.model, replica_endpoints.c.replica_id)
@@ -276,6 +285,7 @@ class LeadershipRepository:
                 epoch=int(r.epoch),
                 node_id=r.node_id,
                 port=int(r.port),
+                base=r.base,
             )
             for r in rows
         ]

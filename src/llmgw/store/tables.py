@@ -230,6 +230,9 @@ replica_endpoints = Table(
     Column("url", String(500), nullable=False),
     # The model's name and aliases, as the router serves them.
     Column("names", JSON, nullable=False),
+    # For a LoRA adapter's row: the base model whose replica it is (its placement
+    # record's model); NULL for a model's own replicas.
+    Column("base", String(128), nullable=True),
     # The epoch of the leader that wrote the row.
     Column("epoch", BigInteger, nullable=False),
     Column("updated_at", UTCDateTime, nullable=False),

@@ -273,6 +273,7 @@ def model_rows(models: Iterable[Json]) -> list[dict[str, Any]]:
                 "min": model.get("min_replicas", 0),
                 "max": model.get("max_replicas", 0),
                 "profiles": [p.get("name") for p in model.get("profiles", [])],
+                "adapters": [a.get("name") for a in model.get("adapters") or []],
                 "replica_states": ordered_counts(
                     Counter(str(r.get("state")) for r in replicas), ()
                 ),
@@ -297,7 +298,7 @@ def models_page(sources: DashboardSources) -> dict[str, Any]:
 
 def spec_text(model: Mapping[str, Any]) -> str:
     """The model's own fields (no live status) as YAML, for the edit form."""
-    spec = {k: v for k, v in model.items() if k not in ("source", "status")}
+    spec = {k: v for k, v in model.items() if k not in ("source", "status", "adapters")}
     return yaml.safe_dump(spec, sort_keys=False, default_flow_style=False, allow_unicode=True)
 
 

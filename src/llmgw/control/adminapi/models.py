@@ -26,6 +26,11 @@ the weights).
 `GET /admin/api/models` pages and filters on the server (`?limit=`, `?after=`,
 `?q=` over names and aliases; see `paging`).
 
+LoRA adapters are entries with `adapter_of` (their base): added, replaced and
+removed through the same routes, listed under their base (its view's `adapters`,
+each with its own `source`), and shown by name. Removing a base that adapters
+name answers 409 `model_has_adapters`, naming them.
+
 Not guaranteed: a model whose own name ends in "/placement", "/activate" or "/rollout" can
 be shown only through the list (names may contain '/', and those paths mean the
 placement and activation routes of the shorter name).
@@ -46,6 +51,7 @@ from llmgw.control.adminapi.paging import BadPageQuery, page_query, take_page, w
 from llmgw.control.adminapi.responses import error_response, json_response
 from llmgw.control.catalog.errors import (
     CatalogError,
+    HasAdapters,
     HubUnavailable,
     InvalidModel,
     ModelExists,
@@ -68,6 +74,10 @@ class ModelCatalog(Protocol):
     def models(self) -> list[CatalogModel]: ...
 
     def get(self, name: str) -> CatalogModel | None: ...
+
+    def adapters(self, base: str | None = None) -> list[CatalogModel]: ...
+
+    def entry(self, name: str) -> CatalogModel | None: ...
 
     def resolve(self, name: str) -> str | None: ...
 
@@ -137,6 +147,7 @@ _CONFLICTS: dict[type[CatalogError], str | None] = {
     NoStore: None,
     NothingToUndo: "name",
     NoCanary: "name",
+    HasAdapters: "name",
 }
 
 
@@ -204,12 +215,18 @@ def model_routes(
     """The catalog routes under /admin/api/models and /admin/api/placement; without
     `pulls` (no control plane) POST .../pull answers 409 `no_control_plane`."""
 
+    def adapter_view(adapter: CatalogModel) -> dict[str, object]:
+        return {**model_to_dict(adapter), "source": adapter.source}
+
     def view(model: CatalogModel, status: dict[str, object] | None = None) -> dict[str, object]:
+        if model.adapter_of is not None:
+            return adapter_view(model)
         return {
             **model_to_dict(model),
             "source": model.source,
             "status": control.status(model.name) if status is None else status,
             **(pulls.view(model.name) if pulls is not None else {}),
+            "adapters": [adapter_view(a) for a in catalog.adapters(model.name)],
         }
 
     async def guarded(request: Request, handler: _Handler) -> Response:
@@ -246,7 +263,7 @@ def model_routes(
         )
 
     async def show_model(request: Request) -> Response:
-        model = catalog.get(request.path_params["name"])
+        model = catalog.entry(request.path_params["name"])
         return (
             _unknown(request.path_params["name"]) if model is None else json_response(view(model))
         )
@@ -283,14 +300,40 @@ def model_routes(
             return json_response({"name": name, "discarded": True, "reason": reason})
         return json_response({**model_to_dict(model), "source": model.source})
 
-    async def placement(request: Request) -> Response:
-        name = catalog.resolve(request.path_params["name"])
+    def own_model(asked: str) -> str | Response:
+        """The own name of the model `asked` means, or the error for an unknown name or an
+        adapter (which has no replicas of its own to place or start)."""
+        name = catalog.resolve(asked)
         if name is None:
-            return _unknown(request.path_params["name"])
+            return _unknown(asked)
+        entry = catalog.entry(name)
+        if entry is not None and entry.adapter_of is not None:
+            return error_response(
+                409,
+                f"{name!r} is a LoRA adapter of {entry.adapter_of!r}: it has no replicas of "
+                f"its own and runs in its base's; ask about {entry.adapter_of!r} instead",
+                code="model_is_adapter",
+                param="name",
+            )
+        return name
+
+    async def placement(request: Request) -> Response:
+        name = own_model(request.path_params["name"])
+        if isinstance(name, Response):
+            return name
         return json_response(control.explain(name))
 
     async def dry_run(request: Request) -> Response:
         model = parse_model(await _read_body(request), source="store")
+        if model.adapter_of is not None:
+            return error_response(
+                400,
+                f"{model.name!r} is a LoRA adapter of {model.adapter_of!r}: it is placed "
+                f"nowhere itself but loaded into {model.adapter_of!r}'s replicas; dry-run "
+                "the base model instead",
+                code="model_is_adapter",
+                param="adapter_of",
+            )
         # Pinned as an add would pin it, so the dry run knows what each node must
         # download and whether its disk can take it; an unreachable hub only leaves
         # that unknown.
@@ -299,9 +342,9 @@ def model_routes(
         return json_response(control.dry_run(model))
 
     async def activate(request: Request) -> Response:
-        name = catalog.resolve(request.path_params["name"])
-        if name is None:
-            return _unknown(request.path_params["name"])
+        name = own_model(request.path_params["name"])
+        if isinstance(name, Response):
+            return name
         return json_response(await control.activate(name))
 
     async def pull(request: Request) -> Response:

@@ -223,6 +223,7 @@ def shard_report(msg: agent_pb2.ShardStatus) -> ShardReport:
         spec=shard_spec(msg.spec) if msg.HasField("spec") else None,
         since=datetime.fromtimestamp(msg.since_unix, UTC) if msg.since_unix > 0 else None,
         download=download(msg.download) if msg.HasField("download") else None,
+        adapters=tuple(msg.adapters),
     )
 
 

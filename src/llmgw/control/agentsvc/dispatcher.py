@@ -44,6 +44,19 @@ class Dispatcher(Protocol):
         """Wake a sleeping shard's engine; returns once it serves again."""
         ...
 
+    async def load_adapter(
+        self, node_id: str, shard_id: str, name: str, path: str, wait_seconds: float
+    ) -> None:
+        """Load LoRA adapter `name` from `path` into a Ready shard's engine; returns once the
+        engine has it. `CommandFailed` carries the engine's words when it refuses."""
+        ...
+
+    async def unload_adapter(
+        self, node_id: str, shard_id: str, name: str, wait_seconds: float
+    ) -> None:
+        """Unload LoRA adapter `name` from a shard's engine, to make room for another."""
+        ...
+
     async def remove_weights(self, node_id: str, path: str) -> None:
         """Delete weights at `path`, which must be inside the node's weights directory."""
         ...

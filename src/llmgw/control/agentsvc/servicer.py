@@ -617,6 +617,30 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             self._command_timeout,
         )
 
+    async def load_adapter(
+        self, node_id: str, shard_id: str, name: str, path: str, wait_seconds: float
+    ) -> None:
+        await self._command(
+            node_id,
+            agent_pb2.ServerMessage(
+                load_adapter=agent_pb2.LoadAdapter(shard_id=shard_id, name=name, path=path)
+            ),
+            f"load adapter {name!r} into shard {shard_id!r}",
+            self._command_timeout + wait_seconds,
+        )
+
+    async def unload_adapter(
+        self, node_id: str, shard_id: str, name: str, wait_seconds: float
+    ) -> None:
+        await self._command(
+            node_id,
+            agent_pb2.ServerMessage(
+                unload_adapter=agent_pb2.UnloadAdapter(shard_id=shard_id, name=name)
+            ),
+            f"unload adapter {name!r} from shard {shard_id!r}",
+            self._command_timeout + wait_seconds,
+        )
+
     async def remove_weights(self, node_id: str, path: str) -> None:
         await self._command(
             node_id,

@@ -8,6 +8,7 @@ of config and stored models, `errors` its exception tree.
 from llmgw.control.catalog.catalog import Catalog, CatalogStore
 from llmgw.control.catalog.errors import (
     CatalogError,
+    HasAdapters,
     InvalidModel,
     ModelExists,
     NameTaken,
@@ -40,6 +41,7 @@ __all__ = [
     "CatalogError",
     "CatalogModel",
     "CatalogStore",
+    "HasAdapters",
     "InvalidModel",
     "ModelExists",
     "ModelSource",

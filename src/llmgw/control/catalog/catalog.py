@@ -15,6 +15,13 @@ model is skipped with a warning; so is a stored model that no longer validates.
 Start-up never fails because of what the store holds. A skipped stored model can
 be replaced (to fix it) or discarded through the API.
 
+LoRA adapters (`adapter_of` set) share the names' namespace and the store, but
+`models()` and `get()` are the models of their own (what replicas run); adapters
+are read through `adapters()` and `entry()`. An adapter needs its base in the
+catalog with a profile that takes adapters (`catalog.adapters`): a config adapter
+without one is a config mistake, a stored one is skipped, and a base cannot be
+removed, or stop taking adapters, while adapters name it.
+
 Not guaranteed:
 - Changes made by another server sharing the store are seen only when `load()`
   runs again (at start-up, or when the caller polls it).
@@ -33,7 +40,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from llmgw.control.catalog.adapters import adapters_of, base_problem, takes_adapters
 from llmgw.control.catalog.errors import (
+    HasAdapters,
     InvalidModel,
     ModelExists,
     NameTaken,
@@ -102,7 +111,10 @@ class Catalog:
         self._skipped: dict[str, str] = {}
         # Per stored model, its spec before the last change to what its replicas run.
         self._previous: dict[str, dict[str, object]] = {}
+        # Every entry in force by name; `_models` the models of their own, `_adapters` the rest.
+        self._entries: dict[str, CatalogModel] = {}
         self._models: dict[str, CatalogModel] = {}
+        self._adapters: dict[str, CatalogModel] = {}
         self._index: dict[str, str] = {}
         self._listeners: list[Listener] = []
         self._lock = asyncio.Lock()
@@ -115,12 +127,26 @@ class Catalog:
         return [self._models[name] for name in sorted(self._models)]
 
     def get(self, name: str) -> CatalogModel | None:
-        """The model a client means by `name` (its name or an alias), or None."""
+        """The model a client means by `name` (its name or an alias), or None (also for an
+        adapter's name: see `entry`)."""
         canonical = self._index.get(name)
-        return self._models[canonical] if canonical is not None else None
+        return self._models.get(canonical) if canonical is not None else None
+
+    def adapters(self, base: str | None = None) -> list[CatalogModel]:
+        """Every adapter in force by name, or those of one base model (by its own name)."""
+        return [
+            self._adapters[name]
+            for name in sorted(self._adapters)
+            if base is None or self._adapters[name].adapter_of == base
+        ]
+
+    def entry(self, name: str) -> CatalogModel | None:
+        """The model or adapter a client means by `name` (its name or an alias), or None."""
+        canonical = self._index.get(name)
+        return self._entries.get(canonical) if canonical is not None else None
 
     def resolve(self, name: str) -> str | None:
-        """The model's own name for a name or alias; None when no model has it."""
+        """The own name of the model or adapter of a name or alias; None when none has it."""
         return self._index.get(name)
 
     def skipped(self) -> dict[str, str]:
@@ -156,6 +182,13 @@ class Catalog:
                 raise NameTaken(f"model {model.name!r} is declared twice in {self._where()}")
             check_names_free(model, list(config.values()))
             config[model.name] = model
+        for model in config.values():
+            problem = base_problem(model, config) if model.adapter_of is not None else None
+            if problem is not None:
+                raise InvalidModel(
+                    f"{problem} (an adapter in {self._where()} needs its base declared there)",
+                    "adapter_of",
+                )
         return config
 
     # ---- loading ----
@@ -182,11 +215,11 @@ class Catalog:
                 unchanged=tuple(sorted(n for n in fresh if n in old and fresh[n] == old[n])),
             )
             self._config = fresh
-            before = dict(self._models)
+            before = dict(self._entries)
             if self._repo is not None:
                 self._apply_rows(rows)
             self._rebuild()
-            moved = self._models != before
+            moved = self._entries != before
         if moved:
             self._notify()
         return change
@@ -219,6 +252,15 @@ class Catalog:
                 skipped[row.name] = reason
             else:
                 stored[row.name] = reason
+        # Adapters last: their bases may be any model in force, config or stored.
+        bases = {**stored, **self._config}
+        for name, model in list(stored.items()):
+            problem = base_problem(model, bases) if model.adapter_of is not None else None
+            if problem is not None:
+                skipped[name] = (
+                    f"{problem}; then it comes back, or discard it (`llmgw models remove {name}`)"
+                )
+                del stored[name]
         changed = stored != self._stored
         self._stored, self._skipped = stored, skipped
         self._previous = {
@@ -263,7 +305,7 @@ class Catalog:
         async with self._lock:
             repo = self._require_store(model.name)
             model = dataclasses.replace(model, source="store")
-            existing = self._models.get(model.name)
+            existing = self._entries.get(model.name)
             if existing is not None:
                 raise ModelExists(self._exists_message(existing))
             if model.name in self._skipped:
@@ -271,7 +313,8 @@ class Catalog:
                     f"model {model.name!r} is in the store but not in force "
                     f"({self._skipped[model.name]}); replace or discard it"
                 )
-            check_names_free(model, self.models())
+            check_names_free(model, list(self._entries.values()))
+            self._check_base(model)
             try:
                 await repo.put(model.name, model_to_dict(model), create=True)
             except AlreadyExists as exc:
@@ -306,7 +349,9 @@ class Catalog:
                     "name",
                 )
             model = dataclasses.replace(model, source="store")
-            check_names_free(model, [m for m in self.models() if m.name != canonical])
+            check_names_free(model, [m for m in self._entries.values() if m.name != canonical])
+            self._check_base(model)
+            self._check_still_base(canonical, model)
             old = self._stored.get(canonical)
             # Kept for undo only when what runs changes: an alias or a limit changed
             # since leaves the spec to go back to as it was.
@@ -364,7 +409,7 @@ class Catalog:
                 "replace the model with a corrected spec instead"
             ) from exc
         # Aliases and limits stay as they are now; only what runs goes back.
-        current = self._models[canonical]
+        current = self._entries[canonical]
         restored = dataclasses.replace(
             current,
             weights=earlier.weights,
@@ -398,7 +443,7 @@ class Catalog:
         if canonical is None:
             raise UnknownModel(name)
         self._require_writable(canonical)
-        current = self._models[canonical]
+        current = self._entries[canonical]
         if current.canary is None:
             raise NoCanary(
                 f"model {canonical!r} has no canary to promote or abort; give it one with "
@@ -418,6 +463,13 @@ class Catalog:
                 raise UnknownModel(name)
             self._require_writable(canonical)
             repo = self._require_store(canonical)
+            dependants = adapters_of(canonical, self._adapters)
+            if dependants:
+                raise HasAdapters(
+                    f"model {canonical!r} is the base of the adapters "
+                    f"{', '.join(repr(n) for n in dependants)}; remove them first "
+                    f"(`llmgw models remove NAME`), then the base"
+                )
             await repo.delete(canonical)
             model = self._stored.pop(canonical)
             self._previous.pop(canonical, None)
@@ -448,11 +500,36 @@ class Catalog:
         return await pin(model, self._revisions)
 
     def _rebuild(self) -> None:
-        self._models = {**self._stored, **self._config}
+        self._entries = {**self._stored, **self._config}
+        self._models = {n: m for n, m in self._entries.items() if m.adapter_of is None}
+        self._adapters = {n: m for n, m in self._entries.items() if m.adapter_of is not None}
         self._index = {
-            alias: model.name for model in self._models.values() for alias in model.aliases
+            alias: model.name for model in self._entries.values() for alias in model.aliases
         }
-        self._index.update({name: name for name in self._models})
+        self._index.update({name: name for name in self._entries})
+
+    def _check_base(self, model: CatalogModel) -> None:
+        """`InvalidModel` (field adapter_of) when `model` is an adapter without a base
+        that takes adapters."""
+        if model.adapter_of is None:
+            return
+        problem = base_problem(model, self._entries)
+        if problem is not None:
+            raise InvalidModel(problem, "adapter_of")
+
+    def _check_still_base(self, name: str, model: CatalogModel) -> None:
+        """`InvalidModel` when `model`, replacing the base of adapters, could not carry them."""
+        dependants = adapters_of(name, self._adapters)
+        if not dependants or (model.adapter_of is None and takes_adapters(model)):
+            return
+        field = "adapter_of" if model.adapter_of is not None else "profiles"
+        raise InvalidModel(
+            f"model {name!r}, field {field!r}: it is the base of the adapters "
+            f"{', '.join(repr(n) for n in dependants)}, so it must stay a model of its own "
+            "with a profile that takes adapters (adapters: {max_loaded, max_rank}); remove "
+            "the adapters first",
+            field,
+        )
 
     def _notify(self) -> None:
         for listener in tuple(self._listeners):
@@ -471,7 +548,7 @@ class Catalog:
         return self._repo
 
     def _require_writable(self, name: str) -> None:
-        model = self._models.get(name)
+        model = self._entries.get(name)
         if model is not None and model.source == "config":
             raise ReadOnlyModel(
                 f"model {name!r} is declared in {self._where()}; change or remove it there "

@@ -7,6 +7,7 @@
     ├── NameTaken           a name or alias is already another model's name or alias
     ├── ReadOnlyModel       the model is declared in the config file: edit it there
     ├── NoStore             the server runs without a store: a written model would vanish
+    ├── HasAdapters         removing a base model that adapters still name as their base
     └── HubUnavailable      the hub that pins hub weights to a commit did not answer
                             (the only one that may pass: a retry can succeed)
 
@@ -100,6 +101,12 @@ class NoCanary(CatalogError):
     """The model has no canary (`versions:`) to promote or abort."""
 
     code = "no_canary"
+
+
+class HasAdapters(CatalogError):
+    """The model is the base of adapters in the catalog; remove them first."""
+
+    code = "model_has_adapters"
 
 
 class HubUnavailable(CatalogError):

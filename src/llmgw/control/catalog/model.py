@@ -164,6 +164,9 @@ class CatalogModel:
     # The size of the hub weights at that commit (the hub's file list), or None: not
     # known (local weights, or the hub was not asked).
     weights_bytes: int | None = None
+    # The base model of a LoRA adapter (None: a model of its own). An adapter has no
+    # profiles: it is loaded at run time into its base's replicas.
+    adapter_of: str | None = None
 
     @property
     def launch_weights(self) -> str:

@@ -218,12 +218,17 @@ class ConfigReloader:
             before = {m.name: _runs(m) for m in self._catalog.models()}
             try:
                 change = await self._catalog.reload_config(models)
-            except NameTaken as exc:
+            except (NameTaken, InvalidModel) as exc:
                 raise InvalidConfig(
                     f"{source.label}: models: {exc.message}; nothing was reloaded"
                 ) from exc
             now = {m.name: m for m in models}
-            rolled = tuple(n for n in change.changed if _runs(now[n]) != before.get(n))
+            # An adapter runs no replicas of its own: changing it rolls nothing.
+            rolled = tuple(
+                n
+                for n in change.changed
+                if now[n].adapter_of is None and _runs(now[n]) != before.get(n)
+            )
             sections = _sections(cfg)
             started = self._started
             restart = (

@@ -108,6 +108,7 @@ def model_from_config(cfg: ModelConfig, *, source: ModelSource) -> CatalogModel:
         max_surge=cfg.rollout.max_surge,
         max_unavailable=cfg.rollout.max_unavailable,
         canary=_canary(cfg),
+        adapter_of=cfg.adapter_of,
     )
     for index, profile in enumerate(model.profiles):
         _check_engine(model, index, profile)
@@ -171,7 +172,16 @@ def model_to_dict(model: CatalogModel) -> dict[str, Any]:
     Sizes are bytes (ints), `keep_alive`, `scale_down_delay` and
     `target_queue_wait` are seconds (an int when whole; `keep_alive` -1 when
     pinned); `source` is left out (it is where the model lives, not what it is).
+    An adapter has only its own fields (the rest are its base's).
     """
+    if model.adapter_of is not None:
+        return {
+            "name": model.name,
+            "adapter_of": model.adapter_of,
+            "aliases": list(model.aliases),
+            "weights": model.weights,
+            **({"weights_commit": model.weights_commit} if model.weights_commit else {}),
+        }
     return {
         "name": model.name,
         "aliases": list(model.aliases),

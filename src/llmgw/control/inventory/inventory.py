@@ -378,4 +378,5 @@ class Inventory:
             spec=spec,
             since=since,
             download=report.download,
+            adapters=report.adapters,
         )

@@ -154,6 +154,8 @@ class ShardReport:
     # When the shard entered this state on the node; None when the agent did not say.
     since: datetime | None = None
     download: Download | None = None  # while the shard waits for its weights
+    # The LoRA adapters its engine has loaded, least recently loaded first.
+    adapters: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +247,9 @@ class Shard:
     spec: ShardSpec | None
     since: datetime
     download: Download | None = None  # while the shard waits for its weights
+    # The LoRA adapters its engine has loaded (as its agent reports), least recently
+    # loaded first.
+    adapters: tuple[str, ...] = ()
 
     @property
     def gpu_indices(self) -> tuple[int, ...]:

@@ -56,6 +56,7 @@ class EndpointStore(Protocol):
         model: str,
         names: Sequence[str],
         endpoints: Sequence[tuple[str, str]],
+        base: str | None = None,
     ) -> None: ...
 
     async def withdraw(self, lease_name: str, epoch: int, models: Sequence[str]) -> None: ...
@@ -151,16 +152,24 @@ class StorePublisher:
         for model, entry in batch.items():
             if entry is not None:
                 names, endpoints = entry
+                # An adapter's replicas are its base's: standbys join them to its records.
+                based = [e.base_names[0] for e in endpoints if e.base_names]
                 await self._store.publish(
-                    self._lease_name, epoch, model, names, [(e.id, e.url) for e in endpoints]
+                    self._lease_name,
+                    epoch,
+                    model,
+                    names,
+                    [(e.id, e.url) for e in endpoints],
+                    base=based[0] if based else None,
                 )
 
 
 async def published(store: EndpointStore) -> dict[str, set[str]]:
-    """Replica ids per model as the last leader published them."""
+    """Replica ids per model as the last leader published them (an adapter's rows count
+    for its base, whose replicas they are)."""
     expected: dict[str, set[str]] = {}
     for row in await store.endpoints():
-        expected.setdefault(row.model, set()).add(row.replica_id)
+        expected.setdefault(row.base or row.model, set()).add(row.replica_id)
     return expected
 
 

@@ -84,6 +84,7 @@ from llmgw.control.agentsvc.errors import AgentServiceError, CommandFailed
 from llmgw.control.catalog.model import CatalogModel, canary_model
 from llmgw.control.inventory import Change, Node, Shard, ShardSpec, UnknownNode
 from llmgw.control.placements import Placement, PlacementError
+from llmgw.control.reconciler.adapters import AdapterLoads
 from llmgw.control.reconciler.autoscale import LoadSignals, replicas_for_load
 from llmgw.control.reconciler.demand import DemandBook
 from llmgw.control.reconciler.downloads import DownloadWatch
@@ -145,6 +146,10 @@ class CatalogView(Protocol):
     def models(self) -> list[CatalogModel]: ...
 
     def get(self, name: str) -> CatalogModel | None: ...
+
+    def adapters(self, base: str | None = None) -> list[CatalogModel]: ...
+
+    def entry(self, name: str) -> CatalogModel | None: ...
 
     def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]: ...
 
@@ -312,6 +317,17 @@ class Controller:
             wake_loop=self._wake.set,
             command_timeout=activation_timeout,
             metrics=activation_metrics,
+        )
+        self._adapter_loads = AdapterLoads(
+            catalog=catalog,
+            nodes=inventory.nodes,
+            dispatcher=dispatcher,
+            clock=clock,
+            activate_base=self.activate,
+            published=self.has_ready,
+            publish=lambda: self._publish(self._inventory.nodes()),
+            leading=leading,
+            wait_seconds=activation_timeout,
         )
         self._rollout_book = RolloutBook(
             ledger=rollouts,
@@ -508,7 +524,12 @@ class Controller:
     # ---- demand ----
 
     def request_started(self, name: str) -> None:
-        """The router began a request for `name` (a model or alias)."""
+        """The router began a request for `name` (a model, an adapter or an alias); a
+        request for an adapter is demand for its base too."""
+        adapter = self._adapter_loads.adapter(name)
+        if adapter is not None and adapter.adapter_of is not None:
+            self._adapter_loads.started(adapter)
+            name = adapter.adapter_of
         model = self._catalog.get(name)
         if model is not None:
             self.demand.started(model.name)
@@ -522,13 +543,17 @@ class Controller:
 
     def request_finished(self, name: str) -> None:
         """The router finished a request for `name`; the idle clock starts now."""
+        adapter = self._adapter_loads.adapter(name)
+        if adapter is not None and adapter.adapter_of is not None:
+            self._adapter_loads.finished(adapter)
+            name = adapter.adapter_of
         model = self._catalog.get(name)
         if model is not None:
             self.demand.finished(model.name)
 
     def knows(self, name: str) -> bool:
-        """Whether `name` is a catalog model (or alias) that activation applies to."""
-        return self._catalog.get(name) is not None
+        """Whether `name` is a catalog model or adapter (or alias) that activation applies to."""
+        return self._catalog.entry(name) is not None
 
     def starting_note(self, name: str) -> str | None:
         """What a starting replica of catalog model `name` is doing, when its node says
@@ -548,8 +573,10 @@ class Controller:
         return None
 
     def engines(self, name: str) -> tuple[str, ...]:
-        """The engines the profiles of catalog model `name` run, in profile order."""
-        model = self._catalog.get(name)
+        """The engines the profiles of catalog model `name` run, in profile order (an
+        adapter's: its base's)."""
+        adapter = self._adapter_loads.adapter(name)
+        model = self._catalog.get(adapter.adapter_of if adapter and adapter.adapter_of else name)
         if model is None:
             return ()
         return tuple(dict.fromkeys(profile.engine for profile in model.profiles))
@@ -977,6 +1004,11 @@ class Controller:
                             version=self._version_of(shard.model, spec),
                         )
                     )
+                    # The adapters its engine has loaded are served there by their names.
+                    for name in shard.adapters:
+                        ready.setdefault(name, []).append(
+                            ReadyEndpoint(shard.id, shard.endpoint_url, engine, args)
+                        )
         self._publish_ready(ready, skip=self._expected)
 
     def _publish_ready(
@@ -985,6 +1017,7 @@ class Controller:
         """Hand every catalog model's Ready endpoints to the publisher, when changed;
         models in `skip` keep what they have (replicas not yet adopted)."""
         current: set[str] = set()
+        computed: dict[str, tuple[ReadyEndpoint, ...]] = {}
         for model in self._catalog.models():
             current.add(model.name)
             if model.name in skip:
@@ -995,19 +1028,39 @@ class Controller:
                     key=lambda e: e.id,
                 )
             )
-            entry = (model.names, endpoints)
-            previous = self._published.get(model.name)
-            if previous == entry:
+            computed[model.name] = endpoints
+            self._publish_entry(model, endpoints)
+        for adapter in self._catalog.adapters():
+            base = self._catalog.get(adapter.adapter_of or "")
+            if base is None or base.name in skip:
                 continue
-            if previous is not None:
-                gone = [n for n in previous[0] if n not in model.names]
-                if gone:
-                    self._publisher.withdraw(gone)
-            self._publisher.publish(model.names, endpoints)
-            self._published[model.name] = entry
+            current.add(adapter.name)
+            # The base's replicas (as published for it: engine, version) whose engines
+            # have the adapter loaded; an adapter of that name loaded into another
+            # model's engine (by hand) is not this catalog adapter.
+            loaded = {e.id for e in ready.get(adapter.name, ())}
+            endpoints = tuple(
+                dataclasses.replace(e, base_names=base.names)
+                for e in computed.get(base.name, ())
+                if e.id in loaded
+            )
+            self._publish_entry(adapter, endpoints)
         for name in [n for n in self._published if n not in current]:
             names, _ = self._published.pop(name)
             self._publisher.withdraw(names)
+
+    def _publish_entry(self, model: CatalogModel, endpoints: tuple[ReadyEndpoint, ...]) -> None:
+        """Hand one model's (or adapter's) endpoints to the publisher, when changed."""
+        entry = (model.names, endpoints)
+        previous = self._published.get(model.name)
+        if previous == entry:
+            return
+        if previous is not None:
+            gone = [n for n in previous[0] if n not in model.names]
+            if gone:
+                self._publisher.withdraw(gone)
+        self._publisher.publish(model.names, endpoints)
+        self._published[model.name] = entry
 
     def _version_of(self, name: str, spec: ShardSpec | None) -> str:
         """The version a replica of model `name` runs: its canary's name when it runs the
@@ -1040,8 +1093,13 @@ class Controller:
         """Wait until `name` has a ready replica, starting one if needed.
 
         Raises an `ActivationRefused` subclass saying why not; concurrent callers
-        for one model share one activation.
+        for one model share one activation. For an adapter: until a Ready replica of
+        its base has it loaded (`AdapterLoads`).
         """
+        adapter = self._adapter_loads.adapter(name)
+        if adapter is not None:
+            await self._adapter_loads.ensure(adapter)
+            return
         model = self._catalog.get(name)
         if model is None:
             raise NotInCatalog(f"model '{name}' is not in the catalog", retry_after=1)
@@ -1210,6 +1268,9 @@ class Controller:
         "waking model M (replica R)" while a sleeping replica is woken, the download
         of its weights while a starting replica's node reports one, else
         "is starting model M"."""
+        adapter = self._adapter_loads.adapter(name)
+        if adapter is not None:
+            return self._adapter_loads.activity(adapter)
         model = self._catalog.get(name)
         wake = self._sleep.waking(model.name if model is not None else name)
         if wake is not None:

@@ -5,6 +5,7 @@
     ├── ActivationDisabled     the model is not running and is not started on request
     ├── Unplaceable            no node can take a replica now (the placement reasons included)
     ├── ReplicaFailed          its replica failed to start (reason and engine output included)
+    ├── AdapterRefused         the engine refused to load the LoRA adapter (its words included)
     └── ActivationTimeout      no replica became ready within the activation timeout
 
 Every one is retryable only later, never at once: the type carries the delay
@@ -44,6 +45,14 @@ class Unplaceable(ActivationRefused):
 
 class ReplicaFailed(ActivationRefused):
     code = "model_failed"
+
+
+class AdapterRefused(ActivationRefused):
+    """The engine refused to load a LoRA adapter (bad files, rank over the limit); the
+    message carries its words. Permanent for the same adapter: the client's request,
+    not a replica, is what cannot be served."""
+
+    code = "adapter_refused"
 
 
 class ActivationTimeout(ActivationRefused):

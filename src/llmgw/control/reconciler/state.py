@@ -43,6 +43,9 @@ class ReadyEndpoint:
     # weight ("" and 0 for a model with one version).
     version: str = ""
     weight: int = 0
+    # Published under a LoRA adapter's names: the names of the base model whose replica
+    # it is (the router keeps them first, so the replica's load stays its base's).
+    base_names: tuple[str, ...] = ()
 
 
 class EndpointPublisher(Protocol):

@@ -92,6 +92,8 @@ def state_view(state: ModelState, reach: Reachability | None = None) -> dict[str
                 # A model with a canary: the version it runs (None without one).
                 "version": state.versions.get(shard.id),
                 "endpoint_url": shard.endpoint_url or None,
+                # The LoRA adapters its engine has loaded, as its agent reports them.
+                "adapters": list(shard.adapters),
                 "gpus": list(shard.gpu_indices),
                 "message": shard.message,
                 "since": shard.since.isoformat(),
@@ -115,6 +117,7 @@ def state_view(state: ModelState, reach: Reachability | None = None) -> dict[str
                 "spec": "current",
                 "version": state.versions.get(p.spec.shard_id),
                 "endpoint_url": None,
+                "adapters": [],
                 "gpus": list(p.spec.gpu_indices),
                 "message": "start sent to the node",
                 "since": None,

@@ -1,0 +1,226 @@
+"""Loading LoRA adapters on request into Ready replicas of their base model.
+
+A request for a catalog adapter (`CatalogModel.adapter_of`) is served by a replica
+of its base whose engine has the adapter loaded; the agents report which adapters
+each shard has loaded (`Shard.adapters`), and the controller publishes those
+replicas under the adapter's names (standbys read them back from the store), so every
+router routes by what the engines really hold. When no replica has it, `AdapterLoads.ensure`
+activates the base if it has no Ready replica, picks the Ready replica with the
+most free adapter slots (the profile's `adapters.max_loaded`), unloads the least
+recently used adapter with no request in flight when the replica is full, and
+tells its agent to load the adapter; it returns once the agent reported it loaded.
+An engine that refuses the adapter (bad files, rank over the limit) is answered
+at once with the engine's own words (`AdapterRefused`).
+
+Not guaranteed: that a hot adapter is spread over more replicas (one replica
+holding it is enough here); loading from a standby (it routes adapters the leader
+loaded; a load it would need is refused, to retry on the leader); that an adapter judged
+idle is idle on other servers' routers (only this server's requests are counted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from llmgw.control.agentsvc.dispatcher import Dispatcher
+from llmgw.control.agentsvc.errors import AgentServiceError, CommandFailed
+from llmgw.control.catalog.model import CatalogModel
+from llmgw.control.inventory import Node, Shard
+from llmgw.control.reconciler.errors import ActivationRefused, AdapterRefused, NotInCatalog
+from llmgw.control.reconciler.state import routable
+
+log = logging.getLogger("llmgw.control.reconciler.adapters")
+
+# Seconds a request is told to wait before asking again when every slot is in use.
+BUSY_RETRY_AFTER = 2
+
+
+class AdapterCatalog(Protocol):
+    """What adapter loading reads of the catalog (`llmgw.control.catalog.Catalog`)."""
+
+    def entry(self, name: str) -> CatalogModel | None: ...
+
+    def get(self, name: str) -> CatalogModel | None: ...
+
+
+@dataclass
+class _Use:
+    in_flight: int = 0
+    last_used: float = 0.0
+
+
+class AdapterLoads:
+    """Which adapter is wanted, used and loaded where; loads one on request."""
+
+    def __init__(
+        self,
+        *,
+        catalog: AdapterCatalog,
+        nodes: Callable[[], Sequence[Node]],
+        dispatcher: Dispatcher,
+        clock: Callable[[], float],
+        activate_base: Callable[[str], Awaitable[None]],
+        published: Callable[[str], bool],
+        publish: Callable[[], None],
+        leading: Callable[[], bool],
+        wait_seconds: float,
+    ) -> None:
+        self._catalog = catalog
+        self._nodes = nodes
+        self._dispatcher = dispatcher
+        self._clock = clock
+        self._activate_base = activate_base
+        self._published = published
+        self._publish = publish
+        self._leading = leading
+        self._wait = wait_seconds
+        self._use: dict[str, _Use] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._loading: dict[str, str] = {}
+
+    def adapter(self, name: str) -> CatalogModel | None:
+        """The catalog adapter a client means by `name` (name or alias), or None."""
+        entry = self._catalog.entry(name)
+        return entry if entry is not None and entry.adapter_of is not None else None
+
+    def started(self, adapter: CatalogModel) -> None:
+        use = self._use.setdefault(adapter.name, _Use())
+        use.in_flight += 1
+        use.last_used = self._clock()
+
+    def finished(self, adapter: CatalogModel) -> None:
+        use = self._use.setdefault(adapter.name, _Use())
+        use.in_flight = max(0, use.in_flight - 1)
+        use.last_used = self._clock()
+
+    def activity(self, adapter: CatalogModel) -> str:
+        shard = self._loading.get(adapter.name)
+        if shard is not None:
+            return f"loading adapter {adapter.name} into replica {shard} of {adapter.adapter_of}"
+        return f"is starting model {adapter.adapter_of} for adapter {adapter.name}"
+
+    async def ensure(self, adapter: CatalogModel) -> None:
+        """Return once a Ready replica of the base has `adapter` loaded and is published."""
+        base_name = adapter.adapter_of
+        assert base_name is not None
+        if self._published(adapter.name):
+            return
+        if self._catalog.get(base_name) is None:
+            raise NotInCatalog(
+                f"adapter '{adapter.name}': its base model '{base_name}' is not in the catalog",
+                retry_after=1,
+            )
+        await self._activate_base(base_name)
+        if not self._leading():
+            raise ActivationRefused(
+                f"adapter '{adapter.name}' is not loaded on any replica, and this server is a "
+                "standby: the leader loads adapters; retry (a load balancer may send the "
+                "request to the leader)",
+                retry_after=1,
+            )
+        # One load decision at a time per base: two adapters must not both take the
+        # last free slot, or both unload the same idle one.
+        lock = self._locks.setdefault(base_name, asyncio.Lock())
+        async with lock:
+            if not self._holders(adapter.name):
+                await self._load(adapter, base_name)
+            self._publish()
+
+    def _holders(self, name: str) -> list[tuple[Node, Shard]]:
+        return [
+            (node, shard)
+            for node, shard in self._ready_of(self._owner_base(name))
+            if name in shard.adapters
+        ]
+
+    def _owner_base(self, name: str) -> str:
+        adapter = self.adapter(name)
+        return adapter.adapter_of if adapter is not None and adapter.adapter_of else ""
+
+    def _ready_of(self, base: str) -> list[tuple[Node, Shard]]:
+        return [
+            (node, shard)
+            for node in self._nodes()
+            if routable(node)
+            for shard in node.shards.values()
+            if shard.model == base
+            and shard.state == "ready"
+            and (shard.spec is None or shard.spec.node_rank == 0)
+        ]
+
+    async def _load(self, adapter: CatalogModel, base_name: str) -> None:
+        base = self._catalog.get(base_name)
+        replicas = self._ready_of(base_name)
+        if base is None or not replicas:
+            raise ActivationRefused(
+                f"adapter '{adapter.name}': no Ready replica of '{base_name}' to load it into "
+                "(it stopped meanwhile); retry",
+                retry_after=1,
+            )
+        # The replica with the most free slots; of equals, the first by id (stable).
+        node, shard = min(
+            replicas, key=lambda r: (len(r[1].adapters) - _slots(base, r[1]), r[1].id)
+        )
+        if len(shard.adapters) >= _slots(base, shard):
+            await self._make_room(adapter, node, shard)
+        self._loading[adapter.name] = shard.id
+        log.info("loading adapter %s into replica %s on node %s", adapter.name, shard.id, node.id)
+        try:
+            await self._dispatcher.load_adapter(
+                node.id, shard.id, adapter.name, adapter.launch_weights, self._wait
+            )
+        except CommandFailed as exc:
+            raise AdapterRefused(
+                f"adapter '{adapter.name}' could not be loaded: {exc.error}", retry_after=1
+            ) from None
+        except AgentServiceError as exc:
+            raise ActivationRefused(
+                f"adapter '{adapter.name}' could not be loaded on node {node.id}: {exc}",
+                retry_after=1,
+                public=f"adapter '{adapter.name}' could not be loaded now; retry",
+            ) from None
+        finally:
+            self._loading.pop(adapter.name, None)
+
+    async def _make_room(self, adapter: CatalogModel, node: Node, shard: Shard) -> None:
+        """Unload the least recently used adapter of `shard` with no request in flight."""
+        idle = [name for name in shard.adapters if self._in_flight(name) == 0]
+        if not idle:
+            raise ActivationRefused(
+                f"adapter '{adapter.name}': every adapter slot of the replicas of "
+                f"'{adapter.adapter_of}' is serving requests now; retry shortly",
+                retry_after=BUSY_RETRY_AFTER,
+            )
+        victim = min(idle, key=self._last_used)
+        log.info("unloading adapter %s from replica %s to make room", victim, shard.id)
+        try:
+            await self._dispatcher.unload_adapter(node.id, shard.id, victim, self._wait)
+        except AgentServiceError as exc:
+            raise ActivationRefused(
+                f"adapter '{adapter.name}': making room on replica {shard.id} failed: {exc}",
+                retry_after=1,
+                public=f"adapter '{adapter.name}' could not be loaded now; retry",
+            ) from None
+
+    def _in_flight(self, name: str) -> int:
+        use = self._use.get(name)
+        return use.in_flight if use is not None else 0
+
+    def _last_used(self, name: str) -> float:
+        use = self._use.get(name)
+        return use.last_used if use is not None else -math.inf
+
+
+def _slots(base: CatalogModel, shard: Shard) -> int:
+    """The adapters the shard's engine holds at once: its profile's `max_loaded`."""
+    args = tuple(shard.spec.engine_args) if shard.spec is not None else ()
+    sized = [p for p in base.profiles if p.adapters is not None]
+    for profile in sized:
+        if profile.engine_args == args and profile.adapters is not None:
+            return profile.adapters.max_loaded
+    return min((p.adapters.max_loaded for p in sized if p.adapters is not None), default=0)

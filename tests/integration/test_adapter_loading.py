@@ -1,0 +1,326 @@
+"""LoRA adapters loaded on request, end to end: a real `llmgw server`, a real agent and
+the sim's copy of vLLM's runtime LoRA API. A request for an adapter that no replica has
+starts its base (none runs), loads the adapter into the replica and is answered by it;
+over the profile's `max_loaded` the least recently used idle adapter is unloaded; a
+request for it loads it again; an adapter the engine refuses is answered at once with
+the engine's own words; `models show BASE` lists what each replica has loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import httpx
+from hub_standin import make_repo, serve_hub
+from lora_adapters import sim_adapter
+from procs import Proc, Server, free_port, free_port_block, llmgw, role
+from test_control_plane import CONTROL, Fleet, fleet, start_agent, wait_for
+from test_gateway_keys_limits_usage import bearer, create_key, error_of, usage_rows
+from test_hub_weights import start_agent as hub_agent
+
+
+def models(adapters: Path) -> str:
+    entries = "".join(
+        f"  - name: {name}\n    adapter_of: base\n    weights: {adapters / name}\n"
+        for name in ("red", "green", "blue", "wide")
+    )
+    return (
+        "  - name: base\n    weights: none\n"
+        "    profiles: [{name: sim, engine: sim, gpus: 1,\n"
+        "                adapters: {max_loaded: 2, max_rank: 8}}]\n"
+        + entries
+        + f"  - name: ghost\n    adapter_of: base\n    weights: {adapters / 'ghost'}\n"
+    )
+
+
+def engine_adapters(f: Fleet) -> list[str]:
+    """The adapters the base's engine lists in its /v1/models, by name."""
+    [replica] = f.ready_replicas("base")
+    cards = httpx.get(str(replica["endpoint_url"]) + "/v1/models", timeout=10).json()["data"]
+    return sorted(c["id"] for c in cards if c.get("parent") == "base")
+
+
+def reported(f: Fleet) -> list[str]:
+    """The adapters the base's replica has loaded, as its agent reported them."""
+    replicas = f.ready_replicas("base")
+    return sorted(replicas[0]["adapters"]) if replicas else []
+
+
+def test_adapters_load_on_request_evict_the_idle_one_and_fail_in_the_engines_words(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "adapters"
+    for name in ("red", "green", "blue"):
+        sim_adapter(root, name, rank=8)
+    sim_adapter(root, "wide", rank=16)
+    with fleet(tmp_path, models(root), nodes=1) as f:
+        assert f.status("base")["replicas"] == []  # nothing runs until asked
+
+        # An adapter no replica has: its base starts, the adapter loads, it answers.
+        red = f.chat("red")
+        assert red.status_code == 200, red.text
+        assert red.json()["model"] == "red"
+        assert engine_adapters(f) == ["red"]
+        wait_for(lambda: reported(f) == ["red"], "the agent to report red loaded")
+
+        green = f.chat("green")
+        assert green.status_code == 200, green.text
+        assert engine_adapters(f) == ["green", "red"]
+
+        # Over max_loaded (2): red, used least recently and idle, makes room for blue.
+        blue = f.chat("blue")
+        assert blue.status_code == 200, blue.text
+        assert blue.json()["model"] == "blue"
+        assert engine_adapters(f) == ["blue", "green"]
+        wait_for(lambda: reported(f) == ["blue", "green"], "the agent to report red gone")
+
+        # red is asked for again: it is loaded again (green is now the idle oldest).
+        again = f.chat("red")
+        assert again.status_code == 200, again.text
+        assert again.json()["model"] == "red"
+        assert engine_adapters(f) == ["blue", "red"]
+
+        # The base is still served by its replica, which the router keeps as the base's
+        # (its load counts for the base), with the adapters it holds after it.
+        base = f.chat("base")
+        assert base.status_code == 200, base.text
+        assert base.json()["model"] == "base"
+        [endpoint] = f.server.endpoints()
+        assert endpoint["models"][0] == "base"
+
+        shown = subprocess.run(
+            llmgw("models", "show", "base", "--admin", f.server.admin),
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert shown.returncode == 0, shown.stderr
+        [replica] = f.ready_replicas("base")
+        assert f"replica {replica['id']} has adapters loaded: " in shown.stdout
+        assert shown.stdout.split("has adapters loaded: ")[1].splitlines()[0] in (
+            "blue, red",
+            "red, blue",
+        )
+
+        # The router's request metrics are per adapter (the name clients sent).
+        counted = re.findall(
+            r'llmgw_requests_total\{[^}]*model="red"[^}]*\} (\S+)', f.server.metrics()
+        )
+        assert sum(float(n) for n in counted) == 2
+
+        # The engine refuses: answered at once, a client error, in the engine's words.
+        wide = f.chat("wide")
+        assert wide.status_code == 400, wide.text
+        error = wide.json()["error"]
+        assert error["code"] == "adapter_refused"
+        assert "LoRA rank 16 is greater than max_lora_rank 8" in error["message"]
+        ghost = f.chat("ghost")
+        assert ghost.status_code == 400, ghost.text
+        assert "Loading lora ghost failed: No adapter found for" in ghost.json()["error"]["message"]
+        # Neither is listed as loaded; room was made first (blue, idle and least recently
+        # used, was unloaded), and red, used last, stays.
+        assert engine_adapters(f) == ["red"]
+        wait_for(lambda: reported(f) == ["red"], "the agent to report only red loaded")
+        assert f.chat("red").status_code == 200
+
+
+def test_a_key_allowed_one_adapter_cannot_use_another_and_usage_names_the_base(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "adapters"
+    for name in ("red", "green"):
+        sim_adapter(root, name, rank=8)
+    (tmp_path / "llmgw.yaml").write_text(
+        CONTROL % "pack"
+        + "auth: {refresh_interval: 0.2}\nusage: {flush_interval: 0.05}\nmodels:\n"
+        + models(root)
+    )
+    data_dir = tmp_path / "data"
+    agent_port = free_port()
+    server = Server(
+        "--agent-listen", f"127.0.0.1:{agent_port}", "--config", str(tmp_path / "llmgw.yaml"),
+        auth=True, data_dir=data_dir,
+    )  # fmt: skip
+    agent = None
+    try:
+        agent = start_agent("node-1", agent_port, tmp_path)
+        only_red = create_key(data_dir, "--name", "only-red", "--models", "red")
+        url = server.url + "/v1/chat/completions"
+        body = {"messages": [{"role": "user", "content": "Say it kindly"}], "max_tokens": 4}
+        answer = httpx.post(
+            url, json={"model": "red", **body}, headers=bearer(only_red), timeout=60
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["model"] == "red"
+        engine_usage = answer.json()["usage"]
+        for other in ("green", "base"):
+            denied = httpx.post(
+                url, json={"model": other, **body}, headers=bearer(only_red), timeout=60
+            )
+            assert error_of(denied, 403)["code"] == "model_not_allowed"
+
+        def red_usage() -> list[object]:
+            return [r for r in usage_rows(data_dir, model="red") if r.requests]
+
+        [row] = wait_for(red_usage, "the adapter's usage to be recorded", within=30)
+        assert (row.requests, row.prompt_tokens, row.completion_tokens) == (
+            1,
+            engine_usage["prompt_tokens"],
+            engine_usage["completion_tokens"],
+        )
+        report = httpx.get(
+            server.admin + "/admin/api/usage", params={"by": "model"}, timeout=10
+        ).json()["usage"]
+        by_model = {r["model"]: r for r in report}
+        # The refused requests count as errors of what they asked for.
+        assert {
+            m: (r.get("adapter_of"), r["requests"], r["errors"]) for m, r in by_model.items()
+        } == {"red": ("base", 1, 0), "green": ("base", 1, 1), "base": (None, 1, 1)}
+    except BaseException:
+        print(server.proc.output())
+        raise
+    finally:
+        if agent is not None:
+            agent.stop()
+        server.proc.stop()
+
+
+def test_a_stream_waiting_for_a_load_gets_keepalive_comments_saying_so(tmp_path: Path) -> None:
+    root = tmp_path / "adapters"
+    sim_adapter(root, "red", rank=8)
+    slow = (
+        "  - name: base\n    weights: none\n    min_replicas: 1\n"
+        "    profiles: [{name: sim, engine: sim, gpus: 1,\n"
+        "                engine_args: [--lora-load-time, '1.5'],\n"
+        "                adapters: {max_loaded: 2, max_rank: 8}}]\n"
+        f"  - name: red\n    adapter_of: base\n    weights: {root / 'red'}\n"
+    )
+    with fleet(tmp_path, slow, nodes=1) as f:
+        [replica] = wait_for(lambda: f.ready_replicas("base"), "base's replica")
+        body = {
+            "model": "red",
+            "stream": True,
+            "messages": [{"role": "user", "content": "hello there"}],
+            "max_tokens": 3,
+        }
+        with httpx.stream(
+            "POST", f.server.url + "/v1/chat/completions", json=body, timeout=60
+        ) as answer:
+            assert answer.status_code == 200
+            lines = [line for line in answer.iter_lines() if line]
+        comments = [line for line in lines if line.startswith(":")]
+        assert f": llmgw loading adapter red into replica {replica['id']} of base" in comments
+        chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        assert chunks and {c["model"] for c in chunks} == {"red"}
+        assert lines[-1] == "data: [DONE]"
+
+
+def test_a_standby_routes_an_adapter_where_the_leaders_agent_reports_it(
+    tmp_path: Path, database: str
+) -> None:
+    root = tmp_path / "adapters"
+    sim_adapter(root, "red", rank=8)
+    (tmp_path / "llmgw.yaml").write_text(
+        "control: {heartbeat_interval: 0.3, reconcile_interval: 0.5, lease_ttl: 3}\n"
+        "models:\n"
+        "  - name: base\n    weights: none\n    min_replicas: 1\n"
+        "    profiles: [{name: sim, engine: sim, gpus: 1,\n"
+        "                adapters: {max_loaded: 2, max_rank: 8}}]\n"
+        f"  - name: red\n    adapter_of: base\n    weights: {root / 'red'}\n"
+    )
+    ports = [free_port(), free_port()]
+    servers: list[Server] = []
+    agent = None
+
+    def start(port: int) -> Server:
+        server = Server(
+            "--store", database, "--agent-listen", f"127.0.0.1:{port}",
+            "--config", str(tmp_path / "llmgw.yaml"), wait_ready=False,
+        )  # fmt: skip
+        servers.append(server)
+        return server
+
+    try:
+        leader = start(ports[0])
+        wait_for(lambda: role(leader) == "leader", "the first server to lead")
+        standby = start(ports[1])
+        wait_for(lambda: role(standby) == "standby", "the second server to stand by")
+        low = free_port_block(10)
+        agent = Proc(
+            llmgw(
+                "agent", "--server", f"127.0.0.1:{ports[0]}",
+                "--servers", f"127.0.0.1:{ports[1]}", "--node-id", "node-1",
+                "--gpus", "2x24GiB", "--weights-dir", str(tmp_path / "node-1"),
+                "--state-dir", str(tmp_path / "node-1" / "state"),
+                "--port-range", f"{low}-{low + 9}",
+            )
+        )  # fmt: skip
+
+        def served(server: Server, model: str) -> bool:
+            return any(model in e["models"] for e in server.endpoints())  # type: ignore[operator]
+
+        wait_for(lambda: served(standby, "base"), "the standby to route the base")
+        # Not loaded anywhere: the standby cannot load it and says to retry.
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        early = httpx.post(
+            standby.url + "/v1/chat/completions", json={"model": "red", **body}, timeout=60
+        )
+        assert early.status_code == 503, early.text
+        assert "standby" in early.json()["error"]["message"]
+        loaded = httpx.post(
+            leader.url + "/v1/chat/completions", json={"model": "red", **body}, timeout=60
+        )
+        assert loaded.status_code == 200, loaded.text
+        wait_for(lambda: served(standby, "red"), "the standby to route the adapter")
+        answer = httpx.post(
+            standby.url + "/v1/chat/completions", json={"model": "red", **body}, timeout=60
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["model"] == "red"
+        # Its replica is still the base's there too.
+        [endpoint] = standby.endpoints()
+        assert endpoint["models"][0] == "base"  # type: ignore[index]
+    except BaseException:
+        for server in servers:
+            print(server.proc.output())
+        raise
+    finally:
+        if agent is not None:
+            agent.stop()
+        for server in servers:
+            server.proc.stop()
+
+
+def test_an_adapter_from_the_hub_is_downloaded_by_the_agent_then_loaded(tmp_path: Path) -> None:
+    config = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]}
+    (tmp_path / "llmgw.yaml").write_text(
+        CONTROL % "pack" + "models:\n" + "  - name: base\n    weights: none\n    min_replicas: 1\n"
+        "    profiles: [{name: sim, engine: sim, adapters: {max_loaded: 2, max_rank: 8}}]\n"
+        "  - name: red\n    adapter_of: base\n    weights: org/red-lora\n"
+        "  - name: nope\n    adapter_of: base\n    weights: org/no-such-lora\n"
+    )
+    agent_port = free_port()
+    with serve_hub() as hub:
+        hub.add(make_repo("org/red-lora", {"adapter_config.json": json.dumps(config).encode()}))
+        server = Server(
+            "--agent-listen", f"127.0.0.1:{agent_port}",
+            "--config", str(tmp_path / "llmgw.yaml"), data_dir=tmp_path / "data",
+        )  # fmt: skip
+        agent = hub_agent(agent_port, tmp_path, hub)
+        try:
+            body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+            url = server.url + "/v1/chat/completions"
+            red = httpx.post(url, json={"model": "red", **body}, timeout=60)
+            assert red.status_code == 200, red.text
+            assert red.json()["model"] == "red"
+            assert hub.file_gets("adapter_config.json")  # the agent fetched it
+            missing = httpx.post(url, json={"model": "nope", **body}, timeout=60)
+            assert missing.status_code == 400, missing.text
+            assert "the hub refused org/no-such-lora" in missing.json()["error"]["message"]
+        except BaseException:
+            print(server.proc.output())
+            raise
+        finally:
+            agent.stop()
+            server.proc.stop()

@@ -1,0 +1,177 @@
+"""`AdapterLoads` alone: which replica of the base an adapter is loaded into, which idle
+adapter makes room, and what a request is told when it cannot be loaded."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from llmgw.control.agentsvc.errors import CommandFailed
+from llmgw.control.catalog import Catalog, CatalogModel, parse_model
+from llmgw.control.inventory.model import Node, Shard, ShardSpec
+from llmgw.control.reconciler.adapters import BUSY_RETRY_AFTER, AdapterLoads
+from llmgw.control.reconciler.errors import ActivationRefused, AdapterRefused
+
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def catalog() -> Catalog:
+    entries: list[dict[str, Any]] = [
+        {
+            "name": "base",
+            "weights": "none",
+            "profiles": [{"name": "sim", "engine": "sim", "adapters": {"max_loaded": 2}}],
+        },
+        *({"name": n, "adapter_of": "base", "weights": f"/a/{n}"} for n in "abcd"),
+    ]
+    return Catalog(
+        repo=None,
+        config_models=[parse_model(e, source="config") for e in entries],
+        config_file=None,
+    )
+
+
+def replica(node_id: str, shard_id: str, *adapters: str) -> Node:
+    args = ("--enable-lora", "--max-loras", "2", "--max-lora-rank", "16")
+    spec = ShardSpec(shard_id=shard_id, model="base", engine="sim", weights="none")
+    shard = Shard(
+        id=shard_id,
+        model="base",
+        engine="sim",
+        state="ready",
+        message="",
+        pid=1,
+        endpoint_url=f"http://{node_id}:8000",
+        output_tail=(),
+        exit_code=None,
+        spec=dataclasses.replace(spec, engine_args=args),
+        since=EPOCH,
+        adapters=adapters,
+    )
+    return Node(
+        id=node_id, hostname=node_id, agent_version="0.1.0", gpus=(), cpu_count=8,
+        memory_total=0, weights_disk_free=0, gpu_source="declared", labels={}, fabric={},
+        port_range=(20000, 20009), weights_dir="/w", state="ready", draining=False,
+        connected=True, registered_at=EPOCH, last_heartbeat=0.0, last_heartbeat_at=EPOCH,
+        shards={shard_id: shard},
+    )  # fmt: skip
+
+
+class Agents:
+    """Does the commands on the nodes' shards, as an agent's report would show them."""
+
+    def __init__(self, nodes: list[Node], refuse: str = "") -> None:
+        self.nodes = nodes
+        self.refuse = refuse
+        self.sent: list[tuple[str, str, str]] = []
+
+    def _change(self, node_id: str, shard_id: str, adapters: tuple[str, ...]) -> None:
+        node = next(n for n in self.nodes if n.id == node_id)
+        node.shards[shard_id] = dataclasses.replace(node.shards[shard_id], adapters=adapters)
+
+    async def load_adapter(
+        self, node_id: str, shard_id: str, name: str, path: str, wait_seconds: float
+    ) -> None:
+        self.sent.append(("load", shard_id, name))
+        if self.refuse:
+            raise CommandFailed("refused", node_id=node_id, error=self.refuse)
+        node = next(n for n in self.nodes if n.id == node_id)
+        self._change(node_id, shard_id, (*node.shards[shard_id].adapters, name))
+
+    async def unload_adapter(
+        self, node_id: str, shard_id: str, name: str, wait_seconds: float
+    ) -> None:
+        self.sent.append(("unload", shard_id, name))
+        node = next(n for n in self.nodes if n.id == node_id)
+        kept = tuple(a for a in node.shards[shard_id].adapters if a != name)
+        self._change(node_id, shard_id, kept)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def loads(agents: Agents, *, leading: bool = True) -> tuple[AdapterLoads, Catalog]:
+    book = catalog()
+    activated: list[str] = []
+
+    async def activate_base(name: str) -> None:
+        activated.append(name)
+
+    return (
+        AdapterLoads(
+            catalog=book,
+            nodes=lambda: agents.nodes,
+            dispatcher=agents,  # type: ignore[arg-type]
+            clock=Clock(),
+            activate_base=activate_base,
+            published=lambda name: False,
+            publish=lambda: None,
+            leading=lambda: leading,
+            wait_seconds=5.0,
+        ),
+        book,
+    )
+
+
+def adapter(book: Catalog, name: str) -> CatalogModel:
+    entry = book.entry(name)
+    assert entry is not None
+    return entry
+
+
+async def test_it_loads_into_the_replica_with_the_most_free_slots() -> None:
+    agents = Agents([replica("n1", "r1", "a"), replica("n2", "r2")])
+    book_loads, book = loads(agents)
+    await book_loads.ensure(adapter(book, "b"))
+    assert agents.sent == [("load", "r2", "b")]
+    # Loaded somewhere already: nothing more to do.
+    await book_loads.ensure(adapter(book, "a"))
+    assert agents.sent == [("load", "r2", "b")]
+
+
+async def test_a_full_replica_unloads_its_least_recently_used_idle_adapter() -> None:
+    agents = Agents([replica("n1", "r1", "a", "b")])
+    book_loads, book = loads(agents)
+    a, b = adapter(book, "a"), adapter(book, "b")
+    book_loads.started(b)
+    book_loads.finished(b)
+    book_loads.started(a)
+    book_loads.finished(a)  # a used last: b is the one to go
+    await book_loads.ensure(adapter(book, "c"))
+    assert agents.sent == [("unload", "r1", "b"), ("load", "r1", "c")]
+    # With a request in flight on each loaded adapter, none is unloaded.
+    book_loads.started(a)
+    book_loads.started(adapter(book, "c"))
+    with pytest.raises(ActivationRefused) as busy:
+        await book_loads.ensure(adapter(book, "d"))
+    assert busy.value.retry_after == BUSY_RETRY_AFTER
+    assert "every adapter slot" in busy.value.message
+    assert agents.sent[-1] == ("load", "r1", "c")
+
+
+async def test_the_engines_refusal_is_the_requests_answer() -> None:
+    words = "the engine refused adapter 'b': LoRA rank 64 is greater than max_lora_rank 16."
+    agents = Agents([replica("n1", "r1")], refuse=words)
+    book_loads, book = loads(agents)
+    with pytest.raises(AdapterRefused) as refused:
+        await book_loads.ensure(adapter(book, "b"))
+    assert refused.value.code == "adapter_refused"
+    assert words in refused.value.public
+
+
+async def test_a_standby_does_not_load() -> None:
+    agents = Agents([replica("n1", "r1")])
+    book_loads, book = loads(agents, leading=False)
+    with pytest.raises(ActivationRefused) as refused:
+        await book_loads.ensure(adapter(book, "b"))
+    assert "standby" in refused.value.message
+    assert agents.sent == []
