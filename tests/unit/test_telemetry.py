@@ -36,7 +36,7 @@ from llmgw.telemetry.propagation import (
     extract_context,
     trace_headers,
 )
-from llmgw.telemetry.spans import FRAME, encode_record
+from llmgw.telemetry.spans import encode_frame
 from llmgw.telemetry.tracing import Tracing, TracingError, build_tracing
 
 
@@ -189,16 +189,16 @@ def _child_span_and_headers(tracer: Tracer, tracing: Tracing) -> None:
 
 
 def test_a_frame_of_records_reads_back_as_written() -> None:
-    # Records sharing their texts, as a request's spans do (a reader that kept one
-    # record's memo for the next would mix them up).
+    # Records sharing their texts, as a request's spans do (pickled once a frame, a
+    # text shared by records is written once and read back into each).
     records = [
         (name, name, 0xABC, span_id, 1, "", 0, False, 2, 10, 20,
          {"llmgw.model": "m", "llmgw.replica": f"r{span_id}", "llmgw.name": name},
          (("placed", 15, {"node": "n1"}),), (), 0, None)
         for span_id, name in enumerate(["llmgw.auth", "llmgw.route", "llmgw.upstream"] * 3, 1)
     ]  # fmt: skip
-    data = b"".join(encode_record(r) for r in records)
-    stream = io.BytesIO(FRAME.pack(len(data)) + data + FRAME.pack(len(data)) + data[:-1])
+    frame = encode_frame(records)
+    stream = io.BytesIO(frame + frame[:-1])
     # The second frame is cut off (the gateway died while writing it): dropped.
     assert list(frames(stream)) == [records]
 

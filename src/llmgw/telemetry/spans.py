@@ -8,8 +8,9 @@ batch processor's thread, which shares the gateway's interpreter
 `Span`: context, propagation, `use_span` and `get_current_span` work as with
 the SDK) with the SDK's own sampler (its parent-based ratio sampler decided inline,
 the same way) and id generator, but a recorded span is a slotted object that,
-when it ends, becomes one tuple of plain values, pickled into a list. `SpanSink`
-hands those lists, in batches, to another process
+when it ends, becomes one tuple of plain values appended to a list. `SpanSink`
+pickles those lists, a batch at a time (one `pickle.dumps` for hundreds of spans,
+off the request path), and hands them to another process
 (`llmgw.telemetry.export`) that turns them into the SDK's `ReadableSpan`s and
 sends them with the official OTLP exporter.
 
@@ -73,9 +74,10 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _SAMPLED_RANDOM = TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
 _NOT_SAMPLED_RANDOM = TraceFlags(TraceFlags.RANDOM_TRACE_ID)
-# A frame on the pipe to the export process: a 4-byte length, then pickled records
-# one after the other (pickle, not marshal: as fast to write, five times faster for
-# the export process to read back one by one; the pipe is written by this process only).
+# A frame on the pipe to the export process: a 4-byte length, then one pickled list
+# of records (pickle, not marshal: faster to read back; the pipe is written by this
+# process only). One pickle a batch, not one a span: a span pickled alone when it
+# ended cost the request path 3-4 µs (bench/RESULTS.md).
 FRAME = struct.Struct(">I")
 
 # One recorded span as the export process reads it (plain values only).
@@ -84,9 +86,10 @@ FRAME = struct.Struct(">I")
 Record = tuple[Any, ...]
 
 
-def encode_record(record: Record) -> bytes:
-    """One record as it goes on the pipe (`llmgw.telemetry.export.frames` reads it)."""
-    return pickle.dumps(record, _PICKLE_PROTOCOL)
+def encode_frame(records: Sequence[Record]) -> bytes:
+    """Records as one frame on the pipe (`llmgw.telemetry.export.frames` reads it)."""
+    data = pickle.dumps(list(records), _PICKLE_PROTOCOL)
+    return FRAME.pack(len(data)) + data
 
 
 def _clean(attributes: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -109,12 +112,14 @@ def _value(value: object) -> object:
 
 
 class SpanSink:
-    """Batches of finished spans, written from a thread to the export process's stdin.
+    """Batches of finished spans, pickled and written from a thread to the export
+    process's stdin.
 
     `add` is a list append (no lock: the GIL makes it atomic). The thread wakes every
     `delay` seconds, or as soon as `batch` spans wait, and writes what is there as
-    one frame; more than `max_queue` waiting spans are dropped (counted, logged),
-    never waited for. When the export process is gone, spans are dropped."""
+    frames of at most `batch` records; more than `max_queue` waiting spans are
+    dropped (counted, logged), never waited for. When the export process is gone,
+    spans are dropped."""
 
     def __init__(
         self,
@@ -125,10 +130,10 @@ class SpanSink:
         batch: int,
         max_queue: int,
     ) -> None:
-        # Each span pickled when it ends: bytes are not tracked by the garbage
-        # collector, where thousands of live tuples and dicts held for a second
-        # made every full collection longer and more frequent (bench/RESULTS.md).
-        self._spans: list[bytes] = []
+        # Records wait as tuples: one of plain values (and its attribute dict of
+        # plain values) stops being tracked by the garbage collector at the first
+        # young collection it meets, so waiting records do not lengthen full ones.
+        self._spans: list[Record] = []
         self._batch = batch
         self._max_queue = max_queue
         self._delay = delay
@@ -150,7 +155,7 @@ class SpanSink:
         return self._proc.pid
 
     def add(self, record: Record) -> None:
-        """Queue one finished span (pickled now)."""
+        """Queue one finished span."""
         spans = self._spans
         if len(spans) >= self._max_queue:
             self.dropped += 1
@@ -163,7 +168,7 @@ class SpanSink:
                     self._max_queue,
                 )
             return
-        spans.append(encode_record(record))
+        spans.append(record)
         if len(spans) == self._batch:
             self._wake.set()
 
@@ -183,9 +188,9 @@ class SpanSink:
             self.dropped += len(spans)
             return
         for start in range(0, len(spans), self._batch):
-            data = b"".join(spans[start : start + self._batch])
+            frame = encode_frame(spans[start : start + self._batch])
             try:
-                pipe.write(FRAME.pack(len(data)) + data)
+                pipe.write(frame)
                 pipe.flush()
             except (BrokenPipeError, ValueError, OSError) as exc:
                 self._pipe = None
