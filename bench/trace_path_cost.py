@@ -28,14 +28,14 @@ from opentelemetry.context import get_current
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-from opentelemetry.trace import SpanKind, Tracer, get_current_span
+from opentelemetry.trace import SpanKind, Tracer
 
 from llmgw.telemetry.propagation import child_span, span_trace_id, trace_headers
-from llmgw.telemetry.spans import RecordTracer, SpanSink
+from llmgw.telemetry.spans import RecordTracer, SpanSink, current_span
 
 
 def _recording(tracer: Tracer | None) -> Tracer | None:
-    if tracer is None or not get_current_span().is_recording():
+    if tracer is None or not current_span().is_recording():
         return None
     return tracer
 
@@ -59,7 +59,7 @@ def one_request(tracer: Tracer | None) -> None:
         if auth is not None:
             with child_span(auth, "llmgw.auth") as child:
                 child.set_attribute("llmgw.key_id", "k1")
-        current = get_current_span()
+        current = current_span()
         current.set_attribute("llmgw.model", "m")
         current.set_attribute("llmgw.stream", False)
         current.set_attribute("llmgw.key_id", "k1")
