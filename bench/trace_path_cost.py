@@ -65,7 +65,9 @@ def one_request(tracer: Tracer | None) -> None:
         current.set_attribute("llmgw.key_id", "k1")
         _recording(tracer)  # the queue's check
         route = _recording(tracer)
-        if route is not None:
+        if route is None:
+            trace_headers(None)  # `_post`: the request's (not sampled) span goes upstream
+        else:
             with route.start_span(
                 "llmgw.route",
                 attributes={"llmgw.model": "m", "llmgw.route.candidates": 1},

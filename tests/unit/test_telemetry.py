@@ -12,13 +12,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from opentelemetry.context import attach, detach
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ParentBased
 from opentelemetry.trace import (
+    INVALID_SPAN,
+    NonRecordingSpan,
     SpanContext,
     SpanKind,
     TraceFlags,
     Tracer,
+    TraceState,
     get_current_span,
     set_span_in_context,
 )
@@ -186,6 +190,30 @@ def _child_span_and_headers(tracer: Tracer, tracing: Tracing) -> None:
                 assert carrier["tracestate"] == "vendor=abc"
     finally:
         tracing.shutdown()
+
+
+def test_an_unsampled_or_absent_trace_gets_the_propagators_headers() -> None:
+    # A request the sampler left out still sends its (not sampled) trace upstream,
+    # written here as the W3C propagator writes it; no trace, no headers.
+    propagator = TraceContextTextMapPropagator()
+    for flags, state in ((0x00, "vendor=abc,other=x"), (0x01, ""), (0x02, "k=v")):
+        span = NonRecordingSpan(
+            SpanContext(
+                0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, is_remote=True,
+                trace_flags=TraceFlags(flags), trace_state=TraceState.from_header([state]),
+            )
+        )  # fmt: skip
+        carrier: dict[str, str] = {}
+        propagator.inject(carrier, set_span_in_context(span))
+        expected = [(name.encode(), value.encode()) for name, value in carrier.items()]
+        assert trace_headers(span) == expected
+        token = attach(set_span_in_context(span))
+        try:
+            assert trace_headers() == expected
+        finally:
+            detach(token)
+    assert trace_headers(INVALID_SPAN) == []
+    assert trace_headers() == []
 
 
 def test_a_frame_of_records_reads_back_as_written() -> None:
