@@ -491,6 +491,8 @@ def current_span() -> Span:
     context for llmgw's spans (the API's answer takes three calls and an
     abstract-base `isinstance`, about 1 µs, and a traced request asks eight times)."""
     span = otel_context.get_current().get(_SPAN_KEY)
+    if span is None:
+        return INVALID_SPAN  # as the API answers outside any span
     if type(span) is RecordedSpan or type(span) is NonRecordingSpan:
         return span
     return get_current_span()
