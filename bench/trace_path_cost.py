@@ -1,6 +1,7 @@
 """The tracing calls one traced request makes, alone: CPU µs per request on this thread.
 
 Usage: python bench/trace_path_cost.py [REQUESTS] [--profile]
+       python bench/trace_path_cost.py --replay RATIO REQUESTS
 
 Replays, REQUESTS times, the tracing calls the gateway makes for one non-streaming
 chat completion when tracing is on (`llmgw.router.app` and `llmgw.router.proxy`:
@@ -14,6 +15,11 @@ for 100% sampled, 1% sampled, and the `is None` check of tracing off;
 with `--profile`, a cProfile of the 100% sampled rounds. No I/O, no event loop: it
 measures the request path's tracing code, not the garbage collections or cache
 misses that its objects cause in a gateway under load (bench/trace_cost_probe.py).
+
+`--replay RATIO REQUESTS` only replays REQUESTS requests sampled at RATIO and prints
+nothing: run it under `valgrind --tool=callgrind` with REQUESTS and with 0, and the
+difference of the two instruction totals divided by REQUESTS is the instructions a
+request, a count this shared machine's load does not move (bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -117,7 +123,21 @@ def _round(tracer: Tracer | None, requests: int) -> tuple[float, float]:
     return mine / requests * 1e6, everything / requests * 1e6
 
 
+def _replay(ratio: float, requests: int) -> None:
+    tracer, sink = _tracer(ratio)
+    try:
+        for _ in range(requests):
+            one_request(tracer)
+    finally:
+        sink.shutdown(5)
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--replay"]:
+        if len(argv) != 3:
+            sys.exit(__doc__)
+        _replay(float(argv[1]), int(argv[2]))
+        return 0
     profile = "--profile" in argv
     args = [a for a in argv if a != "--profile"]
     requests = int(args[0]) if args else 20_000
