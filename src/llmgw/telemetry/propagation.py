@@ -2,10 +2,10 @@
 
 `traceparent` and `tracestate` are read with OpenTelemetry's own W3C propagator,
 never parsed here. They are written here, the same text as the propagator writes
-(a test holds them equal): its `inject` cost 10 µs a request, paid by every
-request a sampler leaves out too; llmgw's own recorded spans format theirs from
-their ids (no `SpanContext` built). Only the OpenTelemetry API is imported: this
-module costs nothing when tracing is off.
+(a test holds them equal): its `inject` cost about 15,000 instructions a
+request, paid by every request a sampler leaves out too; llmgw's own recorded
+spans format theirs from their ids (no `SpanContext` built). Only the
+OpenTelemetry API is imported: this module costs nothing when tracing is off.
 """
 
 from __future__ import annotations

@@ -135,9 +135,10 @@ class SpanSink:
         batch: int,
         max_queue: int,
     ) -> None:
-        # Records wait as tuples: one of plain values (and its attribute dict of
-        # plain values) stops being tracked by the garbage collector at the first
-        # young collection it meets, so waiting records do not lengthen full ones.
+        # Records wait as tuples: one of plain values stops being tracked by the
+        # garbage collector at the first young collection it meets (its attribute
+        # dict of plain values never is), so waiting records do not lengthen full
+        # ones; only the rare record with events or links keeps a tracked list.
         self._spans: list[Record] = []
         self._batch = batch
         self._max_queue = max_queue
