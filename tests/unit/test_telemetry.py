@@ -12,13 +12,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from opentelemetry.context import attach, detach
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ParentBased
 from opentelemetry.trace import (
+    INVALID_SPAN,
+    NonRecordingSpan,
     SpanContext,
     SpanKind,
     TraceFlags,
     Tracer,
+    TraceState,
     get_current_span,
     set_span_in_context,
 )
@@ -36,7 +40,7 @@ from llmgw.telemetry.propagation import (
     extract_context,
     trace_headers,
 )
-from llmgw.telemetry.spans import FRAME, encode_record
+from llmgw.telemetry.spans import encode_frame
 from llmgw.telemetry.tracing import Tracing, TracingError, build_tracing
 
 
@@ -188,17 +192,41 @@ def _child_span_and_headers(tracer: Tracer, tracing: Tracing) -> None:
         tracing.shutdown()
 
 
+def test_an_unsampled_or_absent_trace_gets_the_propagators_headers() -> None:
+    # A request the sampler left out still sends its (not sampled) trace upstream,
+    # written here as the W3C propagator writes it; no trace, no headers.
+    propagator = TraceContextTextMapPropagator()
+    for flags, state in ((0x00, "vendor=abc,other=x"), (0x01, ""), (0x02, "k=v")):
+        span = NonRecordingSpan(
+            SpanContext(
+                0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, is_remote=True,
+                trace_flags=TraceFlags(flags), trace_state=TraceState.from_header([state]),
+            )
+        )  # fmt: skip
+        carrier: dict[str, str] = {}
+        propagator.inject(carrier, set_span_in_context(span))
+        expected = [(name.encode(), value.encode()) for name, value in carrier.items()]
+        assert trace_headers(span) == expected
+        token = attach(set_span_in_context(span))
+        try:
+            assert trace_headers() == expected
+        finally:
+            detach(token)
+    assert trace_headers(INVALID_SPAN) == []
+    assert trace_headers() == []
+
+
 def test_a_frame_of_records_reads_back_as_written() -> None:
-    # Records sharing their texts, as a request's spans do (a reader that kept one
-    # record's memo for the next would mix them up).
+    # Records sharing their texts, as a request's spans do (pickled once a frame, a
+    # text shared by records is written once and read back into each).
     records = [
         (name, name, 0xABC, span_id, 1, "", 0, False, 2, 10, 20,
          {"llmgw.model": "m", "llmgw.replica": f"r{span_id}", "llmgw.name": name},
          (("placed", 15, {"node": "n1"}),), (), 0, None)
         for span_id, name in enumerate(["llmgw.auth", "llmgw.route", "llmgw.upstream"] * 3, 1)
     ]  # fmt: skip
-    data = b"".join(encode_record(r) for r in records)
-    stream = io.BytesIO(FRAME.pack(len(data)) + data + FRAME.pack(len(data)) + data[:-1])
+    frame = encode_frame(records)
+    stream = io.BytesIO(frame + frame[:-1])
     # The second frame is cut off (the gateway died while writing it): dropped.
     assert list(frames(stream)) == [records]
 

@@ -62,6 +62,7 @@ from llmgw.router.requests import (
 )
 from llmgw.store import StoreError, UsageRecord
 from llmgw.telemetry.propagation import child_span, extract_context, span_trace_id
+from llmgw.telemetry.spans import current_span
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -746,7 +747,7 @@ class _Exchange:
 
 def _recording(tracer: Tracer | None) -> Tracer | None:
     """`tracer` when the current request's trace is recorded (sampled), else None."""
-    if tracer is None or not get_current_span().is_recording():
+    if tracer is None or not current_span().is_recording():
         return None
     return tracer
 
@@ -759,7 +760,7 @@ def _as_uuid(trace_id: str) -> bytes:
 
 def _describe_span(req: ParsedRequest, principal: Principal) -> None:
     """The server span's request attributes: never the prompt, never the key."""
-    span = get_current_span()
+    span = current_span()
     span.set_attribute("llmgw.model", req.model)
     span.set_attribute("llmgw.stream", req.stream)
     if principal.key_id is not None:

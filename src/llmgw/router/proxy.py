@@ -67,7 +67,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.context import Context, get_current
-from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer, get_current_span
+from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 
 from llmgw.config import RouterConfig
 from llmgw.engines import UnknownEngine, routes_of
@@ -108,6 +108,7 @@ from llmgw.router.upstream import (
 )
 from llmgw.router.usage_scan import find_usage
 from llmgw.telemetry.propagation import child_span, trace_headers
+from llmgw.telemetry.spans import current_span
 
 Message = MutableMapping[str, Any]
 Send = Callable[[Message], Awaitable[None]]
@@ -550,7 +551,7 @@ class Proxy:
         """The tracer, when this request's trace is recorded (sampled); else None: an
         unsampled request's spans would record nothing and cost as much to make."""
         tracer = self._tracer
-        if tracer is None or not get_current_span().is_recording():
+        if tracer is None or not current_span().is_recording():
             return None
         return tracer
 

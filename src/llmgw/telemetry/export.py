@@ -1,7 +1,7 @@
 """The span export process: span records from the gateway's pipe, sent with the SDK's OTLP exporter.
 
 `python -m llmgw.telemetry.export ENDPOINT SERVICE` reads frames from stdin (a
-4-byte length, then `llmgw.telemetry.spans.Record`s pickled one after the other, by
+4-byte length, then one pickled list of `llmgw.telemetry.spans.Record`s, written by
 the gateway that started this process and no one else),
 rebuilds each as the SDK's `ReadableSpan` and exports them with the official
 `OTLPSpanExporter` (OTLP/HTTP, protobuf), in batches of OTEL_BSP_MAX_EXPORT_BATCH_SIZE.
@@ -18,7 +18,6 @@ this process logs it and goes on).
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import pickle
@@ -53,11 +52,7 @@ def frames(stream: IO[bytes]) -> Iterator[list[Record]]:
         data = stream.read(size)
         if len(data) < size:
             return
-        buffer = io.BytesIO(data)
-        records: list[Record] = []
-        while buffer.tell() < size:
-            # One unpickler a record: each was pickled alone, its memo numbered from 0.
-            records.append(pickle.load(buffer))
+        records: list[Record] = pickle.loads(data)
         yield records
 
 

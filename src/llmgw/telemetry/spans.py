@@ -8,8 +8,9 @@ batch processor's thread, which shares the gateway's interpreter
 `Span`: context, propagation, `use_span` and `get_current_span` work as with
 the SDK) with the SDK's own sampler (its parent-based ratio sampler decided inline,
 the same way) and id generator, but a recorded span is a slotted object that,
-when it ends, becomes one tuple of plain values, pickled into a list. `SpanSink`
-hands those lists, in batches, to another process
+when it ends, becomes one tuple of plain values appended to a list. `SpanSink`
+pickles those lists, a batch at a time (one `pickle.dumps` for hundreds of spans,
+off the request path), and hands them to another process
 (`llmgw.telemetry.export`) that turns them into the SDK's `ReadableSpan`s and
 sends them with the official OTLP exporter.
 
@@ -43,6 +44,7 @@ from opentelemetry.sdk.trace.sampling import (
     TraceIdRatioBased,
 )
 from opentelemetry.trace import (
+    INVALID_SPAN,
     Link,
     NonRecordingSpan,
     Span,
@@ -73,10 +75,15 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _SAMPLED_RANDOM = TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
 _NOT_SAMPLED_RANDOM = TraceFlags(TraceFlags.RANDOM_TRACE_ID)
-# A frame on the pipe to the export process: a 4-byte length, then pickled records
-# one after the other (pickle, not marshal: as fast to write, five times faster for
-# the export process to read back one by one; the pipe is written by this process only).
+# A frame on the pipe to the export process: a 4-byte length, then one pickled list
+# of records (pickle, not marshal: faster to read back; the pipe is written by this
+# process only). One pickle a batch, not one a span: a span pickled alone when it
+# ended cost the request path 3-4 µs (bench/RESULTS.md).
 FRAME = struct.Struct(">I")
+
+# The key the OpenTelemetry API keeps the current span under in a context, learnt
+# through the API (the one key of a context that holds only a span).
+_SPAN_KEY = next(iter(set_span_in_context(INVALID_SPAN, otel_context.Context())))
 
 # One recorded span as the export process reads it (plain values only).
 # (scope, name, trace_id, span_id, trace_flags, trace_state, parent_id, parent_remote,
@@ -84,9 +91,10 @@ FRAME = struct.Struct(">I")
 Record = tuple[Any, ...]
 
 
-def encode_record(record: Record) -> bytes:
-    """One record as it goes on the pipe (`llmgw.telemetry.export.frames` reads it)."""
-    return pickle.dumps(record, _PICKLE_PROTOCOL)
+def encode_frame(records: Sequence[Record]) -> bytes:
+    """Records as one frame on the pipe (`llmgw.telemetry.export.frames` reads it)."""
+    data = pickle.dumps(list(records), _PICKLE_PROTOCOL)
+    return FRAME.pack(len(data)) + data
 
 
 def _clean(attributes: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -109,12 +117,14 @@ def _value(value: object) -> object:
 
 
 class SpanSink:
-    """Batches of finished spans, written from a thread to the export process's stdin.
+    """Batches of finished spans, pickled and written from a thread to the export
+    process's stdin.
 
     `add` is a list append (no lock: the GIL makes it atomic). The thread wakes every
     `delay` seconds, or as soon as `batch` spans wait, and writes what is there as
-    one frame; more than `max_queue` waiting spans are dropped (counted, logged),
-    never waited for. When the export process is gone, spans are dropped."""
+    frames of at most `batch` records; more than `max_queue` waiting spans are
+    dropped (counted, logged), never waited for. When the export process is gone,
+    spans are dropped."""
 
     def __init__(
         self,
@@ -125,10 +135,11 @@ class SpanSink:
         batch: int,
         max_queue: int,
     ) -> None:
-        # Each span pickled when it ends: bytes are not tracked by the garbage
-        # collector, where thousands of live tuples and dicts held for a second
-        # made every full collection longer and more frequent (bench/RESULTS.md).
-        self._spans: list[bytes] = []
+        # Records wait as tuples: one of plain values stops being tracked by the
+        # garbage collector at the first young collection it meets (its attribute
+        # dict of plain values never is), so waiting records do not lengthen full
+        # ones; only the rare record with events or links keeps a tracked list.
+        self._spans: list[Record] = []
         self._batch = batch
         self._max_queue = max_queue
         self._delay = delay
@@ -150,7 +161,7 @@ class SpanSink:
         return self._proc.pid
 
     def add(self, record: Record) -> None:
-        """Queue one finished span (pickled now)."""
+        """Queue one finished span."""
         spans = self._spans
         if len(spans) >= self._max_queue:
             self.dropped += 1
@@ -163,7 +174,7 @@ class SpanSink:
                     self._max_queue,
                 )
             return
-        spans.append(encode_record(record))
+        spans.append(record)
         if len(spans) == self._batch:
             self._wake.set()
 
@@ -183,9 +194,9 @@ class SpanSink:
             self.dropped += len(spans)
             return
         for start in range(0, len(spans), self._batch):
-            data = b"".join(spans[start : start + self._batch])
+            frame = encode_frame(spans[start : start + self._batch])
             try:
-                pipe.write(FRAME.pack(len(data)) + data)
+                pipe.write(frame)
                 pipe.flush()
             except (BrokenPipeError, ValueError, OSError) as exc:
                 self._pipe = None
@@ -476,6 +487,18 @@ class _Current(AbstractContextManager[Span]):
                 span.end()
 
 
+def current_span() -> Span:
+    """The current span, as `get_current_span()` answers: one look-up in the current
+    context for llmgw's spans (the API's answer takes three calls and an
+    abstract-base `isinstance`, about 1 µs, and a traced request asks eight times)."""
+    span = otel_context.get_current().get(_SPAN_KEY)
+    if span is None:
+        return INVALID_SPAN  # as the API answers outside any span
+    if type(span) is RecordedSpan or type(span) is NonRecordingSpan:
+        return span
+    return get_current_span()
+
+
 class RecordTracer(Tracer):
     """The OpenTelemetry `Tracer` of one instrumentation scope, making `RecordedSpan`s
     for sampled traces and `NonRecordingSpan`s (ids only) for the others."""
@@ -502,7 +525,7 @@ class RecordTracer(Tracer):
         set_status_on_exception: bool = True,
     ) -> Span:
         ids = self._ids
-        current = get_current_span(context)
+        current = current_span() if context is None else get_current_span(context)
         if type(current) is RecordedSpan and self._parent_based:
             # The common case, a child of a local recorded span: no sampler, no
             # SpanContext of the parent built.
