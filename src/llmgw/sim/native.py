@@ -64,6 +64,22 @@ def _event(name: str, payload: dict[str, Any]) -> dict[str, object]:
     return {"type": "http.response.body", "body": body, "more_body": True}
 
 
+async def _start_message_stream(send: Send, model: str, input_tokens: int) -> None:
+    """The response head and `message_start` of a Messages stream."""
+    await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+    start: dict[str, Any] = {
+        "id": _id("msg_"),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": input_tokens, "output_tokens": 0},
+    }
+    await send(_event("message_start", {"type": "message_start", "message": start}))
+
+
 async def _anthropic_error(send: Send, error: SimError) -> None:
     kind = _ANTHROPIC_TYPES.get(error.status, "api_error" if error.status >= 500 else "")
     body = {
@@ -152,18 +168,7 @@ class NativeApis:
 
         async def emit(index: int, token: str) -> None:
             if index == 0:
-                await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-                start: dict[str, Any] = {
-                    "id": _id("msg_"),
-                    "type": "message",
-                    "role": "assistant",
-                    "model": model,
-                    "content": [],
-                    "stop_reason": None,
-                    "stop_sequence": None,
-                    "usage": {"input_tokens": len(request.generation.prompt), "output_tokens": 0},
-                }
-                await send(_event("message_start", {"type": "message_start", "message": start}))
+                await _start_message_stream(send, model, len(request.generation.prompt))
                 await send(
                     _event(
                         "content_block_start",
@@ -230,18 +235,7 @@ class NativeApis:
 
         async def emit(index: int, token: str) -> None:
             if index == 0:
-                await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-                start: dict[str, Any] = {
-                    "id": _id("msg_"),
-                    "type": "message",
-                    "role": "assistant",
-                    "model": model,
-                    "content": [],
-                    "stop_reason": None,
-                    "stop_sequence": None,
-                    "usage": {"input_tokens": len(generation.prompt), "output_tokens": 0},
-                }
-                await send(_event("message_start", {"type": "message_start", "message": start}))
+                await _start_message_stream(send, model, len(generation.prompt))
             kind, call, piece = parts[index]
             if state["key"] != (kind, call):
                 if state["key"] is not None:
