@@ -72,6 +72,8 @@ class Run:
     keep: str | None = None
     # Written to a file whose path replaces "{file}" in the args.
     file: str | None = None
+    # The exit status it must end with: 2 for a refusal the README says the command gives.
+    code: int = 0
 
 
 ADD_MODEL = (
@@ -102,6 +104,7 @@ RUNS = (
     Run("nodes undrain", ("nodes", "undrain", NODE), NODE),
     Run("models activate", ("models", "activate", SIM, "--timeout", "120"), "ready"),
     Run("models show", ("models", "show", SIM), SIM),
+    Run("models pull", ("models", "pull", "readme-sim"), "there is nothing to pull", code=2),
     Run("events", ("events", "--model", SIM), f"  ready  {SIM}  {NODE}  replica "),
     Run("models reload", ("models", "reload"), "reloaded the models of llmgw up's catalog"),
     Run("models rollout status", ("models", "rollout", "status", "readme-sim"), "readme-sim"),
@@ -337,9 +340,10 @@ def wait_for_node(proc: subprocess.Popen[bytes], admin: str, output: Path) -> No
 
 
 def run_llmgw(
-    bin_dir: Path, args: list[str], env: dict[str, str], stdin: str | None = None
+    bin_dir: Path, args: list[str], env: dict[str, str], stdin: str | None = None, code: int = 0
 ) -> subprocess.CompletedProcess[str]:
-    """One `llmgw` command from the fresh venv; fails the test on a traceback or exit != 0."""
+    """One `llmgw` command from the fresh venv; fails the test on a traceback or an exit
+    status other than `code`."""
     argv = [str(bin_dir / "llmgw"), *args]
     done = subprocess.run(
         argv,
@@ -353,7 +357,7 @@ def run_llmgw(
     )
     said = f"$ llmgw {shlex.join(args)}\nexit {done.returncode}\n{done.stdout}\n{done.stderr}"
     assert "Traceback" not in done.stdout + done.stderr, said
-    assert done.returncode == 0, said
+    assert done.returncode == code, said
     return done
 
 
@@ -371,7 +375,7 @@ def test_every_admin_command_the_readme_shows_runs_from_a_plain_install(
         if run.file is not None:
             path.write_text(run.file)
         args = [arg.replace("{kept}", kept).replace("{file}", str(path)) for arg in run.args]
-        done = run_llmgw(fresh_install, args, env, run.stdin)
+        done = run_llmgw(fresh_install, args, env, run.stdin, run.code)
         assert run.shows in done.stdout + done.stderr, (
             f"$ llmgw {shlex.join(args)} does not show {run.shows!r}:\n{done.stdout}\n{done.stderr}"
         )
