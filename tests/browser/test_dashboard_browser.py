@@ -262,12 +262,14 @@ def test_create_a_key_and_use_it(fleet: Fleet, page: Page) -> None:
     form = page.locator("form[hx-post='/admin/keys']")
     form.get_by_label("Name", exact=True).fill("browser-key")
     form.get_by_label("Requests / min").fill("100")
+    form.get_by_label("Per end user: req/min").fill("5")
     form.get_by_role("button", name="Create key").click()
     secret_box = page.locator("#new-secret")
     expect(secret_box).to_be_visible()
     secret = secret_box.inner_text().strip()
     assert re.fullmatch(r"sk-\S+", secret), secret
     expect(page.locator('tr[data-key="browser-key"]')).to_contain_text("100 req/min")
+    expect(page.locator('tr[data-key="browser-key"]')).to_contain_text("each end user: 5 req/min")
     shoot(page, "key-created")
 
     models = httpx.get(

@@ -145,6 +145,9 @@ async def test_the_edit_form_is_filled_with_the_keys_current_values(dash: Dash) 
         "period": "day",
         "expires_at": "2030-01-01T00:00:00",
         "role": "admin",
+        "user_rpm": "",
+        "user_tpm": "",
+        "user_budget_tokens": "",
     }
     assert shown_fields(fields) == expected
     copies = {k.removeprefix("was_"): v for k, v in fields.items() if k.startswith("was_")}
@@ -154,7 +157,8 @@ async def test_the_edit_form_is_filled_with_the_keys_current_values(dash: Dash) 
     plain_fields = shown_fields(await edit_form(dash, plain))
     assert plain_fields == {"name": "plain <b>", "models": "", "rpm": "", "tpm": "",
                             "budget_tokens": "", "period": "", "expires_at": "",
-                            "role": ""}  # fmt: skip
+                            "role": "", "user_rpm": "", "user_tpm": "",
+                            "user_budget_tokens": ""}  # fmt: skip
     # Opened outside htmx (a link in a new tab): the Keys page instead.
     direct = await dash.client.get(f"/admin/keys/{key.id}/edit", follow_redirects=False)
     assert direct.status_code == 303 and direct.headers["location"] == "/admin/keys"
@@ -184,6 +188,34 @@ async def test_an_edit_lowers_rpm_and_restricts_models(dash: Dash) -> None:
     assert await stored(dash, key) == after
 
 
+async def test_end_user_limits_are_created_shown_edited_and_cleared(dash: Dash) -> None:
+    created = await dash.client.post(
+        "/admin/keys",
+        data={"name": "app", "user_rpm": "20", "user_budget_tokens": "5000"},
+        headers=HX,
+    )
+    assert created.status_code == 200, created.text
+    (key,) = [k for k in await dash.store.keys.list() if k.name == "app"]
+    assert (key.user_rpm, key.user_tpm, key.user_budget_tokens) == (20, None, 5000)
+    shown = row((await dash.client.get("/admin/keys", headers=HX)).text, "app")
+    assert "each end user: 20 req/min 5,000 tok/day" in shown
+
+    fields = await edit_form(dash, key)
+    assert (fields["user_rpm"], fields["user_tpm"], fields["user_budget_tokens"]) == (
+        "20", "", "5000",
+    )  # fmt: skip
+    answer = await save(dash, key.id, {**fields, "user_tpm": "900", "user_rpm": ""})
+    assert answer.status_code == 200, answer.text
+    after = await stored(dash, key)
+    assert (after.user_rpm, after.user_tpm, after.user_budget_tokens) == (None, 900, 5000)
+    # The key's own limits were not touched.
+    assert (after.rpm, after.tpm, after.budget_tokens) == (key.rpm, key.tpm, key.budget_tokens)
+
+    bad = await save(dash, key.id, {**fields, "user_tpm": "lots"})
+    assert "user_tpm must be a whole number" in bad.text
+    assert await stored(dash, key) == after
+
+
 async def test_emptying_a_field_clears_that_limit(dash: Dash) -> None:
     key = await team_key(dash)
     fields = await edit_form(dash, key)
@@ -202,6 +234,7 @@ async def test_emptying_a_field_clears_that_limit(dash: Dash) -> None:
     assert shown_fields(await edit_form(dash, key)) == {
         "name": "team-a", "models": "", "rpm": "", "tpm": "5000",
         "budget_tokens": "", "period": "", "expires_at": "", "role": "",
+        "user_rpm": "", "user_tpm": "", "user_budget_tokens": "",
     }  # fmt: skip
 
 

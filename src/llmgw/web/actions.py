@@ -197,6 +197,9 @@ class Actions:
             period=form.get("period") or None,
             expires_at=form_expiry(form.get("expires_at", "")),
             admin_role=form.get("role", "").strip() or None,
+            user_rpm=form_int(form, "user_rpm"),
+            user_tpm=form_int(form, "user_tpm"),
+            user_budget_tokens=form_int(form, "user_budget_tokens"),
         )
         return self.notice(f"key {key.name} created", secret=secret)
 
@@ -221,6 +224,9 @@ class Actions:
             period=edits.period,
             expires_at=edits.expires_at,
             admin_role=edits.admin_role,
+            user_rpm=edits.user_rpm,
+            user_tpm=edits.user_tpm,
+            user_budget_tokens=edits.user_budget_tokens,
         )
         return self.notice(f"key {key.name} updated; routers apply it within a few seconds")
 

@@ -68,6 +68,9 @@ def form_values(key: ApiKey) -> dict[str, str]:
         "period": key.budget_period or "",
         "expires_at": f"{expires.astimezone(UTC):%Y-%m-%dT%H:%M:%S}" if expires else "",
         "role": key.admin_role or "",
+        "user_rpm": _text(key.user_rpm),
+        "user_tpm": _text(key.user_tpm),
+        "user_budget_tokens": _text(key.user_budget_tokens),
     }
 
 
@@ -92,6 +95,10 @@ class KeyEdits:
     period: str | Keep | None = KEEP
     expires_at: datetime | Keep | None = KEEP
     admin_role: str | Keep | None = KEEP
+    # Each end user's limits (the request's `user`), per key.
+    user_rpm: int | Keep | None = KEEP
+    user_tpm: int | Keep | None = KEEP
+    user_budget_tokens: int | Keep | None = KEEP
 
     def changed(self) -> list[str]:
         """The names of the fields to change."""
@@ -110,6 +117,9 @@ class KeyFields:
     period: str | None
     expires_at: datetime | None
     admin_role: str | None
+    user_rpm: int | None
+    user_tpm: int | None
+    user_budget_tokens: int | None
 
     @classmethod
     def of(cls, key: ApiKey) -> KeyFields:
@@ -124,6 +134,9 @@ class KeyFields:
             period=key.budget_period,
             expires_at=expires,
             admin_role=key.admin_role,
+            user_rpm=key.user_rpm,
+            user_tpm=key.user_tpm,
+            user_budget_tokens=key.user_budget_tokens,
         )
 
     @classmethod
@@ -141,6 +154,9 @@ class KeyFields:
             period=form.get(prefix + "period", "").strip() or None,
             expires_at=form_expiry(form.get(prefix + "expires_at", ""), prefix + "expires_at"),
             admin_role=form.get(prefix + "role", "").strip() or None,
+            user_rpm=form_int(form, prefix + "user_rpm"),
+            user_tpm=form_int(form, prefix + "user_tpm"),
+            user_budget_tokens=form_int(form, prefix + "user_budget_tokens"),
         )
 
     @classmethod
@@ -163,6 +179,9 @@ class KeyFields:
                 period=self.period,
                 expires_at=self.expires_at,
                 admin_role=self.admin_role,
+                user_rpm=self.user_rpm,
+                user_tpm=self.user_tpm,
+                user_budget_tokens=self.user_budget_tokens,
             )
         was = shown if shown is not None else now
         return KeyEdits(
@@ -174,4 +193,9 @@ class KeyFields:
             period=_changed(self.period, now.period, was.period),
             expires_at=_changed(self.expires_at, now.expires_at, was.expires_at),
             admin_role=_changed(self.admin_role, now.admin_role, was.admin_role),
+            user_rpm=_changed(self.user_rpm, now.user_rpm, was.user_rpm),
+            user_tpm=_changed(self.user_tpm, now.user_tpm, was.user_tpm),
+            user_budget_tokens=_changed(
+                self.user_budget_tokens, now.user_budget_tokens, was.user_budget_tokens
+            ),
         )

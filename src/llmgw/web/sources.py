@@ -60,6 +60,9 @@ class KeyManager(Protocol):
         period: str | None = None,
         expires_at: datetime | None = None,
         admin_role: str | None = None,
+        user_rpm: int | None = None,
+        user_tpm: int | None = None,
+        user_budget_tokens: int | None = None,
     ) -> tuple[ApiKey, str]: ...
 
     async def resolve(self, ref: str) -> ApiKey: ...
@@ -76,6 +79,9 @@ class KeyManager(Protocol):
         period: str | Keep | None = KEEP,
         expires_at: datetime | Keep | None = KEEP,
         admin_role: str | Keep | None = KEEP,
+        user_rpm: int | Keep | None = KEEP,
+        user_tpm: int | Keep | None = KEEP,
+        user_budget_tokens: int | Keep | None = KEEP,
     ) -> ApiKey: ...
 
     async def revoke(self, ref: str) -> ApiKey: ...
