@@ -9,6 +9,7 @@ weights on N nodes and pulls them again when they are removed.
 
 from __future__ import annotations
 
+import html
 import json
 import subprocess
 from collections.abc import Iterator
@@ -112,6 +113,9 @@ def test_a_pull_to_one_of_two_nodes_downloads_there_and_the_model_is_placed_ther
     shown = models_show(fleet.server)
     assert f"pull:        org/tiny@{sha[:7]} done" in shown, shown
     assert "  node-b: done: holds " in shown, shown
+    page = html.unescape(httpx.get(fleet.server.admin + "/admin/models/tiny", timeout=10).text)
+    assert f'<dd id="pull">org/tiny@{sha[:7]} <span class="badge done">done</span>' in page
+    assert "node-b: done: holds " in page
     # Locality: the model's replica goes where the weights are, with no download.
     answer = httpx.post(
         fleet.server.url + "/v1/chat/completions",
@@ -224,6 +228,8 @@ def test_prefetch_keeps_the_weights_on_n_nodes_and_pulls_them_again_when_removed
     assert not shards(fleet.server), "prefetch starts no engine"
     shown = models_show(fleet.server)
     assert f"prefetch:    org/tiny@{sha[:7]} on 1 of 1 nodes ({holder})" in shown, shown
+    page = html.unescape(httpx.get(fleet.server.admin + "/admin/models/tiny", timeout=10).text)
+    assert f'<dd id="prefetch">org/tiny@{sha[:7]} on 1 of 1 nodes ({holder})' in page
     assert fleet.holders(sha) == [holder]  # one node, as asked: not every node
     assert len(hub.file_gets("model.safetensors")) == 1
     removed = cli("nodes", "remove-weights", holder, "hub/models--org--tiny", "--admin",

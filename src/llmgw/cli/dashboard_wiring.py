@@ -56,9 +56,16 @@ def _store_error(exc: StoreError) -> ActionError:
 class _Models:
     """The catalog routes' reads and writes, as the dashboard needs them."""
 
-    def __init__(self, *, catalog: Catalog, control: ModelControlService) -> None:
+    def __init__(
+        self,
+        *,
+        catalog: Catalog,
+        control: ModelControlService,
+        pulls: Callable[[str], Json] | None = None,
+    ) -> None:
         self._catalog = catalog
         self._control = control
+        self._pulls = pulls
 
     def view(self, model: CatalogModel, status: Json | None = None) -> Json:
         # As `model_routes` shows a model: its spec, where it lives, its live state, and
@@ -74,6 +81,7 @@ class _Models:
             "adapters": [
                 {**model_to_dict(a), "source": a.source} for a in self._catalog.adapters(model.name)
             ],
+            **(self._pulls(model.name) if self._pulls is not None else {}),
         }
 
     def listing(self) -> Json:
@@ -154,10 +162,12 @@ def dashboard_sources(
     queue: Callable[[str], Json | None] | None = None,
     teams: TeamRepository | None = None,
     team_pages: TeamPageSources | None = None,
+    pulls: Callable[[str], Json] | None = None,
 ) -> DashboardSources:
     """The dashboard's sources over the server's real objects. With `fleet`, a
-    standby shows the nodes as the leader last wrote them, and refuses to drain."""
-    models = _Models(catalog=catalog, control=model_control)
+    standby shows the nodes as the leader last wrote them, and refuses to drain. With
+    `pulls`, a model's view has its last pull and where `prefetch` keeps its weights."""
+    models = _Models(catalog=catalog, control=model_control, pulls=pulls)
 
     def nodes() -> list[Json]:
         if fleet is not None and not fleet.leading():

@@ -884,6 +884,7 @@ async def _serve(
                     team_pages=TeamPageSources(
                         access=team_access, teams=store.teams, keys=key_service, usage=store.usage
                     ),
+                    pulls=puller.view,
                 )
             ),
         ],
