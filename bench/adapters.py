@@ -526,8 +526,8 @@ def report(
         ),
         "",
         f"The not-loaded case costs {med['not loaded'] - med['base']:.0f} ms over the base "
-        f"(the engine's own load is {load}); a loaded adapter "
-        f"{med['loaded'] - med['base']:+.0f} ms.",
+        f"(the engine's own load: {0.2 if args.load_time is None else args.load_time:g} s); "
+        f"a loaded adapter {round(med['loaded'] - med['base']):+d} ms.",
         "",
         f"Zipf mix: {len(ADAPTERS)} adapters, P(k) proportional to 1/k^{args.zipf_s:g} "
         f"(the {REPLICAS * MAX_LOADED} most asked for, as many as there are slots, get "
