@@ -25,7 +25,7 @@ def catalog() -> Catalog:
             "weights": "none",
             "profiles": [{"name": "sim", "engine": "sim", "adapters": {"max_loaded": 2}}],
         },
-        *({"name": n, "adapter_of": "base", "weights": f"/a/{n}"} for n in "abcd"),
+        *({"name": n, "adapter_of": "base", "weights": f"/a/{n}"} for n in "abcde"),
     ]
     return Catalog(
         repo=None,
@@ -156,6 +156,23 @@ async def test_a_full_replica_unloads_its_least_recently_used_idle_adapter() -> 
     assert busy.value.retry_after == BUSY_RETRY_AFTER
     assert "every adapter slot" in busy.value.message
     assert agents.sent[-1] == ("load", "r1", "c")
+
+
+async def test_with_every_replica_full_the_bases_least_recently_used_idle_adapter_goes() -> None:
+    agents = Agents([replica("n1", "r1", "a", "b"), replica("n2", "r2", "c", "d")])
+    book_loads, book = loads(agents)
+    for name in "cabd":  # c used least recently, and it is on the second replica
+        book_loads.started(adapter(book, name))
+        book_loads.finished(adapter(book, name))
+    await book_loads.ensure(adapter(book, "e"))
+    assert agents.sent == [("unload", "r2", "c"), ("load", "r2", "e")]
+    # The first replica's adapters are all serving: room is made on the second one,
+    # where an idle adapter is, instead of refusing.
+    book_loads.started(adapter(book, "e"))
+    book_loads.started(adapter(book, "a"))
+    book_loads.started(adapter(book, "b"))
+    await book_loads.ensure(adapter(book, "c"))
+    assert agents.sent[2:] == [("unload", "r2", "d"), ("load", "r2", "c")]
 
 
 async def test_the_engines_refusal_is_the_requests_answer() -> None:

@@ -6,9 +6,10 @@ each shard has loaded (`Shard.adapters`), and the controller publishes those
 replicas under the adapter's names (standbys read them back from the store), so every
 router routes by what the engines really hold. When no replica has it, `AdapterLoads.ensure`
 activates the base if it has no Ready replica, picks the Ready replica with the
-most free adapter slots (the profile's `adapters.max_loaded`), unloads the least
-recently used adapter with no request in flight when the replica is full, and
-tells its agent to load the adapter; it returns once the agent reported it loaded.
+most free adapter slots (the profile's `adapters.max_loaded`) or, when every replica
+is full, the one holding the base's least recently used adapter with no request in
+flight, which it unloads first, and tells its agent to load the adapter; it returns
+once the agent reported it loaded.
 An engine that refuses the adapter (bad files, rank over the limit) is answered
 at once with the engine's own words (`AdapterRefused`).
 
@@ -162,11 +163,18 @@ class AdapterLoads:
                 "(it stopped meanwhile); retry",
                 retry_after=1,
             )
-        # The replica with the most free slots; of equals, the first by id (stable).
-        node, shard = min(
-            replicas, key=lambda r: (len(r[1].adapters) - _slots(base, r[1]), r[1].id)
-        )
-        if len(shard.adapters) >= _slots(base, shard):
+        free = [r for r in replicas if len(r[1].adapters) < _slots(base, r[1])]
+        if free:
+            # The replica with the most free slots; of equals, the first by id (stable).
+            node, shard = min(
+                free, key=lambda r: (len(r[1].adapters) - _slots(base, r[1]), r[1].id)
+            )
+        else:
+            # Every replica is full: room is made where the least recently used idle
+            # adapter of the whole base is, so that every replica's slots turn over
+            # (not always the first replica's, while the others keep whatever they
+            # loaded first); with no idle adapter anywhere, `_make_room` refuses.
+            node, shard = min(replicas, key=lambda r: (self._oldest_idle(r[1]), r[1].id))
             await self._make_room(adapter, node, shard)
         self._loading[adapter.name] = shard.id
         log.info("loading adapter %s into replica %s on node %s", adapter.name, shard.id, node.id)
@@ -206,6 +214,12 @@ class AdapterLoads:
                 retry_after=1,
                 public=f"adapter '{adapter.name}' could not be loaded now; retry",
             ) from None
+
+    def _oldest_idle(self, shard: Shard) -> float:
+        """When the least recently used adapter of `shard` with no request in flight
+        was last used (infinity: none is idle)."""
+        idle = [self._last_used(name) for name in shard.adapters if self._in_flight(name) == 0]
+        return min(idle, default=math.inf)
 
     def _in_flight(self, name: str) -> int:
         use = self._use.get(name)
