@@ -10,6 +10,7 @@ repo, config and helpers are `hub_fleet`'s (shared with the progress tests).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from hub_fleet import (
     SEED,
     WEIGHT_BYTES,
     config,
+    hub_fleet,
     models_show,
     node_view,
     shards,
@@ -471,6 +473,30 @@ def test_models_activate_follows_the_download(tmp_path: Path, hub: HubStandin) -
     finally:
         agent.stop()
         server.proc.stop()
+
+
+def test_models_activate_on_a_terminal_draws_the_download_as_a_bar(
+    tmp_path: Path, hub: HubStandin
+) -> None:
+    sha = hub.add(tiny_repo()).refs["main"]
+    hub.bytes_per_second = RATE
+    with hub_fleet(tmp_path, hub, config(f"org/tiny@{sha}", min_replicas=0)) as fleet:
+        wait_for(lambda: node_view(fleet.server).get("connected"), "the node to register")
+        command = " ".join(
+            llmgw("models", "activate", "tiny", "--admin", fleet.server.admin,
+                  "--poll-interval", "0.2")
+        )  # fmt: skip
+        on_tty = subprocess.run(
+            ["script", "-qec", command, "/dev/null"],
+            capture_output=True, text=True, timeout=180, check=False,
+        )  # fmt: skip
+        assert on_tty.returncode == 0, on_tty.stdout
+        shown = on_tty.stdout
+        # One bar, redrawn in place as the download moves; its steps are not lines.
+        assert "\x1b[1F\x1b[J" in shown, shown
+        assert re.search(rf"replica \S+ \[#*-+\] downloading org/tiny@{sha[:7]} \d+% of", shown)
+        assert ": downloading " not in shown, shown
+        assert "model tiny is ready" in shown, shown
 
 
 def test_over_the_weights_limit_the_least_recently_used_unused_snapshot_is_evicted(

@@ -13,12 +13,13 @@ or Ctrl-C the server goes on with it, up to its own activation timeout.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import typer
 
 from llmgw.cli.adminclient import EXIT_UNREACHABLE, Admin, AdminError, call, fail, request
-from llmgw.cli.progress import Background, Progress, ReplicaWatch, describe
+from llmgw.cli.progress import Background, DownloadBars, Progress, ReplicaWatch, describe
 from llmgw.cli.storeopts import print_json
 
 EXIT_INTERRUPTED = 130
@@ -59,24 +60,32 @@ def _model_note(status: dict[str, Any]) -> str | None:
 
 
 class _Follower:
-    """Prints what changed between two views of a model's status."""
+    """Prints what changed between two views of a model's status; with `bars` (a
+    terminal), downloads are progress bars redrawn in place instead of a line a step."""
 
-    def __init__(self, status: dict[str, Any], progress: Progress) -> None:
+    def __init__(self, status: dict[str, Any], progress: Progress, *, bars: bool = False) -> None:
         self.status = status
         self.progress = progress
+        self._bars = DownloadBars(progress) if bars else None
         self._state = status.get("state")
         self._watch = ReplicaWatch(label=lambda r: f"replica {r.get('id')}")
         self._watch.prime(status.get("replicas") or [])
 
     def observe(self, status: dict[str, Any]) -> None:
         self.status = status
-        for line in self._watch.update(status.get("replicas") or []):
-            self.progress.say(line)
+        replicas = status.get("replicas") or []
+        lines = self._watch.update(replicas)
         if status.get("state") != self._state:
             self._state = status.get("state")
             note = _model_note(status)
             if note:
-                self.progress.say(note)
+                lines.append(note)
+        if self._bars is None:
+            for line in lines:
+                self.progress.say(line)
+            return
+        # A download's steps are its bar; every other change is a line above the bars.
+        self._bars.show([line for line in lines if ": downloading " not in line], replicas)
 
 
 def activate_model(
@@ -86,7 +95,7 @@ def activate_model(
     model = request("GET", admin, path)
     canonical = str(model.get("name", name))
     progress = Progress()
-    follower = _Follower(_status(model), progress)
+    follower = _Follower(_status(model), progress, bars=sys.stderr.isatty())
     progress.say(f"activating model {canonical} (now {summary(follower.status)})")
     post: Background[Any] = Background(
         lambda: call("POST", admin, path + "/activate", timeout=timeout + 5)

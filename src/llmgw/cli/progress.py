@@ -11,6 +11,7 @@ only as the later state.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -36,6 +37,40 @@ class Progress:
 
     def say(self, message: str) -> None:
         typer.echo(f"[{self.elapsed():5.1f}s] {message}", err=True)
+
+
+BAR_WIDTH = 24
+
+
+def bar(share: float) -> str:
+    """A text progress bar `share` (0 to 1) full: `########----------------`."""
+    filled = int(BAR_WIDTH * min(1.0, max(0.0, share)))
+    return "#" * filled + "-" * (BAR_WIDTH - filled)
+
+
+class DownloadBars:
+    """Starting replicas' weight downloads as bars at the bottom of a terminal, redrawn
+    in place; the lines said meanwhile are printed above them."""
+
+    def __init__(self, progress: Progress) -> None:
+        self._progress = progress
+        self._drawn = 0
+
+    def show(self, lines: Iterable[str], replicas: Iterable[Mapping[str, Any]]) -> None:
+        out = sys.stderr
+        if self._drawn:
+            out.write(f"\x1b[{self._drawn}F\x1b[J")  # back to the first bar; clear below
+            out.flush()
+        for line in lines:
+            self._progress.say(line)
+        rows = [r for r in replicas if isinstance(r.get("download"), Mapping)]
+        for replica in rows:
+            download = replica["download"]
+            total = int(download.get("total_bytes") or 0)
+            share = int(download.get("done_bytes") or 0) / total if total else 0.0
+            out.write(f"replica {replica.get('id')} [{bar(share)}] {replica.get('message')}\n")
+        out.flush()
+        self._drawn = len(rows)
 
 
 class Background(Generic[T]):

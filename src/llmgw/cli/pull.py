@@ -35,11 +35,10 @@ from llmgw.cli.adminclient import (
     request,
     resolve_admin,
 )
-from llmgw.cli.progress import Progress
+from llmgw.cli.progress import Progress, bar
 from llmgw.cli.storeopts import JsonOption, print_json
 
 EXIT_INTERRUPTED = 130
-BAR_WIDTH = 24
 
 
 def pull_model(
@@ -184,9 +183,7 @@ class _Bars:
             total = int(row.get("total") or 0)
             done = int(row.get("done") or 0)
             share = done / total if total else (1.0 if row.get("state") == "done" else 0.0)
-            filled = int(BAR_WIDTH * min(1.0, share))
-            bar = "#" * filled + "-" * (BAR_WIDTH - filled)
-            out.write(f"\x1b[2K{row['node']:<12} [{bar}] {row.get('message')}\n")
+            out.write(f"\x1b[2K{row['node']:<12} [{bar(share)}] {row.get('message')}\n")
         out.flush()
         self._drawn = len(rows)
 
