@@ -216,16 +216,18 @@ def test_a_stream_waiting_for_a_load_gets_keepalive_comments_saying_so(tmp_path:
         assert lines[-1] == "data: [DONE]"
 
 
-def test_a_standby_routes_an_adapter_where_the_leaders_agent_reports_it(
+def test_a_standby_asked_for_an_adapter_loaded_nowhere_waits_for_the_leader_to_load_it(
     tmp_path: Path, database: str
 ) -> None:
     root = tmp_path / "adapters"
     sim_adapter(root, "red", rank=8)
     (tmp_path / "llmgw.yaml").write_text(
-        "control: {heartbeat_interval: 0.3, reconcile_interval: 0.5, lease_ttl: 3}\n"
+        "control: {heartbeat_interval: 0.3, reconcile_interval: 0.5, lease_ttl: 3,\n"
+        "          activation_keepalive: 0.2}\n"
         "models:\n"
         "  - name: base\n    weights: none\n    min_replicas: 1\n"
         "    profiles: [{name: sim, engine: sim, gpus: 1,\n"
+        "                engine_args: [--lora-load-time, '1.5'],\n"
         "                adapters: {max_loaded: 2, max_rank: 8}}]\n"
         f"  - name: red\n    adapter_of: base\n    weights: {root / 'red'}\n"
     )
@@ -261,18 +263,29 @@ def test_a_standby_routes_an_adapter_where_the_leaders_agent_reports_it(
             return any(model in e["models"] for e in server.endpoints())  # type: ignore[operator]
 
         wait_for(lambda: served(standby, "base"), "the standby to route the base")
-        # Not loaded anywhere: the standby cannot load it and says to retry.
+        assert not served(standby, "red") and not served(leader, "red")
+        # Loaded nowhere: the standby asks the leader, and its stream waits (with
+        # keep-alive comments saying so) until the leader's load reaches the store.
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
-        early = httpx.post(
-            standby.url + "/v1/chat/completions", json={"model": "red", **body}, timeout=60
-        )
-        assert early.status_code == 503, early.text
-        assert "standby" in early.json()["error"]["message"]
-        loaded = httpx.post(
-            leader.url + "/v1/chat/completions", json={"model": "red", **body}, timeout=60
-        )
-        assert loaded.status_code == 200, loaded.text
-        wait_for(lambda: served(standby, "red"), "the standby to route the adapter")
+        with httpx.stream(
+            "POST",
+            standby.url + "/v1/chat/completions",
+            json={"model": "red", "stream": True, **body},
+            timeout=60,
+        ) as answer:
+            assert answer.status_code == 200
+            lines = [line for line in answer.iter_lines() if line]
+        comments = [line for line in lines if line.startswith(":")]
+        assert ": llmgw is waiting for the leader to load adapter red" in comments, lines
+        chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        assert chunks and {c["model"] for c in chunks} == {"red"}
+        assert lines[-1] == "data: [DONE]"
+        # The leader loaded it, through its agent, into the base's replica.
+        status = httpx.get(leader.admin + "/admin/api/models/base", timeout=10).json()["status"]
+        [replica] = [r for r in status["replicas"] if r["state"] == "ready"]
+        assert replica["adapters"] == ["red"]
+        assert served(leader, "red")
+        # Now both route it; the standby without asking again.
         answer = httpx.post(
             standby.url + "/v1/chat/completions", json={"model": "red", **body}, timeout=60
         )

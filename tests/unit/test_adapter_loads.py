@@ -4,6 +4,7 @@ adapter makes room, and what a request is told when it cannot be loaded."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
@@ -99,12 +100,19 @@ class Clock:
         return self.now
 
 
-def loads(agents: Agents, *, leading: bool = True) -> tuple[AdapterLoads, Catalog]:
+def loads(
+    agents: Agents, *, leading: bool = True, asked: list[str] | None = None
+) -> tuple[AdapterLoads, Catalog]:
+    """`asked`: where a standby's requests to the leader are written."""
     book = catalog()
     activated: list[str] = []
 
     async def activate_base(name: str) -> None:
         activated.append(name)
+
+    async def ask_leader(entry: CatalogModel) -> None:
+        assert asked is not None
+        asked.append(entry.name)
 
     return (
         AdapterLoads(
@@ -116,6 +124,7 @@ def loads(agents: Agents, *, leading: bool = True) -> tuple[AdapterLoads, Catalo
             published=lambda name: False,
             publish=lambda: None,
             leading=lambda: leading,
+            ask_leader=ask_leader,
             wait_seconds=5.0,
         ),
         book,
@@ -185,10 +194,39 @@ async def test_the_engines_refusal_is_the_requests_answer() -> None:
     assert words in refused.value.public
 
 
-async def test_a_standby_does_not_load() -> None:
+async def test_a_standby_asks_the_leader_and_loads_nothing_itself() -> None:
     agents = Agents([replica("n1", "r1")])
-    book_loads, book = loads(agents, leading=False)
-    with pytest.raises(ActivationRefused) as refused:
-        await book_loads.ensure(adapter(book, "b"))
-    assert "standby" in refused.value.message
+    asked: list[str] = []
+    book_loads, book = loads(agents, leading=False, asked=asked)
+    await book_loads.ensure(adapter(book, "b"))
+    assert asked == ["b"]
     assert agents.sent == []
+
+
+async def test_the_leader_loads_what_other_servers_ask_for_once_and_retries_a_refusal() -> None:
+    agents = Agents([replica("n1", "r1", "a", "c")])
+    book_loads, book = loads(agents)
+    spawned: list[Coroutine[Any, Any, None]] = []
+
+    def spawn(coro: Coroutine[Any, Any, None], name: str) -> None:
+        spawned.append(coro)
+
+    # "a" and "c" are loaded and in use: no room for "b" now.
+    for name in "ac":
+        book_loads.started(adapter(book, name))
+    # Names that are not adapters (models, unknown) are not for it.
+    book_loads.load_for_others(["b", "base", "nothing"], spawn)
+    assert len(spawned) == 1
+    # Asked again while that load is under way: not a second load.
+    book_loads.load_for_others(["b"], spawn)
+    assert len(spawned) == 1
+    await spawned.pop()
+    assert agents.sent == []  # refused: every slot serves requests
+    # Not before its retry_after has passed (the clock moves a second a read).
+    book_loads.load_for_others(["b"], spawn)
+    assert spawned == []
+    book_loads.finished(adapter(book, "a"))
+    book_loads.load_for_others(["b"], spawn)
+    assert len(spawned) == 1
+    await spawned.pop()
+    assert agents.sent == [("unload", "r1", "a"), ("load", "r1", "b")]

@@ -13,10 +13,16 @@ once the agent reported it loaded.
 An engine that refuses the adapter (bad files, rank over the limit) is answered
 at once with the engine's own words (`AdapterRefused`).
 
+A standby cannot load (only the leader talks to agents): it asks the leader through
+the store (`ask_leader`: a demand row that wants the adapter, as for a model's
+activation), and the request waits until the leader's load is published there. The
+leader answers such rows with `load_for_others`.
+
 Not guaranteed: that a hot adapter is spread over more replicas (one replica
-holding it is enough here); loading from a standby (it routes adapters the leader
-loaded; a load it would need is refused, to retry on the leader); that an adapter judged
-idle is idle on other servers' routers (only this server's requests are counted).
+holding it is enough here); that a standby hears why the leader could not load an
+adapter (its request waits out the activation timeout, as for a model); that an
+adapter judged idle is idle on other servers' routers (only this server's requests
+are counted).
 """
 
 from __future__ import annotations
@@ -24,9 +30,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from llmgw.control.agentsvc.dispatcher import Dispatcher
 from llmgw.control.agentsvc.errors import AgentServiceError, CommandFailed
@@ -69,6 +75,7 @@ class AdapterLoads:
         published: Callable[[str], bool],
         publish: Callable[[], None],
         leading: Callable[[], bool],
+        ask_leader: Callable[[CatalogModel], Awaitable[None]],
         wait_seconds: float,
     ) -> None:
         self._catalog = catalog
@@ -79,10 +86,13 @@ class AdapterLoads:
         self._published = published
         self._publish = publish
         self._leading = leading
+        self._ask_leader = ask_leader
         self._wait = wait_seconds
         self._use: dict[str, _Use] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._loading: dict[str, str] = {}
+        # Adapters other servers asked the leader for: when each may be tried again.
+        self._for_others: dict[str, float] = {}
 
     def adapter(self, name: str) -> CatalogModel | None:
         """The catalog adapter a client means by `name` (name or alias), or None."""
@@ -103,6 +113,9 @@ class AdapterLoads:
         shard = self._loading.get(adapter.name)
         if shard is not None:
             return f"loading adapter {adapter.name} into replica {shard} of {adapter.adapter_of}"
+        base = adapter.adapter_of
+        if not self._leading() and base is not None and self._published(base):
+            return f"is waiting for the leader to load adapter {adapter.name}"
         return f"is starting model {adapter.adapter_of} for adapter {adapter.name}"
 
     async def ensure(self, adapter: CatalogModel) -> None:
@@ -118,12 +131,8 @@ class AdapterLoads:
             )
         await self._activate_base(base_name)
         if not self._leading():
-            raise ActivationRefused(
-                f"adapter '{adapter.name}' is not loaded on any replica, and this server is a "
-                "standby: the leader loads adapters; retry (a load balancer may send the "
-                "request to the leader)",
-                retry_after=1,
-            )
+            await self._ask_leader(adapter)
+            return
         # One load decision at a time per base: two adapters must not both take the
         # last free slot, or both unload the same idle one.
         lock = self._locks.setdefault(base_name, asyncio.Lock())
@@ -131,6 +140,32 @@ class AdapterLoads:
             if not self._holders(adapter.name):
                 await self._load(adapter, base_name)
             self._publish()
+
+    def load_for_others(
+        self, names: Sequence[str], spawn: Callable[[Coroutine[Any, Any, None], str], None]
+    ) -> None:
+        """On the leader: load the adapters that other servers' requests wait for
+        (`names`, from their demand rows), each in a task of its own (`spawn`); one
+        that cannot be loaded now is tried again once its `retry_after` has passed."""
+        now = self._clock()
+        for name in names:
+            adapter = self.adapter(name)
+            if adapter is None or self._published(adapter.name):
+                continue
+            if self._for_others.get(adapter.name, -math.inf) > now:
+                continue  # loading, or waiting to retry
+            self._for_others[adapter.name] = math.inf
+            spawn(self._load_for_other(adapter), f"load adapter {adapter.name} for a standby")
+
+    async def _load_for_other(self, adapter: CatalogModel) -> None:
+        retry_at = self._clock()
+        try:
+            await self.ensure(adapter)
+        except ActivationRefused as exc:
+            log.warning("adapter %s, asked for by another server: %s", adapter.name, exc)
+            retry_at += exc.retry_after
+        finally:
+            self._for_others[adapter.name] = retry_at
 
     def _holders(self, name: str) -> list[tuple[Node, Shard]]:
         return [

@@ -327,6 +327,7 @@ class Controller:
             published=self.has_ready,
             publish=lambda: self._publish(self._inventory.nodes()),
             leading=leading,
+            ask_leader=self._activate_through_leader,
             wait_seconds=activation_timeout,
         )
         self._rollout_book = RolloutBook(
@@ -463,6 +464,7 @@ class Controller:
         else:
             self._act(result.actions)
         self._sleep.step(models, nodes, self.demand, self._wanted(), now)
+        self._adapter_loads.load_for_others(self.demand.remote_wanted(), self._spawn)
         # After the stops are marked: a stopping replica leaves the router before
         # its engine hears of it.
         self._publish(self._inventory.nodes())
@@ -1142,8 +1144,9 @@ class Controller:
 
     async def _activate_through_leader(self, model: CatalogModel) -> None:
         """A standby cannot place: it reports the demand for the leader to act on,
-        then waits until the leader publishes a Ready replica."""
-        if not model.activation:
+        then waits until the leader publishes a Ready replica (for an adapter: one
+        that has it loaded)."""
+        if not model.activation and model.adapter_of is None:
             raise ActivationDisabled(
                 f"model '{model.name}' is not running and is not started on request "
                 "(activation: false)",
@@ -1152,16 +1155,19 @@ class Controller:
         future = self._standby_waits.get(model.name)
         if future is None or future.done():
             future = self._standby_waits[model.name] = asyncio.get_running_loop().create_future()
-            log.info("asking the leader to start model %s for a request", model.name)
+            what = "load adapter" if model.adapter_of is not None else "start model"
+            log.info("asking the leader to %s %s for a request", what, model.name)
         self.demand.want(model.name)
         try:
             async with asyncio.timeout(self._activation_timeout):
                 await asyncio.shield(future)
         except TimeoutError:
+            kind = "adapter" if model.adapter_of is not None else "model"
+            does = "loads adapters" if model.adapter_of is not None else "places replicas"
             raise ActivationTimeout(
-                f"model '{model.name}' did not become ready within "
+                f"{kind} '{model.name}' did not become ready within "
                 f"{self._activation_timeout:g} s (this server is a standby; the leader "
-                "places replicas); retry later",
+                f"{does}); retry later",
                 retry_after=math.ceil(self._interval),
             ) from None
 
