@@ -305,6 +305,57 @@ def test_a_standby_asked_for_an_adapter_loaded_nowhere_waits_for_the_leader_to_l
             server.proc.stop()
 
 
+def test_a_restarted_agent_reports_the_adapters_its_adopted_engine_holds(tmp_path: Path) -> None:
+    root = tmp_path / "adapters"
+    sim_adapter(root, "red", rank=8)
+    config = (
+        "  - name: base\n    weights: none\n    min_replicas: 1\n"
+        "    profiles: [{name: sim, engine: sim, gpus: 1,\n"
+        "                adapters: {max_loaded: 2, max_rank: 8}}]\n"
+        f"  - name: red\n    adapter_of: base\n    weights: {root / 'red'}\n"
+    )
+    with fleet(tmp_path, config, nodes=0) as f:
+        low = free_port_block(5)
+        argv = llmgw(
+            "agent", "--server", f"127.0.0.1:{f.agent_port}", "--node-id", "node-a",
+            "--gpus", "1x24GiB", "--weights-dir", str(tmp_path / "w"),
+            "--state-dir", str(tmp_path / "s"), "--port-range", f"{low}-{low + 4}",
+        )  # fmt: skip
+        # The first agent leaves its engine running when it stops (as in production);
+        # the second, the test's default, stops it on its way out.
+        agents = [Proc(argv, env={"LLMGW_AGENT_STOP_ENGINES_ON_EXIT": "0"})]
+        try:
+            [replica] = wait_for(lambda: f.ready_replicas("base"), "base's replica")
+            assert f.chat("red", max_tokens=3).status_code == 200
+            assert reported(f) == ["red"]
+            agents[0].popen.terminate()
+            agents[0].popen.wait(30)
+            agents.append(Proc(argv))
+            wait_for(lambda: "adopted 1 engine" in agents[1].output(), "the engine adopted")
+            # The new agent asks the engine what it holds and reports it, unasked.
+            wait_for(
+                lambda: "the adopted engine holds adapters ('red',)" in agents[1].output(),
+                "the new agent to read the engine's adapters",
+            )
+            wait_for(lambda: reported(f) == ["red"], "the shard to report red again")
+            assert [r["id"] for r in f.ready_replicas("base")] == [replica["id"]]
+            routed = [e["id"] for e in f.server.endpoints() if "red" in e["models"]]  # type: ignore[operator]
+            assert routed == [replica["id"]]
+            # Served where it is, with no second load.
+            answer = f.chat("red", max_tokens=3)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["model"] == "red"
+            assert f.server.proc.output().count("loading adapter red into replica") == 1
+            assert engine_adapters(f) == ["red"]
+        except BaseException:
+            for agent in agents:
+                print(agent.output())
+            raise
+        finally:
+            for agent in agents:
+                agent.stop()
+
+
 def test_an_adapter_from_the_hub_is_downloaded_by_the_agent_then_loaded(tmp_path: Path) -> None:
     config = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]}
     (tmp_path / "llmgw.yaml").write_text(

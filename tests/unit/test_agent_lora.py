@@ -4,6 +4,7 @@ keeps, and the engine's own words when the engine refuses."""
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -11,7 +12,11 @@ from llmgw.agent.errors import AdapterError
 from llmgw.agent.lora import ShardAdapters
 from llmgw.engines import LoraApi
 
-API = LoraApi(load_path="/v1/load_lora_adapter", unload_path="/v1/unload_lora_adapter")
+API = LoraApi(
+    load_path="/v1/load_lora_adapter",
+    unload_path="/v1/unload_lora_adapter",
+    list_path="/v1/models",
+)
 
 
 class Engine:
@@ -76,3 +81,42 @@ async def test_an_engine_without_the_api_is_refused_saying_so() -> None:
     with pytest.raises(AdapterError) as refused:
         await adapters.load("red", "/a/red", None)
     assert "this engine loads no LoRA adapters at run time" in str(refused.value)
+
+
+def listing(status: int, body: object) -> Callable[[str], Awaitable[tuple[int, bytes]]]:
+    async def get(path: str) -> tuple[int, bytes]:
+        assert path == "/v1/models"
+        return status, json.dumps(body).encode()
+
+    return get
+
+
+async def test_an_adopted_engines_adapters_are_read_from_its_model_list() -> None:
+    # vLLM's /v1/models: the base (no parent), then each adapter with its parent.
+    models = {
+        "object": "list",
+        "data": [
+            {"id": "base", "root": "/w/base", "parent": None},
+            {"id": "red", "root": "/a/red", "parent": "base"},
+            {"id": "blue", "root": "/a/blue", "parent": "base"},
+        ],
+    }
+    engine = Engine((200, b"Success"))
+    adapters = ShardAdapters(post=engine.post)
+    assert await adapters.load("green", "/a/green", API) == ("green",)
+    # Read after a load: the engine's own count as loaded before it.
+    assert await adapters.read_loaded(listing(200, models), API) == ("red", "blue", "green")
+    # Loading one it listed asks the engine nothing.
+    assert await adapters.load("red", "/a/red", API) == ("red", "blue", "green")
+    assert len(engine.sent) == 1
+
+
+async def test_a_model_list_that_is_not_one_is_an_error() -> None:
+    adapters = ShardAdapters(post=Engine().post)
+    with pytest.raises(AdapterError) as refused:
+        await adapters.read_loaded(listing(200, ["not", "a", "list"]), API)
+    assert "answered something else than a list" in str(refused.value)
+    with pytest.raises(AdapterError) as failed:
+        await adapters.read_loaded(listing(503, {"error": {"message": "asleep"}}), API)
+    assert str(failed.value) == "GET /v1/models answered 503: asleep"
+    assert adapters.loaded == ()

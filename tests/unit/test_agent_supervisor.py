@@ -43,6 +43,7 @@ from llmgw.engines import (
     EngineSpec,
     EngineTimings,
     LaunchPlan,
+    LoraApi,
 )
 from llmgw.engines import adapter_for as real_adapter_for
 from llmgw.proto import agent_pb2
@@ -139,6 +140,8 @@ class ScriptAdapter:
     needs_gpus: bool = False
     specs: list[EngineSpec] = field(default_factory=list)
     program: str = sys.executable
+    # A script engine loads no LoRA adapters at run time.
+    lora: LoraApi | None = None
 
     def validate(self, spec: EngineSpec) -> None:
         pass

@@ -9,10 +9,14 @@ that every router routes an adapter's requests to where it is loaded.
 A refusal carries the engine's own words ("Loading lora sql failed: No adapter
 found for <path>"), because only the engine knows what is wrong with the files.
 
+An engine adopted from an earlier agent is asked what it holds (`read_loaded`: the
+entries of its `LoraApi.list_path` with `parent` set), so its adapters are reported
+again without a load.
+
 Not guaranteed: that the files exist on the node (the supervisor downloads a hub
-repo first; a missing local path is refused by the engine), or that the list
-survives an agent restart (an adopted engine is reported without adapters until
-the control plane asks for each again, which the engine answers as already loaded).
+repo first; a missing local path is refused by the engine); the order in which an
+adopted engine loaded its adapters (they are taken as loaded before any later one,
+in the order the engine lists them).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from llmgw.agent.errors import AdapterError
 from llmgw.engines import LoraApi
 
 Post = Callable[[str, bytes], Awaitable[tuple[int, bytes]]]
+Get = Callable[[str], Awaitable[tuple[int, bytes]]]
 
 
 class ShardAdapters:
@@ -50,6 +55,22 @@ class ShardAdapters:
             if status != 200 and not _already_loaded(answer):
                 raise AdapterError(f"the engine refused adapter {name!r}: {_words(answer, status)}")
             self._loaded = (*self._loaded, name)
+            return self._loaded
+
+    async def read_loaded(self, get: Get, api: LoraApi) -> tuple[str, ...]:
+        """Take the adapters the engine lists (GET `api.list_path`) as loaded, before
+        any loaded since; the loaded adapters afterwards. `AdapterError` when the
+        engine's answer is not a model list."""
+        async with self._lock:
+            status, answer = await get(api.list_path)
+            if status != 200:
+                raise AdapterError(
+                    f"GET {api.list_path} answered {status}: {_words(answer, status)}"
+                )
+            listed = _adapters_listed(answer)
+            if listed is None:
+                raise AdapterError(f"GET {api.list_path} answered something else than a list")
+            self._loaded = (*listed, *(n for n in self._loaded if n not in listed))
             return self._loaded
 
     async def unload(self, name: str, api: LoraApi | None) -> tuple[str, ...]:
@@ -93,3 +114,25 @@ def _already_loaded(answer: bytes) -> bool:
     # vLLM answers 400 "The lora adapter 'x' has already been loaded." for a second load
     # (an engine adopted from an earlier agent keeps what it had): it is loaded, so done.
     return b"has already been loaded" in answer
+
+
+def _adapters_listed(answer: bytes) -> tuple[str, ...] | None:
+    """The adapters in an OpenAI-style model list (`{"data": [{"id", "parent"}]}`): the
+    entries with a `parent`, as vLLM lists them; None when it is not such a list."""
+    try:
+        body = json.loads(answer)
+    except ValueError:
+        return None
+    cards = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(cards, list):
+        return None
+    names = [
+        card["id"]
+        for card in cards
+        if isinstance(card, dict)
+        and isinstance(card.get("id"), str)
+        and isinstance(card.get("parent"), str)
+        and card["parent"]
+        and card["parent"] != card["id"]
+    ]
+    return tuple(dict.fromkeys(names))

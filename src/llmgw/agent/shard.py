@@ -27,7 +27,10 @@ process group gets SIGTERM, and SIGKILL after the command's grace period.
 `SleepApi` of its launch plan: vLLM's `/sleep?level=N` and `/wake_up`) and move a
 ready shard to `sleeping` and back; a sleeping engine keeps its process and is
 probed as before (vLLM's `/health` answers while it sleeps). An adopted engine
-that says it sleeps (`/is_sleeping`) starts at `sleeping`.
+that says it sleeps (`/is_sleeping`) starts at `sleeping`. An adopted engine's
+LoRA adapters are read from the engine once its probe passes while `ready`
+(`ShardAdapters.read_loaded`; retried at each probe until the engine answers), so
+the shard reports what the engine holds, not nothing until each is asked again.
 
 `detach()` ends the watch and leaves the engine running (the agent stops, a
 later agent adopts it); so does cancelling `run()`.
@@ -53,7 +56,7 @@ from typing import TYPE_CHECKING
 from llmgw.agent.errors import AdapterError, SleepError
 from llmgw.agent.lora import ShardAdapters
 from llmgw.agent.output import LogFollower, OutputTail
-from llmgw.agent.probe import ProbeError, http_post, http_status
+from llmgw.agent.probe import ProbeError, http_get, http_post, http_status
 from llmgw.agent.process import EngineProcess
 from llmgw.agent.settings import SupervisorSettings
 from llmgw.engines import EngineTimings, LoraApi, SleepApi
@@ -164,11 +167,15 @@ class Shard:
         adopted: ShardState | None = None,
         been_ready: bool = False,
         sleep_api: SleepApi | None = None,
+        lora_api: LoraApi | None = None,
     ) -> None:
         """`adopted`: the state an engine taken over from an earlier agent starts in;
         `been_ready`: it was ready before (its probe failing is then a health problem,
-        not a slow load)."""
+        not a slow load); `lora_api`: for an adopted engine, how to read the adapters
+        it holds (None: not read)."""
         self._spec = spec
+        # An adopted engine's adapters, still to read (None: nothing to read).
+        self._unread_lora = lora_api if adopted is not None and lora_api else None
         self._sleep_api = sleep_api
         self._sleep_lock = asyncio.Lock()
         self._lora = ShardAdapters(post=self._engine_post)
@@ -490,6 +497,8 @@ class Shard:
                 failures, failing_since = 0, None
                 if state is ShardState.LOADING:
                     self._set(ShardState.READY, f"{self._probe.path} answered 200")
+                if self._unread_lora is not None and self._report.state is ShardState.READY:
+                    await self._read_adopted_adapters(self._unread_lora)
             elif not self.been_ready:
                 if now - self._started >= timings.load_timeout:
                     self._fail(
@@ -511,6 +520,31 @@ class Shard:
                 if ready
                 else settings.probe_interval_loading_seconds
             )
+
+    async def _read_adopted_adapters(self, api: LoraApi) -> None:
+        """Report the adapters an adopted engine holds; on failure, the next probe retries."""
+        deadline = self._settings.probe_timeout_seconds
+        try:
+            async with asyncio.timeout(deadline):
+                loaded = await self._lora.read_loaded(self._engine_get, api)
+        except (AdapterError, TimeoutError) as exc:
+            problem = str(exc) or f"no answer in {deadline:g}s"
+            log.warning(
+                "shard %s: cannot read the adapters of the adopted engine (retrying): %s",
+                self._spec.shard_id,
+                problem,
+            )
+            return
+        self._unread_lora = None
+        if loaded:
+            log.info("shard %s: the adopted engine holds adapters %s", self._spec.shard_id, loaded)
+        self._adapters_changed(loaded)
+
+    async def _engine_get(self, path: str) -> tuple[int, bytes]:
+        try:
+            return await http_get(self._probe.host, self._probe.port, path)
+        except ProbeError as exc:
+            raise AdapterError(f"GET {path} failed: {exc}") from exc
 
     def _fail(self, reason: str) -> None:
         log.warning("shard %s (%s): %s; stopping it", self._spec.shard_id, self._spec.model, reason)

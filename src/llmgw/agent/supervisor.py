@@ -316,6 +316,7 @@ class Supervisor:
                 ),
                 been_ready=record.been_ready,
                 sleep_api=self._adopted_sleep_api(record.spec),
+                lora_api=self._lora_api(record.spec),
             )
             await asyncio.to_thread(shard.follower.start_at_end)
             self._shards[record.shard_id] = shard

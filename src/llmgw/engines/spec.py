@@ -70,10 +70,14 @@ class EngineSpec:
 class LoraApi:
     """How an engine started with LoRA slots loads and unloads adapters at run time:
     HTTP POSTs to its own port with `{"lora_name", "lora_path"}` (load) and
-    `{"lora_name"}` (unload), as vLLM's and SGLang's runtime adapter APIs take them."""
+    `{"lora_name"}` (unload), as vLLM's and SGLang's runtime adapter APIs take them.
+    `list_path` (GET) lists what the engine serves, adapters as entries with `parent`
+    set (vLLM's `/v1/models`): how an agent learns what an engine it adopted holds;
+    "" where the engine is not read that way."""
 
     load_path: str
     unload_path: str
+    list_path: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,7 +84,11 @@ UNSET_ENV: tuple[str, ...] = ("VLLM_API_KEY",)
 
 
 # vLLM's runtime adapter API (VLLM_ALLOW_RUNTIME_LORA_UPDATING, which lora_launch sets).
-VLLM_LORA = LoraApi(load_path="/v1/load_lora_adapter", unload_path="/v1/unload_lora_adapter")
+VLLM_LORA = LoraApi(
+    load_path="/v1/load_lora_adapter",
+    unload_path="/v1/unload_lora_adapter",
+    list_path="/v1/models",
+)
 
 VLLM_SLEEP = SleepApi(
     sleep_path="/sleep?level={level}", wake_path="/wake_up", state_path="/is_sleeping"
