@@ -177,6 +177,21 @@ def test_a_key_allowed_one_adapter_cannot_use_another_and_usage_names_the_base(
         assert {
             m: (r.get("adapter_of"), r["requests"], r["errors"]) for m, r in by_model.items()
         } == {"red": ("base", 1, 0), "green": ("base", 1, 1), "base": (None, 1, 1)}
+        # `llmgw usage` reads the store, and says the same: a BASE column beside MODEL.
+        cli = ("usage", "--by", "model", "--data-dir", str(data_dir))
+        table = subprocess.run(llmgw(*cli), capture_output=True, text=True, check=True).stdout
+        header, *lines = table.splitlines()
+        assert header.split()[:3] == ["MODEL", "BASE", "REQUESTS"]
+        cells = {line.split()[0]: line.split()[1:4] for line in lines}
+        assert cells["red"] == ["base", "1", "0"]
+        assert cells["green"] == ["base", "1", "1"]
+        assert cells["base"] == ["-", "1", "1"]
+        listed = json.loads(
+            subprocess.run(llmgw(*cli, "--json"), capture_output=True, text=True, check=True).stdout
+        )
+        assert {r["model"]: r.get("adapter_of") for r in listed} == {
+            "red": "base", "green": "base", "base": None,
+        }  # fmt: skip
     except BaseException:
         print(server.proc.output())
         raise

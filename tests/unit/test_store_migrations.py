@@ -54,6 +54,7 @@ TABLES = {
     "usage_end_users",
     "oidc_logins",
     "canary_halts",
+    "usage_bases",
 }
 
 
@@ -75,7 +76,7 @@ async def test_migrations_create_the_schema_from_empty(store_target: StoreTarget
     try:
         assert await store.revision() is None
         await store.upgrade()
-        assert await store.revision() == head_revision() == "0031"
+        assert await store.revision() == head_revision() == "0032"
         assert await store.keys.list(include_revoked=True) == []
         assert await store.usage.query() == []
     finally:

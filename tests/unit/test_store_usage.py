@@ -376,3 +376,29 @@ async def test_top_keeps_the_groups_with_the_most_tokens(store: Store) -> None:
     ]
     with pytest.raises(InvalidValue, match="top must be at least 1"):
         await store.usage.query(group_by=("end-user",), top=0)
+
+
+async def test_a_report_by_model_says_each_adapters_base_the_latest_request_named(
+    store: Store,
+) -> None:
+    plain = records(1)[0]
+    sql = dataclasses.replace(plain, request_id="sql-1", model="sql-lora", base="llama-8b")
+    moved = dataclasses.replace(
+        sql, request_id="sql-2", ts=sql.ts + timedelta(seconds=1), base="qwen-7b"
+    )
+    await store.usage.record_batch([plain, sql])
+    rows = await store.usage.query(group_by=("model",))
+    assert {r.model: r.base for r in rows} == {plain.model: None, "sql-lora": "llama-8b"}
+    # The adapter now serves over another base: its rows say the latest.
+    await store.usage.record_batch([moved])
+    rows = await store.usage.query(group_by=("model",))
+    assert {r.model: (r.base, r.requests) for r in rows} == {
+        plain.model: (None, 1),
+        "sql-lora": ("qwen-7b", 2),
+    }
+    # Not grouped by model: no base to say.
+    assert [r.base for r in await store.usage.query(group_by=("key",))] == [None] * len(
+        await store.usage.query(group_by=("key",))
+    )
+    with pytest.raises(InvalidValue, match="its base"):
+        await store.usage.record_batch([dataclasses.replace(sql, base="b" * 300)])

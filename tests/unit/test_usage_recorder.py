@@ -476,3 +476,18 @@ async def test_a_budget_keeps_counting_a_request_whose_record_was_refused(
             await limiter.admit(limits, 10)
     finally:
         await limiter.close()
+
+
+async def test_an_adapters_records_are_given_its_base_from_the_catalog(store: Store) -> None:
+    repo, registry = Repo(store), CollectorRegistry()
+    bases = {"sql-lora": "llama-8b"}
+    recorder = UsageRecorder(
+        repo=repo, registry=registry, sleep=Gate(open_=True), base_of=bases.get
+    )
+    recorder.record(rec(1, model="sql-lora"))
+    recorder.record(rec(2, model="llama-8b"))
+    task = asyncio.create_task(recorder.run())
+    await recorder.close()
+    await task
+    rows = await store.usage.query(group_by=("model",))
+    assert {r.model: r.base for r in rows} == {"sql-lora": "llama-8b", "llama-8b": None}

@@ -777,6 +777,7 @@ async def _serve(
         queue_size=cfg.usage.queue_size,
         batch_size=cfg.usage.batch_size,
         flush_interval=cfg.usage.flush_interval,
+        base_of=lambda name: _base_of(catalog, name),
     )
     limiter = Limiter(
         clock=clock,

@@ -2,7 +2,9 @@
 
 Filters by key (id, name or prefix), model and time window, and groups by hour
 or day, key and model. Reads only the roll-ups, so it stays fast and still
-covers hours whose raw records have been pruned.
+covers hours whose raw records have been pruned. Grouped by model, a report
+with LoRA adapters in it has a BASE column: each adapter's base model, as the
+catalog had it at the adapter's latest request ("-" for the other models).
 
 Not guaranteed: sub-hour resolution. `--since` is rounded down to its hour (that
 hour is included) and an hour is included if it starts before `--until`.
@@ -251,7 +253,11 @@ def _key_label(key_id: str | None, names: dict[str, str]) -> str:
 def _table(
     rows: list[UsageRow], group_by: tuple[UsageDimension, ...], names: dict[str, str]
 ) -> str:
-    headers = [d.upper() for d in group_by]
+    # Beside the model, the base of each LoRA adapter, when the report has any.
+    labels: list[str] = list(group_by)
+    if "model" in group_by and any(row.base for row in rows):
+        labels.insert(labels.index("model") + 1, "base")
+    headers = [d.upper() for d in labels]
     headers += ["REQUESTS", "ERRORS", "PROMPT", "COMPLETION", "TOTAL", "MEAN MS"]
     cells: list[list[str]] = []
     for row in rows:
@@ -262,12 +268,13 @@ def _table(
             "team": names.get(row.team_id, row.team_id) if row.team_id else NO_TEAM,
             "end-user": row.end_user or "",
             "model": row.model or "",
+            "base": row.base or "-",
         }
-        cells.append([group[d] for d in group_by] + _numbers(row))
-    if len(rows) > 1 and group_by:
+        cells.append([group[d] for d in labels] + _numbers(row))
+    if len(rows) > 1 and labels:
         total = _total(rows)
-        cells.append(["TOTAL"] + [""] * (len(group_by) - 1) + _numbers(total))
-    numeric = frozenset(range(len(group_by), len(headers)))
+        cells.append(["TOTAL"] + [""] * (len(labels) - 1) + _numbers(total))
+    numeric = frozenset(range(len(labels), len(headers)))
     return render_table(headers, cells, right=numeric)
 
 

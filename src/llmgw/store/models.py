@@ -230,6 +230,9 @@ class UsageRecord:
     version: str = ""
     # The end user the request named (`user`; Anthropic `metadata.user_id`); "" for none.
     end_user: str = ""
+    # For a request to a catalog LoRA adapter, its base model ("" for any other); kept
+    # per adapter (the latest wins) for the reports, not per request.
+    base: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +257,8 @@ class UsageRow:
     team_id: str | None = None
     # The end user (None: not grouped by end user).
     end_user: str | None = None
+    # The base model of an adapter (None: not grouped by model, or not an adapter).
+    base: str | None = None
 
     @property
     def total_tokens(self) -> int:

@@ -194,6 +194,16 @@ usage_end_users = Table(
 # than the hours when traffic is steady (`UsageRepository.query` splits a range).
 usage_daily = _usage_rollup("usage_daily", "day")
 
+# The base model of each LoRA adapter that requests were recorded for (as the catalog
+# had it at its latest request), so reports by model can say it; one row per adapter.
+usage_bases = Table(
+    "usage_bases",
+    metadata,
+    Column("model", String(MAX_MODEL_CHARS), primary_key=True),
+    Column("base", String(MAX_MODEL_CHARS), nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+)
+
 catalog_models = Table(
     "catalog_models",
     metadata,

@@ -22,6 +22,10 @@ database itself refuses for its data (a data or integrity error) raises
 `InvalidValue` too, so the caller knows that retrying the same batch is in vain
 and can split it to find the record (`llmgw.usage.recorder` does).
 
+A record for a LoRA adapter names its base (`UsageRecord.base`); the batch keeps it
+in `usage_bases`, one row per adapter (the latest request's base wins), and a report
+by model gives each adapter's row its base (`UsageRow.base`).
+
 Not guaranteed: exactly-once recording. A batch that fails is not retried here,
 and a batch retried by the caller after an ambiguous failure (the commit
 happened, the answer was lost) is counted twice. Resolution is one hour: a report
@@ -67,6 +71,7 @@ from llmgw.store.models import (
 from llmgw.store.tables import (
     UTCDateTime,
     api_keys,
+    usage_bases,
     usage_daily,
     usage_end_users,
     usage_hourly,
@@ -97,6 +102,7 @@ class UsageRepository:
         self._upsert_hourly = _upsert(engine.dialect.name, usage_hourly)
         self._upsert_daily = _upsert(engine.dialect.name, usage_daily)
         self._upsert_end_users = _upsert(engine.dialect.name, usage_end_users)
+        self._upsert_bases = _replace(engine.dialect.name, usage_bases)
 
     async def record_batch(self, records: Sequence[UsageRecord]) -> None:
         """Store the records and add them to the hourly roll-ups, atomically.
@@ -112,6 +118,7 @@ class UsageRepository:
         hourly = _roll_up(records, "hour", truncate_to_hour)
         daily = _roll_up(records, "day", truncate_to_day)
         end_users = _roll_up_end_users(records)
+        bases = _bases(records)
         what = f"recording {len(records)} usage records"
         try:
             async with transaction(self._engine, what) as conn:
@@ -120,6 +127,8 @@ class UsageRepository:
                 await conn.execute(self._upsert_daily, daily)
                 if end_users:
                     await conn.execute(self._upsert_end_users, end_users)
+                if bases:
+                    await conn.execute(self._upsert_bases, bases)
         except IntegrityError as exc:
             raise InvalidValue(
                 f"{what} failed: the database refused a record ({exc.orig})"
@@ -271,7 +280,11 @@ class UsageRepository:
             stmt = stmt.order_by(tokens.desc(), *grouped).limit(top)
         async with transaction(self._engine, "reading usage") as conn:
             rows = [row._mapping for row in await conn.execute(stmt)]
-        return [_usage_row(row, dims) for row in rows if row["requests"]]
+            bases: dict[str, str] = {}
+            if "model" in dims and rows:
+                read = select(usage_bases.c.model, usage_bases.c.base)
+                bases = {r.model: r.base for r in await conn.execute(read)}
+        return [_usage_row(row, dims, bases) for row in rows if row["requests"]]
 
     async def requests(
         self,
@@ -377,6 +390,33 @@ def _split(
     return parts
 
 
+def _replace(dialect: str, table: Table) -> Insert:
+    """An insert that replaces the row of the same primary key (usage_bases: the latest
+    base of an adapter wins)."""
+    stmt: sqlite.Insert | postgresql.Insert
+    if dialect == "sqlite":
+        stmt = sqlite.insert(table)
+    elif dialect == "postgresql":
+        stmt = postgresql.insert(table)
+    else:
+        raise StoreError(f"usage roll-ups need SQLite or PostgreSQL, not {dialect}")
+    index = list(table.primary_key.columns)
+    changed = {c.name: stmt.excluded[c.name] for c in table.columns if c not in index}
+    return stmt.on_conflict_do_update(index_elements=index, set_=changed)
+
+
+def _bases(records: Sequence[UsageRecord]) -> list[dict[str, Any]]:
+    """The base of each adapter in the batch, as its latest record names it; sorted by
+    adapter so that concurrent writers lock the rows in one order."""
+    latest: dict[str, UsageRecord] = {}
+    for r in records:
+        if r.base and (r.model not in latest or r.ts >= latest[r.model].ts):
+            latest[r.model] = r
+    return [
+        {"model": model, "base": r.base, "updated_at": r.ts} for model, r in sorted(latest.items())
+    ]
+
+
 def _part(
     dialect: str,
     table: Table,
@@ -419,6 +459,7 @@ def _check_record(r: UsageRecord) -> None:
         ("request_id", r.request_id, _REQUEST_ID_CHARS),
         ("key_id", r.key_id or "", _KEY_ID_CHARS),
         ("model", r.model, MAX_MODEL_CHARS),
+        ("base", r.base, MAX_MODEL_CHARS),
         ("endpoint", r.endpoint, _ENDPOINT_CHARS),
         ("route", r.route, _ROUTE_CHARS),
         ("version", r.version, _VERSION_CHARS),
@@ -602,8 +643,9 @@ def _check_dimensions(group_by: Sequence[UsageDimension]) -> frozenset[UsageDime
     return dims
 
 
-def _usage_row(row: Any, dims: frozenset[UsageDimension]) -> UsageRow:
+def _usage_row(row: Any, dims: frozenset[UsageDimension], bases: dict[str, str]) -> UsageRow:
     key = row["key_id"] if "key" in dims else None
+    model = row["model"] if "model" in dims else None
     return UsageRow(
         hour=row["hour"] if "hour" in dims else None,
         key_id=key or None,
@@ -616,4 +658,5 @@ def _usage_row(row: Any, dims: frozenset[UsageDimension]) -> UsageRow:
         day=row["day"] if "day" in dims else None,
         team_id=row["team_id"] if "team" in dims else None,
         end_user=row["end_user"] if "end-user" in dims else None,
+        base=bases.get(model) if model is not None else None,
     )

@@ -23,6 +23,9 @@ key's budget counts what it was served even when its records could not be writte
 Dropped records' tokens are kept for `_KEEP_LOST` (longer than a month, the
 longest budget period).
 
+A record for a catalog LoRA adapter is given its base model (`base_of`, the catalog
+as it is when the request is recorded) unless the router named one.
+
 Shutdown: once the HTTP servers have drained, `await close()` writes everything
 still queued (without waiting for batches to fill) and returns; `run()` then
 returns too. Records arriving after `close()` has returned are dropped and
@@ -41,6 +44,7 @@ being re-read may count twice in that budget until its next refresh.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -81,7 +85,10 @@ class UsageRecorder:
         retry_backoff: float = 0.5,
         retry_backoff_max: float = 10.0,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        base_of: Callable[[str], str | None] = lambda model: None,
     ) -> None:
+        """`base_of(model)`: the base model of a catalog LoRA adapter (None for any
+        other name)."""
         if queue_size < 1 or batch_size < 1 or flush_interval < 0 or retry_attempts < 1:
             raise ValueError(
                 "UsageRecorder needs queue_size >= 1, batch_size >= 1, flush_interval >= 0 "
@@ -96,6 +103,7 @@ class UsageRecorder:
         self._retry_backoff = retry_backoff
         self._retry_backoff_max = retry_backoff_max
         self._sleep = sleep
+        self._base_of = base_of
         self._pending: deque[UsageRecord] = deque()
         # Set by record() once `_want` records are pending: the writer waits on it.
         self._wake = asyncio.Event()
@@ -145,6 +153,10 @@ class UsageRecorder:
                     self._queue_size,
                 )
             return
+        if not rec.base:
+            base = self._base_of(rec.model)
+            if base:
+                rec = dataclasses.replace(rec, base=base)
         self._pending.append(rec)
         if len(self._pending) >= self._want:
             self._wake.set()

@@ -32,6 +32,8 @@ def usage_row_view(
         out["end_user"] = row.end_user
     if "model" in group_by:
         out["model"] = row.model
+        if row.base is not None:
+            out["adapter_of"] = row.base
     out.update(
         requests=row.requests,
         errors=row.errors,
