@@ -175,7 +175,9 @@ class Shard:
         it holds (None: not read)."""
         self._spec = spec
         # An adopted engine's adapters, still to read (None: nothing to read).
-        self._unread_lora = lora_api if adopted is not None and lora_api else None
+        self._unread_lora = (
+            lora_api if adopted is not None and lora_api and lora_api.list_path else None
+        )
         self._sleep_api = sleep_api
         self._sleep_lock = asyncio.Lock()
         self._lora = ShardAdapters(post=self._engine_post)
