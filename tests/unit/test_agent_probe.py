@@ -1,4 +1,4 @@
-"""`http_get`, the agent's stdlib GET: against a real local socket server, the body
+"""`http_get`, the agent's GET of an engine's model list: against a real local socket server, the body
 comes back whole, with chunked transfer decoded and an over-long answer refused."""
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ async def test_a_chunked_body_is_decoded() -> None:
 
 
 async def test_an_answer_over_the_limit_or_not_http_is_refused() -> None:
-    async with answering(b"HTTP/1.1 200 OK\r\n\r\n" + b"x" * GET_LIMIT) as port:
+    async with answering(b"HTTP/1.1 200 OK\r\n\r\n" + b"x" * (GET_LIMIT + 1)) as port:
         with pytest.raises(ProbeError, match="over"):
             await http_get("127.0.0.1", port, "/v1/models")
     async with answering(b"SSH-2.0-OpenSSH\r\n") as port:

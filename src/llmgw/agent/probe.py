@@ -1,10 +1,10 @@
 """One HTTP GET against an engine's readiness path (and the POSTs that put an engine
-to sleep and wake it, the GET that lists an adopted engine's adapters), with the
-stdlib only.
+to sleep and wake it) with the stdlib only, and the GET that lists an adopted
+engine's adapters with httpx (a body of any transfer encoding).
 
-The agent only needs the status code of a local GET, so it speaks just enough
-HTTP/1.1 over an asyncio stream (one connection per probe, `Connection: close`)
-rather than pulling an HTTP client into every GPU node.
+For a probe the agent only needs the status code of a local GET, so it speaks
+just enough HTTP/1.1 over an asyncio stream (one connection per probe,
+`Connection: close`), cheap enough to run every second for every engine.
 
 Not guaranteed: redirects, TLS or proxies; a body past `http_get`'s cap (the
 engines' answers read here are small).
@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+
+import httpx
 
 
 class ProbeError(Exception):
@@ -87,55 +89,26 @@ GET_LIMIT = 1 << 20
 
 
 async def http_get(host: str, port: int, path: str) -> tuple[int, bytes]:
-    """GET `path` on host:port; the status and the body (chunked transfer decoded).
-    `ProbeError` for no HTTP answer or a body over `GET_LIMIT`. No deadline of its own."""
+    """GET `path` on host:port with httpx; the status and the body (any transfer
+    encoding decoded by httpx). `ProbeError` for no HTTP answer or a body over
+    `GET_LIMIT`. No deadline of its own."""
+    url = f"http://{host}:{port}{path}"
+    headers = {"User-Agent": "llmgw-agent", "Connection": "close"}
     try:
-        reader, writer = await asyncio.open_connection(host, port)
-        try:
-            writer.write(
-                f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-                "User-Agent: llmgw-agent\r\nConnection: close\r\n\r\n".encode("ascii")
-            )
-            await writer.drain()
-            answer = await reader.read(GET_LIMIT + 1)
-            while answer and len(answer) <= GET_LIMIT:
-                chunk = await reader.read(GET_LIMIT + 1 - len(answer))
-                if not chunk:
-                    break
-                answer += chunk
-        finally:
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
-    except OSError as exc:
-        raise ProbeError(exc.strerror or str(exc)) from exc
-    if len(answer) > GET_LIMIT:
-        raise ProbeError(f"GET {path}: the answer is over {GET_LIMIT} bytes")
-    head, _, body = answer.partition(b"\r\n\r\n")
-    status_line, _, headers = head.partition(b"\r\n")
-    parts = status_line.split(maxsplit=2)
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
-        raise ProbeError(f"not an HTTP response: {status_line[:80]!r}")
-    if b"transfer-encoding: chunked" in headers.lower():
-        body = _dechunk(body)
-    return int(parts[1]), body
-
-
-def _dechunk(body: bytes) -> bytes:
-    """The payload of a chunked transfer-encoded body (trailers ignored)."""
-    out = b""
-    while True:
-        size_line, _, rest = body.partition(b"\r\n")
-        try:
-            size = int(size_line.split(b";")[0].strip(), 16)
-        except ValueError:
-            raise ProbeError(f"bad chunk size: {size_line[:20]!r}") from None
-        if size == 0:
-            return out
-        if len(rest) < size:
-            raise ProbeError("the chunked answer ended early")
-        out += rest[:size]
-        body = rest[size + 2 :]
+        async with (
+            httpx.AsyncClient(trust_env=False, timeout=None) as client,
+            client.stream("GET", url, headers=headers) as answer,
+        ):
+            body = bytearray()
+            async for chunk in answer.aiter_bytes():
+                body += chunk
+                if len(body) > GET_LIMIT:
+                    raise ProbeError(f"GET {path}: the answer is over {GET_LIMIT} bytes")
+            return answer.status_code, bytes(body)
+    except httpx.RemoteProtocolError as exc:
+        raise ProbeError(f"not an HTTP response: {exc}") from exc
+    except httpx.HTTPError as exc:
+        raise ProbeError(str(exc) or type(exc).__name__) from exc
 
 
 async def is_sleeping(host: str, port: int, path: str) -> bool:
