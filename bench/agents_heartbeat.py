@@ -7,7 +7,11 @@ agent listener on 127.0.0.1, spread over channels of `--streams-per-channel`
 streams, each channel its own TCP connection. Every agent registers with 8
 declared GPUs, then heartbeats with the usage of its 8 GPUs every interval the
 server hands out (`control.heartbeat_interval`, set from `--interval`); the
-agents' phases are spread evenly over the interval, not in lockstep.
+agents' phases are spread evenly over the interval, not in lockstep. Above
+`--scale-above` connected nodes (`control.heartbeat_scale_above`; the server's
+default unless given) the server hands out a multiple of the interval and tells
+agents already connected; the simulated agents follow it, as `llmgw agent` does
+(told the new interval: how many times).
 
 All agents register at once (as after a server restart); the registration
 time is from the first `Register` sent to the last `Registered` received.
@@ -135,7 +139,7 @@ def _get(port: int, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
 class Server:
     """One `llmgw server` subprocess; `stop()` ends it, always."""
 
-    def __init__(self, *, interval: float, pin: bool) -> None:
+    def __init__(self, *, interval: float, pin: bool, scale_above: int | None = None) -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="llmgw-agents-bench-"))
         self.admin_port = _free_port()
         self.agent_port = _free_port()
@@ -151,6 +155,7 @@ class Server:
                         "unreachable_after": 3 * interval,
                         "lost_after": 12 * interval,
                     }
+                    | ({} if scale_above is None else {"heartbeat_scale_above": scale_above})
                 }
             )
         )
@@ -379,6 +384,7 @@ def register_message(index: int) -> agent_pb2.Register:
         port_range_start=20000,
         port_range_end=20099,
         weights_dir="/var/lib/llmgw/weights",
+        follows_heartbeat_interval=True,
     )
 
 
@@ -418,6 +424,10 @@ class Fleet:
     interval: float = math.nan
     late: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    # HeartbeatInterval messages received (the fleet grew past a step), and each
+    # agent's interval in force.
+    retold: int = 0
+    _intervals: dict[int, float] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _calls: list[Call] = field(default_factory=list)
     _started: float = 0.0  # perf_counter, for the registration time
@@ -470,6 +480,7 @@ class Fleet:
                 raise BenchError(f"agent {index}: expected Registered, got {reply!r}")
             interval = reply.registered.heartbeat_interval_seconds
             self.interval = interval
+            self._intervals[index] = interval
             self.registered += 1
             if self.registered == self.agents:
                 self.registration_seconds = time.perf_counter() - self._started
@@ -497,15 +508,25 @@ class Fleet:
             sequence += 1
             await call.write(heartbeat_message(sequence, rng))
             self.late.append(loop.time() - due)
-            due += interval
+            # The interval in force (the server may have changed it since).
+            due += self._intervals[index]
 
     async def _read(self, index: int, call: Call) -> None:
-        # The server sends nothing after Registered unless it ends the stream.
-        try:
-            message = await call.read()
-        except grpc.aio.AioRpcError as exc:
-            message = f"{exc.code().name} {exc.details()}"
-        self.errors.append(f"agent {index}: unexpected message or end of stream: {message!r}")
+        # After Registered the server sends only interval changes, unless it ends
+        # the stream. A changed interval spaces the heartbeats after the one due.
+        while True:
+            try:
+                message = await call.read()
+            except grpc.aio.AioRpcError as exc:
+                message = f"{exc.code().name} {exc.details()}"
+            if isinstance(message, agent_pb2.ServerMessage) and message.HasField(
+                "heartbeat_interval"
+            ):
+                self._intervals[index] = self.interval = message.heartbeat_interval.seconds
+                self.retold += 1
+                continue
+            self.errors.append(f"agent {index}: unexpected message or end of stream: {message!r}")
+            return
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -543,6 +564,7 @@ class Row:
 
     attempts: int = 1
     deferred: int = 0  # Registers told to come back later (a paced storm)
+    retold: int = 0  # HeartbeatInterval messages the agents received
     # GET /healthz on the API port: p50 before the storm, p50 / p99 during it, failures.
     api_idle_p50: float = math.nan
     api_storm_p50: float = math.nan
@@ -576,7 +598,7 @@ def _pct(values: list[float], q: float) -> float:
 
 async def run_row(agents: int, window: float, args: argparse.Namespace, pin: bool) -> Row:
     say(f"{agents} agents: starting the server")
-    server = Server(interval=args.interval, pin=pin)
+    server = Server(interval=args.interval, pin=pin, scale_above=args.scale_above)
     fleet = Fleet(agents=agents, port=server.agent_port, per_channel=args.streams_per_channel)
     try:
         await server.wait_ready()
@@ -651,6 +673,7 @@ async def run_row(agents: int, window: float, args: argparse.Namespace, pin: boo
             late_max=max(fleet.late, default=math.nan),
             errors=list(fleet.errors),
             deferred=fleet.deferred,
+            retold=fleet.retold,
             api_idle_p50=api_idle,
             api_storm_p50=api_storm,
             api_storm_p99=_pct(storm_probe.latencies, 0.99),
@@ -725,7 +748,7 @@ def render(rows: list[Row], args: argparse.Namespace, pinned: bool, command: str
         else "nothing pinned (fewer than 2 cores)"
     )
     lines = [
-        "## 1,000 agents heartbeating against one server",
+        f"## {rows[-1].agents:,} agents heartbeating against one server",
         "",
         f"`{command}` · {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC · "
         f"{machine()} · tree {_tree_state()}",
@@ -738,8 +761,8 @@ def render(rows: list[Row], args: argparse.Namespace, pinned: bool, command: str
         "once; the window starts one interval after the last registration.",
         "",
         "| agents | interval | heartbeats/s | server CPU % | RSS MiB | handling p50 / p99 µs "
-        "| registration | told to come back | nodes ready |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| registration | told to come back | told a new interval | nodes ready |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         mark = " †" if r.disturbed(pinned) else ""
@@ -747,7 +770,7 @@ def render(rows: list[Row], args: argparse.Namespace, pinned: bool, command: str
             f"| {r.agents:,}{mark} | {r.interval:g} s | {r.beats / r.window:,.1f} "
             f"| {100 * r.server_cpu / r.window:.1f} | {r.rss / MIB:.0f} "
             f"| {_us(r.heartbeat_p50)} / {_us(r.heartbeat_p99)} "
-            f"| {r.registration_seconds:.2f} s | {r.deferred:,} | {_ready(r)} |"
+            f"| {r.registration_seconds:.2f} s | {r.deferred:,} | {r.retold:,} | {_ready(r)} |"
         )
     lines += [
         "",
@@ -790,7 +813,7 @@ def render(rows: list[Row], args: argparse.Namespace, pinned: bool, command: str
         "back later (RESOURCE_EXHAUSTED, `llmgw-retry-after-ms`) waits as told and registers "
         "again, as `llmgw agent` does (told to come back: how many times). "
         "Nodes ready: `GET /admin/api/nodes` "
-        f"after the window (unreachable after {3 * args.interval:g} s without a heartbeat).",
+        "after the window (unreachable after three intervals, as told, without a heartbeat).",
         "- Send lateness: how late this process sent heartbeats against their schedule; low "
         "values mean the agents' side did not limit the rate. Other load: each core's busy "
         "time (/proc/stat) less the process pinned there, in % of the window: other "
@@ -846,6 +869,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--baseline-window", type=float, default=30.0, help="baseline row's window, s"
     )
     parser.add_argument("--streams-per-channel", type=int, default=50)
+    parser.add_argument(
+        "--scale-above",
+        type=int,
+        default=None,
+        help="control.heartbeat_scale_above for the server (default: the server's own)",
+    )
     parser.add_argument(
         "--retries",
         type=int,
