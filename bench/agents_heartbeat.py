@@ -4,7 +4,12 @@ One run starts `llmgw server` (router-only, `--auth-mode open`, a dead static
 endpoint because router-only mode needs one) pinned to core 0, and simulates
 the agents in this process, pinned to core 1: real grpc.aio streams to the
 agent listener on 127.0.0.1, spread over channels of `--streams-per-channel`
-streams, each channel its own TCP connection. Every agent registers with 8
+streams, each channel its own TCP connection. With `--mtls` the server runs its
+default agent listener (mTLS with the cluster CA): the bench makes a join token
+(`llmgw nodes token create`), joins every agent with it as `llmgw agent --token`
+does (its own key and CSR; the join time is printed, not part of the
+registration time), and each agent dials with its node certificate over a TLS
+connection of its own, as real agents do. Every agent registers with 8
 declared GPUs, then heartbeats with the usage of its 8 GPUs every interval the
 server hands out (`control.heartbeat_interval`, set from `--interval`); the
 agents' phases are spread evenly over the interval, not in lockstep. Above
@@ -69,7 +74,9 @@ from pathlib import Path
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from llmgw.agent.enroll import EnrollError, NodeCredentials, join
 from llmgw.agent.refusal import retry_after
+from llmgw.pki.cluster import parse_join_token
 from llmgw.proto import agent_pb2, agent_pb2_grpc
 
 HOST = "127.0.0.1"
@@ -81,6 +88,10 @@ MIB = 1 << 20
 HEARTBEAT = "heartbeat"
 HISTOGRAM = "llmgw_agent_message_seconds"
 REGISTER_TIMEOUT = 60.0
+# With --mtls: Joins in flight at once, and tries per node (a server that has just
+# started may not lead yet).
+JOIN_CONCURRENCY = 32
+JOIN_ATTEMPTS = 10
 STARTUP_TIMEOUT = 20.0
 # % of the server's core used by others (other processes, unattributed kernel
 # work such as loopback softirqs) above which a row counts as disturbed and is
@@ -139,7 +150,9 @@ def _get(port: int, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
 class Server:
     """One `llmgw server` subprocess; `stop()` ends it, always."""
 
-    def __init__(self, *, interval: float, pin: bool, scale_above: int | None = None) -> None:
+    def __init__(
+        self, *, interval: float, pin: bool, scale_above: int | None = None, mtls: bool = False
+    ) -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="llmgw-agents-bench-"))
         self.admin_port = _free_port()
         self.agent_port = _free_port()
@@ -168,11 +181,11 @@ class Server:
             "--agent-listen", f"{HOST}:{self.agent_port}",
             "--data-dir", str(self._dir / "data"),
             "--auth-mode", "open",
-            # The simulated agents dial plaintext channels: this measures the agent
-            # service, not TLS handshakes.
-            "--insecure-agents",
             "--log-level", "warning",
         ]  # fmt: skip
+        if not mtls:
+            # Plaintext channels: this measures the agent service, not TLS handshakes.
+            self.argv.append("--insecure-agents")
         core = str(SERVER_CORE) if pin else "-"
         with self.log.open("wb") as out:
             self._proc = subprocess.Popen(
@@ -357,8 +370,12 @@ def quantile(q: float, buckets: Buckets) -> float:
 Call = grpc.aio.StreamStreamCall[agent_pb2.AgentMessage, agent_pb2.ServerMessage]
 
 
+def node_name(index: int) -> str:
+    return f"bench-node-{index:05d}"
+
+
 def register_message(index: int) -> agent_pb2.Register:
-    node_id = f"bench-node-{index:05d}"
+    node_id = node_name(index)
     return agent_pb2.Register(
         node_id=node_id,
         hostname=f"{node_id}.bench",
@@ -414,6 +431,9 @@ class Fleet:
     agents: int
     port: int
     per_channel: int
+    # With mTLS: each agent's key and certificate from its Join, one channel (one
+    # TLS connection) per agent, as real agents have.
+    credentials: list[NodeCredentials] | None = None
     channels: list[grpc.aio.Channel] = field(default_factory=list)
     registered: int = 0
     # Registers the server told to come back later (a paced storm), and the longest wait.
@@ -437,10 +457,20 @@ class Fleet:
         # A local subchannel pool per channel: without it gRPC shares one TCP
         # connection between channels to the same target.
         options = [("grpc.use_local_subchannel_pool", 1)]
-        for _ in range(math.ceil(self.agents / self.per_channel)):
+        if self.credentials is not None:
+            for creds in self.credentials:
+                tls = grpc.ssl_channel_credentials(
+                    root_certificates=creds.ca_pem,
+                    private_key=creds.key_pem,
+                    certificate_chain=creds.cert_pem,
+                )
+                self.channels.append(
+                    grpc.aio.secure_channel(f"{HOST}:{self.port}", tls, options=options)
+                )
+        for _ in range(0 if self.credentials else math.ceil(self.agents / self.per_channel)):
             channel = grpc.aio.insecure_channel(f"{HOST}:{self.port}", options=options)
             self.channels.append(channel)
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(10 if self.credentials is None else 120):
             await asyncio.gather(*(c.channel_ready() for c in self.channels))
 
     def start(self) -> None:
@@ -596,13 +626,58 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+async def join_fleet(server: Server, agents: int) -> tuple[list[NodeCredentials], float]:
+    """Make a join token on the server and join `agents` nodes with it, as `llmgw agent
+    --token` does (a key and CSR each); their credentials and the seconds it took."""
+    made = await asyncio.to_thread(
+        subprocess.run,
+        [
+            sys.executable, "-m", "llmgw", "nodes", "token", "create", "--json",
+            "--admin", f"http://{HOST}:{server.admin_port}",
+            "--server", f"{HOST}:{server.agent_port}",
+        ],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    if made.returncode != 0:
+        raise BenchError(f"llmgw nodes token create failed: {made.stderr.strip()}", server.tail())
+    token = parse_join_token(json.loads(made.stdout)["token"])
+    address = f"{HOST}:{server.agent_port}"
+    gate = asyncio.Semaphore(JOIN_CONCURRENCY)
+
+    async def one(index: int) -> NodeCredentials:
+        async with gate:
+            for attempt in range(JOIN_ATTEMPTS):
+                try:
+                    return await join(
+                        address,
+                        token,
+                        node_id=node_name(index),
+                        now=datetime.datetime.now(datetime.UTC),
+                    )
+                except EnrollError as exc:
+                    if exc.final or attempt == JOIN_ATTEMPTS - 1:
+                        raise BenchError(
+                            f"agent {index} could not join: {exc}", server.tail()
+                        ) from exc
+                await asyncio.sleep(0.5)
+            raise AssertionError("unreachable")
+
+    started = time.perf_counter()
+    credentials = await asyncio.gather(*(one(i) for i in range(agents)))
+    return list(credentials), time.perf_counter() - started
+
+
 async def run_row(agents: int, window: float, args: argparse.Namespace, pin: bool) -> Row:
     say(f"{agents} agents: starting the server")
-    server = Server(interval=args.interval, pin=pin, scale_above=args.scale_above)
-    fleet = Fleet(agents=agents, port=server.agent_port, per_channel=args.streams_per_channel)
+    server = Server(interval=args.interval, pin=pin, scale_above=args.scale_above, mtls=args.mtls)
+    per_channel = 1 if args.mtls else args.streams_per_channel
+    fleet = Fleet(agents=agents, port=server.agent_port, per_channel=per_channel)
     try:
         await server.wait_ready()
         idle_rss = server.rss()
+        if args.mtls:
+            fleet.credentials, joined = await join_fleet(server, agents)
+            say(f"{agents} agents: joined with a token in {joined:.1f} s; one TLS channel each")
         await fleet.connect()
         with ApiProbe(server.api_port) as idle_probe:
             await asyncio.sleep(2.0)
@@ -740,7 +815,14 @@ def _other_load(row: Row, pinned: bool) -> str:
 
 
 def render(rows: list[Row], args: argparse.Namespace, pinned: bool, command: str) -> str:
-    per_channel = args.streams_per_channel
+    transport = (
+        "over mTLS: each agent joined with one join token first (a key and CSR of its own, "
+        "as `llmgw agent --token` does) and dials with its node certificate, one TLS "
+        "connection per agent"
+        if args.mtls
+        else f"plaintext, {args.streams_per_channel} streams per channel, each channel its "
+        "own TCP connection"
+    )
     placement = (
         f"the server pinned to core {SERVER_CORE}, the simulated agents (this process) to "
         f"core {AGENT_CORE}"
@@ -754,9 +836,9 @@ def render(rows: list[Row], args: argparse.Namespace, pinned: bool, command: str
         f"{machine()} · tree {_tree_state()}",
         "",
         f"One `llmgw server` (router-only, `--auth-mode open`) on 127.0.0.1, {placement}. "
-        f"Each agent is a real grpc.aio `AgentService.Connect` stream ({per_channel} streams "
-        f"per channel, each channel its own TCP connection), registers with {GPUS_PER_NODE} "
-        f"declared GPUs, then sends a heartbeat with the usage of its {GPUS_PER_NODE} GPUs "
+        f"Each agent is a real grpc.aio `AgentService.Connect` stream ({transport}), "
+        f"registers with {GPUS_PER_NODE} declared GPUs, then sends a heartbeat with the "
+        f"usage of its {GPUS_PER_NODE} GPUs "
         "every interval, phases spread evenly over the interval. All agents register at "
         "once; the window starts one interval after the last registration.",
         "",
@@ -869,6 +951,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--baseline-window", type=float, default=30.0, help="baseline row's window, s"
     )
     parser.add_argument("--streams-per-channel", type=int, default=50)
+    parser.add_argument(
+        "--mtls",
+        action="store_true",
+        help="agents join with a token and dial mTLS with their node certificates, one "
+        "TLS connection each (the default path of llmgw agent); --streams-per-channel is ignored",
+    )
     parser.add_argument(
         "--scale-above",
         type=int,
