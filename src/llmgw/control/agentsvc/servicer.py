@@ -11,6 +11,11 @@ old stream ends with ABORTED); see `identity.py`. When a stream ends, the node
 is marked disconnected in the inventory (unless a newer stream already took
 over).
 
+The interval in `Registered` grows with the number of connected nodes above
+`heartbeat_scale_above` (`cadence.py`); agents whose Register says they follow
+changes get a `HeartbeatInterval` when it changes, and each node's thresholds
+in the inventory follow the interval that node was told.
+
 `AgentServicer` also implements `Dispatcher`: it is the only object that can
 deliver a command to a node. Given a registry, it times every message it
 handles and reports its open streams (see `metrics.py`).
