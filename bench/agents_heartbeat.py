@@ -4,10 +4,19 @@ One run starts `llmgw server` (router-only, `--auth-mode open`, a dead static
 endpoint because router-only mode needs one) pinned to core 0, and simulates
 the agents in this process, pinned to core 1: real grpc.aio streams to the
 agent listener on 127.0.0.1, spread over channels of `--streams-per-channel`
-streams, each channel its own TCP connection. Every agent registers with 8
+streams, each channel its own TCP connection. With `--mtls` the server runs its
+default agent listener (mTLS with the cluster CA): the bench makes a join token
+(`llmgw nodes token create`), joins every agent with it as `llmgw agent --token`
+does (its own key and CSR; the join time is printed, not part of the
+registration time), and each agent dials with its node certificate over a TLS
+connection of its own, as real agents do. Every agent registers with 8
 declared GPUs, then heartbeats with the usage of its 8 GPUs every interval the
 server hands out (`control.heartbeat_interval`, set from `--interval`); the
-agents' phases are spread evenly over the interval, not in lockstep.
+agents' phases are spread evenly over the interval, not in lockstep. Above
+`--scale-above` connected nodes (`control.heartbeat_scale_above`; the server's
+default unless given) the server hands out a multiple of the interval and tells
+agents already connected; the simulated agents follow it, as `llmgw agent` does
+(told the new interval: how many times).
 
 All agents register at once (as after a server restart); the registration
 time is from the first `Register` sent to the last `Registered` received.
@@ -65,7 +74,9 @@ from pathlib import Path
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from llmgw.agent.enroll import EnrollError, NodeCredentials, join
 from llmgw.agent.refusal import retry_after
+from llmgw.pki.cluster import parse_join_token
 from llmgw.proto import agent_pb2, agent_pb2_grpc
 
 HOST = "127.0.0.1"
@@ -77,6 +88,10 @@ MIB = 1 << 20
 HEARTBEAT = "heartbeat"
 HISTOGRAM = "llmgw_agent_message_seconds"
 REGISTER_TIMEOUT = 60.0
+# With --mtls: Joins in flight at once, and tries per node (a server that has just
+# started may not lead yet).
+JOIN_CONCURRENCY = 32
+JOIN_ATTEMPTS = 10
 STARTUP_TIMEOUT = 20.0
 # % of the server's core used by others (other processes, unattributed kernel
 # work such as loopback softirqs) above which a row counts as disturbed and is
@@ -135,7 +150,9 @@ def _get(port: int, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
 class Server:
     """One `llmgw server` subprocess; `stop()` ends it, always."""
 
-    def __init__(self, *, interval: float, pin: bool) -> None:
+    def __init__(
+        self, *, interval: float, pin: bool, scale_above: int | None = None, mtls: bool = False
+    ) -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="llmgw-agents-bench-"))
         self.admin_port = _free_port()
         self.agent_port = _free_port()
@@ -151,6 +168,7 @@ class Server:
                         "unreachable_after": 3 * interval,
                         "lost_after": 12 * interval,
                     }
+                    | ({} if scale_above is None else {"heartbeat_scale_above": scale_above})
                 }
             )
         )
@@ -163,11 +181,11 @@ class Server:
             "--agent-listen", f"{HOST}:{self.agent_port}",
             "--data-dir", str(self._dir / "data"),
             "--auth-mode", "open",
-            # The simulated agents dial plaintext channels: this measures the agent
-            # service, not TLS handshakes.
-            "--insecure-agents",
             "--log-level", "warning",
         ]  # fmt: skip
+        if not mtls:
+            # Plaintext channels: this measures the agent service, not TLS handshakes.
+            self.argv.append("--insecure-agents")
         core = str(SERVER_CORE) if pin else "-"
         with self.log.open("wb") as out:
             self._proc = subprocess.Popen(
@@ -352,8 +370,12 @@ def quantile(q: float, buckets: Buckets) -> float:
 Call = grpc.aio.StreamStreamCall[agent_pb2.AgentMessage, agent_pb2.ServerMessage]
 
 
+def node_name(index: int) -> str:
+    return f"bench-node-{index:05d}"
+
+
 def register_message(index: int) -> agent_pb2.Register:
-    node_id = f"bench-node-{index:05d}"
+    node_id = node_name(index)
     return agent_pb2.Register(
         node_id=node_id,
         hostname=f"{node_id}.bench",
@@ -379,6 +401,7 @@ def register_message(index: int) -> agent_pb2.Register:
         port_range_start=20000,
         port_range_end=20099,
         weights_dir="/var/lib/llmgw/weights",
+        follows_heartbeat_interval=True,
     )
 
 
@@ -408,6 +431,9 @@ class Fleet:
     agents: int
     port: int
     per_channel: int
+    # With mTLS: each agent's key and certificate from its Join, one channel (one
+    # TLS connection) per agent, as real agents have.
+    credentials: list[NodeCredentials] | None = None
     channels: list[grpc.aio.Channel] = field(default_factory=list)
     registered: int = 0
     # Registers the server told to come back later (a paced storm), and the longest wait.
@@ -418,6 +444,10 @@ class Fleet:
     interval: float = math.nan
     late: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    # HeartbeatInterval messages received (the fleet grew past a step), and each
+    # agent's interval in force.
+    retold: int = 0
+    _intervals: dict[int, float] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _calls: list[Call] = field(default_factory=list)
     _started: float = 0.0  # perf_counter, for the registration time
@@ -427,10 +457,20 @@ class Fleet:
         # A local subchannel pool per channel: without it gRPC shares one TCP
         # connection between channels to the same target.
         options = [("grpc.use_local_subchannel_pool", 1)]
-        for _ in range(math.ceil(self.agents / self.per_channel)):
+        if self.credentials is not None:
+            for creds in self.credentials:
+                tls = grpc.ssl_channel_credentials(
+                    root_certificates=creds.ca_pem,
+                    private_key=creds.key_pem,
+                    certificate_chain=creds.cert_pem,
+                )
+                self.channels.append(
+                    grpc.aio.secure_channel(f"{HOST}:{self.port}", tls, options=options)
+                )
+        for _ in range(0 if self.credentials else math.ceil(self.agents / self.per_channel)):
             channel = grpc.aio.insecure_channel(f"{HOST}:{self.port}", options=options)
             self.channels.append(channel)
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(10 if self.credentials is None else 120):
             await asyncio.gather(*(c.channel_ready() for c in self.channels))
 
     def start(self) -> None:
@@ -470,6 +510,7 @@ class Fleet:
                 raise BenchError(f"agent {index}: expected Registered, got {reply!r}")
             interval = reply.registered.heartbeat_interval_seconds
             self.interval = interval
+            self._intervals[index] = interval
             self.registered += 1
             if self.registered == self.agents:
                 self.registration_seconds = time.perf_counter() - self._started
@@ -497,15 +538,25 @@ class Fleet:
             sequence += 1
             await call.write(heartbeat_message(sequence, rng))
             self.late.append(loop.time() - due)
-            due += interval
+            # The interval in force (the server may have changed it since).
+            due += self._intervals[index]
 
     async def _read(self, index: int, call: Call) -> None:
-        # The server sends nothing after Registered unless it ends the stream.
-        try:
-            message = await call.read()
-        except grpc.aio.AioRpcError as exc:
-            message = f"{exc.code().name} {exc.details()}"
-        self.errors.append(f"agent {index}: unexpected message or end of stream: {message!r}")
+        # After Registered the server sends only interval changes, unless it ends
+        # the stream. A changed interval spaces the heartbeats after the one due.
+        while True:
+            try:
+                message = await call.read()
+            except grpc.aio.AioRpcError as exc:
+                message = f"{exc.code().name} {exc.details()}"
+            if isinstance(message, agent_pb2.ServerMessage) and message.HasField(
+                "heartbeat_interval"
+            ):
+                self._intervals[index] = self.interval = message.heartbeat_interval.seconds
+                self.retold += 1
+                continue
+            self.errors.append(f"agent {index}: unexpected message or end of stream: {message!r}")
+            return
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -543,6 +594,7 @@ class Row:
 
     attempts: int = 1
     deferred: int = 0  # Registers told to come back later (a paced storm)
+    retold: int = 0  # HeartbeatInterval messages the agents received
     # GET /healthz on the API port: p50 before the storm, p50 / p99 during it, failures.
     api_idle_p50: float = math.nan
     api_storm_p50: float = math.nan
@@ -574,13 +626,58 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+async def join_fleet(server: Server, agents: int) -> tuple[list[NodeCredentials], float]:
+    """Make a join token on the server and join `agents` nodes with it, as `llmgw agent
+    --token` does (a key and CSR each); their credentials and the seconds it took."""
+    made = await asyncio.to_thread(
+        subprocess.run,
+        [
+            sys.executable, "-m", "llmgw", "nodes", "token", "create", "--json",
+            "--admin", f"http://{HOST}:{server.admin_port}",
+            "--server", f"{HOST}:{server.agent_port}",
+        ],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    if made.returncode != 0:
+        raise BenchError(f"llmgw nodes token create failed: {made.stderr.strip()}", server.tail())
+    token = parse_join_token(json.loads(made.stdout)["token"])
+    address = f"{HOST}:{server.agent_port}"
+    gate = asyncio.Semaphore(JOIN_CONCURRENCY)
+
+    async def one(index: int) -> NodeCredentials:
+        async with gate:
+            for attempt in range(JOIN_ATTEMPTS):
+                try:
+                    return await join(
+                        address,
+                        token,
+                        node_id=node_name(index),
+                        now=datetime.datetime.now(datetime.UTC),
+                    )
+                except EnrollError as exc:
+                    if exc.final or attempt == JOIN_ATTEMPTS - 1:
+                        raise BenchError(
+                            f"agent {index} could not join: {exc}", server.tail()
+                        ) from exc
+                await asyncio.sleep(0.5)
+            raise AssertionError("unreachable")
+
+    started = time.perf_counter()
+    credentials = await asyncio.gather(*(one(i) for i in range(agents)))
+    return list(credentials), time.perf_counter() - started
+
+
 async def run_row(agents: int, window: float, args: argparse.Namespace, pin: bool) -> Row:
     say(f"{agents} agents: starting the server")
-    server = Server(interval=args.interval, pin=pin)
-    fleet = Fleet(agents=agents, port=server.agent_port, per_channel=args.streams_per_channel)
+    server = Server(interval=args.interval, pin=pin, scale_above=args.scale_above, mtls=args.mtls)
+    per_channel = 1 if args.mtls else args.streams_per_channel
+    fleet = Fleet(agents=agents, port=server.agent_port, per_channel=per_channel)
     try:
         await server.wait_ready()
         idle_rss = server.rss()
+        if args.mtls:
+            fleet.credentials, joined = await join_fleet(server, agents)
+            say(f"{agents} agents: joined with a token in {joined:.1f} s; one TLS channel each")
         await fleet.connect()
         with ApiProbe(server.api_port) as idle_probe:
             await asyncio.sleep(2.0)
@@ -651,6 +748,7 @@ async def run_row(agents: int, window: float, args: argparse.Namespace, pin: boo
             late_max=max(fleet.late, default=math.nan),
             errors=list(fleet.errors),
             deferred=fleet.deferred,
+            retold=fleet.retold,
             api_idle_p50=api_idle,
             api_storm_p50=api_storm,
             api_storm_p99=_pct(storm_probe.latencies, 0.99),
@@ -717,7 +815,14 @@ def _other_load(row: Row, pinned: bool) -> str:
 
 
 def render(rows: list[Row], args: argparse.Namespace, pinned: bool, command: str) -> str:
-    per_channel = args.streams_per_channel
+    transport = (
+        "over mTLS: each agent joined with one join token first (a key and CSR of its own, "
+        "as `llmgw agent --token` does) and dials with its node certificate, one TLS "
+        "connection per agent"
+        if args.mtls
+        else f"plaintext, {args.streams_per_channel} streams per channel, each channel its "
+        "own TCP connection"
+    )
     placement = (
         f"the server pinned to core {SERVER_CORE}, the simulated agents (this process) to "
         f"core {AGENT_CORE}"
@@ -725,21 +830,21 @@ def render(rows: list[Row], args: argparse.Namespace, pinned: bool, command: str
         else "nothing pinned (fewer than 2 cores)"
     )
     lines = [
-        "## 1,000 agents heartbeating against one server",
+        f"## {rows[-1].agents:,} agents heartbeating against one server",
         "",
         f"`{command}` · {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC · "
         f"{machine()} · tree {_tree_state()}",
         "",
         f"One `llmgw server` (router-only, `--auth-mode open`) on 127.0.0.1, {placement}. "
-        f"Each agent is a real grpc.aio `AgentService.Connect` stream ({per_channel} streams "
-        f"per channel, each channel its own TCP connection), registers with {GPUS_PER_NODE} "
-        f"declared GPUs, then sends a heartbeat with the usage of its {GPUS_PER_NODE} GPUs "
+        f"Each agent is a real grpc.aio `AgentService.Connect` stream ({transport}), "
+        f"registers with {GPUS_PER_NODE} declared GPUs, then sends a heartbeat with the "
+        f"usage of its {GPUS_PER_NODE} GPUs "
         "every interval, phases spread evenly over the interval. All agents register at "
         "once; the window starts one interval after the last registration.",
         "",
         "| agents | interval | heartbeats/s | server CPU % | RSS MiB | handling p50 / p99 µs "
-        "| registration | told to come back | nodes ready |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| registration | told to come back | told a new interval | nodes ready |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         mark = " †" if r.disturbed(pinned) else ""
@@ -747,7 +852,7 @@ def render(rows: list[Row], args: argparse.Namespace, pinned: bool, command: str
             f"| {r.agents:,}{mark} | {r.interval:g} s | {r.beats / r.window:,.1f} "
             f"| {100 * r.server_cpu / r.window:.1f} | {r.rss / MIB:.0f} "
             f"| {_us(r.heartbeat_p50)} / {_us(r.heartbeat_p99)} "
-            f"| {r.registration_seconds:.2f} s | {r.deferred:,} | {_ready(r)} |"
+            f"| {r.registration_seconds:.2f} s | {r.deferred:,} | {r.retold:,} | {_ready(r)} |"
         )
     lines += [
         "",
@@ -790,7 +895,7 @@ def render(rows: list[Row], args: argparse.Namespace, pinned: bool, command: str
         "back later (RESOURCE_EXHAUSTED, `llmgw-retry-after-ms`) waits as told and registers "
         "again, as `llmgw agent` does (told to come back: how many times). "
         "Nodes ready: `GET /admin/api/nodes` "
-        f"after the window (unreachable after {3 * args.interval:g} s without a heartbeat).",
+        "after the window (unreachable after three intervals, as told, without a heartbeat).",
         "- Send lateness: how late this process sent heartbeats against their schedule; low "
         "values mean the agents' side did not limit the rate. Other load: each core's busy "
         "time (/proc/stat) less the process pinned there, in % of the window: other "
@@ -846,6 +951,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--baseline-window", type=float, default=30.0, help="baseline row's window, s"
     )
     parser.add_argument("--streams-per-channel", type=int, default=50)
+    parser.add_argument(
+        "--mtls",
+        action="store_true",
+        help="agents join with a token and dial mTLS with their node certificates, one "
+        "TLS connection each (the default path of llmgw agent); --streams-per-channel is ignored",
+    )
+    parser.add_argument(
+        "--scale-above",
+        type=int,
+        default=None,
+        help="control.heartbeat_scale_above for the server (default: the server's own)",
+    )
     parser.add_argument(
         "--retries",
         type=int,

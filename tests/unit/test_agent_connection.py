@@ -37,6 +37,7 @@ from llmgw.pki import TlsMaterial
 from llmgw.proto import agent_pb2, agent_pb2_grpc
 
 HEARTBEAT = 1000.0  # never reached: heartbeats are not what these tests watch
+RETIMED = 250.0  # a new interval: the fake sleep records it
 # A registering server answers well within this even on a loaded machine; a silent
 # one is only waited for in the test that names SILENT_TIMEOUT.
 CONNECT_TIMEOUT = 10.0
@@ -57,7 +58,8 @@ class Servicer(agent_pb2_grpc.AgentServiceServicer):
 
     "refuse", "standby" (UNAVAILABLE with the refusal metadata), "deny"
     (PERMISSION_DENIED after Register), "silent", "register" (then the stream
-    ends) or "hold" (registers and keeps the stream open).
+    ends), "hold" (registers and keeps the stream open) or "retime" (holds, and tells
+    the agent a new heartbeat interval, RETIMED, right after Registered).
     """
 
     def __init__(self, name: str, events: list[str], behaviour: Callable[[int], str]) -> None:
@@ -95,7 +97,13 @@ class Servicer(agent_pb2_grpc.AgentServiceServicer):
                 registered=agent_pb2.Registered(heartbeat_interval_seconds=HEARTBEAT)
             )
         )
-        if what == "hold":
+        if what == "retime":
+            await context.write(
+                agent_pb2.ServerMessage(
+                    heartbeat_interval=agent_pb2.HeartbeatInterval(seconds=RETIMED)
+                )
+            )
+        if what in ("hold", "retime"):
             while await context.read() is not grpc.aio.EOF:
                 pass
         # ...and the stream ends at once: the agent must dial again.
@@ -306,3 +314,25 @@ async def test_cancelling_the_loop_closes_the_stream(servers: Servers, tmp_path:
     with contextlib.suppress(asyncio.CancelledError):
         await task
     assert task.cancelled()
+
+
+async def test_the_agent_says_it_follows_interval_changes_and_does(
+    servers: Servers, tmp_path: Path
+) -> None:
+    address, servicer = await servers.add("leader", lambda n: "retime")
+    conn = connection([address], servers.events, tmp_path, sleeps=100)
+    task = asyncio.create_task(conn.run())
+    try:
+        # The heartbeat after Registered, then its wait: HEARTBEAT parks, until the
+        # HeartbeatInterval moves the due time to RETIMED after the wait began.
+        for _ in range(2000):
+            if any(e.startswith("sleep") for e in servers.events):
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert servicer.registers[0].follows_heartbeat_interval
+    waits = [float(e.split()[1]) for e in servers.events if e.startswith("sleep")]
+    assert waits and RETIMED - 10 < waits[0] <= RETIMED, servers.events

@@ -27,7 +27,9 @@ HTTP/2 keepalive pings notice a server that stopped answering (a frozen
 process, a vanished host) on an established stream within
 keepalive_time + keepalive_timeout seconds.
 
-While registered, the agent sends a heartbeat every interval the server gave,
+While registered, the agent sends a heartbeat every interval the server gave
+(at registration, and again in a HeartbeatInterval message when a big fleet's
+interval changes: the next heartbeat is then due that long after the last),
 every shard transition as a ShardStatus, and one CommandResult per command.
 Each Register carries the current report of every shard (running ones, and
 stopped or failed ones the server has not been told about yet), so transitions
@@ -387,16 +389,17 @@ class Connection:
         registered: agent_pb2.Registered,
         outbox: asyncio.Queue[_Outgoing],
     ) -> None:
-        interval = registered.heartbeat_interval_seconds
-        if interval <= 0:
-            interval = self._settings.default_heartbeat_seconds
+        seconds = registered.heartbeat_interval_seconds
+        if seconds <= 0:
+            seconds = self._settings.default_heartbeat_seconds
+        interval = _Interval(seconds)
         log.info(
             "registered as %s with %s (leader %s, server %s); heartbeat every %gs",
             self._identity.node_id,
             address,
             registered.leader_id or "?",
             registered.server_version or "?",
-            interval,
+            seconds,
         )
         commands: set[asyncio.Task[None]] = set()
         self._live_outbox = outbox
@@ -404,7 +407,7 @@ class Connection:
             async with asyncio.TaskGroup() as group:
                 writer = group.create_task(self._write_loop(call, outbox))
                 beats = group.create_task(self._heartbeat_loop(outbox, interval))
-                await self._read_loop(address, call, outbox, group, commands)
+                await self._read_loop(address, call, outbox, group, commands, interval)
                 for task in (writer, beats, *commands):
                     task.cancel()
         except* _StreamBroken as broken:
@@ -419,6 +422,7 @@ class Connection:
         outbox: asyncio.Queue[_Outgoing],
         group: asyncio.TaskGroup,
         commands: set[asyncio.Task[None]],
+        interval: _Interval,
     ) -> None:
         while True:
             try:
@@ -443,6 +447,9 @@ class Connection:
             if not isinstance(message, agent_pb2.ServerMessage):
                 log.warning("the control plane at %s closed the stream", address)
                 return
+            if message.HasField("heartbeat_interval"):
+                interval.change(message.heartbeat_interval.seconds)
+                continue
             command = self._command(message)
             if command is None:
                 continue
@@ -543,7 +550,7 @@ class Connection:
             if isinstance(item, ShardReport) and item.state.terminal:
                 self._supervisor.forget(item)
 
-    async def _heartbeat_loop(self, outbox: asyncio.Queue[_Outgoing], interval: float) -> None:
+    async def _heartbeat_loop(self, outbox: asyncio.Queue[_Outgoing], interval: _Interval) -> None:
         while True:
             usage = await self._hardware.usage()
             held = await self._snapshots.held() if self._snapshots is not None else []
@@ -555,4 +562,40 @@ class Connection:
             )
             self._sequence += 1
             outbox.put_nowait(wire.heartbeat(self._sequence, usage, held, host, pulls))
-            await self._sleep(interval)
+            await interval.wait(self._sleep)
+
+
+class _Interval:
+    """The heartbeat interval of one stream; the server may change it while it runs."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._changed = asyncio.Event()
+
+    def change(self, seconds: float) -> None:
+        """A HeartbeatInterval from the server; one that is not positive is ignored."""
+        if seconds <= 0 or seconds == self.seconds:
+            return
+        log.info("the control plane set the heartbeat interval to %gs", seconds)
+        self.seconds = seconds
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait(self, sleep: Callable[[float], Awaitable[None]]) -> None:
+        """Until the next heartbeat is due: an interval after this call began, by the
+        interval in force (a change while waiting moves the due time)."""
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        remaining = self.seconds
+        while remaining > 0:
+            changed = asyncio.ensure_future(self._changed.wait())
+            slept = asyncio.ensure_future(sleep(remaining))
+            try:
+                await asyncio.wait((changed, slept), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                changed.cancel()
+                woken = not slept.done()
+                slept.cancel()
+            if not woken:
+                return
+            remaining = self.seconds - (loop.time() - began)

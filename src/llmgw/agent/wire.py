@@ -117,6 +117,7 @@ def register(
             weights_max_use_fraction=limit.fraction or 0.0 if limit is not None else 0.0,
             weights_max_use_bytes=limit.size or 0 if limit is not None else 0,
             sleep_memory_max_bytes=identity.sleep_memory_max,
+            follows_heartbeat_interval=True,
             advertise_host=advertise_host,
             interfaces=[
                 agent_pb2.NetworkInterface(name=i.name, addresses=list(i.addresses))

@@ -562,6 +562,7 @@ async def _serve(
         placements=placements,
         stop_grace=cfg.control.stop_grace,
         heartbeat_interval=cfg.control.heartbeat_interval,
+        heartbeat_scale_above=cfg.control.heartbeat_scale_above,
         leader_id=server_id,
         server_version=__version__,
         command_timeout=AGENT_COMMAND_TIMEOUT,

@@ -469,7 +469,22 @@ class ControlConfig(_Strict):
     heartbeat_interval: float = Field(
         default=5.0,
         gt=0,
-        description="Seconds between agent heartbeats; sent to every agent when it registers.",
+        description=(
+            "Seconds between agent heartbeats; sent to every agent when it registers. "
+            "Above `heartbeat_scale_above` connected nodes the server hands out a "
+            "multiple of it (see there)."
+        ),
+    )
+    heartbeat_scale_above: int = Field(
+        default=5000,
+        ge=1,
+        description=(
+            "Connected nodes up to which agents heartbeat every `heartbeat_interval`. With "
+            "more, the interval is `heartbeat_interval` times ceil(nodes / this), so the "
+            "server handles at most about this many heartbeats per interval; agents are "
+            "told the new interval, and `unreachable_after` / `lost_after` grow for each "
+            "node by the same factor as the interval it was told."
+        ),
     )
     registrations_per_second: float = Field(
         default=300.0,
@@ -492,14 +507,19 @@ class ControlConfig(_Strict):
     unreachable_after: float = Field(
         default=15.0,
         gt=0,
-        description="A node with no heartbeat for this long is unreachable (three missed beats).",
+        description=(
+            "A node with no heartbeat for this long is unreachable (three missed beats); "
+            "for a node told a longer interval (`heartbeat_scale_above`), as many times "
+            "longer as its interval is."
+        ),
     )
     lost_after: float = Field(
         default=60.0,
         gt=0,
         description=(
             "A node with no heartbeat for this long is lost and its replicas belong "
-            "elsewhere; long enough to ride out a control-plane restart."
+            "elsewhere; long enough to ride out a control-plane restart. Scaled per node "
+            "as `unreachable_after` is."
         ),
     )
 

@@ -110,7 +110,7 @@ class Hardware(_message.Message):
     def __init__(self, gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., cpu_count: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., weights_disk_free_bytes: _Optional[int] = ..., gpu_source: _Optional[str] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("node_id", "hostname", "agent_version", "hardware", "labels", "fabric", "running_shards", "port_range_start", "port_range_end", "weights_dir", "advertise_host", "interfaces", "weights_max_use_fraction", "weights_max_use_bytes", "sleep_memory_max_bytes")
+    __slots__ = ("node_id", "hostname", "agent_version", "hardware", "labels", "fabric", "running_shards", "port_range_start", "port_range_end", "weights_dir", "advertise_host", "interfaces", "weights_max_use_fraction", "weights_max_use_bytes", "sleep_memory_max_bytes", "follows_heartbeat_interval")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +140,7 @@ class Register(_message.Message):
     WEIGHTS_MAX_USE_FRACTION_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_MAX_USE_BYTES_FIELD_NUMBER: _ClassVar[int]
     SLEEP_MEMORY_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWS_HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     hostname: str
     agent_version: str
@@ -155,7 +156,8 @@ class Register(_message.Message):
     weights_max_use_fraction: float
     weights_max_use_bytes: int
     sleep_memory_max_bytes: int
-    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., agent_version: _Optional[str] = ..., hardware: _Optional[_Union[Hardware, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., fabric: _Optional[_Mapping[str, str]] = ..., running_shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., port_range_start: _Optional[int] = ..., port_range_end: _Optional[int] = ..., weights_dir: _Optional[str] = ..., advertise_host: _Optional[str] = ..., interfaces: _Optional[_Iterable[_Union[NetworkInterface, _Mapping]]] = ..., weights_max_use_fraction: _Optional[float] = ..., weights_max_use_bytes: _Optional[int] = ..., sleep_memory_max_bytes: _Optional[int] = ...) -> None: ...
+    follows_heartbeat_interval: bool
+    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., agent_version: _Optional[str] = ..., hardware: _Optional[_Union[Hardware, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., fabric: _Optional[_Mapping[str, str]] = ..., running_shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., port_range_start: _Optional[int] = ..., port_range_end: _Optional[int] = ..., weights_dir: _Optional[str] = ..., advertise_host: _Optional[str] = ..., interfaces: _Optional[_Iterable[_Union[NetworkInterface, _Mapping]]] = ..., weights_max_use_fraction: _Optional[float] = ..., weights_max_use_bytes: _Optional[int] = ..., sleep_memory_max_bytes: _Optional[int] = ..., follows_heartbeat_interval: _Optional[bool] = ...) -> None: ...
 
 class NetworkInterface(_message.Message):
     __slots__ = ("name", "addresses")
@@ -282,7 +284,7 @@ class CommandResult(_message.Message):
     def __init__(self, command_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
-    __slots__ = ("registered", "start_shard", "stop_shard", "drain_shard", "remove_weights", "sleep_shard", "wake_shard", "pull_weights", "load_adapter", "unload_adapter", "command_id")
+    __slots__ = ("registered", "start_shard", "stop_shard", "drain_shard", "remove_weights", "sleep_shard", "wake_shard", "pull_weights", "load_adapter", "unload_adapter", "heartbeat_interval", "command_id")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     START_SHARD_FIELD_NUMBER: _ClassVar[int]
     STOP_SHARD_FIELD_NUMBER: _ClassVar[int]
@@ -293,6 +295,7 @@ class ServerMessage(_message.Message):
     PULL_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     LOAD_ADAPTER_FIELD_NUMBER: _ClassVar[int]
     UNLOAD_ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     registered: Registered
     start_shard: StartShard
@@ -304,8 +307,15 @@ class ServerMessage(_message.Message):
     pull_weights: PullWeights
     load_adapter: LoadAdapter
     unload_adapter: UnloadAdapter
+    heartbeat_interval: HeartbeatInterval
     command_id: str
-    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., start_shard: _Optional[_Union[StartShard, _Mapping]] = ..., stop_shard: _Optional[_Union[StopShard, _Mapping]] = ..., drain_shard: _Optional[_Union[DrainShard, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ..., sleep_shard: _Optional[_Union[SleepShard, _Mapping]] = ..., wake_shard: _Optional[_Union[WakeShard, _Mapping]] = ..., pull_weights: _Optional[_Union[PullWeights, _Mapping]] = ..., load_adapter: _Optional[_Union[LoadAdapter, _Mapping]] = ..., unload_adapter: _Optional[_Union[UnloadAdapter, _Mapping]] = ..., command_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., start_shard: _Optional[_Union[StartShard, _Mapping]] = ..., stop_shard: _Optional[_Union[StopShard, _Mapping]] = ..., drain_shard: _Optional[_Union[DrainShard, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ..., sleep_shard: _Optional[_Union[SleepShard, _Mapping]] = ..., wake_shard: _Optional[_Union[WakeShard, _Mapping]] = ..., pull_weights: _Optional[_Union[PullWeights, _Mapping]] = ..., load_adapter: _Optional[_Union[LoadAdapter, _Mapping]] = ..., unload_adapter: _Optional[_Union[UnloadAdapter, _Mapping]] = ..., heartbeat_interval: _Optional[_Union[HeartbeatInterval, _Mapping]] = ..., command_id: _Optional[str] = ...) -> None: ...
+
+class HeartbeatInterval(_message.Message):
+    __slots__ = ("seconds",)
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    seconds: float
+    def __init__(self, seconds: _Optional[float] = ...) -> None: ...
 
 class Registered(_message.Message):
     __slots__ = ("heartbeat_interval_seconds", "leader_id", "server_version")

@@ -274,12 +274,14 @@ class IdentityGate:
         if live is None:
             return None
         silent = self._clock() - live.last_heard
+        # Its agent was told a longer interval in a big fleet: it is silent for longer.
+        silent_after = self._silent_after * live.beat_factor
         if key_hash is not None and (self._identities is not None or live.key_hash == key_hash):
             # The node reconnecting (the servicer closes the old stream): its key
             # is the live stream's, or the store just said the id is this key's
             # (after a renewal with a new key, the old stream has the old one).
             return self._reconnect(node_id, peer, live, silent)
-        if silent >= self._silent_after:
+        if silent >= silent_after:
             log.warning(
                 "node %s registered from %s while its stream from %s was open but silent "
                 "for %.0f s; treating the old stream as dead",
@@ -292,7 +294,7 @@ class IdentityGate:
         message = (
             f"node id {node_id!r} is in use: an agent is connected under it from {live.peer} "
             f"(its last message {silent:.0f} s ago). {_NODE_ID_HINT}; if it is this node "
-            f"restarting, it gets in once the old stream closes (at most {self._silent_after:g} s)"
+            f"restarting, it gets in once the old stream closes (at most {silent_after:g} s)"
         )
         log.warning("refused an agent from %s: %s", peer, message)
         self._note(
@@ -315,7 +317,7 @@ class IdentityGate:
         """
         now = self._clock()
         recent = [t for t in self._replaced.get(node_id, ()) if now - t < REPLACE_WINDOW_SECONDS]
-        if len(recent) < REPLACE_LIMIT or silent >= self._silent_after:
+        if len(recent) < REPLACE_LIMIT or silent >= self._silent_after * live.beat_factor:
             self._replaced[node_id] = [*recent, now]
             return None
         self._replaced[node_id] = recent

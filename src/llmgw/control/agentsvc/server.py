@@ -46,6 +46,9 @@ log = logging.getLogger("llmgw.control.agentsvc")
 MIN_AGENT_PING_INTERVAL_MS = 1000
 SERVER_PING_INTERVAL_MS = 10_000
 SERVER_PING_TIMEOUT_MS = 10_000
+# Streams gRPC core may hold before the server takes them: twice the largest fleet
+# one server is built for (10,000 nodes), all reconnecting at once.
+MAX_PENDING_STREAMS = 20_000
 SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
     # gRPC sets SO_REUSEPORT by default: a second server on the same port would
     # bind silently and share the agents. Refuse instead.
@@ -57,6 +60,16 @@ SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
     # so the node shows as disconnected and its id is free again for its restart.
     ("grpc.keepalive_time_ms", SERVER_PING_INTERVAL_MS),
     ("grpc.keepalive_timeout_ms", SERVER_PING_TIMEOUT_MS),
+    # gRPC core queues a new stream until the application asks for the next call;
+    # above `max_pending_requests` (default 1,000) queued streams it cancels new ones
+    # at random, above the hard limit (default 3,000) all of them, and the agent sees
+    # `INTERNAL: Internal error from Core` with nothing logged here. In a registration
+    # storm (every node reconnecting after a failover) thousands of streams arrive
+    # faster than the event loop takes them: ~1,800-2,300 streams in the measured
+    # storms. llmgw paces registrations itself (RESOURCE_EXHAUSTED with a retry
+    # delay, once the Register is read), so core may queue a whole fleet's streams.
+    ("grpc.server.max_pending_requests", MAX_PENDING_STREAMS),
+    ("grpc.server.max_pending_requests_hard_limit", 2 * MAX_PENDING_STREAMS),
 )
 
 

@@ -11,6 +11,11 @@ old stream ends with ABORTED); see `identity.py`. When a stream ends, the node
 is marked disconnected in the inventory (unless a newer stream already took
 over).
 
+The interval in `Registered` grows with the number of connected nodes above
+`heartbeat_scale_above` (`cadence.py`); agents whose Register says they follow
+changes get a `HeartbeatInterval` when it changes, and each node's thresholds
+in the inventory follow the interval that node was told.
+
 `AgentServicer` also implements `Dispatcher`: it is the only object that can
 deliver a command to a node. Given a registry, it times every message it
 handles and reports its open streams (see `metrics.py`).
@@ -51,6 +56,7 @@ import asyncio
 import dataclasses
 import logging
 import math
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
@@ -62,6 +68,7 @@ from opentelemetry.trace import NoOpTracer, Span, Tracer
 from prometheus_client import CollectorRegistry
 
 from llmgw.control.agentsvc import convert
+from llmgw.control.agentsvc.cadence import HeartbeatCadence
 from llmgw.control.agentsvc.errors import (
     BadAgentMessage,
     CommandFailed,
@@ -143,6 +150,8 @@ class NodeReports(Protocol):
 
     def disconnected(self, node_id: str, /) -> None: ...
 
+    def heartbeat_factor(self, node_id: str, factor: float, /) -> None: ...
+
 
 async def _next(context: Context) -> agent_pb2.AgentMessage | None:
     """The next message from the agent, or None once it closed its side."""
@@ -201,10 +210,13 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         tracer: Tracer | None = None,
         pacer: RegistrationPacer | None = None,
+        heartbeat_scale_above: int | None = None,
     ) -> None:
         """`tracer`: a span per registration (default: none). `pacer`: how many
         registrations a second are taken; the others are told when to come back
-        (default: all are taken at once).
+        (default: all are taken at once). `heartbeat_scale_above`: connected
+        nodes above which the interval handed out grows (`cadence.py`; default:
+        never).
 
         `admission()` returns None to take a stream, or the reason it is refused.
 
@@ -233,7 +245,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         self._require_identity = require_identity
         self._reserved_names = reserved_names
         self._admission = admission
-        self._heartbeat_interval = heartbeat_interval
+        self._cadence = HeartbeatCadence(
+            interval=heartbeat_interval, scale_above=heartbeat_scale_above or sys.maxsize
+        )
         self._leader_id = leader_id
         self._server_version = server_version
         self._command_timeout = command_timeout
@@ -366,7 +380,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             if wrong is not None:
                 await context.abort(wrong.code, wrong.message)
         await self._wait_for_placements(context)
-        session = await self._admit(registration, context)
+        session = await self._admit(
+            registration, context, follows_interval=first.register.follows_heartbeat_interval
+        )
         if self._metrics is not None:
             self._metrics.handled("register", time.perf_counter() - started)
         return session
@@ -385,7 +401,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 "the control plane, or cannot reach its store); the agent retries",
             )
 
-    async def _admit(self, registration: NodeRegistration, context: Context) -> NodeSession:
+    async def _admit(
+        self, registration: NodeRegistration, context: Context, *, follows_interval: bool
+    ) -> NodeSession:
         """Open the node's session, or end the stream with why the Register is refused."""
         node_id, peer = registration.node_id, context.peer()
         key_hash = peer_key_hash(context.auth_context())
@@ -400,7 +418,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         replacing = node_id in self._sessions
         binding = None if isinstance(claimed, Refused) else claimed  # a refusal aborted
         registration = self._gate.bind_labels(registration, binding, peer)
-        session = self._open(registration, peer=peer, key_hash=key_hash)
+        session = self._open(
+            registration, peer=peer, key_hash=key_hash, follows_interval=follows_interval
+        )
         if self._metrics is not None:
             self._metrics.registered("reconnected" if replacing else "accepted")
         return session
@@ -411,7 +431,12 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         await context.abort(refused.code, refused.message)
 
     def _open(
-        self, registration: NodeRegistration, *, peer: str, key_hash: str | None = None
+        self,
+        registration: NodeRegistration,
+        *,
+        peer: str,
+        key_hash: str | None = None,
+        follows_interval: bool = False,
     ) -> NodeSession:
         node_id = registration.node_id
         registration = dataclasses.replace(registration, seen_from=convert.peer_host(peer))
@@ -437,8 +462,14 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         _log_addresses(registration)
         session = NodeSession(node_id=node_id, peer=peer, key_hash=key_hash, opened=self._clock())
         session.where = where
+        session.follows_interval = follows_interval
         old = self._sessions.get(node_id)
         self._sessions[node_id] = session
+        # The fleet's size sets the interval: this node is told the current one, and
+        # agents already connected hear of a change (after this one's Registered).
+        changed = self._cadence.update(len(self._sessions))
+        session.beat_factor = self._cadence.factor
+        self._inventory.heartbeat_factor(node_id, session.beat_factor)
         if old is not None:
             log.warning(
                 "node %s connected again from %s while its stream from %s was open; "
@@ -451,7 +482,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         session.send(
             agent_pb2.ServerMessage(
                 registered=agent_pb2.Registered(
-                    heartbeat_interval_seconds=self._heartbeat_interval,
+                    heartbeat_interval_seconds=self._cadence.interval,
                     leader_id=self._leader_id,
                     server_version=self._server_version,
                 )
@@ -461,13 +492,44 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         for shard_id, verdict in verdicts:
             if verdict.refused is not None:
                 self._refusals.refused(session, shard_id, verdict)
+        if changed:
+            self._retell_interval()
         return session
+
+    def _retell_interval(self) -> None:
+        """Tell every agent that follows interval changes the current interval, and
+        scale its node's thresholds to it. Others keep what they were told."""
+        factor, interval = self._cadence.factor, self._cadence.interval
+        log.info(
+            "%d agents connected: the heartbeat interval is now %g s (%d x the configured "
+            "%g s); telling the agents that follow changes",
+            len(self._sessions),
+            interval,
+            factor,
+            self._cadence.interval_for(1),
+        )
+        message = agent_pb2.ServerMessage(
+            heartbeat_interval=agent_pb2.HeartbeatInterval(seconds=interval)
+        )
+        for session in self._sessions.values():
+            if not session.follows_interval or session.beat_factor == factor:
+                continue
+            if session.closed_because is not None:
+                continue
+            # Thresholds first: growing, the next beat may come a new interval after
+            # the last; shrinking, 3 x the shorter interval still covers the longer
+            # one the agent may be sleeping through when the message arrives.
+            session.beat_factor = factor
+            self._inventory.heartbeat_factor(session.node_id, factor)
+            session.send(message)
 
     def _close(self, session: NodeSession) -> None:
         replaced = self._sessions.get(session.node_id) is not session
         session.close("its stream closed")
         if not replaced:
             del self._sessions[session.node_id]
+            if self._cadence.update(len(self._sessions)):
+                self._retell_interval()
             self._inventory.disconnected(session.node_id)
             log.info("node %s disconnected (%s)", session.node_id, session.peer)
 

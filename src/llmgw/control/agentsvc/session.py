@@ -43,6 +43,10 @@ class NodeSession:
         self.last_heard = opened
         # Where the node is (its Register and stream), for judging engine URLs.
         self.where: NodeAddress | None = None
+        # How many times the configured heartbeat interval this agent was told, and
+        # whether it follows HeartbeatInterval messages (see `cadence.py`).
+        self.beat_factor = 1
+        self.follows_interval = False
         # Shards told to stop because their reports were refused, not yet answered.
         self.refused_stops: set[str] = set()
         self._outgoing: asyncio.Queue[agent_pb2.ServerMessage | None] = asyncio.Queue()

@@ -97,6 +97,9 @@ class Inventory:
         self._unreachable_after = unreachable_after
         self._lost_after = lost_after
         self._nodes: dict[str, Node] = {}
+        # Nodes told to heartbeat a multiple of the configured interval (a big
+        # fleet, see `agentsvc.cadence`): their thresholds are that multiple.
+        self._beat_factors: dict[str, float] = {}
         self._listeners: list[Listener] = []
 
     # ---- listeners ----
@@ -247,6 +250,15 @@ class Inventory:
         self._emit("shard_status", node_id, shard.id)
         return shard
 
+    def heartbeat_factor(self, node_id: str, factor: float) -> None:
+        """The node was told to heartbeat every `factor` times the configured interval:
+        it is unreachable, then lost, after `factor` times the configured silences."""
+        self._get(node_id)
+        if factor == 1:
+            self._beat_factors.pop(node_id, None)
+        else:
+            self._beat_factors[node_id] = factor
+
     def disconnected(self, node_id: str) -> None:
         """The node's stream closed; its state follows its heartbeats from here on."""
         node = self._get(node_id)
@@ -260,12 +272,14 @@ class Inventory:
         """Move nodes silent for too long to unreachable, then lost; returns the moves."""
         now = self._clock()
         moves: list[Transition] = []
+        factors = self._beat_factors
         for node in tuple(self._nodes.values()):
             silent_for = now - node.last_heartbeat
+            factor = factors.get(node.id, 1) if factors else 1
             target: NodeState = "ready"
-            if silent_for >= self._lost_after:
+            if silent_for >= self._lost_after * factor:
                 target = "lost"
-            elif silent_for >= self._unreachable_after:
+            elif silent_for >= self._unreachable_after * factor:
                 target = "unreachable"
             # Only a heartbeat makes a node ready again; sweeping only ages it.
             if _STATE_RANK[target] <= _STATE_RANK[node.state]:
@@ -273,20 +287,21 @@ class Inventory:
             moves.append(Transition(node.id, node.state, target, silent_for))
             node.state = target
         for move in moves:
+            factor = factors.get(move.node_id, 1)
             if move.new == "lost":
                 log.warning(
                     "node %s is lost: no heartbeat for %.1f s (lost after %g s); "
                     "its replicas belong elsewhere",
                     move.node_id,
                     move.silent_for,
-                    self._lost_after,
+                    self._lost_after * factor,
                 )
             else:
                 log.warning(
                     "node %s is unreachable: no heartbeat for %.1f s (unreachable after %g s)",
                     move.node_id,
                     move.silent_for,
-                    self._unreachable_after,
+                    self._unreachable_after * factor,
                 )
             self._emit("node_state", move.node_id)
         return moves
@@ -308,6 +323,7 @@ class Inventory:
         node = self._nodes.pop(node_id, None)
         if node is None:
             raise UnknownNode(node_id)
+        self._beat_factors.pop(node_id, None)
         log.info("node %s removed from the inventory with %d shards", node_id, len(node.shards))
         self._emit("node_removed", node_id)
         for shard_id in sorted(node.shards):
