@@ -74,8 +74,13 @@ class ScriptedControl:
     errors: dict[str, dict[str, Any]] = field(default_factory=dict)
     explanations: dict[str, dict[str, Any]] = field(default_factory=dict)
     activated: list[str] = field(default_factory=list)
+    # Set when a model's status is read: a script step's status is read once before the
+    # next step replaces it, so a poller on a loaded machine still sees every step.
+    read: dict[str, asyncio.Event] = field(default_factory=dict)
 
     def status(self, name: str) -> dict[str, object]:
+        if name in self.read:
+            self.read[name].set()
         return dict(self.canned.get(name) or idle())
 
     def statuses(self) -> dict[str, dict[str, object]]:
@@ -91,8 +96,13 @@ class ScriptedControl:
 
     async def activate(self, name: str) -> dict[str, object]:
         self.activated.append(name)
+        read: asyncio.Event | None = None
         for delay, status in self.scripts.get(name, []):
             await asyncio.sleep(delay)
+            if read is not None:
+                async with asyncio.timeout(30):
+                    await read.wait()
+            read = self.read[name] = asyncio.Event()
             self.canned[name] = status
         return {**self.status(name), "error": self.errors.get(name)}
 
