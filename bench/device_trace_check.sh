@@ -26,7 +26,7 @@ echo "tree $(git rev-parse --short HEAD 2>/dev/null || echo '(no git)'), before:
 run() {  # run LABEL PYTHONPATH
     local label=$1 path=$2 log="$OUT/$1.log"
     echo "== $label (start $(date -u +%H:%M:%S) UTC, load $(cut -d' ' -f1 /proc/loadavg))"
-    if ! PYTHONPATH="$path" timeout 150 "$PYTHON" bench/router_overhead.py --tracing --no-write \
+    if ! PYTHONPATH="$path" timeout 200 "$PYTHON" bench/router_overhead.py --tracing --no-write \
         --duration 4 --warmup 1 --features-rounds 3 --features-c 64 >"$log" 2>&1; then
         echo "   failed (exit $?); last lines of $log:"
         tail -5 "$log" | sed 's/^/   /'
