@@ -17,6 +17,7 @@ if [ -z "$PYTHON" ]; then
     if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
 ROUNDS=${ROUNDS:-2}
+RUN_TIMEOUT=${RUN_TIMEOUT:-200}  # seconds a run may take (about 75 on an idle machine)
 BEFORE_SRC=${BEFORE_SRC:-}
 OUT=${OUT:-$(mktemp -d /tmp/device-trace-check.XXXXXX)}
 mkdir -p "$OUT"
@@ -24,16 +25,18 @@ echo "nproc $(nproc), load average $(cut -d' ' -f1-3 /proc/loadavg), $("$PYTHON"
 echo "tree $(git rev-parse --short HEAD 2>/dev/null || echo '(no git)'), before: ${BEFORE_SRC:-none}"
 
 run() {  # run LABEL PYTHONPATH
-    local label=$1 path=$2 log="$OUT/$1.log"
+    local label=$1 path=$2 log="$OUT/$1.log" rc=0
     echo "== $label (start $(date -u +%H:%M:%S) UTC, load $(cut -d' ' -f1 /proc/loadavg))"
-    if ! PYTHONPATH="$path" timeout 200 "$PYTHON" bench/router_overhead.py --tracing --no-write \
-        --duration 4 --warmup 1 --features-rounds 3 --features-c 64 >"$log" 2>&1; then
-        echo "   failed (exit $?); last lines of $log:"
+    PYTHONPATH="$path" timeout "$RUN_TIMEOUT" "$PYTHON" bench/router_overhead.py --tracing --no-write \
+        --duration 4 --warmup 1 --features-rounds 3 --features-c 64 >"$log" 2>&1 || rc=$?
+    if [ "$rc" -ne 0 ]; then
+        echo "   failed (exit $rc); last lines of $log:"
         tail -5 "$log" | sed 's/^/   /'
         return 0
     fi
-    # The summary row at c=64 (c, A req/s, B req/s, B/A, C req/s, C/A, ...) and the target line.
-    grep -m1 -E '^\| 64 \| [0-9,]+ \| [0-9,]+ \| \*\*' "$log" | sed 's/^/   /' || true
+    # The c=64 rows: the summary (c, A req/s, B req/s, B/A, C req/s, C/A, ..., µs/req),
+    # then each window (c, pair, gateway, req/s, ..., µs/req, limited by); the target line.
+    grep -E '^\| 64 \| ' "$log" | sed 's/^/   /' || true
     grep -m1 -E 'tracing on \(100% sampled\)' "$log" | sed 's/^/   /' || true
 }
 
@@ -43,5 +46,6 @@ for round in $(seq 1 "$ROUNDS"); do
         run "before-$round" "$BEFORE_SRC"
     fi
 done
-echo "columns: | c | A (off) req/s | B (on) req/s | B/A | C (1%) req/s | C/A | A p50/p99 | B p50/p99 | C p50/p99 | A µs/req | B µs/req | C µs/req | B export µs/req | C export µs/req |"
+echo "summary columns: | c | A (off) req/s | B (on) req/s | B/A | C (1%) req/s | C/A | A p50/p99 | B p50/p99 | C p50/p99 | A µs/req | B µs/req | C µs/req | B export µs/req | C export µs/req |"
+echo "window columns: | c | pair | gateway | req/s | p50/p99 ms | gateway CPU % | µs/req | other processes % | limited by |"
 echo "full logs: $OUT"
