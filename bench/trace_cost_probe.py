@@ -9,7 +9,9 @@ MODE is `off` (no telemetry settings) or a sample ratio (`0.01`, `1.0`: spans go
 chat completions; after a 2 s warm-up, the gateway's CPU (utime + stime) over the
 window is divided by the requests answered in it, and split into the main thread's
 (the event loop) and the other threads' (the span sink, the usage writer's database
-thread). With py-spy installed next to this
+thread); the gateway's garbage collections in the window (its admin listener's
+`/debug/memory`, read just before and just after the window's CPU readings) are
+counted per 1,000 requests, by generation. With py-spy installed next to this
 interpreter, `py-spy record --format raw` samples the window into
 /tmp/trace-probe-MODE.txt (wall-clock samples: they show where the time goes, not
 the CPU). Nothing is pinned: run the modes alternately, several times, on the same machine.
@@ -18,6 +20,7 @@ the CPU). Nothing is pinned: run the modes alternately, several times, on the sa
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import socket
@@ -48,6 +51,14 @@ def _cpu_seconds(pid: int, tid: int | None = None) -> float:
     path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
     fields = Path(path).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _collections(admin_port: int) -> list[int]:
+    """The gateway's garbage collections so far, by generation (young, middle, full)."""
+    url = f"http://{HOST}:{admin_port}/debug/memory?format=json&top=1"
+    with urllib.request.urlopen(url, timeout=30) as answer:
+        found: list[int] = json.loads(answer.read())["gc"]["collections"]
+        return found
 
 
 def _start_pyspy(pyspy: str, pid: int, seconds: float, mode: str) -> subprocess.Popen[bytes]:
@@ -113,7 +124,7 @@ def main() -> None:
         request = loadgen.build_request(HOST, gw_port, "/v1/chat/completions", payload)
         pyspy = shutil.which("py-spy", path=str(Path(python).parent))
 
-        async def run() -> tuple[loadgen.PhaseResult, float, float]:
+        async def run() -> tuple[loadgen.PhaseResult, float, float, list[int]]:
             phase = asyncio.create_task(
                 loadgen.run_phase(
                     HOST, gw_port, request, concurrency=CONCURRENCY, warmup=WARMUP,
@@ -121,23 +132,27 @@ def main() -> None:
                 )
             )  # fmt: skip
             await asyncio.sleep(WARMUP)
+            gc_before = await asyncio.to_thread(_collections, admin_port)
             before = _cpu_seconds(gateway.pid)
             loop_before = _cpu_seconds(gateway.pid, gateway.pid)
             spy = None if pyspy is None else _start_pyspy(pyspy, gateway.pid, seconds, mode)
             result = await phase
             cpu = _cpu_seconds(gateway.pid) - before
             loop_cpu = _cpu_seconds(gateway.pid, gateway.pid) - loop_before
+            gc_after = await asyncio.to_thread(_collections, admin_port)
             if spy is not None:
                 spy.wait()
-            return result, cpu, loop_cpu
+            return result, cpu, loop_cpu, [a - b for a, b in zip(gc_after, gc_before, strict=True)]
 
-        result, cpu, loop_cpu = asyncio.run(run())
+        result, cpu, loop_cpu, collections = asyncio.run(run())
         done = result.completed
+        per_k = " / ".join(f"{n * 1000 / max(done, 1):.2f}" for n in collections)
         print(
             f"{mode}: {result.rps:,.0f} req/s, errors {result.error_count}, gateway CPU "
             f"{cpu:.2f} s for {done} requests: {cpu / max(done, 1) * 1e6:.0f} µs/req (main thread "
             f"{loop_cpu / max(done, 1) * 1e6:.0f}, other threads "
-            f"{(cpu - loop_cpu) / max(done, 1) * 1e6:.0f}); "
+            f"{(cpu - loop_cpu) / max(done, 1) * 1e6:.0f}); garbage collections per "
+            f"1,000 requests (young / middle / full) {per_k}; "
             f"load average {os.getloadavg()[0]:.2f}"
         )
     finally:

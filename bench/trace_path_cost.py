@@ -2,6 +2,7 @@
 
 Usage: python bench/trace_path_cost.py [REQUESTS] [--profile]
        python bench/trace_path_cost.py --replay RATIO REQUESTS
+       python bench/trace_path_cost.py --kept RATIO REQUESTS
 
 Replays, REQUESTS times, the tracing calls the gateway makes for one non-streaming
 chat completion when tracing is on (`llmgw.router.app` and `llmgw.router.proxy`:
@@ -20,11 +21,17 @@ misses that its objects cause in a gateway under load (bench/trace_cost_probe.py
 nothing: run it under `valgrind --tool=callgrind` with REQUESTS and with 0, and the
 difference of the two instruction totals divided by REQUESTS is the instructions a
 request, a count this shared machine's load does not move (bench/RESULTS.md).
+
+`--kept RATIO REQUESTS` prints what REQUESTS replayed requests leave for the garbage
+collector while their spans wait for the sink's next batch (no flush in between):
+the objects it counts that are still alive, per request (its young generation's
+count, with collections off), and its young collections per 1,000 requests (on).
 """
 
 from __future__ import annotations
 
 import cProfile
+import gc
 import pstats
 import statistics
 import sys
@@ -132,7 +139,42 @@ def _replay(ratio: float, requests: int) -> None:
         sink.shutdown(5)
 
 
+def _kept(ratio: float, requests: int) -> None:
+    tracer, sink = _tracer(ratio)
+    # No flush while measuring (neither on time nor on a full batch): spans wait, as
+    # they do between two batches.
+    sink._delay = 3600.0
+    sink._batch = 1 << 40
+    try:
+        for _ in range(200):
+            one_request(tracer)
+        gc.collect()
+        gc.disable()
+        before = gc.get_count()[0]
+        for _ in range(requests):
+            one_request(tracer)
+        alive = gc.get_count()[0] - before
+        gc.enable()
+        gc.collect()
+        young = gc.get_stats()[0]["collections"]
+        for _ in range(requests):
+            one_request(tracer)
+        young = gc.get_stats()[0]["collections"] - young
+        print(
+            f"sampled {ratio:g}: {alive / requests:.2f} objects the collector counts left "
+            f"alive a request; {young * 1000 / requests:.2f} young collections per 1,000 "
+            f"requests (threshold {gc.get_threshold()[0]})"
+        )
+    finally:
+        sink.shutdown(5)
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--kept"]:
+        if len(argv) != 3:
+            sys.exit(__doc__)
+        _kept(float(argv[1]), int(argv[2]))
+        return 0
     if argv[:1] == ["--replay"]:
         if len(argv) != 3:
             sys.exit(__doc__)

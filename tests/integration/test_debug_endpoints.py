@@ -21,6 +21,8 @@ import httpx
 import pytest
 from procs import Server, Sim, llmgw, wait_for
 
+from llmgw.cli.serving import YOUNG_THRESHOLD
+
 pytestmark = pytest.mark.timeout(240)
 
 PASSWORD = "correct horse battery staple"
@@ -186,6 +188,10 @@ def test_memory_tracing_starts_reports_and_stops(gw: Gateway) -> None:
     assert plain["tracemalloc"] == {"tracing": False}
     assert plain["allocations"] == []
     assert {"dict", "function"} <= {t["type"] for t in plain["types"]}
+    # The server froze its start-up objects (modules, classes, functions): full
+    # collections no longer walk them; and its young generation waits longer.
+    assert plain["gc"]["frozen"] > 10_000
+    assert plain["gc"]["thresholds"][0] == YOUNG_THRESHOLD
 
     started = httpx.post(gw.admin + "/debug/memory/trace?frames=5", headers=JSON, timeout=30)
     assert started.status_code == 200, started.text

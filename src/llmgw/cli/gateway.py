@@ -53,6 +53,7 @@ from llmgw.cli.serving import (
     QuietServer,
     make_server,
     raise_open_files_limit,
+    tune_garbage_collector,
 )
 from llmgw.cli.sso_wiring import SsoSetupError, build_sso, open_sso_client
 from llmgw.config import ListenAddress, ServerConfig
@@ -1118,6 +1119,7 @@ async def _serve(
                     ", ".join(pool.models()),
                     store.url,
                 )
+            log.debug("%d start-up objects frozen", tune_garbage_collector())
             if pki is not None and agent_listener is not None and cfg.agent_listen is not None:
                 await announce_join(
                     pki,

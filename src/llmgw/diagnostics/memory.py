@@ -146,6 +146,9 @@ def memory_report(*, top: int, tracer: AllocationTracer) -> dict[str, Any]:
             "uncollectable": [s["uncollectable"] for s in gc.get_stats()],
             "garbage": len(gc.garbage),
             "tracked_objects": tracked,
+            # Objects moved out of the collector's generations (`llmgw server` freezes
+            # its start-up objects); not in `tracked_objects` nor in `types`.
+            "frozen": gc.get_freeze_count(),
         },
         "types": [{"type": name, "count": count} for name, count in types_],
         "tracemalloc": tracer.state(),
@@ -169,7 +172,8 @@ def render_memory(data: dict[str, Any]) -> str:
         f"gc: counts {gc_['counts']} (thresholds {gc_['thresholds']}), collections per "
         f"generation {gc_['collections']}, uncollectable {gc_['uncollectable']}, "
         f"gc.garbage {gc_['garbage']}",
-        f"objects the collector tracks: {gc_['tracked_objects']}",
+        f"objects the collector tracks: {gc_['tracked_objects']} (and {gc_['frozen']} "
+        "frozen at start-up, not counted below)",
         "",
         "most common types (tracked objects only):",
     ]
