@@ -1,9 +1,11 @@
 """LoRA adapters loaded on request, end to end: a real `llmgw server`, a real agent and
 the sim's copy of vLLM's runtime LoRA API. A request for an adapter that no replica has
 starts its base (none runs), loads the adapter into the replica and is answered by it;
-over the profile's `max_loaded` the least recently used idle adapter is unloaded; a
-request for it loads it again; an adapter the engine refuses is answered at once with
-the engine's own words; `models show BASE` lists what each replica has loaded.
+over the profile's `max_loaded` the least valuable idle adapter (asked for least, then
+least recently) is unloaded; a request for it loads it again; an adapter the engine
+refuses is answered at once with the engine's own words; `models show BASE` lists what
+each replica has loaded; an adapter hammered beyond its replica's room is loaded on a
+second replica, and both serve it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -403,3 +406,47 @@ def test_an_adapter_from_the_hub_is_downloaded_by_the_agent_then_loaded(tmp_path
         finally:
             agent.stop()
             server.proc.stop()
+
+
+def test_a_hot_adapter_beyond_its_replicas_room_is_loaded_on_another_and_served_by_both(
+    tmp_path: Path,
+) -> None:
+    """Two replicas of the base, each taking 2 requests at once (`max_in_flight: 2`, the
+    sim's `--max-running 2`); 6 long requests for one adapter at once: the router finds
+    the replica holding it full, the control plane loads it on the other replica while
+    the overflow waits in the queue, and the waiting requests are served there."""
+    root = tmp_path / "adapters"
+    sim_adapter(root, "hot", rank=8)
+    two = (
+        "  - name: base\n    weights: none\n    min_replicas: 2\n    max_replicas: 2\n"
+        "    max_in_flight: 2\n"
+        "    profiles: [{name: sim, engine: sim, gpus: 1,\n"
+        "                engine_args: [--max-running, '2'],\n"
+        "                adapters: {max_loaded: 2, max_rank: 8}}]\n"
+        f"  - name: hot\n    adapter_of: base\n    weights: {root / 'hot'}\n"
+    )
+
+    def holders(f: Fleet) -> set[str]:
+        return {r["id"] for r in f.ready_replicas("base") if "hot" in r["adapters"]}
+
+    with fleet(tmp_path, two, nodes=1) as f:
+        replicas = wait_for(
+            lambda: (
+                {r["id"] for r in f.ready_replicas("base")} or None
+                if len(f.ready_replicas("base")) == 2
+                else None
+            ),
+            "both replicas of base",
+        )
+        first = f.chat("hot")
+        assert first.status_code == 200, first.text
+        [holder] = wait_for(lambda: holders(f) or None, "the agent to report hot loaded")
+        # Long answers (the sim's 10 ms per token): the first two fill the holder while
+        # the other four arrive.
+        with ThreadPoolExecutor(max_workers=6) as pool:
+            answers = list(pool.map(lambda _: f.chat("hot", max_tokens=300), range(6)))
+        assert [a.status_code for a in answers] == [200] * 6, [a.text for a in answers]
+        assert {a.json()["model"] for a in answers} == {"hot"}
+        assert holders(f) == replicas
+        served = {a.headers["x-llmgw-replica"] for a in answers}
+        assert served == replicas, (served, holder)
