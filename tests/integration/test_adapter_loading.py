@@ -430,14 +430,12 @@ def test_a_hot_adapter_beyond_its_replicas_room_is_loaded_on_another_and_served_
         return {r["id"] for r in f.ready_replicas("base") if "hot" in r["adapters"]}
 
     with fleet(tmp_path, two, nodes=1) as f:
-        replicas = wait_for(
-            lambda: (
-                {r["id"] for r in f.ready_replicas("base")} or None
-                if len(f.ready_replicas("base")) == 2
-                else None
-            ),
-            "both replicas of base",
-        )
+
+        def both() -> set[str] | None:
+            ready = {r["id"] for r in f.ready_replicas("base")}
+            return ready if len(ready) == 2 else None
+
+        replicas = wait_for(both, "both replicas of base")
         first = f.chat("hot")
         assert first.status_code == 200, first.text
         [holder] = wait_for(lambda: holders(f) or None, "the agent to report hot loaded")
