@@ -319,9 +319,15 @@ class Engine:
             if adapter not in self.loaded:
                 waited = True
                 if len(self.loaded) >= MAX_LOADED:
+                    # Another request may load this adapter here while this one waits.
                     await self.cond.wait_for(
-                        lambda: any(self.in_flight[a] == 0 for a in self.loaded)
+                        lambda: (
+                            adapter in self.loaded
+                            or any(self.in_flight[a] == 0 for a in self.loaded)
+                        )
                     )
+            if adapter not in self.loaded:
+                if len(self.loaded) >= MAX_LOADED:
                     victim = next(a for a in self.loaded if self.in_flight[a] == 0)
                     await call(client, self.url + "/v1/unload_lora_adapter", lora_name=victim)
                     del self.loaded[victim]
@@ -332,6 +338,7 @@ class Engine:
                     lora_path=str(self.root / adapter),
                 )
                 self.loaded[adapter] = None
+                self.cond.notify_all()
             self.loaded.move_to_end(adapter)
             self.in_flight[adapter] += 1
         return waited
@@ -542,7 +549,7 @@ def report(
     else:
         why = (
             f": only a clairvoyant rule gets under 5% here ({best:.1%}); a rule that knows "
-            "only the past keeps about the most asked-for adapters and still misses most "
+            "only the past keeps the most asked-for adapters loaded and still misses most "
             f"requests for the other {len(ADAPTERS) - slots}, which carry {tail:.1%} of "
             f"requests (the same rule computed without timing: {valued:.1%})."
         )
