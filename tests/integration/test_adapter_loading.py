@@ -20,7 +20,7 @@ import httpx
 from hub_standin import make_repo, serve_hub
 from lora_adapters import sim_adapter
 from procs import Proc, Server, free_port, free_port_block, llmgw, role
-from test_control_plane import CONTROL, Fleet, fleet, start_agent, wait_for
+from test_control_plane import CONTROL, Fleet, fleet, registered, start_agent, wait_for
 from test_gateway_keys_limits_usage import bearer, create_key, error_of, usage_rows
 from test_hub_weights import start_agent as hub_agent
 
@@ -391,6 +391,8 @@ def test_an_adapter_from_the_hub_is_downloaded_by_the_agent_then_loaded(tmp_path
         )  # fmt: skip
         agent = hub_agent(agent_port, tmp_path, hub)
         try:
+            # Asked before the node registered, the base would be refused as unplaceable.
+            wait_for(lambda: registered(server) == ["node-a"], "the agent to register")
             body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
             url = server.url + "/v1/chat/completions"
             red = httpx.post(url, json={"model": "red", **body}, timeout=60)
