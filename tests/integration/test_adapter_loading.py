@@ -444,7 +444,7 @@ def test_a_hot_adapter_beyond_its_replicas_room_is_loaded_on_another_and_served_
         # Long answers (the sim's 10 ms per token): the first two fill the holder while
         # the other four arrive.
         with ThreadPoolExecutor(max_workers=6) as pool:
-            answers = list(pool.map(lambda _: f.chat("hot", max_tokens=300), range(6)))
+            answers = list(pool.map(lambda _: f.chat("hot", max_tokens=500), range(6)))
         assert [a.status_code for a in answers] == [200] * 6, [a.text for a in answers]
         assert {a.json()["model"] for a in answers} == {"hot"}
         assert holders(f) == replicas
