@@ -1,9 +1,11 @@
 """LoRA adapters loaded on request, end to end: a real `llmgw server`, a real agent and
 the sim's copy of vLLM's runtime LoRA API. A request for an adapter that no replica has
 starts its base (none runs), loads the adapter into the replica and is answered by it;
-over the profile's `max_loaded` the least recently used idle adapter is unloaded; a
-request for it loads it again; an adapter the engine refuses is answered at once with
-the engine's own words; `models show BASE` lists what each replica has loaded.
+over the profile's `max_loaded` the least valuable idle adapter (asked for least, then
+least recently) is unloaded; a request for it loads it again; an adapter the engine
+refuses is answered at once with the engine's own words; `models show BASE` lists what
+each replica has loaded; an adapter hammered beyond its replica's room is loaded on a
+second replica, and both serve it.
 """
 
 from __future__ import annotations
@@ -11,13 +13,14 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 from hub_standin import make_repo, serve_hub
 from lora_adapters import sim_adapter
 from procs import Proc, Server, free_port, free_port_block, llmgw, role
-from test_control_plane import CONTROL, Fleet, fleet, start_agent, wait_for
+from test_control_plane import CONTROL, Fleet, fleet, registered, start_agent, wait_for
 from test_gateway_keys_limits_usage import bearer, create_key, error_of, usage_rows
 from test_hub_weights import start_agent as hub_agent
 
@@ -388,6 +391,8 @@ def test_an_adapter_from_the_hub_is_downloaded_by_the_agent_then_loaded(tmp_path
         )  # fmt: skip
         agent = hub_agent(agent_port, tmp_path, hub)
         try:
+            # Asked before the node registered, the base would be refused as unplaceable.
+            wait_for(lambda: registered(server) == ["node-a"], "the agent to register")
             body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
             url = server.url + "/v1/chat/completions"
             red = httpx.post(url, json={"model": "red", **body}, timeout=60)
@@ -403,3 +408,45 @@ def test_an_adapter_from_the_hub_is_downloaded_by_the_agent_then_loaded(tmp_path
         finally:
             agent.stop()
             server.proc.stop()
+
+
+def test_a_hot_adapter_beyond_its_replicas_room_is_loaded_on_another_and_served_by_both(
+    tmp_path: Path,
+) -> None:
+    """Two replicas of the base, each taking 2 requests at once (`max_in_flight: 2`, the
+    sim's `--max-running 2`); 6 long requests for one adapter at once: the router finds
+    the replica holding it full, the control plane loads it on the other replica while
+    the overflow waits in the queue, and the waiting requests are served there."""
+    root = tmp_path / "adapters"
+    sim_adapter(root, "hot", rank=8)
+    two = (
+        "  - name: base\n    weights: none\n    min_replicas: 2\n    max_replicas: 2\n"
+        "    max_in_flight: 2\n"
+        "    profiles: [{name: sim, engine: sim, gpus: 1,\n"
+        "                engine_args: [--max-running, '2'],\n"
+        "                adapters: {max_loaded: 2, max_rank: 8}}]\n"
+        f"  - name: hot\n    adapter_of: base\n    weights: {root / 'hot'}\n"
+    )
+
+    def holders(f: Fleet) -> set[str]:
+        return {r["id"] for r in f.ready_replicas("base") if "hot" in r["adapters"]}
+
+    with fleet(tmp_path, two, nodes=1) as f:
+
+        def both() -> set[str] | None:
+            ready = {r["id"] for r in f.ready_replicas("base")}
+            return ready if len(ready) == 2 else None
+
+        replicas = wait_for(both, "both replicas of base")
+        first = f.chat("hot")
+        assert first.status_code == 200, first.text
+        [holder] = wait_for(lambda: holders(f) or None, "the agent to report hot loaded")
+        # Long answers (the sim's 10 ms per token): the first two fill the holder while
+        # the other four arrive.
+        with ThreadPoolExecutor(max_workers=6) as pool:
+            answers = list(pool.map(lambda _: f.chat("hot", max_tokens=500), range(6)))
+        assert [a.status_code for a in answers] == [200] * 6, [a.text for a in answers]
+        assert {a.json()["model"] for a in answers} == {"hot"}
+        assert holders(f) == replicas
+        served = {a.headers["x-llmgw-replica"] for a in answers}
+        assert served == replicas, (served, holder)

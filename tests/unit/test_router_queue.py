@@ -387,6 +387,7 @@ class Demand:
     def __init__(self) -> None:
         self.in_flight = 0
         self.peak = 0
+        self.full: list[str] = []
 
     def knows(self, model: str) -> bool:
         return True
@@ -406,6 +407,9 @@ class Demand:
 
     def request_finished(self, model: str) -> None:
         self.in_flight -= 1
+
+    def saturated(self, model: str) -> None:
+        self.full.append(model)
 
 
 async def test_a_queued_request_counts_as_demand_and_a_stream_gets_its_refusal_as_an_event() -> (
@@ -442,6 +446,8 @@ async def test_a_queued_request_counts_as_demand_and_a_stream_gets_its_refusal_a
     outcome = await proxy.handle(req, b"r", send, loop.time(), [], ticket=Ticket("k", max_wait=0.1))
     assert outcome.status == 429
     assert demand.peak == 1 and demand.in_flight == 0
+    # The control plane was told the model is full (an adapter would be spread).
+    assert demand.full == [MODEL]
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
     assert any(b": llmgw queued for model m (1 waiting)" in m.get("body", b"") for m in sent)
     last = sent[-1]["body"]

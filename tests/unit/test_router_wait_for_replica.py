@@ -133,6 +133,9 @@ class ControlPlane:
     def request_finished(self, model: str) -> None:
         pass
 
+    def saturated(self, model: str) -> None:
+        pass
+
 
 class Client:
     """What the proxy sent to the client."""

@@ -161,3 +161,6 @@ class ControllerActivator:
 
     def request_finished(self, model: str) -> None:
         self._controller.request_finished(model)
+
+    def saturated(self, model: str) -> None:
+        self._controller.saturated(model)

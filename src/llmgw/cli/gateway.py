@@ -439,9 +439,12 @@ def _routing_weights(catalog: Catalog, name: str) -> ScorerWeights | None:
 
 
 def _max_in_flight(catalog: Catalog, name: str) -> int | None:
-    """The catalog model's own max_in_flight (None: not a catalog model, or unset)."""
-    model = catalog.get(name)
-    return model.max_in_flight if model is not None else None
+    """The catalog model's own max_in_flight, an adapter's base's (its requests run on
+    the base's replicas); None: not in the catalog, or unset."""
+    entry = catalog.entry(name)
+    if entry is not None and entry.adapter_of is not None:
+        entry = catalog.get(entry.adapter_of)
+    return entry.max_in_flight if entry is not None else None
 
 
 def _target_in_flight(catalog: Catalog, name: str) -> int | None:

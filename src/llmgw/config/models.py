@@ -749,7 +749,8 @@ class ModelConfig(_Strict):
         ge=1,
         description=(
             "Requests in flight per replica before it counts as saturated and further "
-            "requests wait in the router's queue. Unset by default: router.max_in_flight "
+            "requests wait in the router's queue; it holds for the model's adapters too "
+            "(they run on its replicas). Unset by default: router.max_in_flight "
             "applies (and with that unset too, nothing is held back)."
         ),
     )

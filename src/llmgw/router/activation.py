@@ -40,3 +40,9 @@ class Activator(Protocol):
     def request_finished(self, model: str) -> None:
         """A request for `model` ended; its idle time counts from now."""
         ...
+
+    def saturated(self, model: str) -> None:
+        """A request for `model` found every replica serving it full, so the control
+        plane may add room (an adapter: load it on one more replica of its base).
+        Returns at once; whatever it starts does not hold the request back."""
+        ...

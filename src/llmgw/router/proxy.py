@@ -235,6 +235,7 @@ class Proxy:
         if activator is not None:
             # A queued request is demand too: target_in_flight scales up for it.
             activator.request_started(req.model)
+            self._tell_if_full(activator, req.model)
         try:
             wait = queue.wait_turn(
                 req.model,
@@ -298,6 +299,7 @@ class Proxy:
             except _NoReplicaLeft as exc:
                 raise exc.error from None
         activator.request_started(req.model)
+        self._tell_if_full(activator, req.model)
         try:
             if not self._pool.by_model.get(req.model) and activator.knows(req.model):
                 _check_engines(req, activator.engines(req.model))
@@ -314,6 +316,13 @@ class Proxy:
                 )
         finally:
             activator.request_finished(req.model)
+
+    def _tell_if_full(self, activator: Activator, model: str) -> None:
+        """Tell the control plane when every replica of `model` is full (it may add one:
+        an adapter is loaded on one more replica of its base)."""
+        saturation = self._saturation
+        if saturation is not None and saturation.may_saturate and saturation.room(model) <= 0:
+            activator.saturated(model)
 
     async def _wait_then_dispatch(
         self,

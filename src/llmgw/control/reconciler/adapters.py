@@ -7,9 +7,9 @@ replicas under the adapter's names (standbys read them back from the store), so 
 router routes by what the engines really hold. When no replica has it, `AdapterLoads.ensure`
 activates the base if it has no Ready replica, picks the Ready replica with the
 most free adapter slots (the profile's `adapters.max_loaded`) or, when every replica
-is full, the one holding the base's least recently used adapter with no request in
-flight, which it unloads first, and tells its agent to load the adapter; it returns
-once the agent reported it loaded.
+is full, the one holding the base's least valuable adapter with no request in flight,
+which it unloads first, and tells its agent to load the adapter; it returns once the
+agent reported it loaded.
 An engine that refuses the adapter (bad files, rank over the limit) is answered
 at once with the engine's own words (`AdapterRefused`).
 
@@ -18,11 +18,23 @@ the store (`ask_leader`: a demand row that wants the adapter, as for a model's
 activation), and the request waits until the leader's load is published there. The
 leader answers such rows with `load_for_others`.
 
-Not guaranteed: that a hot adapter is spread over more replicas (one replica
-holding it is enough here); that a standby hears why the leader could not load an
-adapter (its request waits out the activation timeout, as for a model); that an
-adapter judged idle is idle on other servers' routers (only this server's requests
-are counted).
+Value is how often an adapter is asked for: each request adds one to a count that
+halves every `HALF_LIFE` seconds (LFU with aging), ties going to the least recently
+used. Under a skewed mix plain LRU lets a burst of one-off requests push out the
+adapter most requests want; the decayed count keeps it, and still lets an adapter
+that stopped being asked for go after a few half-lives.
+
+A hot adapter is spread: when the router finds every replica holding it full
+(`spread`), it is loaded on one more Ready replica of the base that has a free slot
+or an idle adapter of lower value, in the background; requests keep going to the
+replicas that hold it meanwhile.
+
+Not guaranteed: that a standby hears why the leader could not load an adapter (its
+request waits out the activation timeout, as for a model); that a standby's traffic
+spreads an adapter (only the leader's router asks); that an adapter judged idle is idle
+on other servers' routers, or that its value counts their requests (only this server's
+requests are counted); that a spread copy stays (it is evicted by value like any other
+when its slot is wanted).
 """
 
 from __future__ import annotations
@@ -46,6 +58,11 @@ log = logging.getLogger("llmgw.control.reconciler.adapters")
 # Seconds a request is told to wait before asking again when every slot is in use.
 BUSY_RETRY_AFTER = 2
 
+# Seconds in which a request's weight in an adapter's value halves. Long against the
+# gaps between requests for a mid-popular adapter (so its count is steady enough to
+# rank), short against a working day (so yesterday's favourite goes by lunch).
+HALF_LIFE = 300.0
+
 
 class AdapterCatalog(Protocol):
     """What adapter loading reads of the catalog (`llmgw.control.catalog.Catalog`)."""
@@ -58,7 +75,14 @@ class AdapterCatalog(Protocol):
 @dataclass
 class _Use:
     in_flight: int = 0
-    last_used: float = 0.0
+    last_used: float = -math.inf
+    # Requests counted, decayed as of `counted` (the time of the last one).
+    count: float = 0.0
+    counted: float = 0.0
+
+    def value(self, now: float) -> float:
+        """The decayed request count at `now`."""
+        return self.count * math.exp2((self.counted - now) / HALF_LIFE)
 
 
 class AdapterLoads:
@@ -77,6 +101,7 @@ class AdapterLoads:
         leading: Callable[[], bool],
         ask_leader: Callable[[CatalogModel], Awaitable[None]],
         wait_seconds: float,
+        spawn: Callable[[Coroutine[Any, Any, None], str], None],
     ) -> None:
         self._catalog = catalog
         self._nodes = nodes
@@ -88,11 +113,14 @@ class AdapterLoads:
         self._leading = leading
         self._ask_leader = ask_leader
         self._wait = wait_seconds
+        self._spawn = spawn
         self._use: dict[str, _Use] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._loading: dict[str, str] = {}
         # Adapters other servers asked the leader for: when each may be tried again.
         self._for_others: dict[str, float] = {}
+        # Adapters being loaded onto one more replica in the background.
+        self._spreading: set[str] = set()
 
     def adapter(self, name: str) -> CatalogModel | None:
         """The catalog adapter a client means by `name` (name or alias), or None."""
@@ -101,8 +129,11 @@ class AdapterLoads:
 
     def started(self, adapter: CatalogModel) -> None:
         use = self._use.setdefault(adapter.name, _Use())
+        now = self._clock()
         use.in_flight += 1
-        use.last_used = self._clock()
+        use.last_used = now
+        use.count = use.value(now) + 1.0
+        use.counted = now
 
     def finished(self, adapter: CatalogModel) -> None:
         use = self._use.setdefault(adapter.name, _Use())
@@ -158,14 +189,84 @@ class AdapterLoads:
             spawn(self._load_for_other(adapter), f"load adapter {adapter.name} for a standby")
 
     async def _load_for_other(self, adapter: CatalogModel) -> None:
-        retry_at = self._clock()
+        retry_at = -math.inf
         try:
             await self.ensure(adapter)
         except ActivationRefused as exc:
             log.warning("adapter %s, asked for by another server: %s", adapter.name, exc)
-            retry_at += exc.retry_after
+            # Counted from the refusal: finding room may itself have taken a while.
+            retry_at = self._clock() + exc.retry_after
         finally:
             self._for_others[adapter.name] = retry_at
+
+    def spread(self, adapter: CatalogModel) -> None:
+        """Every replica holding `adapter` is full (the router says so): load it on one
+        more Ready replica of its base, in the background, where a slot is free or an
+        idle adapter of lower value can make room. Returns at once; does nothing when
+        no replica holds it yet (`ensure` loads it), one such load is under way, this
+        server is a standby, or no replica has room for it."""
+        if adapter.name in self._spreading or not self._leading():
+            return
+        if not self._holders(adapter.name) or self._spread_target(adapter) is None:
+            return
+        self._spreading.add(adapter.name)
+        self._spawn(self._spread(adapter), f"spread adapter {adapter.name}")
+
+    async def _spread(self, adapter: CatalogModel) -> None:
+        base_name = adapter.adapter_of
+        assert base_name is not None
+        try:
+            lock = self._locks.setdefault(base_name, asyncio.Lock())
+            async with lock:
+                target = self._spread_target(adapter)
+                if target is None:
+                    return
+                node, shard, victim = target
+                log.info(
+                    "adapter %s is in demand beyond the replicas holding it: loading it on "
+                    "replica %s too",
+                    adapter.name,
+                    shard.id,
+                )
+                if victim is not None:
+                    await self._unload(adapter, node, shard, victim)
+                await self._load_on(adapter, node, shard)
+                self._publish()
+        except ActivationRefused as exc:
+            # A spread that fails leaves the adapter where it was; requests still go there.
+            log.warning("adapter %s was not spread to another replica: %s", adapter.name, exc)
+        finally:
+            self._spreading.discard(adapter.name)
+
+    def _spread_target(self, adapter: CatalogModel) -> tuple[Node, Shard, str | None] | None:
+        """The Ready replica of the base not holding `adapter` to load it on, and the
+        idle adapter to unload there first (None: a slot is free); None when no replica
+        has a free slot or an idle adapter worth less than `adapter`."""
+        base = self._catalog.get(adapter.adapter_of or "")
+        if base is None:
+            return None
+        now = self._clock()
+        worth = self._value(adapter.name, now)
+        best: tuple[tuple[float, float, str], Node, Shard, str | None] | None = None
+        for node, shard in self._ready_of(base.name):
+            if adapter.name in shard.adapters:
+                continue
+            if len(shard.adapters) < _slots(base, shard):
+                rank = (-math.inf, len(shard.adapters) - _slots(base, shard), shard.id)
+                choice: tuple[tuple[float, float, str], Node, Shard, str | None] = (
+                    rank,
+                    node,
+                    shard,
+                    None,
+                )
+            else:
+                victim = self._victim(shard, now)
+                if victim is None or self._value(victim, now) >= worth:
+                    continue
+                choice = ((self._value(victim, now), 0.0, shard.id), node, shard, victim)
+            if best is None or choice[0] < best[0]:
+                best = choice
+        return None if best is None else best[1:]
 
     def _holders(self, name: str) -> list[tuple[Node, Shard]]:
         return [
@@ -205,12 +306,23 @@ class AdapterLoads:
                 free, key=lambda r: (len(r[1].adapters) - _slots(base, r[1]), r[1].id)
             )
         else:
-            # Every replica is full: room is made where the least recently used idle
-            # adapter of the whole base is, so that every replica's slots turn over
-            # (not always the first replica's, while the others keep whatever they
-            # loaded first); with no idle adapter anywhere, `_make_room` refuses.
-            node, shard = min(replicas, key=lambda r: (self._oldest_idle(r[1]), r[1].id))
-            await self._make_room(adapter, node, shard)
+            # Every replica is full: room is made where the least valuable idle adapter
+            # of the whole base is, so that every replica's slots turn over (not always
+            # the first replica's, while the others keep whatever they loaded first);
+            # with no idle adapter anywhere, the request is told to retry.
+            now = self._clock()
+            node, shard = min(replicas, key=lambda r: (self._least_idle(r[1], now), r[1].id))
+            victim = self._victim(shard, now)
+            if victim is None:
+                raise ActivationRefused(
+                    f"adapter '{adapter.name}': every adapter slot of the replicas of "
+                    f"'{adapter.adapter_of}' is serving requests now; retry shortly",
+                    retry_after=BUSY_RETRY_AFTER,
+                )
+            await self._unload(adapter, node, shard, victim)
+        await self._load_on(adapter, node, shard)
+
+    async def _load_on(self, adapter: CatalogModel, node: Node, shard: Shard) -> None:
         self._loading[adapter.name] = shard.id
         log.info("loading adapter %s into replica %s on node %s", adapter.name, shard.id, node.id)
         try:
@@ -230,16 +342,8 @@ class AdapterLoads:
         finally:
             self._loading.pop(adapter.name, None)
 
-    async def _make_room(self, adapter: CatalogModel, node: Node, shard: Shard) -> None:
-        """Unload the least recently used adapter of `shard` with no request in flight."""
-        idle = [name for name in shard.adapters if self._in_flight(name) == 0]
-        if not idle:
-            raise ActivationRefused(
-                f"adapter '{adapter.name}': every adapter slot of the replicas of "
-                f"'{adapter.adapter_of}' is serving requests now; retry shortly",
-                retry_after=BUSY_RETRY_AFTER,
-            )
-        victim = min(idle, key=self._last_used)
+    async def _unload(self, adapter: CatalogModel, node: Node, shard: Shard, victim: str) -> None:
+        """Unload `victim` from `shard` to make room for `adapter`."""
         log.info("unloading adapter %s from replica %s to make room", victim, shard.id)
         try:
             await self._dispatcher.unload_adapter(node.id, shard.id, victim, self._wait)
@@ -250,19 +354,30 @@ class AdapterLoads:
                 public=f"adapter '{adapter.name}' could not be loaded now; retry",
             ) from None
 
-    def _oldest_idle(self, shard: Shard) -> float:
-        """When the least recently used adapter of `shard` with no request in flight
-        was last used (infinity: none is idle)."""
-        idle = [self._last_used(name) for name in shard.adapters if self._in_flight(name) == 0]
-        return min(idle, default=math.inf)
+    def _victim(self, shard: Shard, now: float) -> str | None:
+        """The least valuable adapter of `shard` with no request in flight (None: none
+        is idle): lowest decayed request count, then least recently used, then name."""
+        idle = [name for name in shard.adapters if self._in_flight(name) == 0]
+        return min(idle, key=lambda name: self._rank(name, now), default=None)
+
+    def _least_idle(self, shard: Shard, now: float) -> tuple[float, float, str]:
+        """The rank of `shard`'s least valuable idle adapter (infinite: none is idle)."""
+        victim = self._victim(shard, now)
+        return (math.inf, math.inf, "") if victim is None else self._rank(victim, now)
+
+    def _rank(self, name: str, now: float) -> tuple[float, float, str]:
+        use = self._use.get(name)
+        if use is None:
+            return (0.0, -math.inf, name)
+        return (use.value(now), use.last_used, name)
+
+    def _value(self, name: str, now: float) -> float:
+        use = self._use.get(name)
+        return use.value(now) if use is not None else 0.0
 
     def _in_flight(self, name: str) -> int:
         use = self._use.get(name)
         return use.in_flight if use is not None else 0
-
-    def _last_used(self, name: str) -> float:
-        use = self._use.get(name)
-        return use.last_used if use is not None else -math.inf
 
 
 def _slots(base: CatalogModel, shard: Shard) -> int:

@@ -329,6 +329,7 @@ class Controller:
             leading=leading,
             ask_leader=self._activate_through_leader,
             wait_seconds=activation_timeout,
+            spawn=self._spawn,
         )
         self._rollout_book = RolloutBook(
             ledger=rollouts,
@@ -552,6 +553,13 @@ class Controller:
         model = self._catalog.get(name)
         if model is not None:
             self.demand.finished(model.name)
+
+    def saturated(self, name: str) -> None:
+        """The router found every replica serving `name` full. For an adapter: load it on
+        one more replica of its base, in the background (`AdapterLoads.spread`)."""
+        adapter = self._adapter_loads.adapter(name)
+        if adapter is not None and adapter.adapter_of is not None:
+            self._adapter_loads.spread(adapter)
 
     def knows(self, name: str) -> bool:
         """Whether `name` is a catalog model or adapter (or alias) that activation applies to."""
