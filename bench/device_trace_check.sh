@@ -9,7 +9,8 @@
 #
 # Usage: bench/device_trace_check.sh            (from the repository root)
 #        BEFORE_SRC=/tmp/before/src ROUNDS=2 bench/device_trace_check.sh
-# PYTHON (default: .venv/bin/python, else python3) runs the bench.
+# PYTHON (default: .venv/bin/python, else python3) runs the bench; a PYTHONPATH already
+# set (site-packages installed elsewhere) is kept after the tree's src/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-}
@@ -27,7 +28,7 @@ echo "tree $(git rev-parse --short HEAD 2>/dev/null || echo '(no git)'), before:
 run() {  # run LABEL PYTHONPATH
     local label=$1 path=$2 log="$OUT/$1.log" rc=0
     echo "== $label (start $(date -u +%H:%M:%S) UTC, load $(cut -d' ' -f1 /proc/loadavg))"
-    PYTHONPATH="$path" timeout "$RUN_TIMEOUT" "$PYTHON" bench/router_overhead.py --tracing --no-write \
+    PYTHONPATH="$path${PYTHONPATH:+:$PYTHONPATH}" timeout "$RUN_TIMEOUT" "$PYTHON" bench/router_overhead.py --tracing --no-write \
         --duration 4 --warmup 1 --features-rounds 3 --features-c 64 >"$log" 2>&1 || rc=$?
     if [ "$rc" -ne 0 ]; then
         echo "   failed (exit $rc); last lines of $log:"
