@@ -81,6 +81,9 @@ def server_options(
         options += [
             ("grpc.keepalive_time_ms", int(ping_interval * 1000)),
             ("grpc.keepalive_timeout_ms", SERVER_PING_TIMEOUT_MS),
+            # gRPC core (1.85) times an unanswered ping out after this, not after the
+            # keepalive timeout alone (default 60 s), as the agent's options do too.
+            ("grpc.http2.ping_timeout_ms", SERVER_PING_TIMEOUT_MS),
         ]
     else:
         # gRPC's server default is a ping every 2 hours; off means off.
