@@ -490,11 +490,12 @@ class ControlConfig(_Strict):
         default=10.0,
         gt=0,
         description=(
-            "Seconds between the server's HTTP/2 keepalive pings on each agent connection, "
-            "so the connection of a host that vanished without closing TCP is ended (and "
-            "its node shown disconnected) within this plus 10 s instead of never; null "
-            "turns the server's pings off. Each ping is a round trip per connection: at "
-            "10,000 nodes over mTLS, 10 s is 1,000 TLS pings a second."
+            "Seconds an agent connection may send the server nothing before the server "
+            "pings it (HTTP/2 keepalive); a ping unanswered for 10 s ends the connection, "
+            "so that of a host that vanished without closing TCP ends (and its node shows "
+            "disconnected) instead of staying open. Heartbeats count as something, so "
+            "while agents heartbeat more often than this the server sends no pings. null "
+            "turns the server's pings off."
         ),
     )
     registrations_per_second: float = Field(
