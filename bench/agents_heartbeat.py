@@ -16,7 +16,14 @@ agents' phases are spread evenly over the interval, not in lockstep. Above
 `--scale-above` connected nodes (`control.heartbeat_scale_above`; the server's
 default unless given) the server hands out a multiple of the interval and tells
 agents already connected; the simulated agents follow it, as `llmgw agent` does
-(told the new interval: how many times).
+(told the new interval: how many times). The simulated agents' channels carry
+the options `llmgw agent` dials with (`agent.connection.channel_options` with
+the default `ConnectionSettings`): HTTP/2 keepalive pings every 5 s, as real
+agents send; `--agent-pings off` leaves them out. `--server-pings SECONDS|off`
+sets `control.agent_ping_interval` (the server's own pings on each
+connection). `--ping-matrix` measures the main row four times, alternating
+server pings on/off and agent pings on/off, each on a fresh server, to show
+what the pings cost.
 
 All agents register at once (as after a server restart); the registration
 time is from the first `Register` sent to the last `Registered` received.
@@ -74,8 +81,10 @@ from pathlib import Path
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from llmgw.agent.connection import channel_options
 from llmgw.agent.enroll import EnrollError, NodeCredentials, join
 from llmgw.agent.refusal import retry_after
+from llmgw.agent.settings import ConnectionSettings
 from llmgw.pki.cluster import parse_join_token
 from llmgw.proto import agent_pb2, agent_pb2_grpc
 
@@ -151,8 +160,15 @@ class Server:
     """One `llmgw server` subprocess; `stop()` ends it, always."""
 
     def __init__(
-        self, *, interval: float, pin: bool, scale_above: int | None = None, mtls: bool = False
+        self,
+        *,
+        interval: float,
+        pin: bool,
+        scale_above: int | None = None,
+        mtls: bool = False,
+        pings: float | str | None = "default",
     ) -> None:
+        """`pings`: `control.agent_ping_interval` (None: off), "default": the server's own."""
         self._dir = Path(tempfile.mkdtemp(prefix="llmgw-agents-bench-"))
         self.admin_port = _free_port()
         self.agent_port = _free_port()
@@ -169,6 +185,7 @@ class Server:
                         "lost_after": 12 * interval,
                     }
                     | ({} if scale_above is None else {"heartbeat_scale_above": scale_above})
+                    | ({} if pings == "default" else {"agent_ping_interval": pings})
                 }
             )
         )
@@ -434,6 +451,8 @@ class Fleet:
     # With mTLS: each agent's key and certificate from its Join, one channel (one
     # TLS connection) per agent, as real agents have.
     credentials: list[NodeCredentials] | None = None
+    # Keepalive pings as `llmgw agent` sends them (its channel options), or none.
+    pings: bool = True
     channels: list[grpc.aio.Channel] = field(default_factory=list)
     registered: int = 0
     # Registers the server told to come back later (a paced storm), and the longest wait.
@@ -454,9 +473,12 @@ class Fleet:
     _epoch: float = 0.0  # the loop's time at start, for the heartbeats' phases
 
     async def connect(self) -> None:
-        # A local subchannel pool per channel: without it gRPC shares one TCP
-        # connection between channels to the same target.
-        options = [("grpc.use_local_subchannel_pool", 1)]
+        # The agent's own options; they include a local subchannel pool per channel:
+        # without it gRPC shares one TCP connection between channels to the same target.
+        settings = (
+            ConnectionSettings() if self.pings else ConnectionSettings(keepalive_time_seconds=None)
+        )
+        options = channel_options(settings)
         if self.credentials is not None:
             for creds in self.credentials:
                 tls = grpc.ssl_channel_credentials(
@@ -600,6 +622,9 @@ class Row:
     api_storm_p50: float = math.nan
     api_storm_p99: float = math.nan
     api_failed: int = 0
+    # Keepalive pings: the server's interval ("default": its own; None: off), the agents' on/off.
+    server_pings: float | str | None = "default"
+    agent_pings: bool = True
 
     @property
     def ok(self) -> bool:
@@ -667,11 +692,30 @@ async def join_fleet(server: Server, agents: int) -> tuple[list[NodeCredentials]
     return list(credentials), time.perf_counter() - started
 
 
-async def run_row(agents: int, window: float, args: argparse.Namespace, pin: bool) -> Row:
-    say(f"{agents} agents: starting the server")
-    server = Server(interval=args.interval, pin=pin, scale_above=args.scale_above, mtls=args.mtls)
+def _pings(server: float | str | None, agent: bool) -> str:
+    told = "default" if server == "default" else "off" if server is None else f"{server:g} s"
+    return f"server {told}, agents {'5 s' if agent else 'off'}"
+
+
+async def run_row(
+    agents: int,
+    window: float,
+    args: argparse.Namespace,
+    pin: bool,
+    pings: tuple[float | str | None, bool] | None = None,
+) -> Row:
+    """One row; `pings` (the server's ping interval, the agents' pings on) overrides the flags."""
+    server_pings, agent_pings = pings or (args.server_pings, args.agent_pings)
+    say(f"{agents} agents: starting the server (pings: {_pings(server_pings, agent_pings)})")
+    server = Server(
+        interval=args.interval,
+        pin=pin,
+        scale_above=args.scale_above,
+        mtls=args.mtls,
+        pings=server_pings,
+    )
     per_channel = 1 if args.mtls else args.streams_per_channel
-    fleet = Fleet(agents=agents, port=server.agent_port, per_channel=per_channel)
+    fleet = Fleet(agents=agents, port=server.agent_port, per_channel=per_channel, pings=agent_pings)
     try:
         await server.wait_ready()
         idle_rss = server.rss()
@@ -753,6 +797,8 @@ async def run_row(agents: int, window: float, args: argparse.Namespace, pin: boo
             api_storm_p50=api_storm,
             api_storm_p99=_pct(storm_probe.latencies, 0.99),
             api_failed=idle_probe.errors + storm_probe.errors,
+            server_pings=server_pings,
+            agent_pings=agent_pings,
         )
     finally:
         await fleet.close()
@@ -842,14 +888,16 @@ def render(rows: list[Row], args: argparse.Namespace, pinned: bool, command: str
         "every interval, phases spread evenly over the interval. All agents register at "
         "once; the window starts one interval after the last registration.",
         "",
-        "| agents | interval | heartbeats/s | server CPU % | RSS MiB | handling p50 / p99 µs "
-        "| registration | told to come back | told a new interval | nodes ready |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| agents | keepalive pings | interval | heartbeats/s | server CPU % | RSS MiB "
+        "| handling p50 / p99 µs | registration | told to come back | told a new interval "
+        "| nodes ready |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         mark = " †" if r.disturbed(pinned) else ""
         lines.append(
-            f"| {r.agents:,}{mark} | {r.interval:g} s | {r.beats / r.window:,.1f} "
+            f"| {r.agents:,}{mark} | {_pings(r.server_pings, r.agent_pings)} "
+            f"| {r.interval:g} s | {r.beats / r.window:,.1f} "
             f"| {100 * r.server_cpu / r.window:.1f} | {r.rss / MIB:.0f} "
             f"| {_us(r.heartbeat_p50)} / {_us(r.heartbeat_p99)} "
             f"| {r.registration_seconds:.2f} s | {r.deferred:,} | {r.retold:,} | {_ready(r)} |"
@@ -903,7 +951,7 @@ def render(rows: list[Row], args: argparse.Namespace, pinned: bool, command: str
         f"(other load above {NOISE_LIMIT:g} % on the server's core, or send lateness p99 "
         f"above {LATE_LIMIT:g} of the interval) after `--retries`: read it with care.",
     ]
-    if len(rows) >= 2:
+    if len(rows) >= 2 and not args.ping_matrix:
         a, b = rows[0], rows[-1]
         rate = b.beats / b.window - a.beats / a.window
         if rate > 0:
@@ -964,6 +1012,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="control.heartbeat_scale_above for the server (default: the server's own)",
     )
     parser.add_argument(
+        "--agent-pings",
+        choices=("on", "off"),
+        default="on",
+        help="the agents' keepalive pings (on: every 5 s, as llmgw agent's defaults)",
+    )
+    parser.add_argument(
+        "--server-pings",
+        default="default",
+        metavar="SECONDS|off",
+        help="control.agent_ping_interval for the server (default: the server's own)",
+    )
+    parser.add_argument(
+        "--ping-matrix",
+        action="store_true",
+        help="measure the main row with server pings on (--server-pings, else the server's "
+        "default) and off, agent pings on and off: four rows, alternating",
+    )
+    parser.add_argument(
         "--retries",
         type=int,
         default=1,
@@ -973,6 +1039,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--time-limit", type=float, default=240.0, help="stop (status 3) after this many s"
     )
     args = parser.parse_args(argv)
+    args.agent_pings = args.agent_pings == "on"
+    if args.server_pings == "off":
+        args.server_pings = None
+    elif args.server_pings != "default":
+        try:
+            args.server_pings = float(args.server_pings)
+        except ValueError:
+            parser.error(
+                f"--server-pings must be a number of seconds or 'off', not {args.server_pings!r}"
+            )
+        if args.server_pings <= 0:
+            parser.error("--server-pings must be above 0 seconds (or 'off')")
     if args.agents < 1 or args.baseline < 0 or args.streams_per_channel < 1:
         parser.error("--agents and --streams-per-channel must be ≥ 1, --baseline ≥ 0")
     return args
@@ -980,16 +1058,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 async def run(args: argparse.Namespace, pinned: bool, rows: list[Row]) -> None:
     """Measure the rows into `rows` (so a stopped run keeps the rows it finished)."""
-    plan = [(args.baseline, args.baseline_window)] if args.baseline else []
-    plan.append((args.agents, args.window))
+    Pings = tuple[float | str | None, bool] | None
+    plan: list[tuple[int, float, Pings]] = (
+        [(args.baseline, args.baseline_window, None)] if args.baseline else []
+    )
+    if args.ping_matrix:
+        on = args.server_pings if args.server_pings is not None else "default"
+        plan += [
+            (args.agents, args.window, pings)
+            for pings in ((on, True), (None, True), (on, False), (None, False))
+        ]
+    else:
+        plan.append((args.agents, args.window, None))
     loop = asyncio.get_running_loop()
     deadline = loop.time() + args.time_limit
     async with asyncio.timeout(args.time_limit):
-        for i, (agents, window) in enumerate(plan):
-            row = await run_row(agents, window, args, pinned)
+        for i, (agents, window, pings) in enumerate(plan):
+            row = await run_row(agents, window, args, pinned, pings)
             # Measure a disturbed row again if the rows still to come, each with
             # its own retries, still fit: the last row (the main one) comes first.
-            later = sum((w + ROW_OVERHEAD) * (1 + args.retries) for _, w in plan[i + 1 :])
+            later = sum((w + ROW_OVERHEAD) * (1 + args.retries) for _, w, _ in plan[i + 1 :])
             for attempt in range(2, args.retries + 2):
                 if not row.disturbed(pinned):
                     break
@@ -997,7 +1085,7 @@ async def run(args: argparse.Namespace, pinned: bool, rows: list[Row]) -> None:
                     say(f"{agents} agents: disturbed, and no time left to measure it again")
                     break
                 say(f"{agents} agents: disturbed by other load; measuring again")
-                again = await run_row(agents, window, args, pinned)
+                again = await run_row(agents, window, args, pinned, pings)
                 again.attempts = attempt
                 if again.disturbed(pinned) and again.other_load()[0] > row.other_load()[0]:
                     row.attempts = attempt

@@ -31,7 +31,7 @@ from llmgw.agent.silence import SilentServers
 from llmgw.agent.state import EngineStore
 from llmgw.agent.supervisor import Supervisor
 from llmgw.agent.wire import NodeIdentity
-from llmgw.control.agentsvc.server import SERVER_OPTIONS
+from llmgw.control.agentsvc.server import server_options
 from llmgw.engines import EngineSettings, adapter_for
 from llmgw.pki import TlsMaterial
 from llmgw.proto import agent_pb2, agent_pb2_grpc
@@ -124,7 +124,7 @@ class Servers:
         port = free_port()
         servicer = Servicer(name, self.events, behaviour)
         # The agent listener's options: they let the agents' keepalive pings in.
-        server = grpc.aio.server(options=SERVER_OPTIONS)
+        server = grpc.aio.server(options=server_options())
         agent_pb2_grpc.add_AgentServiceServicer_to_server(servicer, server)
         if credentials is None:
             server.add_insecure_port(f"127.0.0.1:{port}")

@@ -139,3 +139,16 @@ def test_listener_limit_errors_name_the_field(
         load_server_config(path, overrides)
     assert str(info.value).startswith(str(path))
     assert expected in str(info.value)
+
+
+def test_the_servers_agent_pings_can_be_turned_off_or_spaced(tmp_path: Path) -> None:
+    assert load_server_config(None, {}).control.agent_ping_interval is not None
+    off = load_server_config(write(tmp_path, "control: {agent_ping_interval: null}\n"), {})
+    assert off.control.agent_ping_interval is None
+    spaced = load_server_config(write(tmp_path, "control: {agent_ping_interval: 120}\n"), {})
+    assert spaced.control.agent_ping_interval == 120
+    path = write(tmp_path, "control: {agent_ping_interval: 0}\n")
+    with pytest.raises(ConfigError) as info:
+        load_server_config(path, {})
+    assert str(info.value).startswith(str(path))
+    assert "control.agent_ping_interval: Input should be greater" in str(info.value)

@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives import serialization
 from placement_fixtures import placements_fixture  # noqa: F401
 from prometheus_client import CollectorRegistry
 from test_agent_connection import Servers, connection, run_until_stopped
+from test_agent_failover import FreezingProxy
 from test_agentsvc_stream import register_message
 
 from llmgw import pki
@@ -107,7 +108,9 @@ Factory = Callable[..., Awaitable[Served]]
 async def serve(tmp_path: Path, certs: Certs, placements: PlacementBook) -> AsyncIterator[Factory]:
     started: list[Served] = []
 
-    async def start(*, tls: bool = True, migrated: bool = True) -> Served:
+    async def start(
+        *, tls: bool = True, migrated: bool = True, ping_interval: float | None = 10.0
+    ) -> Served:
         store = await open_store(store_url(tmp_path / f"data-{len(started)}", None))
         if migrated:
             await store.upgrade()
@@ -127,7 +130,11 @@ async def serve(tmp_path: Path, certs: Certs, placements: PlacementBook) -> Asyn
             record_event=lambda node, message: events.append((node, message)), clock=clock,
         )  # fmt: skip
         listener = await serve_agents(
-            servicer=servicer, host="127.0.0.1", port=0, tls=certs.config() if tls else None
+            servicer=servicer,
+            host="127.0.0.1",
+            port=0,
+            tls=certs.config() if tls else None,
+            ping_interval=ping_interval,
         )
         served = Served(listener, servicer, inventory, store, registry, clock, events)
         started.append(served)
@@ -370,6 +377,29 @@ async def test_a_silent_stream_does_not_keep_its_node_id(serve: Factory, certs: 
         await still_serves(served, new, "node-a")
         await new.done_writing()
     assert served.registers("reconnected") == 1
+
+
+async def test_the_servers_pings_end_the_stream_of_a_host_that_vanished(
+    serve: Factory, certs: Certs
+) -> None:
+    # The host stops answering without closing TCP (a relay that holds every byte):
+    # only the server's keepalive ping, unanswered for its timeout, ends the stream.
+    served = await serve(tls=False, ping_interval=1.0)
+    relay = FreezingProxy(served.port)
+    address = await relay.start()
+    try:
+        async with channel(int(address.rsplit(":", 1)[1]), None, certs.ca) as chan:
+            call = await register(chan, "node-a")
+            assert served.inventory.node("node-a").connected
+            relay.frozen.set()
+            for _ in range(3000):  # the ping's timeout is 10 s; wait at most 60 s
+                if not served.inventory.node("node-a").connected:
+                    break
+                await asyncio.sleep(0.02)
+            assert not served.inventory.node("node-a").connected
+            call.cancel()
+    finally:
+        await relay.close()
 
 
 async def test_a_store_that_cannot_answer_refuses_with_unavailable(

@@ -111,7 +111,7 @@ def channel_options(settings: ConnectionSettings) -> list[tuple[str, int]]:
             ("grpc.keepalive_permit_without_calls", 1),
             # No cap on pings between data frames: a frozen server sends nothing, and
             # that is exactly when the pings must go on. The agent listener allows a
-            # ping a second (agentsvc.server.SERVER_OPTIONS), so no "too_many_pings".
+            # ping a second (agentsvc.server.server_options), so no "too_many_pings".
             ("grpc.http2.max_pings_without_data", 0),
         ]
     return options

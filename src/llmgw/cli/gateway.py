@@ -974,6 +974,7 @@ async def _serve(
                         pki=pki,
                         host=cfg.agent_listen.host,
                         port=cfg.agent_listen.port,
+                        ping_interval=cfg.control.agent_ping_interval,
                     )
                 else:
                     agent_listener = await serve_agents(
@@ -981,6 +982,7 @@ async def _serve(
                         host=cfg.agent_listen.host,
                         port=cfg.agent_listen.port,
                         tls=cfg.agent_tls,
+                        ping_interval=cfg.control.agent_ping_interval,
                     )
             except AgentListenerError as exc:
                 raise StartupError(str(exc)) from exc

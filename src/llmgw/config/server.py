@@ -486,6 +486,18 @@ class ControlConfig(_Strict):
             "node by the same factor as the interval it was told."
         ),
     )
+    agent_ping_interval: float | None = Field(
+        default=10.0,
+        gt=0,
+        description=(
+            "Seconds an agent connection may send the server nothing before the server "
+            "pings it (HTTP/2 keepalive); a ping unanswered for 10 s ends the connection, "
+            "so that of a host that vanished without closing TCP ends (and its node shows "
+            "disconnected) instead of staying open. Heartbeats count as something, so "
+            "while agents heartbeat more often than this the server sends no pings. null "
+            "turns the server's pings off."
+        ),
+    )
     registrations_per_second: float = Field(
         default=300.0,
         gt=0,

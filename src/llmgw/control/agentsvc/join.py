@@ -28,7 +28,7 @@ import grpc
 
 from llmgw.control.agentsvc.cluster_pki import ClusterPki, Issued, Peer, Refusal
 from llmgw.control.agentsvc.errors import AgentListenerError
-from llmgw.control.agentsvc.server import SERVER_OPTIONS, AgentListener
+from llmgw.control.agentsvc.server import SERVER_PING_INTERVAL_MS, AgentListener, server_options
 from llmgw.control.agentsvc.servicer import AgentServicer
 from llmgw.proto import agent_pb2, agent_pb2_grpc
 from llmgw.store import StoreError
@@ -110,10 +110,15 @@ def _join_response(issued: Issued) -> agent_pb2.JoinResponse:
 
 
 async def serve_cluster_agents(
-    *, servicer: AgentServicer, pki: ClusterPki, host: str, port: int
+    *,
+    servicer: AgentServicer,
+    pki: ClusterPki,
+    host: str,
+    port: int,
+    ping_interval: float | None = SERVER_PING_INTERVAL_MS / 1000,
 ) -> AgentListener:
     """Start the agent listener with the cluster CA's credentials; `AgentListenerError` if not."""
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    server = grpc.aio.server(options=server_options(ping_interval))
     service = ClusterAgentService(streams=servicer, pki=pki)
     agent_pb2_grpc.add_AgentServiceServicer_to_server(service, server)  # type: ignore[no-untyped-call]
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

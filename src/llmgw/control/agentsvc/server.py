@@ -49,28 +49,46 @@ SERVER_PING_TIMEOUT_MS = 10_000
 # Streams gRPC core may hold before the server takes them: twice the largest fleet
 # one server is built for (10,000 nodes), all reconnecting at once.
 MAX_PENDING_STREAMS = 20_000
-SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
-    # gRPC sets SO_REUSEPORT by default: a second server on the same port would
-    # bind silently and share the agents. Refuse instead.
-    ("grpc.so_reuseport", 0),
-    ("grpc.http2.min_ping_interval_without_data_ms", MIN_AGENT_PING_INTERVAL_MS),
-    ("grpc.keepalive_permit_without_calls", 1),
-    # The server pings too: the stream of an agent whose host vanished (no FIN,
-    # no RST) ends within keepalive time + timeout instead of TCP's ~15 minutes,
-    # so the node shows as disconnected and its id is free again for its restart.
-    ("grpc.keepalive_time_ms", SERVER_PING_INTERVAL_MS),
-    ("grpc.keepalive_timeout_ms", SERVER_PING_TIMEOUT_MS),
-    # gRPC core queues a new stream until the application asks for the next call;
-    # above `max_pending_requests` (default 1,000) queued streams it cancels new ones
-    # at random, above the hard limit (default 3,000) all of them, and the agent sees
-    # `INTERNAL: Internal error from Core` with nothing logged here. In a registration
-    # storm (every node reconnecting after a failover) thousands of streams arrive
-    # faster than the event loop takes them: ~1,800-2,300 streams in the measured
-    # storms. llmgw paces registrations itself (RESOURCE_EXHAUSTED with a retry
-    # delay, once the Register is read), so core may queue a whole fleet's streams.
-    ("grpc.server.max_pending_requests", MAX_PENDING_STREAMS),
-    ("grpc.server.max_pending_requests_hard_limit", 2 * MAX_PENDING_STREAMS),
-)
+
+
+def server_options(
+    ping_interval: float | None = SERVER_PING_INTERVAL_MS / 1000,
+) -> list[tuple[str, int]]:
+    """The agent listener's gRPC options; `ping_interval` (seconds, None: no pings) is
+    how often the server pings each connection (`control.agent_ping_interval`)."""
+    options = [
+        # gRPC sets SO_REUSEPORT by default: a second server on the same port would
+        # bind silently and share the agents. Refuse instead.
+        ("grpc.so_reuseport", 0),
+        ("grpc.http2.min_ping_interval_without_data_ms", MIN_AGENT_PING_INTERVAL_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
+        # gRPC core queues a new stream until the application asks for the next call;
+        # above `max_pending_requests` (default 1,000) queued streams it cancels new ones
+        # at random, above the hard limit (default 3,000) all of them, and the agent sees
+        # `INTERNAL: Internal error from Core` with nothing logged here. In a registration
+        # storm (every node reconnecting after a failover) thousands of streams arrive
+        # faster than the event loop takes them: ~1,800-2,300 streams in the measured
+        # storms. llmgw paces registrations itself (RESOURCE_EXHAUSTED with a retry
+        # delay, once the Register is read), so core may queue a whole fleet's streams.
+        ("grpc.server.max_pending_requests", MAX_PENDING_STREAMS),
+        ("grpc.server.max_pending_requests_hard_limit", 2 * MAX_PENDING_STREAMS),
+    ]
+    if ping_interval is not None:
+        # The server pings too: the stream of an agent whose host vanished (no FIN,
+        # no RST) ends within keepalive time + timeout instead of never (the server
+        # writes almost nothing to an agent, so TCP has nothing to time out), so the
+        # node shows as disconnected and the connection is freed.
+        options += [
+            ("grpc.keepalive_time_ms", int(ping_interval * 1000)),
+            ("grpc.keepalive_timeout_ms", SERVER_PING_TIMEOUT_MS),
+            # gRPC core (1.85) times an unanswered ping out after this, not after the
+            # keepalive timeout alone (default 60 s), as the agent's options do too.
+            ("grpc.http2.ping_timeout_ms", SERVER_PING_TIMEOUT_MS),
+        ]
+    else:
+        # gRPC's server default is a ping every 2 hours; off means off.
+        options.append(("grpc.keepalive_time_ms", 2**31 - 1))
+    return options
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +127,12 @@ def server_credentials(tls: AgentTLSConfig) -> grpc.ServerCredentials:
 
 
 async def serve_agents(
-    *, servicer: AgentServicer, host: str, port: int, tls: AgentTLSConfig | None = None
+    *,
+    servicer: AgentServicer,
+    host: str,
+    port: int,
+    tls: AgentTLSConfig | None = None,
+    ping_interval: float | None = SERVER_PING_INTERVAL_MS / 1000,
 ) -> AgentListener:
     """Start the gRPC server for the agents on host:port; raises `AgentListenerError`.
 
@@ -117,7 +140,7 @@ async def serve_agents(
     """
     # Before creating the server: a bad file then leaves nothing to clean up.
     credentials = None if tls is None else server_credentials(tls)
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    server = grpc.aio.server(options=server_options(ping_interval))
     # Generated code carries no annotations (it is excluded from type checks).
     agent_pb2_grpc.add_AgentServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
