@@ -342,14 +342,17 @@ def _record(row: Any) -> UsageRecord:
     )
 
 
-def _upsert(dialect: str, table: Table) -> Insert:
-    stmt: sqlite.Insert | postgresql.Insert
+def _insert(dialect: str, table: Table) -> sqlite.Insert | postgresql.Insert:
+    """The dialect's INSERT, which can be made an upsert (ON CONFLICT DO UPDATE)."""
     if dialect == "sqlite":
-        stmt = sqlite.insert(table)
-    elif dialect == "postgresql":
-        stmt = postgresql.insert(table)
-    else:
-        raise StoreError(f"usage roll-ups need SQLite or PostgreSQL, not {dialect}")
+        return sqlite.insert(table)
+    if dialect == "postgresql":
+        return postgresql.insert(table)
+    raise StoreError(f"usage roll-ups need SQLite or PostgreSQL, not {dialect}")
+
+
+def _upsert(dialect: str, table: Table) -> Insert:
+    stmt = _insert(dialect, table)
     increments = {name: table.c[name] + stmt.excluded[name] for name in _SUMMED}
     # The primary key's columns, in its order: (time, key_id[, end_user], model).
     index = [column for column in table.primary_key.columns]
@@ -393,13 +396,7 @@ def _split(
 def _replace(dialect: str, table: Table) -> Insert:
     """An insert that replaces the row of the same primary key (usage_bases: the latest
     base of an adapter wins)."""
-    stmt: sqlite.Insert | postgresql.Insert
-    if dialect == "sqlite":
-        stmt = sqlite.insert(table)
-    elif dialect == "postgresql":
-        stmt = postgresql.insert(table)
-    else:
-        raise StoreError(f"usage roll-ups need SQLite or PostgreSQL, not {dialect}")
+    stmt = _insert(dialect, table)
     index = list(table.primary_key.columns)
     changed = {c.name: stmt.excluded[c.name] for c in table.columns if c not in index}
     return stmt.on_conflict_do_update(index_elements=index, set_=changed)
