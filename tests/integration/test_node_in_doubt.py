@@ -11,7 +11,9 @@ freeze runs with each agent in its own network namespace (tests/netns.py), the
 others on loopback.
 
 Timings are shortened through the config file; the tests wait on conditions and
-assert outcomes, never durations.
+assert outcomes, never durations. Each engine takes 4 s to load, so a replacement
+cannot be ready by the time its predecessor has left the router: a request sent
+then must wait for it (on a fast machine a sim ready at once served it directly).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ models:
     weights: none
     min_replicas: 1
     max_replicas: 1
-    profiles: [{name: one-gpu, engine: sim, gpus: 1}]
+    profiles: [{name: one-gpu, engine: sim, gpus: 1, engine_args: [--load-time, '4']}]
 """
 
 
