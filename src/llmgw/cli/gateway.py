@@ -516,7 +516,7 @@ async def _serve(
         except ClusterSetupError as exc:
             raise StartupError(str(exc)) from exc
     leadership = Leadership(
-        store=store.leadership,
+        store=store.lease,
         server_id=server_id,
         agent_address=_agent_address(cfg),
         ttl=cfg.control.lease_ttl,

@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from llmgw.store.errors import BadStoreUrl, StoreError, StoreUnavailable
@@ -31,12 +32,18 @@ PG_CONNECT_TIMEOUT_S = 10.0
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 
-def make_engine(url: URL, *, schema: str | None = None) -> AsyncEngine:
-    """An engine for `url` (already normalized); no connection is made yet."""
+def make_engine(
+    url: URL, *, schema: str | None = None, pool_size: int | None = None
+) -> AsyncEngine:
+    """An engine for `url` (already normalized); no connection is made yet.
+
+    `pool_size`: keep at most this many connections (the default pool otherwise:
+    5, and 10 more while busy)."""
+    pool: dict[str, Any] = {} if pool_size is None else {"pool_size": pool_size, "max_overflow": 0}
     if url.get_backend_name() == "sqlite":
         if schema is not None:
             raise BadStoreUrl("a schema can only be chosen for PostgreSQL, not for SQLite")
-        engine = create_async_engine(url)
+        engine = create_async_engine(url, **pool)
         event.listen(engine.sync_engine, "connect", _configure_sqlite)
         return engine
     connect_args: dict[str, Any] = {"timeout": PG_CONNECT_TIMEOUT_S}
@@ -45,7 +52,7 @@ def make_engine(url: URL, *, schema: str | None = None) -> AsyncEngine:
             raise BadStoreUrl(f"schema {schema!r} is not a plain PostgreSQL identifier")
         connect_args["server_settings"] = {"search_path": schema}
     # pre_ping: a pooled connection may be dead after a PostgreSQL restart or failover.
-    return create_async_engine(url, connect_args=connect_args, pool_pre_ping=True)
+    return create_async_engine(url, connect_args=connect_args, pool_pre_ping=True, **pool)
 
 
 def _configure_sqlite(dbapi_connection: Any, _record: Any) -> None:
@@ -73,6 +80,11 @@ async def transaction(engine: AsyncEngine, what: str) -> AsyncIterator[AsyncConn
         raise
     except (DBAPIError, OSError) as exc:
         raise translate(exc, engine, what) from exc
+    except PoolTimeout as exc:
+        raise StoreUnavailable(
+            f"{what} failed: every connection to the database at {describe(engine.url)} "
+            f"stayed busy ({exc}); the store is overloaded"
+        ) from exc
 
 
 def translate(exc: DBAPIError | OSError, engine: AsyncEngine, what: str) -> StoreError:

@@ -37,16 +37,31 @@ from llmgw.store.urls import describe, normalize_url
 from llmgw.store.usage import UsageRepository
 from llmgw.store.users import SessionRepository, UserRepository
 
+LEASE_POOL_SIZE = 2
+"""Connections kept for the lease alone (`Store.lease`): a renewal, and a release or a
+read that may overlap it."""
+
 
 class Store:
     """An open database with its repositories; build it with `open_store`."""
 
-    def __init__(self, *, engine: AsyncEngine, clock: Callable[[], datetime]) -> None:
+    def __init__(
+        self,
+        *,
+        engine: AsyncEngine,
+        clock: Callable[[], datetime],
+        lease_engine: AsyncEngine | None = None,
+    ) -> None:
         self._engine = engine
+        self._lease_engine = lease_engine
         self.keys = KeyRepository(engine=engine, clock=clock)
         self.usage = UsageRepository(engine=engine)
         self.catalog = CatalogRepository(engine=engine, clock=clock)
         self.leadership = LeadershipRepository(engine=engine, clock=clock)
+        # The lease on connections of its own: a renewal must not wait for a pooled
+        # connection behind a registration storm's writes (it still takes its turn
+        # at SQLite's write lock, briefly).
+        self.lease = LeadershipRepository(engine=lease_engine or engine, clock=clock)
         self.users = UserRepository(engine=engine, clock=clock)
         self.teams = TeamRepository(engine=engine, clock=clock)
         self.sessions = SessionRepository(engine=engine)
@@ -78,6 +93,8 @@ class Store:
     async def close(self) -> None:
         """Close every pooled connection; the store cannot be used afterwards."""
         await self._engine.dispose()
+        if self._lease_engine is not None:
+            await self._lease_engine.dispose()
 
 
 async def open_store(
@@ -103,12 +120,14 @@ async def open_store(
                 "pass a writable --data-dir, or --store postgresql://USER@HOST/DB"
             ) from exc
     engine = make_engine(parsed, schema=schema)
+    lease_engine = make_engine(parsed, schema=schema, pool_size=LEASE_POOL_SIZE)
     try:
         await _probe(engine)
     except BaseException:
         await engine.dispose()
+        await lease_engine.dispose()
         raise
-    return Store(engine=engine, clock=clock)
+    return Store(engine=engine, clock=clock, lease_engine=lease_engine)
 
 
 async def upgrade(url: str, *, schema: str | None = None) -> None:

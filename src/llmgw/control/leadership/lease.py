@@ -8,9 +8,13 @@ would take it over up to TTL + TTL/3 later; waking at the expiry makes it TTL
 plus the store's round trip. (Expiry is judged by each server's own wall clock,
 in the store and here alike.) Once it
 holds the lease it runs `lead(epoch)` (the leader-only tasks, as one task) and
-renews every third of the TTL; when a renewal is refused, or the store cannot
-be reached until the lease would have run out, it cancels `lead` and goes back
-to standing by. The process never exits for losing the lease.
+renews every third of the TTL; a renewal that fails (the store is busy or
+unreachable) is retried every TTL/15 while the lease is still valid, and one that
+has not answered by then is abandoned. When a renewal is refused, or none
+succeeded before the lease would have run out, it cancels `lead` and goes back
+to standing by. The renewals go through a connection pool of their own
+(`Store.lease`), so they never wait for a connection behind bulk writes. The
+process never exits for losing the lease.
 
 `is_leader()` is also false once the lease's local validity (monotonic time of
 the last successful renewal's start + TTL) has passed, so a leader that was
@@ -39,6 +43,10 @@ LEASE_NAME = "control"
 # How long after the seen lease's expiry a standby tries: the store takes it only
 # once its own reading of the clock is past the expiry.
 EXPIRY_MARGIN = 0.01
+# A failed renewal is retried every TTL/RETRIES_PER_TTL seconds until the lease runs
+# out: a store that is busy for a few seconds (a registration storm's writes on
+# SQLite) must not cost the lease, which the next renewal at TTL/3 often would.
+RETRIES_PER_TTL = 15
 Role = Literal["leader", "standby"]
 
 
@@ -237,28 +245,41 @@ class Leadership:
             log.warning("this server (%s) is a standby again", self._server)
 
     async def _keep(self, lease: Lease) -> None:
-        """Renew every TTL/3; return when the lease is lost."""
+        """Renew every TTL/3, retrying a failed renewal every TTL/15 until the lease's
+        local validity runs out; return when the lease is lost."""
+        delay = self._ttl / 3
         while True:
-            await self._sleep(self._ttl / 3)
+            await self._sleep(delay)
             started = self._clock()
             if started >= self._valid_until:
                 log.warning(
-                    "lost the lease: this process did not run for longer than its TTL "
-                    "(%g s); another server may lead now",
+                    "lost the lease: it ran out (TTL %g s) before this process renewed it "
+                    "(it did not run, or the store did not answer); another server may "
+                    "lead now",
                     self._ttl,
                 )
                 return
             try:
-                expires = await self._store.renew(LEASE_NAME, self._server, lease.epoch, self._ttl)
+                expires = await self._renew(lease, self._valid_until - started)
             except StoreError as exc:
-                if self._clock() >= self._valid_until:
-                    log.warning("lost the lease: the store was unreachable past its expiry")
+                left = self._valid_until - self._clock()
+                if left <= 0:
+                    log.warning("lost the lease: the store did not renew it before it ran out")
                     return
-                log.warning("cannot renew the lease (will retry until it runs out): %s", exc)
+                log.warning(
+                    "cannot renew the lease (%.1f s of it left; retrying in %g s): %s",
+                    left,
+                    min(self._ttl / RETRIES_PER_TTL, left),
+                    exc,
+                )
+                delay = min(self._ttl / RETRIES_PER_TTL, left)
                 continue
             if expires is None:
                 log.warning("lost the lease: another server took it over (epoch moved on)")
                 return
+            took = self._clock() - started
+            if took > self._ttl / RETRIES_PER_TTL:
+                log.warning("renewing the lease took %.1f s (TTL %g s)", took, self._ttl)
             self._valid_until = started + self._ttl
             self._lease = self._seen = Lease(
                 lease.name,
@@ -268,6 +289,26 @@ class Leadership:
                 expires,
                 lease.agent_address,
             )
+            delay = self._ttl / 3
+
+    async def _renew(self, lease: Lease, left: float) -> datetime | None:
+        """One renewal, given up (as a `StoreError`) when it has not answered within
+        `left` seconds: past that the lease may have run out, and waiting on would
+        keep the leader-only tasks running on a lease that nobody renewed."""
+        attempt = asyncio.ensure_future(
+            self._store.renew(LEASE_NAME, self._server, lease.epoch, self._ttl)
+        )
+        deadline = asyncio.ensure_future(self._sleep(left))
+        try:
+            await asyncio.wait({attempt, deadline}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            deadline.cancel()
+            if not attempt.done():
+                attempt.cancel()
+            await asyncio.gather(attempt, deadline, return_exceptions=True)
+        if attempt.cancelled():
+            raise StoreError(f"the store did not answer the renewal within {left:.1f} s")
+        return attempt.result()
 
     async def _release(self) -> None:
         lease = self._lease
