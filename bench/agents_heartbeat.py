@@ -40,9 +40,21 @@ busy time of both cores is sampled; a row disturbed by other processes is
 measured again (`--retries`, 1) while the whole run still fits `--time-limit`
 (240 s), the main row first, and one still disturbed is marked †.
 
+`--failover` measures the storm after a leader failover instead of the rows: two
+`llmgw server` processes (both pinned to core 0) on a fresh PostgreSQL database
+(`--pg`; created per run and dropped after), `--agents` mTLS agents joined with a
+token that know both servers, leader first, each following `llmgw agent`'s
+connection loop (`FailoverFleet`). Once all are registered with the leader and
+have heartbeated for an interval, the leader gets SIGKILL; measured are the time
+from the kill until the standby leads and until every agent is registered with
+it (target 60 s), the new leader's CPU and RSS over that time, streams ended,
+refusals by kind and errors. Both servers' logs are kept (their paths are
+printed). A row whose server lost its lease, or that failed, keeps its log too.
+
 The markdown section goes to stdout, progress to stderr. Exit status: 0 when
 every row ran and every node was ready, 1 when a check failed (a node not
-ready, a stream ended, no heartbeat observed), 2 when the server could not
+ready, a stream ended, no heartbeat observed, the server lost its leadership
+lease), 2 when the server could not
 start, 3 when stopped (Ctrl-C, SIGTERM, `--time-limit`; the rows finished by
 then are still printed). The server is stopped in every case, and dies with
 this process even when it is killed.
@@ -75,15 +87,17 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmgw.agent.connection import channel_options
+from llmgw.agent.backoff import Backoff
+from llmgw.agent.connection import STANDBY_RETRY_SECONDS, channel_options
 from llmgw.agent.enroll import EnrollError, NodeCredentials, join
-from llmgw.agent.refusal import retry_after
+from llmgw.agent.refusal import is_standby, retry_after
 from llmgw.agent.settings import ConnectionSettings
 from llmgw.pki.cluster import parse_join_token
 from llmgw.proto import agent_pb2, agent_pb2_grpc
@@ -97,6 +111,10 @@ MIB = 1 << 20
 HEARTBEAT = "heartbeat"
 HISTOGRAM = "llmgw_agent_message_seconds"
 REGISTER_TIMEOUT = 60.0
+# --failover: the issue's target from the kill until every agent is registered with
+# the new leader, and how long the bench waits for it (and for the first storm).
+FAILOVER_TARGET = 60.0
+FAILOVER_TIMEOUT = 180.0
 # With --mtls: Joins in flight at once, and tries per node (a server that has just
 # started may not lead yet).
 JOIN_CONCURRENCY = 32
@@ -167,8 +185,10 @@ class Server:
         scale_above: int | None = None,
         mtls: bool = False,
         pings: float | str | None = "default",
+        store: str | None = None,
     ) -> None:
-        """`pings`: `control.agent_ping_interval` (None: off), "default": the server's own."""
+        """`pings`: `control.agent_ping_interval` (None: off), "default": the server's own.
+        `store`: a database URL (`--store`); None: SQLite in a data dir of its own."""
         self._dir = Path(tempfile.mkdtemp(prefix="llmgw-agents-bench-"))
         self.admin_port = _free_port()
         self.agent_port = _free_port()
@@ -196,7 +216,7 @@ class Server:
             "--listen", f"{HOST}:{self.api_port}",
             "--admin-listen", f"{HOST}:{self.admin_port}",
             "--agent-listen", f"{HOST}:{self.agent_port}",
-            "--data-dir", str(self._dir / "data"),
+            *(["--store", store] if store else ["--data-dir", str(self._dir / "data")]),
             "--auth-mode", "open",
             "--log-level", "warning",
         ]  # fmt: skip
@@ -212,6 +232,15 @@ class Server:
                 stderr=subprocess.STDOUT,
             )
         self.pid = self._proc.pid
+
+    def lease_events(self) -> tuple[int, int, int]:
+        """From the log: leadership terms lost, lease renewals failed, slow renewals."""
+        text = self.log.read_text(errors="replace")
+        return (
+            text.count("lost the lease"),
+            text.count("cannot renew the lease"),
+            text.count("renewing the lease took"),
+        )
 
     def tail(self, lines: int = 30) -> str:
         text = self.log.read_text(errors="replace").splitlines()[-lines:]
@@ -246,6 +275,11 @@ class Server:
                     return int(line.split()[1]) * 1024
         raise BenchError(f"no VmRSS in /proc/{self.pid}/status")
 
+    def kill(self) -> None:
+        """SIGKILL, as a host that dies: no release of the lease, no goodbye."""
+        self._proc.kill()
+        self._proc.wait(timeout=10)
+
     def stop(self) -> None:
         if self._proc.poll() is None:
             self._proc.send_signal(signal.SIGTERM)
@@ -254,6 +288,16 @@ class Server:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait(timeout=5)
+
+    def finish(self, *, keep_log: bool) -> None:
+        """Remove the server's files; with `keep_log`, keep its log (for a failed row)
+        and say where it is."""
+        if keep_log:
+            kept = Path(tempfile.mkdtemp(prefix="llmgw-agents-bench-log-")) / "server.log"
+            with contextlib.suppress(OSError):
+                kept.write_bytes(self.log.read_bytes())
+                say(f"kept the server's log: {kept}")
+        self.remove_files()
 
     def remove_files(self) -> None:
         for path in sorted(self._dir.rglob("*"), reverse=True):
@@ -589,6 +633,426 @@ class Fleet:
         await asyncio.gather(*(c.close() for c in self.channels), return_exceptions=True)
 
 
+# --- the failover storm ---------------------------------------------------------------
+
+
+@dataclass
+class FailoverFleet:
+    """N agents that know several servers, as `llmgw agent --server A --servers B` does.
+
+    Each agent follows the agent's connection loop (`llmgw.agent.connection`): a pass
+    dials each address in turn over a fresh TLS channel (its node certificate) and
+    registers; a refusal or no `Registered` within the connect timeout tries the
+    next address at once; after a registered stream ends the next pass starts at
+    the address after the one that served it. When every address failed it sleeps
+    a full-jitter backoff, cut below a second while a standby answered, and at
+    least as long as a busy server asked. While registered it heartbeats at the
+    interval the server gave.
+    """
+
+    addresses: list[str]
+    credentials: list[NodeCredentials]
+    connect_timeout: float = ConnectionSettings().connect_timeout_seconds
+    # The index of the address each agent is registered with now (absent: none).
+    registered_with: dict[int, int] = field(default_factory=dict)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # When each agent last registered (perf_counter), by address index.
+    registered_at: dict[int, float] = field(default_factory=dict)
+    # Streams that ended after Registered, by (address index, gRPC code), and when
+    # the last one ended.
+    ended: dict[tuple[int, str], int] = field(default_factory=dict)
+    # Refusals before Registered, by kind: standby, busy (told to come back),
+    # timed out (no Registered within the connect timeout), other (by code).
+    refused: dict[str, int] = field(default_factory=dict)
+    dials: int = 0
+    longest_wait: float = 0.0
+    errors: list[str] = field(default_factory=list)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _options: list[tuple[str, int]] = field(
+        default_factory=lambda: channel_options(ConnectionSettings())
+    )
+
+    def start(self) -> None:
+        for i in range(len(self.credentials)):
+            self._tasks.append(asyncio.create_task(self._agent(i)))
+
+    def count(self, address: int) -> int:
+        return sum(1 for a in self.registered_with.values() if a == address)
+
+    def _refuse(self, kind: str) -> None:
+        self.refused[kind] = self.refused.get(kind, 0) + 1
+
+    async def _agent(self, index: int) -> None:
+        backoff = Backoff(rng=random.Random(index))
+        first = 0
+        count = len(self.addresses)
+        try:
+            while True:
+                saw_standby = False
+                come_back: float | None = None
+                served = False
+                for step in range(count):
+                    at = (first + step) % count
+                    outcome = await self._session(index, at)
+                    if outcome == "served":
+                        backoff.reset()
+                        first = (at + 1) % count
+                        served = True
+                        break
+                    if outcome == "standby":
+                        saw_standby = True
+                    elif isinstance(outcome, float):
+                        come_back = max(outcome, come_back or 0.0)
+                if served:
+                    continue
+                delay = backoff.next_delay()
+                if saw_standby:
+                    delay %= STANDBY_RETRY_SECONDS
+                if come_back is not None:
+                    delay = max(come_back, delay)
+                    self.longest_wait = max(self.longest_wait, come_back)
+                await asyncio.sleep(delay)
+        except Exception as exc:  # a bug here must show, not stop one agent silently
+            self.errors.append(f"agent {index}: {type(exc).__name__}: {exc}")
+
+    async def _session(self, index: int, at: int) -> str | float | None:
+        """One dial: "served" (registered, then the stream ended), "standby", the
+        delay a busy server asked for, or None (another failure)."""
+        creds = self.credentials[index]
+        tls = grpc.ssl_channel_credentials(
+            root_certificates=creds.ca_pem,
+            private_key=creds.key_pem,
+            certificate_chain=creds.cert_pem,
+        )
+        self.dials += 1
+        channel = grpc.aio.secure_channel(self.addresses[at], tls, options=self._options)
+        call: Call | None = None
+        try:
+            stub = agent_pb2_grpc.AgentServiceStub(channel)  # type: ignore[no-untyped-call]
+            call = stub.Connect()
+            try:
+                async with asyncio.timeout(self.connect_timeout):
+                    with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                        await call.write(agent_pb2.AgentMessage(register=register_message(index)))
+                    reply = await call.read()
+            except TimeoutError:
+                self._refuse("no Registered within the connect timeout")
+                return None
+            except grpc.aio.AioRpcError:
+                metadata = await call.trailing_metadata()
+                if is_standby(metadata):
+                    self._refuse("standby")
+                    return "standby"
+                wait = retry_after(metadata)
+                if wait is not None:
+                    self._refuse("busy: told to come back")
+                    return wait
+                self._refuse(f"{(await call.code()).name}")
+                return None
+            if not isinstance(reply, agent_pb2.ServerMessage) or not reply.HasField("registered"):
+                self._refuse("no Registered answer")
+                return None
+            self.registered_with[index] = at
+            self.registered_at[index] = time.perf_counter()
+            self.changed.set()
+            try:
+                await self._serve(index, call, reply.registered.heartbeat_interval_seconds)
+            finally:
+                self.registered_with.pop(index, None)
+                self.changed.set()
+            return "served"
+        finally:
+            if call is not None:
+                call.cancel()
+            await channel.close()
+
+    async def _serve(self, index: int, call: Call, interval: float) -> None:
+        """Heartbeat until the stream ends; count how it ended."""
+        rng = random.Random(index)
+        intervals = [interval]
+
+        async def beat() -> None:
+            loop = asyncio.get_running_loop()
+            due = loop.time() + rng.uniform(0, intervals[0])
+            sequence = 0
+            while True:
+                await asyncio.sleep(due - loop.time())
+                sequence += 1
+                await call.write(heartbeat_message(sequence, rng))
+                due += intervals[0]
+
+        beats = asyncio.create_task(beat())
+        code = "stream ended"
+        try:
+            while True:
+                message = await call.read()
+                if message is grpc.aio.EOF:
+                    code = "OK (end of stream)"
+                    break
+                if isinstance(message, agent_pb2.ServerMessage) and message.HasField(
+                    "heartbeat_interval"
+                ):
+                    intervals[0] = message.heartbeat_interval.seconds
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code().name
+        finally:
+            beats.cancel()
+            await asyncio.gather(beats, return_exceptions=True)
+        key = (self.registered_with.get(index, -1), code)
+        self.ended[key] = self.ended.get(key, 0) + 1
+
+    async def wait_until(self, check: Callable[[], bool], within: float) -> bool:
+        """Wait (up to `within` s) until `check()` holds, re-checked on every change."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while not check():
+            self.changed.clear()
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(left, 1.0)):
+                    await self.changed.wait()
+        return True
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+@dataclass
+class FailoverResult:
+    agents: int
+    joined_seconds: float
+    first_registration_seconds: float
+    registered_before: int
+    took_over_seconds: float  # from the kill until the standby reported itself leader
+    reregistered_seconds: float  # from the kill until every agent was registered with it
+    reregistered: int
+    new_leader_cpu: float  # seconds, from the kill until all re-registered (or gave up)
+    new_leader_rss: int
+    new_leader_rss_before: int
+    agents_cpu: float
+    dials: int
+    ended: dict[tuple[int, str], int]
+    refused: dict[str, int]
+    longest_wait: float
+    states: dict[str, int]
+    errors: list[str]
+    load_before: tuple[float, float, float]
+    load_after: tuple[float, float, float]
+    leader_lease_lost: int
+
+    @property
+    def ok(self) -> bool:
+        ended_by_new = sum(n for (at, _), n in self.ended.items() if at == 1)
+        return (
+            not self.errors
+            and self.reregistered == self.agents
+            and self.reregistered_seconds <= FAILOVER_TARGET
+            and ended_by_new == 0
+            and self.states.get("ready", 0) == self.agents
+            and self.leader_lease_lost == 0
+        )
+
+
+async def _pg(url: str, sql: str) -> None:
+    import asyncpg  # only the failover mode needs PostgreSQL's client
+
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+async def _role(server: Server) -> str:
+    with contextlib.suppress(OSError, ValueError):
+        status, body = await asyncio.to_thread(_get, server.admin_port, "/admin/api/leader", 2.0)
+        if status == 200:
+            return str(json.loads(body)["role"])
+    return "unknown"
+
+
+async def _wait_role(server: Server, role: str, within: float) -> None:
+    deadline = time.monotonic() + within
+    while await _role(server) != role:
+        server.check_alive()
+        if time.monotonic() > deadline:
+            raise BenchError(f"the server did not become {role} within {within:g} s", server.tail())
+        await asyncio.sleep(0.05)
+
+
+async def run_failover(args: argparse.Namespace, pinned: bool) -> FailoverResult:
+    """Two servers on a fresh PostgreSQL database, `--agents` agents registered with
+    the leader; SIGKILL the leader and time the storm onto the standby."""
+    base = args.pg.rsplit("/", 1)[0]
+    database = f"llmgw_bench_{random.getrandbits(32):08x}"
+    store = f"{base}/{database}"
+    try:
+        await _pg(args.pg, f"CREATE DATABASE {database}")
+    except OSError as exc:
+        raise BenchError(f"PostgreSQL is not reachable at {args.pg} ({exc})") from exc
+    servers: list[Server] = []
+    fleet: FailoverFleet | None = None
+    try:
+        say(f"failover: two servers on PostgreSQL database {database}")
+        first = Server(
+            interval=args.interval, pin=pinned, mtls=True, store=store,
+            scale_above=args.scale_above,
+        )  # fmt: skip
+        servers.append(first)
+        await first.wait_ready()
+        await _wait_role(first, "leader", STARTUP_TIMEOUT)
+        second = Server(
+            interval=args.interval, pin=pinned, mtls=True, store=store,
+            scale_above=args.scale_above,
+        )  # fmt: skip
+        servers.append(second)
+        await second.wait_ready()
+        await _wait_role(second, "standby", STARTUP_TIMEOUT)
+        credentials, joined = await join_fleet(first, args.agents)
+        say(f"failover: {args.agents} agents joined with a token in {joined:.1f} s")
+        addresses = [f"{HOST}:{first.agent_port}", f"{HOST}:{second.agent_port}"]
+        fleet = FailoverFleet(addresses=addresses, credentials=credentials)
+        started = time.perf_counter()
+        fleet.start()
+        if not await fleet.wait_until(lambda: fleet.count(0) == args.agents, FAILOVER_TIMEOUT):
+            raise BenchError(
+                f"only {fleet.count(0)} of {args.agents} agents registered with the leader "
+                f"within {FAILOVER_TIMEOUT:g} s; refusals {fleet.refused}, "
+                f"errors {fleet.errors[:3]}",
+                first.tail(),
+            )
+        registered_in = time.perf_counter() - started
+        say(
+            f"failover: all {args.agents} registered with the leader in {registered_in:.1f} s; "
+            f"settling for one interval"
+        )
+        await asyncio.sleep(args.interval)
+        registered_before = fleet.count(0)
+        rss_before = second.rss()
+        load_before = os.getloadavg()
+        cpu0, agents_cpu0 = second.cpu_seconds(), time.process_time()
+        say("failover: SIGKILL to the leader")
+        killed = time.perf_counter()
+        first.kill()
+
+        async def took_over() -> float:
+            await _wait_role(second, "leader", FAILOVER_TIMEOUT)
+            return time.perf_counter() - killed
+
+        leading = asyncio.create_task(took_over())
+        done = await fleet.wait_until(lambda: fleet.count(1) == args.agents, FAILOVER_TIMEOUT)
+        reregistered_in = (
+            max(fleet.registered_at[i] for i in fleet.registered_with) - killed
+            if done
+            else math.nan
+        )
+        cpu1, agents_cpu1 = second.cpu_seconds(), time.process_time()
+        rss = second.rss()
+        load_after = os.getloadavg()
+        took = await leading if leading.done() else math.nan
+        leading.cancel()
+        say(
+            f"failover: {fleet.count(1)} of {args.agents} registered with the new leader "
+            f"{reregistered_in:.1f} s after the kill (it led {took:.1f} s after the kill)"
+        )
+        # One interval and a half for the nodes to show ready (a heartbeat each).
+        await asyncio.sleep(1.5 * args.interval)
+        second.check_alive()
+        status, body = await asyncio.to_thread(_get, second.admin_port, "/admin/api/nodes", 60)
+        states: dict[str, int] = {}
+        if status == 200:
+            for node in json.loads(body)["nodes"]:
+                states[node["state"]] = states.get(node["state"], 0) + 1
+        lost, _, _ = second.lease_events()
+        return FailoverResult(
+            agents=args.agents,
+            joined_seconds=joined,
+            first_registration_seconds=registered_in,
+            registered_before=registered_before,
+            took_over_seconds=took,
+            reregistered_seconds=reregistered_in,
+            reregistered=fleet.count(1),
+            new_leader_cpu=cpu1 - cpu0,
+            new_leader_rss=rss,
+            new_leader_rss_before=rss_before,
+            agents_cpu=agents_cpu1 - agents_cpu0,
+            dials=fleet.dials,
+            ended=dict(fleet.ended),
+            refused=dict(fleet.refused),
+            longest_wait=fleet.longest_wait,
+            states=states,
+            errors=list(fleet.errors),
+            load_before=load_before,
+            load_after=load_after,
+            leader_lease_lost=lost,
+        )
+    finally:
+        if fleet is not None:
+            await fleet.close()
+        for server in servers:
+            server.stop()
+            server.finish(keep_log=True)
+        with contextlib.suppress(OSError):
+            await _pg(args.pg, f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+
+
+def render_failover(r: FailoverResult, pinned: bool, command: str) -> str:
+    placement = (
+        f"both servers pinned to core {SERVER_CORE}, the simulated agents (this process) to "
+        f"core {AGENT_CORE}, PostgreSQL unpinned"
+        if pinned
+        else "nothing pinned (fewer than 2 cores)"
+    )
+    ended_old = sum(n for (at, _), n in r.ended.items() if at == 0)
+    ended_new = sum(n for (at, _), n in r.ended.items() if at == 1)
+    codes = ", ".join(f"{code} {n:,}" for (at, code), n in sorted(r.ended.items()) if at == 0)
+    refused = ", ".join(f"{kind} {n:,}" for kind, n in sorted(r.refused.items())) or "none"
+    target = "met" if r.ok else "**missed**"
+    lines = [
+        f"## Failover storm: {r.agents:,} agents onto the standby (PostgreSQL)",
+        "",
+        f"`{command}` · {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC · "
+        f"{machine()} · tree {_tree_state()} · load average before the kill "
+        f"{r.load_before[0]:.2f} / {r.load_before[1]:.2f} / {r.load_before[2]:.2f}, "
+        f"after {r.load_after[0]:.2f} / {r.load_after[1]:.2f} / {r.load_after[2]:.2f}",
+        "",
+        f"Two `llmgw server` processes on one fresh PostgreSQL database (default lease TTL, "
+        f"mTLS agent listeners with the cluster CA), {placement}. {r.agents:,} agents joined "
+        f"with a token ({r.joined_seconds:.1f} s) and know both servers, leader first; each "
+        "follows `llmgw agent`'s connection loop (a fresh TLS channel per dial, the next "
+        "address on a refusal, the standby retry under a second, a busy server's "
+        "come-back delay). All registered with the leader "
+        f"({r.first_registration_seconds:.1f} s), then the leader got SIGKILL.",
+        "",
+        "| agents | standby led after | all re-registered after | re-registered "
+        "| new leader CPU % (kill → all) | new leader RSS MiB before → after "
+        "| streams ended by the new leader | nodes ready | 60 s target |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        f"| {r.agents:,} | {r.took_over_seconds:.1f} s | {r.reregistered_seconds:.1f} s "
+        f"| {r.reregistered:,} / {r.agents:,} "
+        f"| {100 * r.new_leader_cpu / max(r.reregistered_seconds, 1e-9):.0f} "
+        f"| {r.new_leader_rss_before / MIB:.0f} → {r.new_leader_rss / MIB:.0f} "
+        f"| {ended_new} | {r.states.get('ready', 0):,} | {target} |",
+        "",
+        f"- Streams to the killed leader that ended: {ended_old:,} ({codes or 'none'}).",
+        f"- Dials by all agents over the run: {r.dials:,}; refusals before Registered: "
+        f"{refused}; longest come-back delay asked: {r.longest_wait:.1f} s.",
+        f"- The agents' process used {100 * r.agents_cpu / max(r.reregistered_seconds, 1e-9):.0f}"
+        " % of its core from the kill until all re-registered (TLS handshakes of every "
+        "dial on one core: real agents each have a host of their own).",
+        "- Standby led after: from the kill until `GET /admin/api/leader` on the standby "
+        "said leader (the lease runs out one TTL after the dead leader's last renewal). "
+        "All re-registered after: until the last agent's `Registered` from the new leader.",
+    ]
+    if r.errors:
+        lines += ["", "Errors (first 3):", *(f"- {e}" for e in r.errors[:3])]
+    return "\n".join(lines)
+
+
 # --- one row ------------------------------------------------------------------------
 
 
@@ -625,10 +1089,17 @@ class Row:
     # Keepalive pings: the server's interval ("default": its own; None: off), the agents' on/off.
     server_pings: float | str | None = "default"
     agent_pings: bool = True
+    # The leadership lease, from the server's log: terms lost, renewals that failed
+    # (and were retried), renewals slower than a fifteenth of the TTL.
+    lease_lost: int = 0
+    renewals_failed: int = 0
+    renewals_slow: int = 0
 
     @property
     def ok(self) -> bool:
-        return not self.errors and self.states.get("ready", 0) == self.agents
+        return (
+            not self.errors and self.states.get("ready", 0) == self.agents and self.lease_lost == 0
+        )
 
     def other_load(self) -> tuple[float, float]:
         """% of core 0 and core 1 used by others than the server and the agents."""
@@ -716,6 +1187,7 @@ async def run_row(
     )
     per_channel = 1 if args.mtls else args.streams_per_channel
     fleet = Fleet(agents=agents, port=server.agent_port, per_channel=per_channel, pings=agent_pings)
+    failed = True  # until the row is built: then when it is not ok
     try:
         await server.wait_ready()
         idle_rss = server.rss()
@@ -771,7 +1243,8 @@ async def run_row(
         register = before["register"]
         if delta.count <= 0:
             fleet.errors.append("the server observed no heartbeat in the window")
-        return Row(
+        lease_lost, renewals_failed, renewals_slow = server.lease_events()
+        row = Row(
             agents=agents,
             interval=fleet.interval,
             window=t1 - t0,
@@ -799,11 +1272,16 @@ async def run_row(
             api_failed=idle_probe.errors + storm_probe.errors,
             server_pings=server_pings,
             agent_pings=agent_pings,
+            lease_lost=lease_lost,
+            renewals_failed=renewals_failed,
+            renewals_slow=renewals_slow,
         )
+        failed = not row.ok
+        return row
     finally:
         await fleet.close()
         server.stop()
-        server.remove_files()
+        server.finish(keep_log=failed)
 
 
 # --- the report ---------------------------------------------------------------------
@@ -978,6 +1456,19 @@ def render(rows: list[Row], args: argparse.Namespace, pinned: bool, command: str
         "keep-alive connection, for 2 s before the storm and from the first Register to the "
         "last Registered."
     )
+    lines += [
+        "",
+        "| agents | leadership lease | renewals failed (retried) | renewals slower than TTL/15 |",
+        "|---:|---|---:|---:|",
+    ]
+    for r in rows:
+        held = "held" if r.lease_lost == 0 else f"**lost {r.lease_lost} time(s)**"
+        lines.append(f"| {r.agents:,} | {held} | {r.renewals_failed} | {r.renewals_slow} |")
+    lines.append(
+        "- Leadership lease: from the server's log, over the whole row (storm and window); "
+        "the only server must hold its lease throughout, or agents are refused as by a "
+        "standby."
+    )
     failed = [e for r in rows for e in r.errors[:3]]
     if failed:
         lines += ["", "Errors (first 3 per row):", *(f"- {e}" for e in failed)]
@@ -1037,6 +1528,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--time-limit", type=float, default=240.0, help="stop (status 3) after this many s"
+    )
+    parser.add_argument(
+        "--failover",
+        action="store_true",
+        help="instead of the rows: two servers on a fresh PostgreSQL database (--pg), "
+        "--agents mTLS agents registered with the leader, then SIGKILL to the leader; "
+        "measures the storm onto the standby (target: all re-registered within "
+        f"{FAILOVER_TARGET:g} s)",
+    )
+    parser.add_argument(
+        "--pg",
+        default=os.environ.get("LLMGW_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test"),
+        help="with --failover: a PostgreSQL URL whose user may create databases; each run "
+        "creates a fresh one next to it and drops it after (default: $LLMGW_TEST_PG_URL or "
+        "postgresql://postgres@127.0.0.1:5432/test)",
     )
     args = parser.parse_args(argv)
     args.agent_pings = args.agent_pings == "on"
@@ -1101,6 +1607,32 @@ async def main_async(args: argparse.Namespace, pinned: bool, rows: list[Row]) ->
     await run(args, pinned, rows)
 
 
+async def failover_async(args: argparse.Namespace, pinned: bool) -> FailoverResult:
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    async with asyncio.timeout(args.time_limit):
+        return await run_failover(args, pinned)
+
+
+def main_failover(args: argparse.Namespace, pinned: bool, command: str) -> int:
+    try:
+        result = asyncio.run(failover_async(args, pinned))
+    except BenchError as exc:
+        say(f"cannot run: {exc}")
+        if exc.detail:
+            print(exc.detail, file=sys.stderr)
+        return 2
+    except TimeoutError:
+        say(f"stopped: the run took longer than --time-limit {args.time_limit:g} s")
+        return 3
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        say("stopped")
+        return 3
+    print(render_failover(result, pinned, f".venv/bin/python {command}"))
+    return 0 if result.ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     command = shlex.join(["bench/agents_heartbeat.py", *(sys.argv[1:] if argv is None else argv)])
@@ -1109,6 +1641,10 @@ def main(argv: list[str] | None = None) -> int:
     pinned = (os.cpu_count() or 1) >= 2 and hasattr(os, "sched_setaffinity")
     if pinned:
         os.sched_setaffinity(0, {AGENT_CORE})
+    if args.failover:
+        status = main_failover(args, pinned, command)
+        say(f"wall time {time.monotonic() - started:.0f} s")
+        return status
     rows: list[Row] = []
     status = 0
     try:
