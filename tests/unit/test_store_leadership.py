@@ -157,3 +157,22 @@ async def test_an_adapters_rows_are_read_back_through_its_bases_records(store: S
         ("m", "r1", None, 20001),
         ("red", "r1", "m", 20001),
     ]
+
+
+async def test_the_lease_is_renewed_while_every_pooled_connection_is_busy(
+    store: Store, store_clock: FakeClock
+) -> None:
+    # A registration storm can hold every connection of the store's pool; the lease
+    # has connections of its own, so its renewal does not wait for one of them.
+    assert await store.lease.acquire("control", "a", TTL, "a:9443") is not None
+    engine = store._engine  # the shared pool: 5 connections and 10 more while busy
+    held = [await engine.connect() for _ in range(15)]
+    try:
+        store_clock.advance(seconds=5)
+        async with asyncio.timeout(20):
+            assert await store.lease.renew("control", "a", 1, TTL) is not None
+            current = await store.lease.current("control")
+        assert current is not None and current.owner == "a"
+    finally:
+        for conn in held:
+            await conn.close()
