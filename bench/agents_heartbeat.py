@@ -80,6 +80,7 @@ import os
 import platform
 import random
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -186,9 +187,11 @@ class Server:
         mtls: bool = False,
         pings: float | str | None = "default",
         store: str | None = None,
+        cluster_key: Path | None = None,
     ) -> None:
         """`pings`: `control.agent_ping_interval` (None: off), "default": the server's own.
-        `store`: a database URL (`--store`); None: SQLite in a data dir of its own."""
+        `store`: a database URL (`--store`); None: SQLite in a data dir of its own.
+        `cluster_key`: `control.cluster_key_file` (servers sharing a store share it)."""
         self._dir = Path(tempfile.mkdtemp(prefix="llmgw-agents-bench-"))
         self.admin_port = _free_port()
         self.agent_port = _free_port()
@@ -206,6 +209,7 @@ class Server:
                     }
                     | ({} if scale_above is None else {"heartbeat_scale_above": scale_above})
                     | ({} if pings == "default" else {"agent_ping_interval": pings})
+                    | ({} if cluster_key is None else {"cluster_key_file": str(cluster_key)})
                 }
             )
         )
@@ -216,7 +220,8 @@ class Server:
             "--listen", f"{HOST}:{self.api_port}",
             "--admin-listen", f"{HOST}:{self.admin_port}",
             "--agent-listen", f"{HOST}:{self.agent_port}",
-            *(["--store", store] if store else ["--data-dir", str(self._dir / "data")]),
+            *(["--store", store] if store else []),
+            "--data-dir", str(self._dir / "data"),
             "--auth-mode", "open",
             "--log-level", "warning",
         ]  # fmt: skip
@@ -686,9 +691,11 @@ class FailoverFleet:
         backoff = Backoff(rng=random.Random(index))
         first = 0
         count = len(self.addresses)
+        # As the agent's: sticky until a registration, since a standby may answer a
+        # racing write with INTERNAL, without its metadata.
+        saw_standby = False
         try:
             while True:
-                saw_standby = False
                 come_back: float | None = None
                 served = False
                 for step in range(count):
@@ -696,6 +703,7 @@ class FailoverFleet:
                     outcome = await self._session(index, at)
                     if outcome == "served":
                         backoff.reset()
+                        saw_standby = False
                         first = (at + 1) % count
                         served = True
                         break
@@ -896,18 +904,20 @@ async def run_failover(args: argparse.Namespace, pinned: bool) -> FailoverResult
         raise BenchError(f"PostgreSQL is not reachable at {args.pg} ({exc})") from exc
     servers: list[Server] = []
     fleet: FailoverFleet | None = None
+    # The first server creates the cluster key; the second must have the same file.
+    keys = Path(tempfile.mkdtemp(prefix="llmgw-agents-bench-keys-"))
     try:
         say(f"failover: two servers on PostgreSQL database {database}")
         first = Server(
             interval=args.interval, pin=pinned, mtls=True, store=store,
-            scale_above=args.scale_above,
+            scale_above=args.scale_above, cluster_key=keys / "cluster.key",
         )  # fmt: skip
         servers.append(first)
         await first.wait_ready()
         await _wait_role(first, "leader", STARTUP_TIMEOUT)
         second = Server(
             interval=args.interval, pin=pinned, mtls=True, store=store,
-            scale_above=args.scale_above,
+            scale_above=args.scale_above, cluster_key=keys / "cluster.key",
         )  # fmt: skip
         servers.append(second)
         await second.wait_ready()
@@ -998,6 +1008,7 @@ async def run_failover(args: argparse.Namespace, pinned: bool) -> FailoverResult
             server.finish(keep_log=True)
         with contextlib.suppress(OSError):
             await _pg(args.pg, f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+        await asyncio.to_thread(shutil.rmtree, keys, True)
 
 
 def render_failover(r: FailoverResult, pinned: bool, command: str) -> str:
