@@ -36,9 +36,6 @@ from llmgw.store.errors import Conflict, InvalidValue, NotFound, StoreError
 from llmgw.store.models import require_aware
 from llmgw.store.tables import cluster_cas, issued_certificates, join_tokens
 
-# Compare-and-set rounds a token use tries while other joins keep counting.
-_USE_ATTEMPTS = 8
-
 
 @dataclass(frozen=True, slots=True)
 class StoredCa:
@@ -234,32 +231,36 @@ class PkiRepository:
     async def use_token(self, token_id: str) -> StoredJoinToken:
         """Count one use of a usable token; returns it after the use.
 
-        `NotFound` for an unknown id, `TokenUnusable` (saying why) for a revoked,
-        expired or used-up one.
+        One conditional increment, so joins racing on one token (a fleet joining
+        at once) queue on its row instead of retrying a compare-and-set that many
+        of them lose. `NotFound` for an unknown id, `TokenUnusable` (saying why)
+        for a revoked, expired or used-up one.
         """
-        for _ in range(_USE_ATTEMPTS):
-            now = self._clock()
-            token = await self.token(token_id)
-            if token is None:
-                raise NotFound(f"there is no join token {token_id!r}")
-            reason = token.unusable_because(now)
-            if reason is not None:
-                raise TokenUnusable(reason)
-            async with transaction(self._engine, f"using join token {token_id}") as conn:
-                done = await conn.execute(
-                    update(join_tokens)
-                    .where(
-                        join_tokens.c.id == token_id,
-                        join_tokens.c.uses == token.uses,
-                        join_tokens.c.revoked_at.is_(None),
-                    )
-                    .values(uses=token.uses + 1, last_used_at=now)
-                )
-            if done.rowcount == 1:
-                return StoredJoinToken(
-                    **{**_token_row(token), "uses": token.uses + 1, "last_used_at": now}
-                )
-        raise StoreError(f"join token {token_id} is being used by many joins at once; try again")
+        now = self._clock()
+        counted = (
+            update(join_tokens)
+            .where(
+                join_tokens.c.id == token_id,
+                join_tokens.c.revoked_at.is_(None),
+                join_tokens.c.expires_at > now,
+                or_(
+                    join_tokens.c.max_uses.is_(None),
+                    join_tokens.c.uses < join_tokens.c.max_uses,
+                ),
+            )
+            .values(uses=join_tokens.c.uses + 1, last_used_at=now)
+            .returning(*join_tokens.c)
+        )
+        async with transaction(self._engine, f"using join token {token_id}") as conn:
+            row = (await conn.execute(counted)).first()
+        if row is not None:
+            return _token(row._mapping)
+        token = await self.token(token_id)
+        if token is None:
+            raise NotFound(f"there is no join token {token_id!r}")
+        raise TokenUnusable(
+            token.unusable_because(now) or f"join token {token_id} cannot be used now"
+        )
 
     # ---- issued certificates ----
 
