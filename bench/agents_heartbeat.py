@@ -658,6 +658,10 @@ class FailoverFleet:
 
     addresses: list[str]
     credentials: list[NodeCredentials]
+    # "fresh": a new channel (TLS connection) per dial, as `llmgw agent` does;
+    # "reuse": one channel per agent and address for the whole run (fewer sockets:
+    # see `--failover-dial`).
+    dial: str = "fresh"
     connect_timeout: float = ConnectionSettings().connect_timeout_seconds
     # The index of the address each agent is registered with now (absent: none).
     registered_with: dict[int, int] = field(default_factory=dict)
@@ -677,6 +681,7 @@ class FailoverFleet:
     _options: list[tuple[str, int]] = field(
         default_factory=lambda: channel_options(ConnectionSettings())
     )
+    _kept: dict[tuple[int, int], grpc.aio.Channel] = field(default_factory=dict)
 
     def start(self) -> None:
         for i in range(len(self.credentials)):
@@ -734,7 +739,11 @@ class FailoverFleet:
             certificate_chain=creds.cert_pem,
         )
         self.dials += 1
-        channel = grpc.aio.secure_channel(self.addresses[at], tls, options=self._options)
+        channel = self._kept.get((index, at)) or grpc.aio.secure_channel(
+            self.addresses[at], tls, options=self._options
+        )
+        if self.dial == "reuse":
+            self._kept[(index, at)] = channel
         call: Call | None = None
         try:
             stub = agent_pb2_grpc.AgentServiceStub(channel)  # type: ignore[no-untyped-call]
@@ -773,7 +782,8 @@ class FailoverFleet:
         finally:
             if call is not None:
                 call.cancel()
-            await channel.close()
+            if self.dial == "fresh":
+                await channel.close()
 
     async def _serve(self, index: int, call: Call, interval: float) -> None:
         """Heartbeat until the stream ends; count how it ended."""
@@ -828,6 +838,7 @@ class FailoverFleet:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*(c.close() for c in self._kept.values()), return_exceptions=True)
 
 
 @dataclass
@@ -852,6 +863,7 @@ class FailoverResult:
     load_before: tuple[float, float, float]
     load_after: tuple[float, float, float]
     leader_lease_lost: int
+    dial: str = "fresh"
 
     @property
     def ok(self) -> bool:
@@ -926,7 +938,7 @@ async def run_failover(args: argparse.Namespace, pinned: bool) -> FailoverResult
         credentials, joined = await join_fleet(first, args.agents)
         say(f"failover: {args.agents} agents joined with a token in {joined:.1f} s")
         addresses = [f"{HOST}:{first.agent_port}", f"{HOST}:{second.agent_port}"]
-        fleet = FailoverFleet(addresses=addresses, credentials=credentials)
+        fleet = FailoverFleet(addresses=addresses, credentials=credentials, dial=args.failover_dial)
         started = time.perf_counter()
         fleet.start()
         if not await fleet.wait_until(lambda: fleet.count(0) == args.agents, FAILOVER_TIMEOUT):
@@ -1000,6 +1012,7 @@ async def run_failover(args: argparse.Namespace, pinned: bool) -> FailoverResult
             load_before=load_before,
             load_after=load_after,
             leader_lease_lost=lost,
+            dial=args.failover_dial,
         )
     finally:
         if fleet is not None:
@@ -1035,9 +1048,15 @@ def render_failover(r: FailoverResult, pinned: bool, command: str) -> str:
         f"Two `llmgw server` processes on one fresh PostgreSQL database (default lease TTL, "
         f"mTLS agent listeners with the cluster CA), {placement}. {r.agents:,} agents joined "
         f"with a token ({r.joined_seconds:.1f} s) and know both servers, leader first; each "
-        "follows `llmgw agent`'s connection loop (a fresh TLS channel per dial, the next "
-        "address on a refusal, the standby retry under a second, a busy server's "
-        "come-back delay). All registered with the leader "
+        "follows `llmgw agent`'s connection loop ("
+        + (
+            "a fresh TLS channel per dial"
+            if r.dial == "fresh"
+            else "one TLS channel per agent and server for the whole run, not a fresh one "
+            "per dial as `llmgw agent` does (`--failover-dial reuse`)"
+        )
+        + ", the next address on a refusal, the standby retry under a second, a busy "
+        "server's come-back delay). All registered with the leader "
         f"({r.first_registration_seconds:.1f} s), then the leader got SIGKILL.",
         "",
         "| agents | standby led after | all re-registered after | re-registered "
@@ -1054,8 +1073,8 @@ def render_failover(r: FailoverResult, pinned: bool, command: str) -> str:
         f"- Dials by all agents over the run: {r.dials:,}; refusals before Registered: "
         f"{refused}; longest come-back delay asked: {r.longest_wait:.1f} s.",
         f"- The agents' process used {100 * r.agents_cpu / max(r.reregistered_seconds, 1e-9):.0f}"
-        " % of its core from the kill until all re-registered (TLS handshakes of every "
-        "dial on one core: real agents each have a host of their own).",
+        " % of its core from the kill until all re-registered (every simulated agent's "
+        "dials and heartbeats on one core: real agents each have a host of their own).",
         "- Standby led after: from the kill until `GET /admin/api/leader` on the standby "
         "said leader (the lease runs out one TTL after the dead leader's last renewal). "
         "All re-registered after: until the last agent's `Registered` from the new leader.",
@@ -1548,6 +1567,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--agents mTLS agents registered with the leader, then SIGKILL to the leader; "
         "measures the storm onto the standby (target: all re-registered within "
         f"{FAILOVER_TARGET:g} s)",
+    )
+    parser.add_argument(
+        "--failover-dial",
+        choices=("fresh", "reuse"),
+        default="fresh",
+        help="with --failover: a new TLS channel per dial, as llmgw agent does (fresh), or "
+        "one channel per agent and server for the whole run (reuse: the agents' process "
+        "keeps far fewer sockets, but the new leader sees no TLS handshake per dial)",
     )
     parser.add_argument(
         "--pg",
