@@ -505,7 +505,9 @@ class ControlConfig(_Strict):
             "Agent registrations taken per second; in a storm (every node reconnecting at "
             "once) the others are told to come back after a jittered delay instead of "
             "queueing. 300 a second re-registers 10,000 nodes in about 35 s and leaves "
-            "the event loop time for the API on a 2-core server."
+            "the event loop time for the API on a 2-core server. Fewer are taken while "
+            "registrations are answered slower than 2 s (the server short of CPU), so "
+            "every one taken is answered before its agent's connect timeout."
         ),
     )
     registration_burst: int = Field(

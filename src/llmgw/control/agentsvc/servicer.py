@@ -32,7 +32,8 @@ any message is read: a standby answers with why it refuses (naming the
 leader), and the stream ends UNAVAILABLE with that text and the trailing
 metadata `llmgw-refused: standby`, so the agent tries its next server. Then
 the `pacer` (see `pacing.py`): in a registration storm, a stream beyond the
-pace ends, once its first message is read, RESOURCE_EXHAUSTED with `llmgw-refused: busy` and
+pace, or beyond the registrations the server is answering in time, ends, once
+its first message is read, RESOURCE_EXHAUSTED with `llmgw-refused: busy` and
 `llmgw-retry-after-ms`, and the agent comes back after that delay. With
 `require_identity` (mTLS on), the Register's node id must be one of the names
 on the agent's client certificate; otherwise the attempt is logged and the
@@ -309,21 +310,28 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         # After reading the Register: refused before its write completed, the agent
         # may see only INTERNAL, without the delay to come back after.
         await self._pace(context)
-        if first is None:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "the agent stream closed before its first message; send Register first",
-            )
-        kind = first.WhichOneof("kind")
-        if kind != "register":
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"the first message on the agent stream must be Register, got {kind or 'nothing'}",
-            )
-        with self._tracer.start_as_current_span(
-            "llmgw.agent.register", attributes={"llmgw.peer": context.peer()}
-        ) as span:
-            session = await self._register(first, context, span)
+        taken = time.perf_counter()
+        try:
+            if first is None:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "the agent stream closed before its first message; send Register first",
+                )
+            kind = first.WhichOneof("kind")
+            if kind != "register":
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "the first message on the agent stream must be Register, got "
+                    f"{kind or 'nothing'}",
+                )
+            with self._tracer.start_as_current_span(
+                "llmgw.agent.register", attributes={"llmgw.peer": context.peer()}
+            ) as span:
+                session = await self._register(first, context, span)
+        finally:
+            # Answered, refused or abandoned: the pacer learns how long it took.
+            if self._pacer is not None:
+                self._pacer.answered(time.perf_counter() - taken)
         try:
             await self._serve(session, context)
         except _ClosedByServer:
