@@ -63,21 +63,22 @@ class _Window(loadgen.WindowHooks):
         return {}
 
 
-def _totals(out: Path) -> tuple[list[str], list[int]]:
-    """The event names and totals of every dump callgrind wrote for `out`'s run."""
-    names: list[str] = []
-    totals = [0]
-    for part in sorted(out.parent.glob(out.name + "*")):
-        text = part.read_text(errors="replace")
-        head = re.search(r"^events: (.*)$", text, re.M)
-        total = re.search(r"^(?:summary|totals): (.*)$", text, re.M)
-        if head and total:
-            names = head.group(1).split()
-            values = [int(v) for v in total.group(1).split()]
-            if len(totals) < len(values):
-                totals = [0] * len(values)
-            totals = [a + b for a, b in zip(totals, values, strict=False)]
-    return names, totals
+def _dump(out: Path, number: int) -> Path:
+    """Callgrind's `number`th dump of the run writing `out` (callgrind_control -d)."""
+    found = sorted(out.parent.glob(f"{out.name}.{number}*"))
+    if not found:
+        sys.exit(f"callgrind wrote no dump {number} for {out}")
+    return found[0]
+
+
+def _totals(dump: Path) -> tuple[list[str], list[int]]:
+    """The event names and totals of one callgrind dump."""
+    text = dump.read_text(errors="replace")
+    head = re.search(r"^events: (.*)$", text, re.M)
+    total = re.search(r"^(?:summary|totals): (.*)$", text, re.M)
+    if head is None or total is None:
+        sys.exit(f"{dump}: no events or totals line")
+    return head.group(1).split(), [int(v) for v in total.group(1).split()]
 
 
 def main() -> None:
@@ -149,25 +150,40 @@ def main() -> None:
             )
         )  # fmt: skip
         done = result.completed
-        names, totals = _totals(out)
+        # The same length of time with no requests: what the gateway's timers (health
+        # probes, the usage writer, the sink's wake-ups) cost, taken off the window's
+        # total (under valgrind a request takes long enough for them to matter).
+        control = ["callgrind_control", str(gateway.pid)]
+        subprocess.run([*control[:1], "-z", *control[1:]], check=True, capture_output=True)
+        time.sleep(result.seconds)
+        subprocess.run([*control[:1], "-d", *control[1:]], check=True, capture_output=True)
+        window, idle = _dump(out, 1), _dump(out, 2)
+        names, busy = _totals(window)
+        _, quiet = _totals(idle)
         per = ", ".join(
-            f"{name} {value / max(done, 1):,.0f}"
-            for name, value in zip(names, totals, strict=False)
+            f"{name} {(b - q) / max(done, 1):,.0f}"
+            for name, b, q in zip(names, busy, quiet, strict=True)
+        )
+        rate = ", ".join(
+            f"{name} {q / result.seconds:,.0f}" for name, q in zip(names, quiet, strict=True)
         )
         print(
-            f"{mode}: {done} requests in the window, errors {result.error_count}; a request: {per}"
+            f"{mode}: {done} requests in {result.seconds:.1f} s, errors {result.error_count}; "
+            f"a request (less the idle rate): {per}; idle, a second: {rate}"
         )
-        dumps = sorted(p for p in out.parent.glob(out.name + "*") if p != out)
-        if dumps:
-            annotate = subprocess.run(
-                ["callgrind_annotate", "--inclusive=no", str(dumps[-1])],
-                capture_output=True, text=True, check=False,
-            )  # fmt: skip
-            lines = [ln for ln in annotate.stdout.splitlines() if re.match(r"^\s*[\d,]+ \(", ln)]
-            for line in lines[:25]:
-                count = int(line.split()[0].replace(",", ""))
-                name = line.split(" ", 2)[-1].strip().split("[")[0]
-                print(f"  {count / max(done, 1):10,.0f}  {name[:110]}")
+        annotate = subprocess.run(
+            ["callgrind_annotate", "--inclusive=no", str(window)],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        print("  the window's largest exclusive counts, a request (idle not taken off):")
+        shown = 0
+        for line in annotate.stdout.splitlines():
+            found = re.match(r"^\s*([\d,]+)\s+(?:\([^)]*\)\s+)?(\S.*)$", line)
+            if found is None or "PROGRAM TOTALS" in line or shown >= 25:
+                continue
+            count = int(found.group(1).replace(",", ""))
+            print(f"  {count / max(done, 1):10,.0f}  {found.group(2).split('[')[0][-100:]}")
+            shown += 1
     finally:
         for proc in procs:
             proc.terminate()

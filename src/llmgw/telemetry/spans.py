@@ -220,6 +220,7 @@ class SpanSink:
             self._wake.wait(self._delay)
             self._wake.clear()
             self._flush()
+        self._flush()
 
     def _flush(self) -> None:
         queue = self._spans
@@ -256,7 +257,17 @@ class SpanSink:
         export process to send it on (it is killed after that)."""
         self._stopping = True
         self._wake.set()
+        # The thread sends what is left; a write blocks while the export process is not
+        # reading (its collector down, its exporter retrying with backoff).
         self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning(
+                "tracing: the span export process did not take the last spans within %gs "
+                "(is the collector down?); stopped",
+                timeout,
+            )
+            self._proc.kill()  # the blocked write fails; the thread drops the rest
+            self._thread.join()
         self._flush()
         if self._pipe is not None:
             with suppress(OSError):
