@@ -8,13 +8,20 @@ export process and on to `bench/otlp_sink.py`). One zero-delay `llmgw sim` behin
 instrumentation off through start-up; 4 closed-loop connections (bench/loadgen.py)
 send non-streaming chat completions; after a warm-up, instrumentation is switched on
 and the counters zeroed (`callgrind_control`) as the measuring window opens, and
-dumped as it closes. Prints the gateway's instructions per request answered in the
-window (all its threads: the event loop, the span sink's thread, the usage writer's),
-and the C functions with the largest exclusive counts a request
+dumped as it closes; then the same length of time with no requests is counted too.
+Prints the gateway's instructions per request answered in the window (all its
+threads: the event loop, the span sink's thread, the usage writer's) less the idle
+window's count (its timers, health probes and database loops: 4-5 million
+instructions a second under valgrind), and the C functions with the largest
+exclusive counts a request
 (`callgrind_annotate`); with `--cache`, callgrind's cache simulation too (first-level
 and last-level misses a request: what a tight-loop replay of the tracing calls,
 bench/trace_path_cost.py, does not pay). Instruction counts do not move with the
-machine's load; requests/s under valgrind mean nothing. The export process and the
+machine's load; requests/s under valgrind mean nothing. Not exact: the timers' work
+in a busy window is not the idle window's when valgrind gets little CPU (a loaded
+machine; 200 requests in 20 s or fewer), and the sink's batches fall in the window or
+not; compare runs with similar request counts, or use bench/trace_path_cost.py
+`--replay` for the tracing calls alone. The export process and the
 sink run natively, outside the count. The callgrind output stays in
 /tmp/trace-instructions-MODE.out.
 """
