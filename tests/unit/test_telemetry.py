@@ -364,6 +364,25 @@ def test_spans_reach_the_collector_through_the_export_process_with_all_they_say(
     assert child_span.span.end_time_unix_nano <= root_span.span.end_time_unix_nano
 
 
+def test_a_span_that_cannot_be_encoded_is_dropped_not_its_batch() -> None:
+    class Text(str):
+        pass
+
+    sink = SpanSink(
+        argv=[sys.executable, "-c", "import sys; sys.stdout.buffer.write(sys.stdin.buffer.read())"],
+        env=dict(os.environ),
+        delay=3600.0,
+        batch=1 << 20,
+        max_queue=1 << 20,
+    )
+    good = ("s", "good", 1, 2, 1, "", 0, False, 3, 10, 20, {"a": "b"}, (), (), 0, None)
+    bad = ("s", "bad", 1, 3, 1, "", 0, False, 3, 10, 20, {}, (), (), 2, Text("boom"))
+    frame = sink._encode([good, bad, good])
+    sink.shutdown(5)
+    assert list(frames(io.BytesIO(frame))) == [[good, good]]
+    assert sink.dropped == 1
+
+
 def test_shutdown_stops_an_export_process_that_does_not_read(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

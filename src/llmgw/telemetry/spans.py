@@ -234,7 +234,7 @@ class SpanSink:
             self.dropped += len(spans)
             return
         for start in range(0, len(spans), self._batch):
-            frame = encode_frame(spans[start : start + self._batch])
+            frame = self._encode(spans[start : start + self._batch])
             try:
                 pipe.write(frame)
                 pipe.flush()
@@ -251,6 +251,24 @@ class SpanSink:
                     self._proc.poll(),
                 )
                 return
+
+    def _encode(self, records: list[Record]) -> bytes:
+        """`records` as one frame; a record marshal cannot write (a value of a type
+        other than the plain ones, say a span's status description) is dropped and
+        counted, not the batch."""
+        try:
+            return encode_frame(records)
+        except ValueError:
+            kept = []
+            for record in records:
+                try:
+                    marshal.dumps(record, _MARSHAL_VERSION)
+                except ValueError:
+                    self.dropped += 1
+                    log.warning("tracing: span %r dropped: a value is not plain data", record[1])
+                else:
+                    kept.append(record)
+            return encode_frame(kept)
 
     def shutdown(self, timeout: float) -> None:
         """Send what is left, close the pipe and wait up to `timeout` seconds for the
