@@ -11,6 +11,10 @@
 #        BEFORE_SRC=/tmp/before/src ROUNDS=2 bench/device_trace_check.sh
 # PYTHON (default: .venv/bin/python, else python3) runs the bench; a PYTHONPATH already
 # set (site-packages installed elsewhere) is kept after the tree's src/.
+# INSTRUCTIONS=1 (needs valgrind) also counts the gateway's instructions a request, off
+# and 100% sampled, on each tree (bench/trace_gateway_instructions.py, about 2 minutes
+# a count): on an idle machine valgrind's request rate is steady, so the counts of the
+# two trees compare.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-}
@@ -40,6 +44,21 @@ run() {  # run LABEL PYTHONPATH
     grep -E '^\| 64 \| ' "$log" | sed 's/^/   /' || true
     grep -m1 -E 'tracing on \(100% sampled\)' "$log" | sed 's/^/   /' || true
 }
+
+count() {  # count LABEL PYTHONPATH MODE
+    local label=$1 path=$2 mode=$3
+    echo "== instructions $label $mode (start $(date -u +%H:%M:%S) UTC)"
+    PYTHONPATH="$path${PYTHONPATH:+:$PYTHONPATH}" timeout 600 "$PYTHON" bench/trace_gateway_instructions.py "$mode" 20 \
+        >"$OUT/instructions-$label-$mode.log" 2>&1 || echo "   failed; see $OUT/instructions-$label-$mode.log"
+    head -1 "$OUT/instructions-$label-$mode.log" | sed 's/^/   /'
+}
+
+if [ "${INSTRUCTIONS:-0}" = 1 ]; then
+    for mode in off 1.0; do
+        count after "$PWD/src" "$mode"
+        if [ -n "$BEFORE_SRC" ]; then count before "$BEFORE_SRC" "$mode"; fi
+    done
+fi
 
 for round in $(seq 1 "$ROUNDS"); do
     run "after-$round" "$PWD/src"

@@ -42,6 +42,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanKind, Tracer
+from opentelemetry.util.types import AttributeValue
 
 from llmgw.telemetry.propagation import child_span, span_trace_id, trace_headers
 from llmgw.telemetry.spans import RecordTracer, SpanSink, current_span
@@ -72,10 +73,9 @@ def one_request(tracer: Tracer | None) -> None:
         if auth is not None:
             with child_span(auth, "llmgw.auth") as child:
                 child.set_attribute("llmgw.key_id", "k1")
-        current = current_span()
-        current.set_attribute("llmgw.model", "m")
-        current.set_attribute("llmgw.stream", False)
-        current.set_attribute("llmgw.key_id", "k1")
+        current_span().set_attributes(
+            {"llmgw.model": "m", "llmgw.stream": False, "llmgw.key_id": "k1"}
+        )
         _recording(tracer)  # the queue's check
         route = _recording(tracer)
         if route is None:
@@ -85,9 +85,10 @@ def one_request(tracer: Tracer | None) -> None:
                 "llmgw.route",
                 attributes={"llmgw.model": "m", "llmgw.route.candidates": 1},
             ) as child:
-                child.set_attribute("llmgw.route.chosen", "fast")
-                child.set_attribute("llmgw.route.score.prefix", 0.0)
-                child.set_attribute("llmgw.route.score.load", 1.0)
+                chosen: dict[str, AttributeValue] = {"llmgw.route.chosen": "fast"}
+                for name, value in (("prefix", 0.0), ("load", 1.0)):
+                    chosen[f"llmgw.route.score.{name}"] = value
+                child.set_attributes(chosen)
             get_current()
             with child_span(
                 route,
@@ -97,11 +98,14 @@ def one_request(tracer: Tracer | None) -> None:
                 record_exception=False,
             ) as child:
                 trace_headers(child)
-                child.set_attribute("http.response.status_code", 200)
-                child.set_attribute("llmgw.prompt_tokens", 9)
-                child.set_attribute("llmgw.completion_tokens", 16)
-        span.set_attribute("http.response.status_code", 200)
-        span.set_attribute("llmgw.replica", "fast")
+                child.set_attributes(
+                    {
+                        "http.response.status_code": 200,
+                        "llmgw.prompt_tokens": 9,
+                        "llmgw.completion_tokens": 16,
+                    }
+                )
+        span.set_attributes({"http.response.status_code": 200, "llmgw.replica": "fast"})
 
 
 def _tracer(ratio: float) -> tuple[Tracer, SpanSink]:

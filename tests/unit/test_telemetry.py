@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,7 @@ from llmgw.telemetry.propagation import (
     extract_context,
     trace_headers,
 )
-from llmgw.telemetry.spans import encode_frame
+from llmgw.telemetry.spans import SpanSink, encode_frame
 from llmgw.telemetry.tracing import Tracing, TracingError, build_tracing
 
 
@@ -361,6 +362,55 @@ def test_spans_reach_the_collector_through_the_export_process_with_all_they_say(
     assert child_span.span.status.message == "ValueError: no room"
     assert root_span.span.start_time_unix_nano <= child_span.span.start_time_unix_nano
     assert child_span.span.end_time_unix_nano <= root_span.span.end_time_unix_nano
+
+
+def test_a_span_that_cannot_be_encoded_is_dropped_not_its_batch() -> None:
+    class Text(str):
+        pass
+
+    sink = SpanSink(
+        argv=[sys.executable, "-c", "import sys; sys.stdout.buffer.write(sys.stdin.buffer.read())"],
+        env=dict(os.environ),
+        delay=3600.0,
+        batch=1 << 20,
+        max_queue=1 << 20,
+    )
+    good = ("s", "good", 1, 2, 1, "", 0, False, 3, 10, 20, {"a": "b"}, (), (), 0, None)
+    bad = ("s", "bad", 1, 3, 1, "", 0, False, 3, 10, 20, {}, (), (), 2, Text("boom"))
+    frame = sink._encode([good, bad, good])
+    sink.shutdown(5)
+    assert list(frames(io.BytesIO(frame))) == [[good, good]]
+    assert sink.dropped == 1
+
+
+def test_shutdown_stops_an_export_process_that_does_not_read(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # An export process stuck sending to a collector that is down reads nothing: the
+    # last batch (more than a pipe holds) cannot be written. Shutdown stops it after
+    # its timeout instead of waiting for it for ever.
+    sink = SpanSink(
+        argv=[sys.executable, "-c", "import time; time.sleep(600)"],
+        env=dict(os.environ),
+        delay=3600.0,
+        batch=1 << 20,
+        max_queue=1 << 20,
+    )
+    for i in range(1, 5001):  # about 1 MB, each record its own
+        sink.add(("s", "llmgw.upstream", 1, i, 1, "", 0, False, 3, 10, 20, {"a": f"{i:0200d}"}, (), (), 0, None))  # fmt: skip
+    finished = threading.Event()
+
+    def stop() -> None:
+        sink.shutdown(0.5)
+        finished.set()
+
+    with caplog.at_level(logging.WARNING, logger="llmgw.telemetry"):
+        threading.Thread(target=stop, daemon=True).start()
+        wait_for(finished.is_set, "the sink's shutdown to return", 60)
+    assert sink._proc.returncode == -signal.SIGKILL
+    assert sink.dropped == 5000
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("did not take the last spans" in m for m in messages), messages
 
 
 def test_spans_are_dropped_not_requests_when_the_export_process_is_gone(

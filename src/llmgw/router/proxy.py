@@ -68,6 +68,7 @@ from typing import Any
 
 from opentelemetry.context import Context, get_current
 from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
+from opentelemetry.util.types import AttributeValue
 
 from llmgw.config import RouterConfig
 from llmgw.engines import UnknownEngine, routes_of
@@ -584,9 +585,10 @@ class Proxy:
             if endpoint is None:
                 span.set_attribute("llmgw.route.chosen", "none")
                 return None
-            span.set_attribute("llmgw.route.chosen", endpoint.id)
+            chosen: dict[str, AttributeValue] = {"llmgw.route.chosen": endpoint.id}
             for name, value in route.chosen_scores.items():
-                span.set_attribute(f"llmgw.route.score.{name}", value)
+                chosen[f"llmgw.route.score.{name}"] = value
+            span.set_attributes(chosen)
             return endpoint
 
     async def _traced_attempt(
@@ -627,11 +629,14 @@ class Proxy:
                 span.set_attribute("http.response.status_code", exc.status)
                 span.set_status(StatusCode.ERROR, exc.message)
                 raise
-            span.set_attribute("http.response.status_code", outcome.status)
+            answer: dict[str, AttributeValue] = {
+                "http.response.status_code": outcome.status,
+                "llmgw.prompt_tokens": outcome.prompt_tokens,
+                "llmgw.completion_tokens": outcome.completion_tokens,
+            }
             if outcome.ttft is not None:
-                span.set_attribute("llmgw.ttft_s", outcome.ttft)
-            span.set_attribute("llmgw.prompt_tokens", outcome.prompt_tokens)
-            span.set_attribute("llmgw.completion_tokens", outcome.completion_tokens)
+                answer["llmgw.ttft_s"] = outcome.ttft
+            span.set_attributes(answer)
             if outcome.status >= 400:
                 span.set_status(StatusCode.ERROR)
             return outcome

@@ -1,7 +1,7 @@
 """The span export process: span records from the gateway's pipe, sent with the SDK's OTLP exporter.
 
 `python -m llmgw.telemetry.export ENDPOINT SERVICE` reads frames from stdin (a
-4-byte length, then one pickled list of `llmgw.telemetry.spans.Record`s, written by
+4-byte length, then one marshalled list of `llmgw.telemetry.spans.Record`s, written by
 the gateway that started this process and no one else),
 rebuilds each as the SDK's `ReadableSpan` and exports them with the official
 `OTLPSpanExporter` (OTLP/HTTP, protobuf), in batches of OTEL_BSP_MAX_EXPORT_BATCH_SIZE.
@@ -19,8 +19,8 @@ this process logs it and goes on).
 from __future__ import annotations
 
 import logging
+import marshal
 import os
-import pickle
 import signal
 import sys
 from collections.abc import Iterator
@@ -52,7 +52,7 @@ def frames(stream: IO[bytes]) -> Iterator[list[Record]]:
         data = stream.read(size)
         if len(data) < size:
             return
-        records: list[Record] = pickle.loads(data)
+        records: list[Record] = marshal.loads(data)
         yield records
 
 

@@ -9,7 +9,7 @@ batch processor's thread, which shares the gateway's interpreter
 the SDK) with the SDK's own sampler (its parent-based ratio sampler decided inline,
 the same way) and id generator, but a recorded span is a slotted object that,
 when it ends, becomes one tuple of plain values appended to a list. `SpanSink`
-pickles those lists, a batch at a time (one `pickle.dumps` for hundreds of spans,
+marshals those lists, a batch at a time (one `marshal.dumps` for hundreds of spans,
 off the request path), and hands them to another process
 (`llmgw.telemetry.export`) that turns them into the SDK's `ReadableSpan`s and
 sends them with the official OTLP exporter.
@@ -21,21 +21,24 @@ the collector (see `SpanSink`).
 
 from __future__ import annotations
 
+import contextvars
 import logging
-import pickle
+import marshal
+import random
 import struct
 import subprocess
 import sys
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, suppress
 from types import TracebackType
 from typing import IO, Any
 
 from opentelemetry import context as otel_context
-from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF,
     ALWAYS_ON,
@@ -68,22 +71,42 @@ _OK = StatusCode.OK.value
 _ERROR = StatusCode.ERROR.value
 # `RecordedSpan._as_current` flags.
 _CURRENT, _END, _RECORD, _SET_STATUS = 1, 2, 4, 8
-_PICKLE_PROTOCOL = 5
+# marshal's newest format (both ends of the pipe run this interpreter).
+_MARSHAL_VERSION = 4
 _TRACE_ID_LIMIT = TraceIdRatioBased.TRACE_ID_LIMIT
 # Trace flags, made once: sampled or not, with the W3C "random trace id" bit or not.
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _SAMPLED_RANDOM = TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
 _NOT_SAMPLED_RANDOM = TraceFlags(TraceFlags.RANDOM_TRACE_ID)
-# A frame on the pipe to the export process: a 4-byte length, then one pickled list
-# of records (pickle, not marshal: faster to read back; the pipe is written by this
-# process only). One pickle a batch, not one a span: a span pickled alone when it
-# ended cost the request path 3-4 µs (bench/RESULTS.md).
+# A frame on the pipe to the export process: a 4-byte length, then one marshalled
+# list of records (the pipe is written by this process only, read by a child running
+# the same interpreter). One `marshal.dumps` a batch, in the sink's thread: a third
+# less CPU than one `pickle.dumps` of the same list, and half to read back; a span
+# encoded alone when it ended cost the request path 3-4 µs (bench/RESULTS.md).
 FRAME = struct.Struct(">I")
 
 # The key the OpenTelemetry API keeps the current span under in a context, learnt
 # through the API (the one key of a context that holds only a span).
 _SPAN_KEY = next(iter(set_span_in_context(INVALID_SPAN, otel_context.Context())))
+
+
+def _context_var() -> contextvars.ContextVar[otel_context.Context] | None:
+    """The context variable the OpenTelemetry API keeps the current context in (its
+    default runtime context), learnt through the API: the variable that holds a
+    context just attached. None with another runtime context (OTEL_PYTHON_CONTEXT)."""
+    marker = otel_context.Context()
+    token = otel_context.attach(marker)
+    try:
+        found = [var for var, value in contextvars.copy_context().items() if value is marker]
+    finally:
+        otel_context.detach(token)
+    return found[0] if len(found) == 1 else None
+
+
+# Read directly, the current context costs one call instead of three Python calls
+# (`get_current` and the runtime context's); a traced request reads it ten times.
+_CONTEXT_VAR = _context_var()
 
 # One recorded span as the export process reads it (plain values only).
 # (scope, name, trace_id, span_id, trace_flags, trace_state, parent_id, parent_remote,
@@ -93,13 +116,14 @@ Record = tuple[Any, ...]
 
 def encode_frame(records: Sequence[Record]) -> bytes:
     """Records as one frame on the pipe (`llmgw.telemetry.export.frames` reads it)."""
-    data = pickle.dumps(list(records), _PICKLE_PROTOCOL)
+    data = marshal.dumps(list(records), _MARSHAL_VERSION)
     return FRAME.pack(len(data)) + data
 
 
 def _clean(attributes: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Attributes as plain values: str, bool, int, float, or tuples of them; anything
-    else as its text (the SDK does the same)."""
+    """Attributes as plain values: str, bool, int, float (exactly those types, as
+    marshal wants them), or tuples of them; anything else as its text (the SDK does
+    the same)."""
     if not attributes:
         return {}
     out: dict[str, Any] = {}
@@ -109,18 +133,31 @@ def _clean(attributes: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def _value(value: object) -> object:
-    if isinstance(value, _PLAIN):
-        return value
     if isinstance(value, (list, tuple)):
-        return tuple(v if isinstance(v, _PLAIN) else str(v) for v in value)
+        return tuple(v if type(v) in _PLAIN else _scalar(v) for v in value)
+    return _scalar(value)
+
+
+def _scalar(value: object) -> object:
+    """A subclass of a plain type (an enum of ints or texts) as that type's own value
+    (what the SDK's encoder sends); anything else as its text."""
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, str):
+        return str.__str__(value)
     return str(value)
 
 
 class SpanSink:
-    """Batches of finished spans, pickled and written from a thread to the export
+    """Batches of finished spans, marshalled and written from a thread to the export
     process's stdin.
 
-    `add` is a list append (no lock: the GIL makes it atomic). The thread wakes every
+    `add` is a deque append (no lock: the deque's appends and the thread's pops are
+    atomic, so a span added while a batch is taken is never lost). The thread wakes every
     `delay` seconds, or as soon as `batch` spans wait, and writes what is there as
     frames of at most `batch` records; more than `max_queue` waiting spans are
     dropped (counted, logged), never waited for. When the export process is gone,
@@ -139,7 +176,7 @@ class SpanSink:
         # garbage collector at the first young collection it meets (its attribute
         # dict of plain values never is), so waiting records do not lengthen full
         # ones; only the rare record with events or links keeps a tracked list.
-        self._spans: list[Record] = []
+        self._spans: deque[Record] = deque()
         self._batch = batch
         self._max_queue = max_queue
         self._delay = delay
@@ -183,18 +220,21 @@ class SpanSink:
             self._wake.wait(self._delay)
             self._wake.clear()
             self._flush()
+        self._flush()
 
     def _flush(self) -> None:
-        spans = self._spans
-        if not spans:
+        queue = self._spans
+        if not queue:
             return
-        self._spans = []
+        # One pop at a time (the request path may append meanwhile).
+        pop = queue.popleft
+        spans = [pop() for _ in range(len(queue))]
         pipe = self._pipe
         if pipe is None:
             self.dropped += len(spans)
             return
         for start in range(0, len(spans), self._batch):
-            frame = encode_frame(spans[start : start + self._batch])
+            frame = self._encode(spans[start : start + self._batch])
             try:
                 pipe.write(frame)
                 pipe.flush()
@@ -212,12 +252,40 @@ class SpanSink:
                 )
                 return
 
+    def _encode(self, records: list[Record]) -> bytes:
+        """`records` as one frame; a record marshal cannot write (a value of a type
+        other than the plain ones, say a span's status description) is dropped and
+        counted, not the batch."""
+        try:
+            return encode_frame(records)
+        except ValueError:
+            kept = []
+            for record in records:
+                try:
+                    marshal.dumps(record, _MARSHAL_VERSION)
+                except ValueError:
+                    self.dropped += 1
+                    log.warning("tracing: span %r dropped: a value is not plain data", record[1])
+                else:
+                    kept.append(record)
+            return encode_frame(kept)
+
     def shutdown(self, timeout: float) -> None:
         """Send what is left, close the pipe and wait up to `timeout` seconds for the
         export process to send it on (it is killed after that)."""
         self._stopping = True
         self._wake.set()
+        # The thread sends what is left; a write blocks while the export process is not
+        # reading (its collector down, its exporter retrying with backoff).
         self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning(
+                "tracing: the span export process did not take the last spans within %gs "
+                "(is the collector down?); stopped",
+                timeout,
+            )
+            self._proc.kill()  # the blocked write fails; the thread drops the rest
+            self._thread.join()
         self._flush()
         if self._pipe is not None:
             with suppress(OSError):
@@ -368,7 +436,9 @@ class RecordedSpan(Span):
 
     def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
         if not self._ended:
-            self._attributes.update(_clean(attributes))
+            own = self._attributes
+            for key, value in attributes.items():
+                own[key] = value if type(value) in _PLAIN else _value(value)
 
     def add_event(
         self, name: str, attributes: Attributes = None, timestamp: int | None = None
@@ -488,10 +558,12 @@ class _Current(AbstractContextManager[Span]):
 
 
 def current_span() -> Span:
-    """The current span, as `get_current_span()` answers: one look-up in the current
-    context for llmgw's spans (the API's answer takes three calls and an
-    abstract-base `isinstance`, about 1 µs, and a traced request asks eight times)."""
-    span = otel_context.get_current().get(_SPAN_KEY)
+    """The current span, as `get_current_span()` answers: one read of the context
+    variable and one look-up in the context for llmgw's spans (the API's answer takes
+    five Python calls and an abstract-base `isinstance`, about 1 µs, and a traced
+    request asks eight times)."""
+    context = otel_context.get_current() if _CONTEXT_VAR is None else _CONTEXT_VAR.get()
+    span = context.get(_SPAN_KEY)
     if span is None:
         return INVALID_SPAN  # as the API answers outside any span
     if type(span) is RecordedSpan or type(span) is NonRecordingSpan:
@@ -508,6 +580,9 @@ class RecordTracer(Tracer):
         self._sink = sink
         self._sampler = sampler
         self._ids = ids
+        # The SDK's default id generator draws from `random.getrandbits`, a Python call
+        # each: drawn here directly, the same way (zero, an invalid id, is drawn again).
+        self._bits = random.getrandbits if type(ids) is RandomIdGenerator else None
         # Parent-based sampling (the default, and `telemetry.sample_ratio`): a span
         # under a local parent follows it without asking the sampler.
         self._parent_based = isinstance(sampler, ParentBased)
@@ -525,6 +600,7 @@ class RecordTracer(Tracer):
         set_status_on_exception: bool = True,
     ) -> Span:
         ids = self._ids
+        bits = self._bits
         current = current_span() if context is None else get_current_span(context)
         if type(current) is RecordedSpan and self._parent_based:
             # The common case, a child of a local recorded span: no sampler, no
@@ -534,7 +610,7 @@ class RecordTracer(Tracer):
                 self._scope,
                 name,
                 current._trace_id,
-                ids.generate_span_id(),
+                (bits(64) if bits is not None else 0) or ids.generate_span_id(),
                 current._flags,
                 current._state,
                 current._span_id,
@@ -550,7 +626,7 @@ class RecordTracer(Tracer):
             trace_id = parent.trace_id
         else:
             parent = None
-            trace_id = ids.generate_trace_id()
+            trace_id = (bits(128) if bits is not None else 0) or ids.generate_trace_id()
         extra: Attributes = None
         bound = self._bound
         if parent is not None and not parent.is_remote and self._parent_based:
@@ -583,7 +659,7 @@ class RecordTracer(Tracer):
                 flags = TraceFlags(flags | TraceFlags.RANDOM_TRACE_ID)
             state = result.trace_state
             extra = result.attributes
-        span_id = ids.generate_span_id()
+        span_id = (bits(64) if bits is not None else 0) or ids.generate_span_id()
         if not flags.sampled:
             return NonRecordingSpan(
                 SpanContext(
