@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from hub_standin import HubStandin, serve_hub
-from vllm_fleet import close_warm, warm_up
+from warm import close_warm, warm_up
 
 from llmgw.agent.state import read_identity
 
