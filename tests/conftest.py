@@ -44,7 +44,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    # Real vLLM loads for a minute or two: start it now, behind the other tests.
+    # The plain install and real vLLM's loads take minutes: start them now, behind
+    # the other tests (tests/warm.py).
     if not session.config.option.collectonly:
         warm_up(session.config, session.items)
 
