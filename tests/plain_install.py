@@ -46,9 +46,13 @@ def build_plain_install(stack: contextlib.ExitStack[bool | None]) -> Path:
     venv = work / "venv"
     # The base interpreter, not this venv's: the fresh venv must not see the test extra.
     base = getattr(sys, "_base_executable", sys.executable)
+    # At a lower priority (nice 10): it overlaps tests that wait on real processes, and
+    # takes the CPU they leave idle rather than slowing them.
+    low = ["nice", "-n", "10"]
+    python = str(venv / "bin" / "python")
     steps = [
-        [base, "-m", "venv", str(venv)],
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(source)],
+        [*low, base, "-m", "venv", str(venv)],
+        [*low, python, "-m", "pip", "install", "-q", str(source)],
     ]
     env = child_env()
     for argv in steps:
