@@ -119,12 +119,16 @@ class KeyedSim:
 def keyed_sim(
     store: list[str], tmp: Path, model: str, keys: Iterable[tuple[str, list[str]]]
 ) -> Iterator[KeyedSim]:
-    """Make each (name, `keys create` flags) key with the CLI, start a sim serving `model`,
-    and stop the sim afterwards."""
+    """Make each (name, `keys create` flags) key with the CLI (in one process: `made_all`),
+    start a sim serving `model`, and stop the sim afterwards."""
     secrets_: dict[str, str] = {}
     ids: dict[str, str] = {}
-    for name, flags in keys:
-        created = json.loads(made("keys", "create", "--name", name, "--json", *flags, *store))
+    keys = list(keys)
+    outputs = made_all(
+        [(["keys", "create", "--name", name, "--json", *flags, *store], "") for name, flags in keys]
+    )
+    for (name, _), output in zip(keys, outputs, strict=True):
+        created = json.loads(output)
         secrets_[name], ids[name] = created["secret"], created["id"]
     sim = Sim(model=model)
     try:
