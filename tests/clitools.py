@@ -7,7 +7,8 @@ import json
 import os
 import secrets
 import subprocess
-from collections.abc import Iterable, Iterator
+import sys
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,50 @@ def made(*args: str, stdin: str = "") -> str:
     result = cli(*args, stdin=stdin)
     assert result.returncode == 0, result.stderr
     return result.stdout
+
+
+# Commands run one after the other in one Python process, each through the CLI's own
+# main() with its argv and stdin, as `llmgw` runs it: a set-up of many commands pays
+# the interpreter's start and llmgw's imports (a second or more each on a loaded
+# machine) once. Each command's exit status, stdout and stderr come back as JSON.
+_MANY = """
+import contextlib, io, json, sys, traceback
+from llmgw.cli.main import main
+
+answers = []
+for args, stdin in json.load(sys.stdin):
+    sys.argv = ["llmgw", *args]
+    sys.stdin = io.StringIO(stdin)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        except Exception:
+            code = 1
+            traceback.print_exc()
+    answers.append([code, out.getvalue(), err.getvalue()])
+json.dump(answers, sys.__stdout__)
+"""
+
+
+def made_all(commands: Sequence[tuple[Sequence[str], str]]) -> list[str]:
+    """Run each (`llmgw` ARGS, stdin) in order in one process (see `_MANY`); each must
+    succeed. Their standard outputs."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
+    ran = subprocess.run(
+        [sys.executable, "-c", _MANY],
+        input=json.dumps([[list(args), stdin] for args, stdin in commands]),
+        capture_output=True, text=True, timeout=60 + 10 * len(commands), check=False, env=env,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    outputs: list[str] = []
+    for (args, _), (code, out, err) in zip(commands, json.loads(ran.stdout), strict=True):
+        assert code == 0, f"llmgw {' '.join(args)} exited {code}:\n{out}{err}"
+        outputs.append(out)
+    return outputs
 
 
 @dataclass
@@ -74,12 +119,16 @@ class KeyedSim:
 def keyed_sim(
     store: list[str], tmp: Path, model: str, keys: Iterable[tuple[str, list[str]]]
 ) -> Iterator[KeyedSim]:
-    """Make each (name, `keys create` flags) key with the CLI, start a sim serving `model`,
-    and stop the sim afterwards."""
+    """Make each (name, `keys create` flags) key with the CLI (in one process: `made_all`),
+    start a sim serving `model`, and stop the sim afterwards."""
     secrets_: dict[str, str] = {}
     ids: dict[str, str] = {}
-    for name, flags in keys:
-        created = json.loads(made("keys", "create", "--name", name, "--json", *flags, *store))
+    keys = list(keys)
+    outputs = made_all(
+        [(["keys", "create", "--name", name, "--json", *flags, *store], "") for name, flags in keys]
+    )
+    for (name, _), output in zip(keys, outputs, strict=True):
+        created = json.loads(output)
         secrets_[name], ids[name] = created["secret"], created["id"]
     sim = Sim(model=model)
     try:

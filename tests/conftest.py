@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from hub_standin import HubStandin, serve_hub
-from vllm_fleet import close_warm, warm_up
+from warm import close_warm, warm_up
 
 from llmgw.agent.state import read_identity
 
@@ -44,7 +44,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    # Real vLLM loads for a minute or two: start it now, behind the other tests.
+    # The plain install and real vLLM's loads take minutes: start them now, behind
+    # the other tests (tests/warm.py).
     if not session.config.option.collectonly:
         warm_up(session.config, session.items)
 

@@ -9,8 +9,9 @@ and git blob ids), and `HEAD`/`GET /{repo}/resolve/{rev}/{file}` with `X-Repo-Co
 exception types it raises against the real hub (RepoNotFound, RevisionNotFound,
 EntryNotFound; 401 for a private repo without the right token).
 
-Bytes can be throttled (`bytes_per_second`) so that a download lasts long enough to watch
-its progress or kill it mid-way without big files. Every request is recorded in
+Bytes can be throttled (`bytes_per_second`, read at every 16 KiB piece, so a test may lift
+it mid-way) so that a download lasts long enough to watch its progress or kill it mid-way
+without big files. Every request is recorded in
 `requests` (method, path, Range header) so tests can see what the client asked for.
 
 Not guaranteed: Xet storage, LFS pointers, pagination of big trees, or any write API.
@@ -206,12 +207,13 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_throttled(data[start:end])
 
     def _send_throttled(self, body: bytes) -> None:
-        rate = self.hub.bytes_per_second
         try:
             for offset in range(0, len(body), _CHUNK):
                 piece = body[offset : offset + _CHUNK]
                 self.wfile.write(piece)
                 self.wfile.flush()
+                # Read at every piece: a test may lift the pacing once it has seen enough.
+                rate = self.hub.bytes_per_second
                 if rate:
                     time.sleep(len(piece) / rate)  # the stand-in's own pacing, not a test wait
         except (BrokenPipeError, ConnectionResetError):

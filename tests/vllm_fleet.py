@@ -37,14 +37,12 @@ from typing import Any
 import httpx
 import pytest
 from procs import (
-    Background,
     Proc,
     Server,
     child_env,
     free_port,
     free_port_block,
     llmgw,
-    run_in_background,
     wait_for,
 )
 from upproc import Up, running_up
@@ -389,45 +387,3 @@ def start_up(stack: contextlib.ExitStack[bool | None]) -> UpAnswered:
         timeout=LOAD_TIMEOUT,
     )  # fmt: skip
     return UpAnswered(up=up, printed=printed, answer=answer)
-
-
-# vLLM loads in a minute or two here: each of these is started in the background as
-# soon as the session's tests are collected (one after the other, never two loads at
-# once), so the loads overlap the rest of the suite instead of adding to it.
-SETUPS: dict[str, Any] = {"vllm_fleet": start_fleet, "vllm_up": start_up}
-WARM = pytest.StashKey[dict[str, Background[Any]]]()
-
-
-def warm_up(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Start, in one background thread, the set-ups the collected tests will use."""
-    used = {name for item in items for name in getattr(item, "fixturenames", ())}
-    jobs = {name: Background(name, setup) for name, setup in SETUPS.items() if name in used}
-    config.stash[WARM] = jobs
-    if jobs:
-        run_in_background("vllm-warm-up", list(jobs.values()))
-
-
-def close_warm(config: pytest.Config) -> None:
-    for job in config.stash.get(WARM, {}).values():
-        job.close()
-
-
-def _warmed(request: pytest.FixtureRequest, name: str) -> Iterator[Any]:
-    job = request.config.stash.get(WARM, {}).get(name)
-    if job is None:  # not collected up front (e.g. started from a plugin): set up now
-        job = Background(name, SETUPS[name])
-        job.run()
-    try:
-        yield job.result(timeout=2 * LOAD_TIMEOUT)
-    finally:
-        job.close()
-
-
-@pytest.fixture(scope="session")
-def vllm_fleet(request: pytest.FixtureRequest) -> Iterator[Fleet]:
-    yield from _warmed(request, "vllm_fleet")
-
-
-@pytest.fixture(scope="session")
-def vllm_up(request: pytest.FixtureRequest) -> Iterator[UpAnswered]:
-    yield from _warmed(request, "vllm_up")

@@ -1,7 +1,7 @@
 """A team's dashboard page, `/admin/teams/T`, in a real browser (Chromium via Playwright).
 
 A real `llmgw server` (keys required) in front of a real `llmgw sim`; users, teams,
-memberships and keys are made with the real CLI before it starts, and logged in
+memberships and keys are made with the real CLI (in one process) before it starts, and logged in
 on the API port as a person would. A team-admin sees their team's keys and usage
 (by key and by end user), creates a key that works at once and revokes one; they
 see nothing of another team, and the server refuses what the page offers no
@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
-from clitools import made
+from clitools import made_all
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from procs import Server, Sim, wait_for
 
@@ -54,18 +54,26 @@ class Fleet:
 def fleet_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     data = tmp_path_factory.mktemp("team-page") / "data"
     store = ["--data-dir", str(data)]
-    for user, extra in (("ann", []), ("carl", []), ("root", ["--role", "admin"])):
-        made("users", "create", user, "--password-stdin", *extra, *store, stdin=PASSWORD + "\n")
-    for team in ("red", "blue"):
-        made("teams", "create", team, *store)
-    made("teams", "members", "add", "red", "ann", "--role", "team-admin", *store)
-    made("teams", "members", "add", "red", "carl", *store)
+    # Ten commands in one process (clitools.made_all), not ten processes.
+    commands: list[tuple[list[str], str]] = [
+        (["users", "create", user, "--password-stdin", *extra, *store], PASSWORD + "\n")
+        for user, extra in (("ann", []), ("carl", []), ("root", ["--role", "admin"]))
+    ]
+    commands += [(["teams", "create", team, *store], "") for team in ("red", "blue")]
+    commands += [
+        (["teams", "members", "add", "red", "ann", "--role", "team-admin", *store], ""),
+        (["teams", "members", "add", "red", "carl", *store], ""),
+    ]
+    keys = (("red-1", "red"), ("red-2", "red"), ("blue-1", "blue"))
+    commands += [
+        (["keys", "create", "--name", name, "--team", team, "--json", *store], "")
+        for name, team in keys
+    ]
+    outputs = made_all(commands)
     secrets: dict[str, str] = {}
     ids: dict[str, str] = {}
-    for name, team in (("red-1", "red"), ("red-2", "red"), ("blue-1", "blue")):
-        created = json.loads(
-            made("keys", "create", "--name", name, "--team", team, "--json", *store)
-        )
+    for (name, _), output in zip(keys, outputs[-len(keys) :], strict=True):
+        created = json.loads(output)
         secrets[name], ids[name] = created["secret"], created["id"]
     model = "team-page-sim"
     sim = Sim(model=model)

@@ -61,6 +61,7 @@ def test_the_agent_downloads_hub_weights_and_starts_the_engine_offline_on_the_sn
             "download progress in the node's shard",
         )
         assert seen[0]["message"].startswith(f"downloading org/tiny@{sha[:7]} "), seen
+        hub.bytes_per_second = 0  # progress seen: the rest comes unpaced
         ready = wait_for(
             lambda: [s for s in shards(server) if s["state"] == "ready"], "the replica ready"
         )
@@ -121,6 +122,7 @@ def test_two_replicas_on_one_node_share_one_download_and_models_show_its_progres
 
         shown = wait_for(progress_shown, "models show to print the download's progress")
         assert f": downloading org/tiny@{sha[:7]} " in shown, shown
+        hub.bytes_per_second = 0  # progress seen: the rest comes unpaced
         wait_for(
             lambda: len([s for s in shards(server) if s["state"] == "ready"]) == 2,
             "both replicas ready",
@@ -172,6 +174,7 @@ def test_a_download_killed_mid_way_is_resumed_by_the_restarted_agent(
         agent.popen.kill()  # mid-way through the second file
         agent.popen.wait(30)
         assert list(blobs.glob("*.incomplete")), "the killed agent left a part file"
+        hub.bytes_per_second = 0  # killed mid-way: the resumed rest comes unpaced
         agent = start_agent(agent_port, tmp_path, hub)
         agents.append(agent)
         wait_for(

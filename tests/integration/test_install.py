@@ -3,11 +3,13 @@
 `make run` installs the project with its runtime dependencies only; the test suite
 runs with the test extra on top, which hid a missing runtime dependency once
 (`llmgw models list` ended in `ModuleNotFoundError: httpx` after `make run`). So
-this module builds a fresh venv with a plain, non-editable `pip install` of a copy
-of the working tree (once per test session: about a minute; pip's cache makes it
-faster), starts `llmgw up` from it, and runs every admin command the README shows
-against that running gateway: each must exit 0, print no traceback, and show what
-it is for. `llmgw --help` and every sub-command's `--help` run in that venv too.
+this module uses a fresh venv with a plain, non-editable `pip install` of a copy
+of the working tree (tests/plain_install.py: built once per test session, in the
+background from the session's start, as it takes a minute or more), starts `llmgw up`
+from it, and runs every admin command the README shows against that running gateway:
+each must exit 0, print no traceback, and show what it is for. `llmgw --help` (the
+console script) and every command's `--help` (in one Python process) run in that
+venv too.
 
 The commands are read from README.md: each `llmgw GROUP SUB` it mentions (in code
 blocks, inline code or the sample output) must have a run here (RUNS), and each
@@ -17,20 +19,18 @@ exactly as written. Admin commands are those that act on a running gateway or it
 store (models, nodes, keys, users, usage, status, events); `llmgw certs` writes files and
 is covered by its own tests.
 
-Not guaranteed: that the install works offline. pip needs the package index (or
-its cache) for the dependencies, as the README's `make run` does.
+Not guaranteed: that the install works offline (see tests/plain_install.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,18 +42,16 @@ import pytest
 import typer
 from procs import descendants, free_port, free_port_block
 from typer.core import TyperGroup
+from warm import warmed
 
 from llmgw.cli.main import app
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-# What `pip install .` reads: the build config, the readme it names, the sources.
-BUILD_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "src")
 ADMIN_GROUPS = ("models", "nodes", "keys", "users", "teams", "usage", "status", "events")
 NODE = "local"
 SIM = "sim-small"
 KEY = "readme-key"
-PIP_TIMEOUT = 900.0
 COMMAND_TIMEOUT = 180.0
 READY_TIMEOUT = 120.0
 
@@ -224,40 +222,10 @@ def test_the_runs_here_are_the_admin_commands_the_readme_shows() -> None:
 
 
 @pytest.fixture(scope="session")
-def fresh_install(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A venv with `pip install <copy of this tree>` and nothing else; its bin directory."""
-    work = tmp_path_factory.mktemp("fresh-install")
-    source = work / "source"
-    source.mkdir()
-    for name in BUILD_INPUTS:
-        path = ROOT / name
-        if path.is_dir():
-            shutil.copytree(
-                path, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
-            )
-        elif path.exists():
-            shutil.copy2(path, source / name)
-    venv = work / "venv"
-    # The base interpreter, not this venv's: the fresh venv must not see the test extra.
-    base = getattr(sys, "_base_executable", sys.executable)
-    steps = [
-        [base, "-m", "venv", str(venv)],
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(source)],
-    ]
-    for argv in steps:
-        done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=PIP_TIMEOUT, check=False, cwd=work
-        )
-        if done.returncode != 0:
-            pytest.fail(
-                f"{shlex.join(argv)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}",
-                pytrace=False,
-            )
-    test_only = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", "import pytest"], capture_output=True, check=False
-    )
-    assert test_only.returncode != 0, "the fresh venv has the test extra; it must not"
-    return venv / "bin"
+def fresh_install(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A venv with `pip install <copy of this tree>` and nothing else; its bin directory.
+    Built in the background from the start of the session (tests/plain_install.py)."""
+    yield from warmed(request, "fresh_install")
 
 
 def clean_env(home: Path, **extra: str) -> dict[str, str]:
@@ -391,8 +359,43 @@ def test_every_admin_command_the_readme_shows_runs_from_a_plain_install(
     assert {SIM, "readme-sim"} <= names, models
 
 
+# Every command's `--help` in one Python process of the fresh venv (a process for each
+# of some sixty commands cost about 40 s): the console script's own `main()` with its
+# argv, its output captured; what each printed, its exit status and any traceback come
+# back as JSON.
+HELP_SCRIPT = """
+import contextlib, io, json, sys, traceback
+from llmgw.cli.main import main
+
+answers = []
+for path in json.load(sys.stdin):
+    sys.argv = ["llmgw", *path, "--help"]
+    out = io.StringIO()
+    code, crash = 0, ""
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            main()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        except Exception:
+            code, crash = 1, traceback.format_exc()
+    answers.append({"path": path, "code": code, "output": out.getvalue(), "crash": crash})
+json.dump(answers, sys.stdout)
+"""
+
+
+def stray_markup(help_text: str) -> list[str]:
+    # A default written as "[default: X]" and read as markup is dropped, which once
+    # left "HOST:PORT ." behind.
+    return [line for line in help_text.splitlines() if re.search(r"\w \.(\s|$)", line)]
+
+
 def test_help_of_every_command_from_a_plain_install(fresh_install: Path, tmp_path: Path) -> None:
     env = clean_env(tmp_path)
+    # The console script itself, as a user runs it.
+    done = run_llmgw(fresh_install, ["--help"], env)
+    assert "Usage: llmgw" in done.stdout, done.stdout
+    assert not stray_markup(done.stdout), done.stdout
     root = typer.main.get_command(app)
     assert isinstance(root, TyperGroup)
     paths: list[list[str]] = [[]]
@@ -400,10 +403,23 @@ def test_help_of_every_command_from_a_plain_install(fresh_install: Path, tmp_pat
         paths.append([name])
         if isinstance(command, TyperGroup):
             paths += [[name, sub] for sub in sorted(command.commands)]
-    for path in paths:
-        done = run_llmgw(fresh_install, [*path, "--help"], env)
-        assert "Usage: llmgw" in done.stdout, done.stdout
-        # A default written as "[default: X]" and read as markup is dropped, which once
-        # left "HOST:PORT ." behind.
-        stray = [line for line in done.stdout.splitlines() if re.search(r"\w \.(\s|$)", line)]
-        assert not stray, f"llmgw {' '.join(path)} --help:\n" + "\n".join(stray)
+    ran = subprocess.run(
+        [str(fresh_install / "python"), "-c", HELP_SCRIPT],
+        input=json.dumps(paths),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=COMMAND_TIMEOUT,
+        check=False,
+    )
+    assert ran.returncode == 0, f"{ran.stdout}\n{ran.stderr}"
+    answers = json.loads(ran.stdout)
+    assert [answer["path"] for answer in answers] == paths
+    for answer in answers:
+        said = f"$ llmgw {' '.join(answer['path'])} --help\nexit {answer['code']}\n"
+        said += answer["output"] + answer["crash"]
+        assert answer["crash"] == "" and "Traceback" not in answer["output"], said
+        assert answer["code"] == 0, said
+        assert "Usage: llmgw" in answer["output"], said
+        stray = stray_markup(answer["output"])
+        assert not stray, f"llmgw {' '.join(answer['path'])} --help:\n" + "\n".join(stray)

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from clitools import KeyedSim, cli, error_of, keyed_sim, made
+from clitools import KeyedSim, cli, error_of, keyed_sim, made, made_all
 from procs import Server, require_redis, wait_for
 
 PASSWORD = "correct horse battery staple"
@@ -32,13 +32,22 @@ def _fleet(store: list[str], tmp: Path) -> Iterator[Fleet]:
     # Names of its own: other tests' routers on the same Redis never count here.
     tag = secrets.token_hex(3)
     model = f"m-{tag}"
-    for user in ("ann", "bob", "carl"):
-        made("users", "create", user, "--password-stdin", *store, stdin=PASSWORD + "\n")
-    made("teams", "create", f"red-{tag}", "--rpm", "2", *store)
-    made("teams", "create", f"blue-{tag}", "--budget-tokens", "1", "--period", "day", *store)
-    made("teams", "members", "add", f"red-{tag}", "ann", "--role", "team-admin", *store)
-    made("teams", "members", "add", f"blue-{tag}", "bob", "--role", "team-admin", *store)
-    made("teams", "members", "add", f"red-{tag}", "carl", *store)
+    red, blue = f"red-{tag}", f"blue-{tag}"
+    # In one process (clitools.made_all), as are the keys (keyed_sim).
+    users = [
+        (["users", "create", user, "--password-stdin", *store], PASSWORD + "\n")
+        for user in ("ann", "bob", "carl")
+    ]
+    made_all(
+        [
+            *users,
+            (["teams", "create", red, "--rpm", "2", *store], ""),
+            (["teams", "create", blue, "--budget-tokens", "1", "--period", "day", *store], ""),
+            (["teams", "members", "add", red, "ann", "--role", "team-admin", *store], ""),
+            (["teams", "members", "add", blue, "bob", "--role", "team-admin", *store], ""),
+            (["teams", "members", "add", red, "carl", *store], ""),
+        ]
+    )
     flags = {"red": ["--team", f"red-{tag}"], "blue": ["--team", f"blue-{tag}"]}
     made_keys = [
         ("red-1", flags["red"]), ("red-2", flags["red"]), ("blue-1", flags["blue"]),
