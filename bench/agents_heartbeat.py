@@ -921,20 +921,16 @@ async def run_failover(args: argparse.Namespace, pinned: bool) -> FailoverResult
     keys = Path(tempfile.mkdtemp(prefix="llmgw-agents-bench-keys-"))
     try:
         say(f"failover: two servers on PostgreSQL database {database}")
-        first = Server(
-            interval=args.interval, pin=pinned, mtls=True, store=store,
-            scale_above=args.scale_above, cluster_key=keys / "cluster.key",
-        )  # fmt: skip
-        servers.append(first)
-        await first.wait_ready()
-        await _wait_role(first, "leader", STARTUP_TIMEOUT)
-        second = Server(
-            interval=args.interval, pin=pinned, mtls=True, store=store,
-            scale_above=args.scale_above, cluster_key=keys / "cluster.key",
-        )  # fmt: skip
-        servers.append(second)
-        await second.wait_ready()
-        await _wait_role(second, "standby", STARTUP_TIMEOUT)
+        # One after the other: the first takes the lease, the second stands by.
+        for role in ("leader", "standby"):
+            server = Server(
+                interval=args.interval, pin=pinned, mtls=True, store=store,
+                scale_above=args.scale_above, cluster_key=keys / "cluster.key",
+            )  # fmt: skip
+            servers.append(server)
+            await server.wait_ready()
+            await _wait_role(server, role, STARTUP_TIMEOUT)
+        first, second = servers
         credentials, joined = await join_fleet(first, args.agents)
         say(f"failover: {args.agents} agents joined with a token in {joined:.1f} s")
         addresses = [f"{HOST}:{first.agent_port}", f"{HOST}:{second.agent_port}"]

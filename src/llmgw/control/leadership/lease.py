@@ -266,13 +266,13 @@ class Leadership:
                 if left <= 0:
                     log.warning("lost the lease: the store did not renew it before it ran out")
                     return
+                delay = min(self._ttl / RETRIES_PER_TTL, left)
                 log.warning(
                     "cannot renew the lease (%.1f s of it left; retrying in %g s): %s",
                     left,
-                    min(self._ttl / RETRIES_PER_TTL, left),
+                    delay,
                     exc,
                 )
-                delay = min(self._ttl / RETRIES_PER_TTL, left)
                 continue
             if expires is None:
                 log.warning("lost the lease: another server took it over (epoch moved on)")
