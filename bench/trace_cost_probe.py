@@ -46,6 +46,60 @@ def _port() -> int:
         return port
 
 
+def start_gateway(
+    mode: str,
+    data: Path,
+    procs: list[subprocess.Popen[bytes]],
+    *,
+    wrapper: tuple[str, ...] = (),
+    ready_within: float = 60.0,
+    poll: float = 0.1,
+) -> tuple[subprocess.Popen[bytes], int, int, bytes]:
+    """A sim (`--zero-delay`), the OTLP sink when `mode` is a sample ratio, and an
+    `llmgw server` in front of the sim (run under `wrapper`, e.g. valgrind), every
+    process added to `procs` as it starts (the caller stops them); waits until the
+    gateway routes to the sim, else exits naming its log. Returns the gateway, its
+    API and admin ports, and a chat request to send it."""
+    python = sys.executable
+    sim_port, gw_port, admin_port, sink_port = _port(), _port(), _port(), _port()
+    quiet = subprocess.DEVNULL
+    sim = [python, "-m", "llmgw", "sim", "--host", HOST, "--port", str(sim_port)]
+    procs.append(subprocess.Popen([*sim, "--model", "m", "--zero-delay"], stderr=quiet))
+    config: list[str] = []
+    if mode != "off":
+        sink = Path(__file__).resolve().parent / "otlp_sink.py"
+        procs.append(subprocess.Popen([python, str(sink), str(sink_port)], stdout=quiet))
+        path = data / "gateway.yaml"
+        endpoint = f"http://{HOST}:{sink_port}"
+        path.write_text(f"telemetry: {{otlp_endpoint: '{endpoint}', sample_ratio: {mode}}}\n")
+        config = ["--config", str(path)]
+    log = (data / "gateway.log").open("w")
+    gateway = subprocess.Popen(
+        [
+            *wrapper, python, "-m", "llmgw", "server",
+            "--endpoint", f"fast=http://{HOST}:{sim_port}=m",
+            "--listen", f"{HOST}:{gw_port}", "--admin-listen", f"{HOST}:{admin_port}",
+            "--data-dir", str(data), "--auth-mode", "open", "--agent-listen", "off", *config,
+        ],
+        stderr=log,
+    )  # fmt: skip
+    procs.append(gateway)
+    deadline = time.monotonic() + ready_within
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://{HOST}:{admin_port}/readyz", timeout=5) as r:
+                if b'"fast"' in r.read():
+                    break
+        except OSError:
+            pass
+        if time.monotonic() > deadline or gateway.poll() is not None:
+            sys.exit(f"the gateway did not become ready; its log: {data / 'gateway.log'}")
+        time.sleep(poll)
+    payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
+    request = loadgen.build_request(HOST, gw_port, "/v1/chat/completions", payload)
+    return gateway, gw_port, admin_port, request
+
+
 def _cpu_seconds(pid: int, tid: int | None = None) -> float:
     """A process's CPU seconds (utime + stime), or one of its threads' (`tid`)."""
     path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
@@ -81,47 +135,9 @@ def main() -> None:
         sys.exit(f"MODE {mode!r}: use off or a sample ratio between 0 and 1")
     python = sys.executable
     data = Path(tempfile.mkdtemp(prefix="trace-probe-"))
-    sim_port, gw_port, admin_port, sink_port = _port(), _port(), _port(), _port()
     procs: list[subprocess.Popen[bytes]] = []
-    quiet = subprocess.DEVNULL
-    sim = [python, "-m", "llmgw", "sim", "--host", HOST, "--port", str(sim_port)]
-    procs.append(subprocess.Popen([*sim, "--model", "m", "--zero-delay"], stderr=quiet))
-    config: list[str] = []
-    if mode != "off":
-        sink = Path(__file__).resolve().parent / "otlp_sink.py"
-        procs.append(subprocess.Popen([python, str(sink), str(sink_port)], stdout=quiet))
-        path = data / "gateway.yaml"
-        endpoint = f"http://{HOST}:{sink_port}"
-        path.write_text(f"telemetry: {{otlp_endpoint: '{endpoint}', sample_ratio: {mode}}}\n")
-        config = ["--config", str(path)]
-    log = (data / "gateway.log").open("w")
-    gateway = subprocess.Popen(
-        [
-            python, "-m", "llmgw", "server", "--endpoint", f"fast=http://{HOST}:{sim_port}=m",
-            "--listen", f"{HOST}:{gw_port}", "--admin-listen", f"{HOST}:{admin_port}",
-            "--data-dir", str(data), "--auth-mode", "open", "--agent-listen", "off", *config,
-        ],
-        stderr=log,
-    )  # fmt: skip
-    procs.append(gateway)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://{HOST}:{admin_port}/readyz", timeout=2) as r:
-                    if b'"fast"' in r.read():
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline or gateway.poll() is not None:
-                sys.exit(f"the gateway did not become ready; its log: {data / 'gateway.log'}")
-            time.sleep(0.1)
-        payload = {
-            "model": "m",
-            "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 16,
-        }
-        request = loadgen.build_request(HOST, gw_port, "/v1/chat/completions", payload)
+        gateway, gw_port, admin_port, request = start_gateway(mode, data, procs)
         pyspy = shutil.which("py-spy", path=str(Path(python).parent))
 
         async def run() -> tuple[loadgen.PhaseResult, float, float, list[int]]:

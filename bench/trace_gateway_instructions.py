@@ -35,24 +35,15 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import loadgen
+from trace_cost_probe import start_gateway
 
 HOST = "127.0.0.1"
 CONCURRENCY = 4
 WARMUP = 20.0  # seconds: valgrind translates the request path's code on first use
-
-
-def _port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class _Window(loadgen.WindowHooks):
@@ -99,57 +90,19 @@ def main() -> None:
         sys.exit(f"MODE {mode!r}: use off or a sample ratio between 0 and 1")
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         sys.exit("valgrind (with callgrind_control) is needed: apt-get install valgrind")
-    python = sys.executable
     data = Path(tempfile.mkdtemp(prefix="trace-instructions-"))
     out = Path(f"/tmp/trace-instructions-{mode}.out")
     for old in out.parent.glob(out.name + "*"):
         old.unlink()
-    sim_port, gw_port, admin_port, sink_port = _port(), _port(), _port(), _port()
     procs: list[subprocess.Popen[bytes]] = []
-    quiet = subprocess.DEVNULL
-    sim = [python, "-m", "llmgw", "sim", "--host", HOST, "--port", str(sim_port)]
-    procs.append(subprocess.Popen([*sim, "--model", "m", "--zero-delay"], stderr=quiet))
-    config: list[str] = []
-    if mode != "off":
-        sink = Path(__file__).resolve().parent / "otlp_sink.py"
-        procs.append(subprocess.Popen([python, str(sink), str(sink_port)], stdout=quiet))
-        path = data / "gateway.yaml"
-        endpoint = f"http://{HOST}:{sink_port}"
-        path.write_text(f"telemetry: {{otlp_endpoint: '{endpoint}', sample_ratio: {mode}}}\n")
-        config = ["--config", str(path)]
-    valgrind = [
+    valgrind = (
         "valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
         *(["--cache-sim=yes"] if cache else []),
-    ]  # fmt: skip
-    log = (data / "gateway.log").open("w")
-    gateway = subprocess.Popen(
-        [
-            *valgrind, python, "-m", "llmgw", "server",
-            "--endpoint", f"fast=http://{HOST}:{sim_port}=m",
-            "--listen", f"{HOST}:{gw_port}", "--admin-listen", f"{HOST}:{admin_port}",
-            "--data-dir", str(data), "--auth-mode", "open", "--agent-listen", "off", *config,
-        ],
-        stderr=log,
     )  # fmt: skip
-    procs.append(gateway)
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://{HOST}:{admin_port}/readyz", timeout=5) as r:
-                    if b'"fast"' in r.read():
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline or gateway.poll() is not None:
-                sys.exit(f"the gateway did not become ready; its log: {data / 'gateway.log'}")
-            time.sleep(0.5)
-        payload = {
-            "model": "m",
-            "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 16,
-        }
-        request = loadgen.build_request(HOST, gw_port, "/v1/chat/completions", payload)
+        gateway, gw_port, _, request = start_gateway(
+            mode, data, procs, wrapper=valgrind, ready_within=600, poll=0.5
+        )
         result = asyncio.run(
             loadgen.run_phase(
                 HOST, gw_port, request, concurrency=CONCURRENCY, warmup=WARMUP,
