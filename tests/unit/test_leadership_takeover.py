@@ -10,8 +10,10 @@ nor releases, like a process that got SIGKILL.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -210,16 +212,26 @@ class Terms:
         await asyncio.Event().wait()
 
 
+@contextlib.asynccontextmanager
+async def leading(leadership: Leadership) -> AsyncIterator[tuple[Leadership, Terms]]:
+    """`leadership` running (leading when it can) with `Terms` as its leader-only task;
+    stopped on leaving."""
+    terms = Terms()
+    task = asyncio.ensure_future(leadership.run(lead=terms, follow=idle))
+    try:
+        yield leadership, terms
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 async def test_a_leader_keeps_the_lease_through_a_store_busy_for_most_of_the_ttl() -> None:
     # The store refuses every write from 4 s to 13.5 s (a storm's writes holding
     # SQLite's lock): the renewal due at 5 s fails and is retried until one gets
     # through, before the lease (renewed at 0 s, so valid until 15 s) runs out.
     timeline = Timeline()
     store = MemoryLeases(timeline)
-    first = server("a", timeline, store)
-    terms = Terms()
-    task = asyncio.ensure_future(first.run(lead=terms, follow=idle))
-    try:
+    async with leading(server("a", timeline, store)) as (first, terms):
         await timeline.run_until(4.0)
         assert first.is_leader() and terms.started == [1]
         store.down = True
@@ -237,9 +249,6 @@ async def test_a_leader_keeps_the_lease_through_a_store_busy_for_most_of_the_ttl
         assert len(refused) >= 5
         assert store.lease is not None and store.lease.owner == "a"
         assert (store.lease.expires_at - BASE).total_seconds() > 40.0
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 @pytest.mark.parametrize("failure", ["down", "hang"])
@@ -250,10 +259,7 @@ async def test_a_leader_that_cannot_renew_steps_down_when_its_lease_runs_out(
     # stored runs out at 15 s, and the leader must not lead a moment past that.
     timeline = Timeline()
     store = MemoryLeases(timeline)
-    first = server("a", timeline, store)
-    terms = Terms()
-    task = asyncio.ensure_future(first.run(lead=terms, follow=idle))
-    try:
+    async with leading(server("a", timeline, store)) as (first, terms):
         await timeline.run_until(4.0)
         assert store.lease is not None
         stored_expiry = (store.lease.expires_at - BASE).total_seconds()
@@ -269,6 +275,3 @@ async def test_a_leader_that_cannot_renew_steps_down_when_its_lease_runs_out(
         if failure == "hang":
             # The renewal that never answered was abandoned, not waited on forever.
             assert first.epoch is None
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
