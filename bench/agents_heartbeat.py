@@ -648,9 +648,10 @@ class FailoverFleet:
 
     Each agent follows the agent's connection loop (`llmgw.agent.connection`): a pass
     dials each address in turn over a fresh TLS channel (its node certificate) and
-    registers; a refusal or no `Registered` within the connect timeout tries the
-    next address at once; after a registered stream ends the next pass starts at
-    the address after the one that served it. When every address failed it sleeps
+    registers; a refusal, no connection within the connect timeout or no
+    `Registered` within the register timeout after it tries the next address at
+    once; after a registered stream ends the next pass starts at the address after
+    the one that served it. When every address failed it sleeps
     a full-jitter backoff, cut below a second while a standby answered, and at
     least as long as a busy server asked. While registered it heartbeats at the
     interval the server gave.
@@ -663,6 +664,7 @@ class FailoverFleet:
     # see `--failover-dial`).
     dial: str = "fresh"
     connect_timeout: float = ConnectionSettings().connect_timeout_seconds
+    register_timeout: float = ConnectionSettings().register_timeout_seconds
     # The index of the address each agent is registered with now (absent: none).
     registered_with: dict[int, int] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -672,7 +674,8 @@ class FailoverFleet:
     # the last one ended.
     ended: dict[tuple[int, str], int] = field(default_factory=dict)
     # Refusals before Registered, by kind: standby, busy (told to come back),
-    # timed out (no Registered within the connect timeout), other (by code).
+    # timed out (no connection within the connect timeout, or no Registered within the
+    # register timeout after it), other (by code).
     refused: dict[str, int] = field(default_factory=dict)
     dials: int = 0
     longest_wait: float = 0.0
@@ -748,13 +751,23 @@ class FailoverFleet:
         try:
             stub = agent_pb2_grpc.AgentServiceStub(channel)  # type: ignore[no-untyped-call]
             call = stub.Connect()
+            written = False
             try:
-                async with asyncio.timeout(self.connect_timeout):
+                async with asyncio.timeout(self.connect_timeout) as deadline:
                     with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
                         await call.write(agent_pb2.AgentMessage(register=register_message(index)))
+                    # As the agent: once the connection has taken the Register, its
+                    # answer gets the register timeout.
+                    written = True
+                    loop = asyncio.get_running_loop()
+                    deadline.reschedule(loop.time() + self.register_timeout)
                     reply = await call.read()
             except TimeoutError:
-                self._refuse("no Registered within the connect timeout")
+                self._refuse(
+                    "no Registered within the register timeout"
+                    if written
+                    else "no connection within the connect timeout"
+                )
                 return None
             except grpc.aio.AioRpcError:
                 metadata = await call.trailing_metadata()

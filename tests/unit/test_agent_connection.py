@@ -42,6 +42,9 @@ RETIMED = 250.0  # a new interval: the fake sleep records it
 # one is only waited for in the test that names SILENT_TIMEOUT.
 CONNECT_TIMEOUT = 10.0
 SILENT_TIMEOUT = 1.5
+# How long a "slow" server takes to answer a Register it has read: past a short
+# connect timeout, well within the register timeout.
+SLOW_ANSWER = 1.0
 
 
 class Ceiling(random.Random):
@@ -58,7 +61,7 @@ class Servicer(agent_pb2_grpc.AgentServiceServicer):
 
     "refuse", "standby" (UNAVAILABLE with the refusal metadata), "deny"
     (PERMISSION_DENIED after Register), "silent", "register" (then the stream
-    ends), "hold" (registers and keeps the stream open) or "retime" (holds, and tells
+    ends), "slow" (registers SLOW_ANSWER seconds after reading Register, then ends), "hold" (registers and keeps the stream open) or "retime" (holds, and tells
     the agent a new heartbeat interval, RETIMED, right after Registered).
     """
 
@@ -92,6 +95,8 @@ class Servicer(agent_pb2_grpc.AgentServiceServicer):
             )
         if what == "silent":
             await asyncio.sleep(3600)
+        if what == "slow":
+            await asyncio.sleep(SLOW_ANSWER)
         await context.write(
             agent_pb2.ServerMessage(
                 registered=agent_pb2.Registered(heartbeat_interval_seconds=HEARTBEAT)
@@ -190,7 +195,10 @@ def connection(
         feed=feed,
         hardware=Hardware(gpus=gpus, weights_dir=tmp_path),
         backoff=Backoff(rng=Ceiling()),
-        settings=settings or ConnectionSettings(connect_timeout_seconds=CONNECT_TIMEOUT),
+        settings=settings
+        or ConnectionSettings(
+            connect_timeout_seconds=CONNECT_TIMEOUT, register_timeout_seconds=CONNECT_TIMEOUT
+        ),
         tls=tls,
         sleep=sleep,
         silent=silent,
@@ -217,7 +225,9 @@ async def test_every_address_is_tried_in_order_before_one_backoff(
             servers.events,
             tmp_path,
             sleeps=3,
-            settings=ConnectionSettings(connect_timeout_seconds=SILENT_TIMEOUT),
+            settings=ConnectionSettings(
+                connect_timeout_seconds=CONNECT_TIMEOUT, register_timeout_seconds=SILENT_TIMEOUT
+            ),
         )
     )
 
@@ -242,7 +252,57 @@ async def test_every_address_is_tried_in_order_before_one_backoff(
         "FAILED_PRECONDITION: standby; leader is ctl-1" in failures[1]
         or "INTERNAL: Internal error from Core" in failures[1]
     ), failures[1]
-    assert f"no Registered answer within {SILENT_TIMEOUT:g}s" in failures[2]
+    assert f"no Registered answer within {SILENT_TIMEOUT:g}s of sending Register" in failures[2]
+
+
+async def test_a_register_answered_after_the_connect_timeout_is_waited_for_not_dialled_again(
+    servers: Servers, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A leader working through a whole fleet's Registers answers this one late: the
+    # connection was up well within the connect timeout, so the agent keeps waiting.
+    slow, _ = await servers.add("slow", lambda n: "slow" if n == 1 else "refuse")
+    caplog.set_level(logging.DEBUG, logger="llmgw.agent.connection")
+    settings = ConnectionSettings(
+        connect_timeout_seconds=SLOW_ANSWER / 4, register_timeout_seconds=CONNECT_TIMEOUT
+    )
+
+    await run_until_stopped(
+        connection([slow], servers.events, tmp_path, sleeps=1, settings=settings)
+    )
+
+    assert servers.events == ["slow:slow", "slow:refuse", "sleep 0.5"]
+    assert any(m.startswith(f"registered as n1 with {slow}") for m in caplog.messages), (
+        caplog.messages
+    )
+    assert not any("within" in m for m in caplog.messages), caplog.messages
+
+
+async def test_a_server_that_accepts_tcp_and_never_speaks_costs_the_connect_timeout(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A frozen process or a half-dead host: TCP is accepted (by the kernel), HTTP/2
+    # never comes up. The long register timeout does not apply to it.
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    listener = await asyncio.start_server(hold, "127.0.0.1", 0)
+    mute = f"127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+    caplog.set_level(logging.DEBUG, logger="llmgw.agent.connection")
+    settings = ConnectionSettings(
+        connect_timeout_seconds=SILENT_TIMEOUT, register_timeout_seconds=3600.0
+    )
+    try:
+        await run_until_stopped(connection([mute], [], tmp_path, sleeps=1, settings=settings))
+    finally:
+        for writer in held:
+            writer.close()
+        listener.close()
+        await listener.wait_closed()
+
+    failures = [m for m in caplog.messages if m.startswith(f"control plane {mute}")]
+    assert failures and f"no connection within {SILENT_TIMEOUT:g}s" in failures[0], caplog.messages
 
 
 async def test_backoff_grows_while_failing_and_resets_after_a_registration(

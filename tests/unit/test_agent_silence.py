@@ -78,7 +78,8 @@ async def test_a_server_that_timed_out_while_joining_is_dialled_last_by_the_conn
 def test_the_dial_timeouts_agree() -> None:
     from llmgw.agent.enroll import DIAL_TIMEOUT_SECONDS
     from llmgw.agent.settings import ConnectionSettings
-    from llmgw.cli.agent import DEFAULT_DIAL_TIMEOUT
+    from llmgw.cli.agent import DEFAULT_DIAL_TIMEOUT, DEFAULT_REGISTER_TIMEOUT
 
-    default = ConnectionSettings().connect_timeout_seconds
-    assert DEFAULT_DIAL_TIMEOUT == DIAL_TIMEOUT_SECONDS == default
+    default = ConnectionSettings()
+    assert DEFAULT_DIAL_TIMEOUT == DIAL_TIMEOUT_SECONDS == default.connect_timeout_seconds
+    assert default.register_timeout_seconds == DEFAULT_REGISTER_TIMEOUT

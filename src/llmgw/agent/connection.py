@@ -320,10 +320,14 @@ class Connection:
             advertise_host=await self._advertise_host(address),
             interfaces=await asyncio.to_thread(interfaces.discover),
         )
-        timeout = self._settings.connect_timeout_seconds
+        connect = self._settings.connect_timeout_seconds
+        answer_within = self._settings.register_timeout_seconds
+        written = False
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(connect) as deadline:
                 try:
+                    # Completes once the connection is up (gRPC holds the message until
+                    # the server's HTTP/2 settings arrive) and has taken the Register.
                     await call.write(message)
                 except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
                     # The server refused the stream before reading (a standby). The
@@ -335,11 +339,19 @@ class Connection:
                         await call.details(),
                         await call.trailing_metadata(),
                     ) from exc
+                # The server has the Register: under a storm it may answer late, and
+                # dialling again would discard its work. A dead one is left by the
+                # keepalive pings; a busy one tells the agent when to come back.
+                written = True
+                deadline.reschedule(asyncio.get_running_loop().time() + answer_within)
                 answer = await call.read()
         except TimeoutError as exc:
-            raise ConnectError(
-                address, f"no Registered answer within {timeout:g}s", timed_out=True
-            ) from exc
+            why = (
+                f"no Registered answer within {answer_within:g}s of sending Register"
+                if written
+                else f"no connection within {connect:g}s"
+            )
+            raise ConnectError(address, why, timed_out=True) from exc
         except grpc.aio.AioRpcError as exc:
             # The call's own status, as for the write: a read racing the server's
             # refusal may raise INTERNAL where the status says why.

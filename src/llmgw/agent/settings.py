@@ -17,9 +17,19 @@ class ConnectionSettings(BaseModel):
     connect_timeout_seconds: float = Field(
         default=5.0,
         gt=0,
-        description="Time from dialling an address to its Registered answer before the next "
-        "address is tried; long enough for a loaded server, short enough that a dead one "
-        "does not hold up the list.",
+        description="Time from dialling an address to a connection that has taken the "
+        "Register (TCP, TLS and HTTP/2 up) before the next address is tried; long enough "
+        "for a loaded server, short enough that a dead or black-holed one does not hold up "
+        "the list.",
+    )
+    register_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="Time from a Register taken by a connected server to its Registered "
+        "answer. A server working through every node reconnecting at once (a leader "
+        "failover) may take seconds to answer one it has taken; dialling again would throw "
+        "that work away and join the storm. A server that stopped answering is left sooner "
+        "by the keepalive pings; a busy one tells the agent to come back instead.",
     )
     default_heartbeat_seconds: float = Field(
         default=5.0,

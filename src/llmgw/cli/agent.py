@@ -61,8 +61,9 @@ log = logging.getLogger("llmgw.agent")
 
 DEFAULT_WEIGHTS_DIR = "~/.local/share/llmgw/weights"
 DEFAULT_STATE_DIR = "~/.local/share/llmgw/agent"
-# Kept equal to ConnectionSettings' connect timeout (a unit test checks).
+# Kept equal to ConnectionSettings' connect and register timeouts (a unit test checks).
 DEFAULT_DIAL_TIMEOUT = 5.0
+DEFAULT_REGISTER_TIMEOUT = 30.0
 
 
 def _fail(message: str) -> typer.Exit:
@@ -209,6 +210,15 @@ def agent(
             "others for a while.",
         ),
     ] = DEFAULT_DIAL_TIMEOUT,
+    register_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0.1,
+            help="Seconds a connected server gets to answer the Register it has taken "
+            "(a server working through a whole fleet reconnecting at once answers late); "
+            "one that stopped answering is left sooner, by the keepalive pings.",
+        ),
+    ] = DEFAULT_REGISTER_TIMEOUT,
     stop_engines_on_exit: Annotated[
         bool,
         typer.Option(
@@ -285,6 +295,7 @@ def agent(
             engines=_engines(engine or []),
             adopt_grace=adopt_grace,
             dial_timeout=dial_timeout,
+            register_timeout=register_timeout,
             stop_engines_on_exit=stop_engines_on_exit,
             # Last: the only checks with a side effect (they create directories).
             weights_dir=_weights_dir(weights_dir),
@@ -354,6 +365,7 @@ class _Options:
     engines: dict[str, str]
     adopt_grace: float
     dial_timeout: float
+    register_timeout: float
     stop_engines_on_exit: bool
     state_dir: Path
 
@@ -686,7 +698,10 @@ async def _serve(
             hardware=Hardware(gpus=gpus, weights_dir=options.weights_dir),
             snapshots=snapshots,
             backoff=Backoff(rng=random.Random()),
-            settings=ConnectionSettings(connect_timeout_seconds=options.dial_timeout),
+            settings=ConnectionSettings(
+                connect_timeout_seconds=options.dial_timeout,
+                register_timeout_seconds=options.register_timeout,
+            ),
             tls=keeper.material if keeper is not None else options.tls,
             engine_addresses=engine_addresses,
             silent=silent,
