@@ -248,6 +248,10 @@ class Server:
             text.count("renewing the lease took"),
         )
 
+    def unreachable_marks(self) -> int:
+        """How many times the log says a node turned unreachable (missed heartbeats)."""
+        return self.log.read_text(errors="replace").count(" is unreachable: ")
+
     def tail(self, lines: int = 30) -> str:
         text = self.log.read_text(errors="replace").splitlines()[-lines:]
         return f"--- last lines of the server's output ({self.log}) ---\n" + "\n".join(text)
@@ -679,6 +683,8 @@ class FailoverFleet:
     refused: dict[str, int] = field(default_factory=dict)
     dials: int = 0
     longest_wait: float = 0.0
+    # (when sent, seconds late) for every heartbeat.
+    late: list[tuple[float, float]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _options: list[tuple[str, int]] = field(
@@ -811,6 +817,9 @@ class FailoverFleet:
                 await asyncio.sleep(due - loop.time())
                 sequence += 1
                 await call.write(heartbeat_message(sequence, rng))
+                # How late this process sent it (its own event loop behind, not the
+                # server's), by when it was sent.
+                self.late.append((time.perf_counter(), loop.time() - due))
                 due += intervals[0]
 
         beats = asyncio.create_task(beat())
@@ -877,6 +886,11 @@ class FailoverResult:
     load_after: tuple[float, float, float]
     leader_lease_lost: int
     dial: str = "fresh"
+    # Heartbeats this process sent late (p99, max seconds), during the first storm and
+    # from the kill until all re-registered; nodes each server's log marked unreachable.
+    late_first: tuple[float, float] = (math.nan, math.nan)
+    late_failover: tuple[float, float] = (math.nan, math.nan)
+    unreachable: tuple[int, int] = (0, 0)
 
     @property
     def ok(self) -> bool:
@@ -1000,6 +1014,11 @@ async def run_failover(args: argparse.Namespace, pinned: bool) -> FailoverResult
             for node in json.loads(body)["nodes"]:
                 states[node["state"]] = states.get(node["state"], 0) + 1
         lost, _, _ = second.lease_events()
+
+        def late(since: float, until: float) -> tuple[float, float]:
+            values = [v for at, v in fleet.late if since <= at <= until]
+            return (_pct(values, 0.99), max(values)) if values else (math.nan, math.nan)
+
         return FailoverResult(
             agents=args.agents,
             joined_seconds=joined,
@@ -1022,6 +1041,9 @@ async def run_failover(args: argparse.Namespace, pinned: bool) -> FailoverResult
             load_after=load_after,
             leader_lease_lost=lost,
             dial=args.failover_dial,
+            late_first=late(started, started + registered_in),
+            late_failover=late(killed, killed + reregistered_in),
+            unreachable=(first.unreachable_marks(), second.unreachable_marks()),
         )
     finally:
         if fleet is not None:
@@ -1084,6 +1106,11 @@ def render_failover(r: FailoverResult, pinned: bool, command: str) -> str:
         f"- The agents' process used {100 * r.agents_cpu / max(r.reregistered_seconds, 1e-9):.0f}"
         " % of its core from the kill until all re-registered (every simulated agent's "
         "dials and heartbeats on one core: real agents each have a host of their own).",
+        f"- Heartbeats this process sent late, p99 / max: {r.late_first[0]:.2f} / "
+        f"{r.late_first[1]:.2f} s during the first storm, {r.late_failover[0]:.2f} / "
+        f"{r.late_failover[1]:.2f} s from the kill until all re-registered. Nodes marked "
+        f"unreachable (no heartbeat for 3 intervals) in the logs: first leader "
+        f"{r.unreachable[0]:,}, new leader {r.unreachable[1]:,}.",
         "- Standby led after: from the kill until `GET /admin/api/leader` on the standby "
         "said leader (the lease runs out one TTL after the dead leader's last renewal). "
         "All re-registered after: until the last agent's `Registered` from the new leader.",
