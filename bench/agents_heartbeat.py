@@ -651,8 +651,9 @@ class FailoverFleet:
     """N agents that know several servers, as `llmgw agent --server A --servers B` does.
 
     Each agent follows the agent's connection loop (`llmgw.agent.connection`): a pass
-    dials each address in turn over a fresh TLS channel (its node certificate) and
-    registers; a refusal, no connection within the connect timeout or no
+    dials each address in turn over its TLS channel to it (its node certificate; kept
+    between dials unless its connection failed, or a fresh one per dial with
+    `dial="fresh"`) and registers; a refusal, no connection within the connect timeout or no
     `Registered` within the register timeout after it tries the next address at
     once; after a registered stream ends the next pass starts at the address after
     the one that served it. When every address failed it sleeps
@@ -663,10 +664,10 @@ class FailoverFleet:
 
     addresses: list[str]
     credentials: list[NodeCredentials]
-    # "fresh": a new channel (TLS connection) per dial, as `llmgw agent` does;
-    # "reuse": one channel per agent and address for the whole run (fewer sockets:
-    # see `--failover-dial`).
-    dial: str = "fresh"
+    # "kept": each agent keeps its channel (TLS connection) to each address between
+    # dials unless its connection failed, as `llmgw agent` does; "fresh": a new channel
+    # per dial, as `llmgw agent` did before (see `--failover-dial`).
+    dial: str = "kept"
     connect_timeout: float = ConnectionSettings().connect_timeout_seconds
     register_timeout: float = ConnectionSettings().register_timeout_seconds
     # The index of the address each agent is registered with now (absent: none).
@@ -748,10 +749,18 @@ class FailoverFleet:
             certificate_chain=creds.cert_pem,
         )
         self.dials += 1
-        channel = self._kept.get((index, at)) or grpc.aio.secure_channel(
-            self.addresses[at], tls, options=self._options
-        )
-        if self.dial == "reuse":
+        channel = self._kept.pop((index, at), None)
+        if channel is not None and channel.get_state() in (
+            grpc.ChannelConnectivity.TRANSIENT_FAILURE,
+            grpc.ChannelConnectivity.SHUTDOWN,
+        ):
+            # As the agent: a failed connection gets a new channel (gRPC would hold
+            # the address in its reconnect backoff).
+            await channel.close()
+            channel = None
+        if channel is None:
+            channel = grpc.aio.secure_channel(self.addresses[at], tls, options=self._options)
+        if self.dial == "kept":
             self._kept[(index, at)] = channel
         call: Call | None = None
         try:
@@ -885,7 +894,7 @@ class FailoverResult:
     load_before: tuple[float, float, float]
     load_after: tuple[float, float, float]
     leader_lease_lost: int
-    dial: str = "fresh"
+    dial: str = "kept"
     # Heartbeats this process sent late (p99, max seconds), during the first storm and
     # from the kill until all re-registered; nodes each server's log marked unreachable.
     late_first: tuple[float, float] = (math.nan, math.nan)
@@ -1081,10 +1090,11 @@ def render_failover(r: FailoverResult, pinned: bool, command: str) -> str:
         f"with a token ({r.joined_seconds:.1f} s) and know both servers, leader first; each "
         "follows `llmgw agent`'s connection loop ("
         + (
-            "a fresh TLS channel per dial"
+            "a fresh TLS channel per dial, as `llmgw agent` did before it kept them "
+            "(`--failover-dial fresh`)"
             if r.dial == "fresh"
-            else "one TLS channel per agent and server for the whole run, not a fresh one "
-            "per dial as `llmgw agent` does (`--failover-dial reuse`)"
+            else "each agent's TLS channel to each server kept between dials unless its "
+            "connection failed"
         )
         + ", the next address on a refusal, the standby retry under a second, a busy "
         "server's come-back delay). All registered with the leader "
@@ -1606,11 +1616,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--failover-dial",
-        choices=("fresh", "reuse"),
-        default="fresh",
-        help="with --failover: a new TLS channel per dial, as llmgw agent does (fresh), or "
-        "one channel per agent and server for the whole run (reuse: the agents' process "
-        "keeps far fewer sockets, but the new leader sees no TLS handshake per dial)",
+        choices=("kept", "fresh"),
+        default="kept",
+        help="with --failover: each agent keeps its TLS channel to each server between "
+        "dials unless its connection failed, as llmgw agent does (kept; called 'reuse' "
+        "in earlier runs, which kept even failed ones), or a new channel per dial, as "
+        "llmgw agent did before (fresh: at thousands of agents this one process runs out "
+        "of open files)",
     )
     parser.add_argument(
         "--pg",

@@ -125,8 +125,9 @@ class Servers:
         behaviour: Callable[[int], str],
         *,
         credentials: grpc.ServerCredentials | None = None,
+        port: int | None = None,
     ) -> tuple[str, Servicer]:
-        port = free_port()
+        port = port or free_port()
         servicer = Servicer(name, self.events, behaviour)
         # The agent listener's options: they let the agents' keepalive pings in.
         server = grpc.aio.server(options=server_options())
@@ -396,3 +397,20 @@ async def test_the_agent_says_it_follows_interval_changes_and_does(
     assert servicer.registers[0].follows_heartbeat_interval
     waits = [float(e.split()[1]) for e in servers.events if e.startswith("sleep")]
     assert waits and RETIMED - 10 < waits[0] <= RETIMED, servers.events
+
+
+async def test_a_server_that_comes_up_where_nothing_listened_is_registered_with_at_once(
+    servers: Servers, tmp_path: Path
+) -> None:
+    # The agent keeps each address's channel between dials, but not one whose
+    # connection failed: gRPC would hold that address in its own reconnect backoff and
+    # fail the next dials at once, long after the server (a restarted leader) is back.
+    port = free_port()
+    conn = connection([f"127.0.0.1:{port}"], servers.events, tmp_path, sleeps=100)
+    try:
+        assert await conn.run_pass() is False  # nothing listens: refused
+        await servers.add("late", lambda n: "register", port=port)
+        assert await conn.run_pass() is True  # registered (the stream then ended)
+    finally:
+        await conn.close()
+    assert servers.events == ["late:register"]

@@ -222,6 +222,7 @@ class FreezingProxy:
     def __init__(self, target: int) -> None:
         self.target = target
         self.frozen = asyncio.Event()
+        self.accepted = 0  # TCP connections relayed
         self.tasks: set[asyncio.Task[None]] = set()
         self.writers: list[asyncio.StreamWriter] = []
         self.server: asyncio.Server | None = None
@@ -231,6 +232,7 @@ class FreezingProxy:
         return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
         self.writers += [writer, up_writer]
         for source, sink in ((reader, up_writer), (up_reader, writer)):
@@ -299,3 +301,54 @@ async def test_a_server_that_stops_answering_is_left_for_the_next(
         m.startswith(f"stream to {frozen_leader} ended: the server stopped answering")
         for m in caplog.messages
     ), caplog.messages
+
+
+async def test_a_standbys_refusals_and_the_registration_after_them_share_one_tls_connection(
+    servers: Servers, certs: Certs, tmp_path: Path, proxy_to: list[FreezingProxy]
+) -> None:
+    # After a failover the whole fleet registers with the standby that now leads: the
+    # connections it refused the agents on carry their Registers, so the new leader
+    # has no storm of TLS handshakes to get through first.
+    address, _ = await servers.add(
+        "tls",
+        lambda n: "standby" if n <= 3 else "register" if n == 4 else "refuse",
+        credentials=certs.server,
+    )
+    proxy = FreezingProxy(int(address.rpartition(":")[2]))
+    proxy_to.append(proxy)
+    relayed = await proxy.start()
+
+    await run_until_stopped(
+        connection([relayed], servers.events, tmp_path, sleeps=4, tls=certs.agent)
+    )
+
+    streams = [e for e in servers.events if not e.startswith("sleep")]
+    assert streams == ["tls:standby"] * 3 + ["tls:register", "tls:refuse"]
+    assert proxy.accepted == 1
+
+
+async def test_a_renewed_certificate_is_used_from_the_next_dial_on_a_new_connection(
+    servers: Servers, certs: Certs, tmp_path: Path, proxy_to: list[FreezingProxy]
+) -> None:
+    address, servicer = await servers.add(
+        "tls", lambda n: "register" if n <= 2 else "refuse", credentials=certs.server
+    )
+    proxy = FreezingProxy(int(address.rpartition(":")[2]))
+    proxy_to.append(proxy)
+    relayed = await proxy.start()
+    renewed = pki.issue_node(certs.ca_dir, "n1", now=NOW, out_dir=tmp_path / "renewed")
+    material = [certs.agent]
+
+    def current() -> pki.TlsMaterial:
+        if servicer.registers:  # renewed once the first stream registered
+            material[0] = pki.load_tls_material(
+                cert=renewed.cert, key=renewed.key, ca=certs.ca_dir / pki.CA_CERT
+            )
+        return material[0]
+
+    await run_until_stopped(connection([relayed], servers.events, tmp_path, sleeps=1, tls=current))
+
+    assert servers.events == ["tls:register", "tls:register", "tls:refuse", "sleep 0.5"]
+    # The first stream's connection had the old certificate; every dial after the
+    # renewal is on one new connection.
+    assert proxy.accepted == 2

@@ -3,8 +3,9 @@
 `Connection.run()` loops forever. One *pass* tries each server address in turn;
 an address fails when the connection is refused, when the server refuses the
 stream (any gRPC error before `Registered`: a standby naming its leader, a
-PERMISSION_DENIED node id, a failed TLS handshake), or when no `Registered`
-arrives within the connect timeout; the next address is tried at once. An
+PERMISSION_DENIED node id, a failed TLS handshake), when the connection is not
+up within the connect timeout, or when no `Registered` arrives within the
+register timeout after the Register was sent; the next address is tried at once. An
 address that timed out (here, while joining or while renewing) is tried after
 the others for a while (`silence.py`), so one silent server costs one timeout. Only
 when every address has just failed does the loop sleep a full-jitter backoff;
@@ -22,7 +23,10 @@ that long (longer when its own backoff has grown past it).
 With `tls` (the files, or a callable read at every dial so that a renewed
 certificate is used from the next dial on), the channel is TLS with this
 node's client certificate, and the server's certificate must verify against
-the CA and carry the dialled host.
+the CA and carry the dialled host. Each address keeps its channel between dials
+while its connection is up or still being set up (a dial that timed out during
+the TLS handshake resumes it next time instead of starting over); a failed
+connection or a renewed certificate gets a new one.
 HTTP/2 keepalive pings notice a server that stopped answering (a frozen
 process, a vanished host) on an established stream within
 keepalive_time + keepalive_timeout seconds.
@@ -158,7 +162,11 @@ class Connection:
         self._first = 0  # index of the address the next pass starts with
         # A callable is read at every dial: a renewed certificate is used from the next one.
         self._tls_source = tls if callable(tls) else None
-        self._credentials = None if tls is None else _credentials(tls() if callable(tls) else tls)
+        self._tls_fixed = None if callable(tls) else tls
+        self._tls = tls is not None
+        # The channel to each address, kept between dials (see `_channel`), with the
+        # TLS material it was made with.
+        self._channels: dict[str, tuple[TlsMaterial | None, grpc.aio.Channel]] = {}
         self._identity = identity
         self._supervisor = supervisor
         self._feed = feed
@@ -183,6 +191,19 @@ class Connection:
 
     async def run(self) -> None:
         """Dial, serve, redial; returns only by cancellation."""
+        try:
+            await self._run()
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        """Close the channels kept between dials (`run` does on its way out)."""
+        channels = [channel for _, channel in self._channels.values()]
+        self._channels.clear()
+        for channel in channels:
+            await channel.close()
+
+    async def _run(self) -> None:
         while True:
             if not await self.run_pass():
                 delay = self._backoff.next_delay()
@@ -260,14 +281,40 @@ class Connection:
             )
         return False
 
-    async def _session(self, address: str) -> None:
-        if self._tls_source is not None:
-            self._credentials = _credentials(self._tls_source())
+    async def _channel(self, address: str) -> grpc.aio.Channel:
+        """The channel to dial `address` on: the one of the last dial, unless its
+        connection failed (gRPC would hold the address in its own reconnect backoff)
+        or the certificate changed since; else a new one.
+
+        Kept because a whole fleet dials at once after a failover. A dial that timed
+        out during its TLS handshake would, on a new channel, throw away the
+        handshake the server was working on and make it start another; kept, the
+        next dial picks up where it left. And the connection a standby refused the
+        agent on is the one it registers on once that standby leads: no handshake
+        storm on a new leader."""
+        material = self._tls_source() if self._tls_source is not None else self._tls_fixed
+        kept = self._channels.pop(address, None)
+        if kept is not None:
+            made_with, channel = kept
+            state = channel.get_state(try_to_connect=False)
+            failed = state in (
+                grpc.ChannelConnectivity.TRANSIENT_FAILURE,
+                grpc.ChannelConnectivity.SHUTDOWN,
+            )
+            if not failed and made_with == material:
+                self._channels[address] = kept
+                return channel
+            await channel.close()
         channel = (
             grpc.aio.insecure_channel(address, options=self._options)
-            if self._credentials is None
-            else grpc.aio.secure_channel(address, self._credentials, options=self._options)
+            if material is None
+            else grpc.aio.secure_channel(address, _credentials(material), options=self._options)
         )
+        self._channels[address] = (material, channel)
+        return channel
+
+    async def _session(self, address: str) -> None:
+        channel = await self._channel(address)
         call: _Call | None = None
         try:
             stub = agent_pb2_grpc.AgentServiceStub(channel)  # type: ignore[no-untyped-call]
@@ -290,7 +337,6 @@ class Connection:
         finally:
             if call is not None:
                 call.cancel()
-            await channel.close()
 
     async def _advertise_host(self, address: str) -> str:
         """The host engine URLs use, learned from the route to `address` by default."""
@@ -384,7 +430,7 @@ class Connection:
             address,
             code,
             details or "",
-            tls=self._credentials is not None,
+            tls=self._tls,
             standby=standby,
         )
         return ConnectError(
