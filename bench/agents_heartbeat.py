@@ -666,7 +666,8 @@ class FailoverFleet:
     credentials: list[NodeCredentials]
     # "kept": each agent keeps its channel (TLS connection) to each address between
     # dials unless its connection failed, as `llmgw agent` does; "fresh": a new channel
-    # per dial, as `llmgw agent` did before (see `--failover-dial`).
+    # per dial, as `llmgw agent` did before; "reuse": one channel per agent and address
+    # for the whole run, failed or not (see `--failover-dial`).
     dial: str = "kept"
     connect_timeout: float = ConnectionSettings().connect_timeout_seconds
     register_timeout: float = ConnectionSettings().register_timeout_seconds
@@ -750,9 +751,14 @@ class FailoverFleet:
         )
         self.dials += 1
         channel = self._kept.pop((index, at), None)
-        if channel is not None and channel.get_state() in (
-            grpc.ChannelConnectivity.TRANSIENT_FAILURE,
-            grpc.ChannelConnectivity.SHUTDOWN,
+        if (
+            self.dial == "kept"
+            and channel is not None
+            and channel.get_state()
+            in (
+                grpc.ChannelConnectivity.TRANSIENT_FAILURE,
+                grpc.ChannelConnectivity.SHUTDOWN,
+            )
         ):
             # As the agent: a failed connection gets a new channel (gRPC would hold
             # the address in its reconnect backoff).
@@ -760,7 +766,7 @@ class FailoverFleet:
             channel = None
         if channel is None:
             channel = grpc.aio.secure_channel(self.addresses[at], tls, options=self._options)
-        if self.dial == "kept":
+        if self.dial != "fresh":
             self._kept[(index, at)] = channel
         call: Call | None = None
         try:
@@ -779,9 +785,9 @@ class FailoverFleet:
                     reply = await call.read()
             except TimeoutError:
                 self._refuse(
-                    "no Registered within the register timeout"
+                    f"no Registered within the register timeout (server {at + 1})"
                     if written
-                    else "no connection within the connect timeout"
+                    else f"no connection within the connect timeout (server {at + 1})"
                 )
                 return None
             except grpc.aio.AioRpcError:
@@ -1094,7 +1100,11 @@ def render_failover(r: FailoverResult, pinned: bool, command: str) -> str:
             "(`--failover-dial fresh`)"
             if r.dial == "fresh"
             else "each agent's TLS channel to each server kept between dials unless its "
-            "connection failed"
+            "connection failed, as `llmgw agent` does"
+            if r.dial == "kept"
+            else "one TLS channel per agent and server for the whole run, even to the dead "
+            "leader (`--failover-dial reuse`: a dial to the dead leader costs this process "
+            "nothing, as a refused connection costs an agent with a host of its own nothing)"
         )
         + ", the next address on a refusal, the standby retry under a second, a busy "
         "server's come-back delay). All registered with the leader "
@@ -1616,13 +1626,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--failover-dial",
-        choices=("kept", "fresh"),
+        choices=("kept", "reuse", "fresh"),
         default="kept",
         help="with --failover: each agent keeps its TLS channel to each server between "
-        "dials unless its connection failed, as llmgw agent does (kept; called 'reuse' "
-        "in earlier runs, which kept even failed ones), or a new channel per dial, as "
-        "llmgw agent did before (fresh: at thousands of agents this one process runs out "
-        "of open files)",
+        "dials unless its connection failed, as llmgw agent does (kept); one channel per "
+        "agent and server for the whole run, even after its connection failed (reuse: "
+        "the servers see what they see with kept, but a dial to the dead leader costs "
+        "this one process nothing, as it costs an agent with a host of its own nothing); "
+        "or a new channel per dial, as llmgw agent did before (fresh: at thousands of "
+        "agents this one process runs out of open files)",
     )
     parser.add_argument(
         "--pg",
