@@ -89,15 +89,16 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw.agent.backoff import Backoff
-from llmgw.agent.connection import STANDBY_RETRY_SECONDS, channel_options
+from llmgw.agent.connection import FAILED_CONNECTIVITY, STANDBY_RETRY_SECONDS, channel_options
 from llmgw.agent.enroll import EnrollError, NodeCredentials, join
 from llmgw.agent.refusal import is_standby, retry_after
 from llmgw.agent.settings import ConnectionSettings
@@ -743,28 +744,21 @@ class FailoverFleet:
     async def _session(self, index: int, at: int) -> str | float | None:
         """One dial: "served" (registered, then the stream ended), "standby", the
         delay a busy server asked for, or None (another failure)."""
-        creds = self.credentials[index]
-        tls = grpc.ssl_channel_credentials(
-            root_certificates=creds.ca_pem,
-            private_key=creds.key_pem,
-            certificate_chain=creds.cert_pem,
-        )
         self.dials += 1
         channel = self._kept.pop((index, at), None)
-        if (
-            self.dial == "kept"
-            and channel is not None
-            and channel.get_state()
-            in (
-                grpc.ChannelConnectivity.TRANSIENT_FAILURE,
-                grpc.ChannelConnectivity.SHUTDOWN,
-            )
-        ):
+        failed = channel is not None and channel.get_state() in FAILED_CONNECTIVITY
+        if self.dial == "kept" and channel is not None and failed:
             # As the agent: a failed connection gets a new channel (gRPC would hold
             # the address in its reconnect backoff).
             await channel.close()
             channel = None
         if channel is None:
+            creds = self.credentials[index]
+            tls = grpc.ssl_channel_credentials(
+                root_certificates=creds.ca_pem,
+                private_key=creds.key_pem,
+                certificate_chain=creds.cert_pem,
+            )
             channel = grpc.aio.secure_channel(self.addresses[at], tls, options=self._options)
         if self.dial != "fresh":
             self._kept[(index, at)] = channel
@@ -1714,20 +1708,31 @@ async def failover_async(args: argparse.Namespace, pinned: bool) -> FailoverResu
         return await run_failover(args, pinned)
 
 
-def main_failover(args: argparse.Namespace, pinned: bool, command: str) -> int:
+T = TypeVar("T")
+
+
+def run_saying_why(main: Coroutine[Any, Any, T], time_limit: float) -> T | int:
+    """`main`'s result, or the exit status when it did not end (2: it could not run,
+    3: stopped by --time-limit or a signal), having said why."""
     try:
-        result = asyncio.run(failover_async(args, pinned))
+        return asyncio.run(main)
     except BenchError as exc:
         say(f"cannot run: {exc}")
         if exc.detail:
             print(exc.detail, file=sys.stderr)
         return 2
     except TimeoutError:
-        say(f"stopped: the run took longer than --time-limit {args.time_limit:g} s")
+        say(f"stopped: the run took longer than --time-limit {time_limit:g} s")
         return 3
     except (KeyboardInterrupt, asyncio.CancelledError):
         say("stopped")
         return 3
+
+
+def main_failover(args: argparse.Namespace, pinned: bool, command: str) -> int:
+    result = run_saying_why(failover_async(args, pinned), args.time_limit)
+    if isinstance(result, int):
+        return result
     print(render_failover(result, pinned, f".venv/bin/python {command}"))
     return 0 if result.ok else 1
 
@@ -1758,20 +1763,11 @@ def main(argv: list[str] | None = None) -> int:
         say(f"wall time {time.monotonic() - started:.0f} s")
         return status
     rows: list[Row] = []
-    status = 0
-    try:
-        asyncio.run(main_async(args, pinned, rows))
-    except BenchError as exc:
-        say(f"cannot run: {exc}")
-        if exc.detail:
-            print(exc.detail, file=sys.stderr)
+    # Stopped (3), the rows done so far are still reported.
+    stopped = run_saying_why(main_async(args, pinned, rows), args.time_limit)
+    status = stopped if isinstance(stopped, int) else 0
+    if status == 2:
         return 2
-    except TimeoutError:
-        say(f"stopped: the run took longer than --time-limit {args.time_limit:g} s")
-        status = 3
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        say("stopped")
-        status = 3
     if not rows:
         return status or 1
     print(render(rows, args, pinned, f".venv/bin/python {command}"))

@@ -127,6 +127,11 @@ def _credentials(tls: TlsMaterial) -> grpc.ChannelCredentials:
     )
 
 
+# A kept channel in one of these states is replaced (see `Connection._channel`).
+FAILED_CONNECTIVITY = frozenset(
+    {grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN}
+)
+
 # Refusals of this node's identity (its id is another agent's, its key revoked).
 IDENTITY_REFUSALS = frozenset({grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.PERMISSION_DENIED})
 
@@ -293,16 +298,10 @@ class Connection:
         agent on is the one it registers on once that standby leads: no handshake
         storm on a new leader."""
         material = self._tls_source() if self._tls_source is not None else self._tls_fixed
-        kept = self._channels.pop(address, None)
+        kept = self._channels.get(address)
         if kept is not None:
             made_with, channel = kept
-            state = channel.get_state(try_to_connect=False)
-            failed = state in (
-                grpc.ChannelConnectivity.TRANSIENT_FAILURE,
-                grpc.ChannelConnectivity.SHUTDOWN,
-            )
-            if not failed and made_with == material:
-                self._channels[address] = kept
+            if made_with == material and channel.get_state() not in FAILED_CONNECTIVITY:
                 return channel
             await channel.close()
         channel = (
